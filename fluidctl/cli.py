@@ -1,0 +1,90 @@
+"""The ``fluidctl`` command group.
+
+Commands are imported lazily (only the one being run), so ``fluidctl worker`` and
+``fluidctl train`` start fast, and every error a user can cause is printed as one line with
+exit code 2 instead of click's multi-line usage block.
+"""
+import importlib
+import sys
+
+import click
+
+from fluidctl import __version__
+from fluidctl.errors import FluidctlError
+
+# name -> "module:attribute"; one place lists every command.
+COMMANDS = {
+    "train": "fluidctl.commands.train:train",
+    "pserver": "fluidctl.commands.pserver:pserver",
+    "shard-data": "fluidctl.commands.shard_data:shard_data",
+    "worker": "fluidctl.commands.worker:worker",
+    "cluster": "fluidctl.commands.cluster:cluster",
+}
+
+HELP = """Launch distributed training jobs: collective (NCCL2 / gloo) or parameter-server, on this
+machine, over SSH, Fabric or OpenMPI.
+
+\b
+Examples:
+  fluidctl train --nproc 2 templates/train_nccl2.py
+  fluidctl train --gpus 4 train.py --epochs 3
+  fluidctl pserver start --port 7164 --num-gradient-servers 2
+  fluidctl shard-data train.txt --trainers 4 -o shards/
+  mpirun -np 8 -hostfile hosts fluidctl worker train.py
+
+\b
+Shell completion (bash; use zsh_source / fish_source for those shells):
+  eval "$(_FLUIDCTL_COMPLETE=bash_source fluidctl)"
+"""
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:  # command not built yet
+                return None
+            raise
+        return getattr(module, attr)
+
+
+@click.group(cls=LazyGroup, help=HELP, context_settings={"help_option_names": ["-h", "--help"],
+                                                         "max_content_width": 100})
+@click.version_option(__version__, "--version", "-V", prog_name="fluidctl")
+def cli():
+    pass
+
+
+def _usage_hint(exc: click.UsageError) -> str:
+    ctx = exc.ctx
+    path = ctx.command_path if ctx is not None else "fluidctl"
+    return f"see '{path} --help'"
+
+
+def main(argv=None) -> None:
+    """Run the CLI; turn every user-caused error into one line and an exit code."""
+    try:
+        code = cli.main(args=argv, prog_name="fluidctl", standalone_mode=False)
+    except click.UsageError as exc:
+        msg = exc.format_message().replace("\n", " ")
+        click.echo(f"error: {msg} ({_usage_hint(exc)})", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:  # e.g. click.BadParameter outside a context, FileError
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code or 2)
+    except FluidctlError as exc:
+        click.echo(exc.one_line(), err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        sys.exit(130)
+    except BrokenPipeError:  # `fluidctl ... | head`
+        sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
