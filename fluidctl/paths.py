@@ -1,0 +1,84 @@
+"""Every file name fluidctl writes, decided in one place.
+
+``LogLayout`` owns a job's log directory (workerlog.N, serverlog.N, endpoints.log, launch.log,
+one sub-directory per remote host); ``state_dir`` owns where daemons (standalone pservers) leave
+their pid files and state records. No other module assembles these paths.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from fluidctl.errors import UsageError
+
+DEFAULT_LOG_DIR = "mylog"
+STATE_ENV = "FLUIDCTL_STATE_DIR"
+
+
+@dataclass(frozen=True)
+class LogLayout:
+    root: Path
+    host: Optional[str] = None          # a remote node's logs live in LOG_DIR/<host>/
+
+    @property
+    def dir(self) -> Path:
+        return self.root / self.host if self.host else self.root
+
+    def for_host(self, host: str) -> "LogLayout":
+        return LogLayout(self.root, host)
+
+    def worker(self, rank: int) -> Path:
+        return self.dir / f"workerlog.{rank}"
+
+    def server(self, index: int) -> Path:
+        return self.dir / f"serverlog.{index}"
+
+    def for_role(self, role: str, index: int) -> Path:
+        return self.server(index) if role.upper() == "PSERVER" else self.worker(index)
+
+    @property
+    def endpoints(self) -> Path:
+        return self.root / "endpoints.log"
+
+    @property
+    def launch(self) -> Path:
+        return self.root / "launch.log"
+
+    def create(self) -> None:
+        """Make the directory; a path that exists as a file is the user's mistake."""
+        for path in (self.root, self.dir):
+            if path.exists() and not path.is_dir():
+                raise UsageError(f"log dir {path} is a file",
+                                 "pass --log-dir with a directory path")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create log dir {self.dir}: {exc.strerror}",
+                             "pass --log-dir with a writable directory") from None
+        if not os.access(self.dir, os.W_OK):
+            raise UsageError(f"log dir {self.dir} is not writable",
+                             "pass --log-dir with a writable directory")
+
+
+def state_dir() -> Path:
+    """Where standalone daemons keep pid files and state: $FLUIDCTL_STATE_DIR, else
+    $XDG_RUNTIME_DIR/fluidctl, else ~/.fluidctl/run."""
+    if os.environ.get(STATE_ENV):
+        return Path(os.environ[STATE_ENV])
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(os.environ["XDG_RUNTIME_DIR"]) / "fluidctl"
+    return Path.home() / ".fluidctl" / "run"
+
+
+def pserver_pid_file(port: int) -> Path:
+    return state_dir() / f"pserver-{port}.pid"
+
+
+def pserver_state_file(port: int) -> Path:
+    return state_dir() / f"pserver-{port}.json"
+
+
+def pserver_log_file(port: int) -> Path:
+    return state_dir() / f"pserver-{port}.log"
