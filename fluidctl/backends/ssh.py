@@ -1,0 +1,663 @@
+"""Nodes over SSH with paramiko: connect with a timeout (through ProxyJump hops if configured),
+run commands streaming their output line by line, notice a lost connection, push files over
+SFTP (only what changed), and check many nodes in parallel.
+
+Host settings and host-key policy come from ``fluidctl.launch.sshconfig``; this module only
+moves bytes. Every failure a user can cause ends as a short ``reason`` naming what to change.
+"""
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import posixpath
+import shlex
+import signal as signal_module
+import socket
+import stat
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import paramiko
+
+from fluidctl import __version__
+from fluidctl.backends.lines import LineSplitter
+from fluidctl.launch.hosts import Host
+from fluidctl.launch.sshconfig import (HostKeyError, HostKeyPolicy, SSHTarget, connect_kwargs,
+                                       load_known_hosts, resolve_hosts)
+
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_EXCLUDES = (".git", "__pycache__", "*.pyc", ".pytest_cache")
+PID_MARK = "FLUIDCTL_PID="
+# on_line(stream, line): stream is "stdout" or "stderr"
+LineCallback = Callable[[str, str], None]
+Command = Union[str, Sequence[str]]
+
+
+class ConnectFailed(Exception):
+    """Could not reach or log into a node; ``str()`` is the reason, naming what to change."""
+
+
+class ConnectionLost(Exception):
+    """The SSH connection to a node died while a command ran."""
+
+
+def describe_connect_error(exc: BaseException, target: SSHTarget, timeout: float) -> str:
+    """One sentence per failure a user meets, saying what to check."""
+    where = f"{target.hostname}:{target.port}"
+    if isinstance(exc, HostKeyError):
+        return f"{exc} (check the key, then add it to known_hosts, or pass --accept-new-host-keys)"
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return (f"host key of {target.alias} ({target.key_name}) does not match known_hosts: "
+                f"refusing to connect (if the node was reinstalled, remove the old key with "
+                f"ssh-keygen -R '{target.key_name}')")
+    if isinstance(exc, paramiko.AuthenticationException):
+        keys = ", ".join(target.identity_files) or "default keys and agent"
+        return (f"authentication as {target.user} failed at {where} with {keys} "
+                "(check User and IdentityFile in the ssh config, or install the key with ssh-copy-id)")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or \
+            isinstance(exc, ConnectionRefusedError):
+        return f"connection refused at {where} (is sshd running there? check Port in the ssh config)"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve {target.hostname} (check the hostfile or HostName in the ssh config)"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return (f"no answer from {where} within {timeout:g}s (is the node up and the address "
+                "right? raise --timeout for slow networks)")
+    text = str(exc) or type(exc).__name__
+    if "banner" in text.lower():
+        return (f"no SSH server answered at {where} within {timeout:g}s ({text}; is it sshd on "
+                "that port? raise --timeout for slow networks)")
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"cannot connect to {where}: {exc.strerror}"
+    return f"ssh to {where} failed: {text}"
+
+
+def shell_command(command: Command, env: Optional[Mapping[str, str]] = None,
+                  cwd: Optional[str] = None, report_pid: bool = False) -> str:
+    """The one string sent to the remote shell. The environment is exported inline (sshd only
+    accepts the variables its AcceptEnv lists); an argv list is exec'd so its pid is the
+    session's; ``report_pid`` prints that pid first so the process group can be signalled."""
+    parts = []
+    if report_pid:
+        parts.append(f"printf '{PID_MARK}%s\\n' $$")
+    if cwd:
+        parts.append(f"cd {shlex.quote(cwd)} || exit 97")
+    if env:
+        parts.append("export " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()))
+    if isinstance(command, str):
+        parts.append(command)
+    else:
+        parts.append("exec " + " ".join(shlex.quote(str(a)) for a in command))
+    return "; ".join(parts)
+
+
+@dataclass
+class CommandResult:
+    host: str
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+
+
+def _handle_channel_request(channel: paramiko.Channel, m: paramiko.Message) -> None:
+    """paramiko ignores the ``exit-signal`` request sshd sends when a command dies of a signal;
+    note it on the channel so such a command reports -signum (as subprocess does)."""
+    start = m.packet.tell()
+    try:
+        if m.get_text() == "exit-signal":
+            m.get_boolean()
+            channel.exit_signal = m.get_text()
+    except Exception:
+        pass
+    m.packet.seek(start)
+    paramiko.Channel._handle_request(channel, m)
+
+
+def record_exit_signals(transport: paramiko.Transport) -> None:
+    table = dict(paramiko.Transport._channel_handler_table)
+    table[paramiko.common.MSG_CHANNEL_REQUEST] = _handle_channel_request
+    transport._channel_handler_table = table
+
+
+class RemoteProcess:
+    """A command running on a node: its output is read by two threads and handed, line by line,
+    to ``on_line``. ``wait`` returns its exit code or raises ConnectionLost."""
+
+    def __init__(self, node: "SSHNode", channel: paramiko.Channel,
+                 on_line: Optional[LineCallback], capture: bool, report_pid: bool):
+        self.node = node
+        self.channel = channel
+        self.pid: Optional[int] = None
+        self._pid_known = threading.Event()
+        self._expect_pid = report_pid
+        if not report_pid:
+            self._pid_known.set()
+        self._on_line = on_line
+        self._captured: Dict[str, List[str]] = {"stdout": [], "stderr": []} if capture else {}
+        self._closed_by_us = False
+        self._readers = [
+            threading.Thread(target=self._read, args=("stdout", channel.recv), daemon=True,
+                             name=f"ssh-out-{node.host.name}"),
+            threading.Thread(target=self._read, args=("stderr", channel.recv_stderr), daemon=True,
+                             name=f"ssh-err-{node.host.name}"),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _line(self, stream: str, line: str) -> None:
+        if self._expect_pid and stream == "stdout" and not self._pid_known.is_set():
+            if line.startswith(PID_MARK):
+                self.pid = int(line[len(PID_MARK):])
+                self._pid_known.set()
+                return
+        if self._captured:
+            self._captured[stream].append(line)
+        if self._on_line:
+            self._on_line(stream, line)
+
+    def _read(self, stream: str, recv) -> None:
+        splitter = LineSplitter(lambda line: self._line(stream, line))
+        try:
+            while True:
+                data = recv(65536)
+                if not data:
+                    break
+                splitter.feed(data)
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+        finally:
+            splitter.close()
+            if stream == "stdout":
+                self._pid_known.set()
+
+    def wait_pid(self, timeout: Optional[float] = None) -> Optional[int]:
+        self._pid_known.wait(timeout)
+        return self.pid
+
+    def poll(self) -> Optional[int]:
+        """The exit code once done, else None; raises ConnectionLost if the connection died."""
+        if not self.channel.exit_status_ready():
+            transport = self.channel.get_transport()
+            if self.channel.closed or transport is None or not transport.is_active():
+                return self.wait(timeout=1.0)
+            return None
+        return self.wait(timeout=1.0)
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Block until the command ends (its output fully read). ``timeout`` raises
+        TimeoutError; a dead connection raises ConnectionLost."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last_ping = time.monotonic()
+        while not self.channel.status_event.wait(0.2):
+            transport = self.channel.get_transport()
+            if transport is None or not transport.is_active():
+                break
+            now = time.monotonic()
+            if self.node.keepalive and now - last_ping > self.node.keepalive:
+                last_ping = now
+                if not self.node.alive(timeout=self.node.keepalive):
+                    break
+            if deadline is not None and now > deadline:
+                raise TimeoutError(f"command on {self.node.host.name} still running")
+        for reader in self._readers:
+            reader.join(None if deadline is None else max(0.1, deadline - time.monotonic()))
+        if self.channel.exit_status_ready() and self.channel.exit_status != -1:
+            return self.channel.exit_status
+        name = getattr(self.channel, "exit_signal", None)
+        if name:
+            try:
+                return -int(signal_module.Signals["SIG" + name])
+            except KeyError:
+                return 255
+        if self._closed_by_us:
+            return -int(signal_module.SIGHUP)
+        raise ConnectionLost(f"connection to {self.node.host.name} "
+                             f"({self.node.target.hostname}:{self.node.target.port}) was lost")
+
+    @property
+    def stdout(self) -> str:
+        return "\n".join(self._captured.get("stdout", []))
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self._captured.get("stderr", []))
+
+    def send_signal(self, sig: int = signal_module.SIGTERM) -> bool:
+        """Signal the remote process group (needs ``report_pid``), over a new channel."""
+        pid = self.wait_pid(timeout=5)
+        if pid is None or self.channel.exit_status_ready():
+            return False
+        name = signal_module.Signals(sig).name[3:]
+        try:
+            return self.node.run(f"kill -{name} -- -{pid} 2>/dev/null || kill -{name} {pid}",
+                                 timeout=self.node.timeout).exit_code == 0
+        except (ConnectionLost, ConnectFailed, TimeoutError, paramiko.SSHException, OSError):
+            return False
+
+    def close(self) -> None:
+        """Close the channel (the remote side sees EOF; use send_signal to stop it first)."""
+        self._closed_by_us = True
+        self.channel.close()
+
+
+class SSHNode:
+    """One connected node. ``host.address`` is updated to the address actually reached."""
+
+    def __init__(self, host: Host, target: SSHTarget, timeout: float = DEFAULT_TIMEOUT,
+                 keepalive: float = 5.0):
+        self.host = host
+        self.target = target
+        self.timeout = timeout
+        self.keepalive = keepalive
+        self.client: Optional[paramiko.SSHClient] = None
+        self._hops: List[paramiko.SSHClient] = []
+        self._sftp: Optional[paramiko.SFTPClient] = None
+
+    # --- connection -----------------------------------------------------------------------
+    def _client_for(self, target: SSHTarget, sock) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        load_known_hosts(client, target)
+        client.set_missing_host_key_policy(HostKeyPolicy(target))
+        try:
+            client.connect(target.hostname, port=target.port, sock=sock,
+                           **connect_kwargs(target, self.timeout))
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def connect(self) -> "SSHNode":
+        """Open the connection, raising ConnectFailed with a reason that says what to fix."""
+        sock = None
+        current = None
+        try:
+            for hop in self.target.proxy_jump:
+                current = hop
+                client = self._client_for(hop, sock)
+                self._hops.append(client)
+                sock = client.get_transport().open_channel(
+                    "direct-tcpip", (self.target.hostname, self.target.port), ("127.0.0.1", 0),
+                    timeout=self.timeout)
+            current = self.target
+            if sock is None and self.target.proxy_command:
+                sock = paramiko.ProxyCommand(self.target.proxy_command)
+            self.client = self._client_for(self.target, sock)
+        except Exception as exc:
+            self.close()
+            where = current or self.target
+            reason = describe_connect_error(exc, where, self.timeout)
+            if where is not self.target:
+                reason = f"via jump host {where.alias}: {reason}"
+            raise ConnectFailed(reason) from None
+        transport = self.client.get_transport()
+        record_exit_signals(transport)
+        if self.keepalive:
+            transport.set_keepalive(max(1, int(self.keepalive)))
+        return self
+
+    @property
+    def peer_address(self) -> str:
+        """The address the connection reached (for endpoints); the HostName through a jump."""
+        if self.target.proxy_jump or self.target.proxy_command:
+            return self.target.hostname
+        try:
+            return self.client.get_transport().getpeername()[0]
+        except (AttributeError, OSError):
+            return self.target.hostname
+
+    def alive(self, timeout: float = 5.0) -> bool:
+        """True if the server answers a keepalive request within ``timeout``."""
+        transport = self.client.get_transport() if self.client else None
+        if transport is None or not transport.is_active():
+            return False
+        answered = threading.Event()
+
+        def ping():
+            try:
+                transport.global_request("keepalive@openssh.com", wait=True)
+            except Exception:
+                return
+            answered.set()
+        threading.Thread(target=ping, daemon=True).start()
+        return answered.wait(timeout) and transport.is_active()
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        for client in [self.client, *reversed(self._hops)]:
+            if client is not None:
+                client.close()
+        self.client = None
+        self._hops = []
+
+    def __enter__(self):
+        return self.connect() if self.client is None else self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- commands -------------------------------------------------------------------------
+    def start(self, command: Command, on_line: Optional[LineCallback] = None,
+              env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+              capture: bool = False, report_pid: bool = True) -> RemoteProcess:
+        transport = self.client.get_transport() if self.client else None
+        if transport is None or not transport.is_active():
+            raise ConnectionLost(f"not connected to {self.host.name}")
+        channel = transport.open_session(timeout=self.timeout)
+        channel.exec_command(shell_command(command, env, cwd, report_pid))
+        channel.shutdown_write()
+        return RemoteProcess(self, channel, on_line, capture, report_pid)
+
+    def run(self, command: Command, on_line: Optional[LineCallback] = None,
+            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+            timeout: Optional[float] = None) -> CommandResult:
+        """Run to the end; output goes to ``on_line`` as it comes and is returned too."""
+        proc = self.start(command, on_line, env, cwd, capture=True, report_pid=False)
+        try:
+            code = proc.wait(timeout)
+        except TimeoutError:
+            proc.close()
+            raise
+        return CommandResult(self.host.name, code, proc.stdout, proc.stderr)
+
+    # --- files ----------------------------------------------------------------------------
+    @property
+    def sftp(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            self._sftp = self.client.open_sftp()
+            self._sftp.get_channel().settimeout(max(self.timeout, 30.0))
+        return self._sftp
+
+    def remote_tree(self, remote_dir: str) -> Dict[str, paramiko.SFTPAttributes]:
+        """relative path -> attributes of every file under ``remote_dir`` (empty if absent)."""
+        found: Dict[str, paramiko.SFTPAttributes] = {}
+        pending = [""]
+        while pending:
+            rel = pending.pop()
+            try:
+                entries = self.sftp.listdir_attr(posixpath.join(remote_dir, rel) if rel else remote_dir)
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                path = posixpath.join(rel, entry.filename) if rel else entry.filename
+                if stat.S_ISDIR(entry.st_mode or 0):
+                    pending.append(path)
+                    found[path + "/"] = entry
+                else:
+                    found[path] = entry
+        return found
+
+    def makedirs(self, remote_dir: str, known: Optional[set] = None) -> None:
+        known = known if known is not None else set()
+        parts = []
+        path = remote_dir.rstrip("/") or "/"
+        while path not in ("", "/") and path not in known:
+            parts.append(path)
+            path = posixpath.dirname(path)
+        for path in reversed(parts):
+            try:
+                self.sftp.mkdir(path)
+            except OSError:
+                try:
+                    if not stat.S_ISDIR(self.sftp.stat(path).st_mode):
+                        raise
+                except FileNotFoundError:
+                    raise
+            known.add(path)
+
+    def remote_sha256(self, paths: Sequence[str]) -> Dict[str, str]:
+        if not paths:
+            return {}
+        result = self.run(["sha256sum", "--", *paths])
+        digests = {}
+        for line in result.stdout.splitlines():
+            digest, _, name = line.partition("  ")
+            digests[name] = digest
+        return digests
+
+
+# --- sync -----------------------------------------------------------------------------------
+@dataclass
+class FileToSend:
+    local: Path
+    remote: str
+    size: int
+    mtime: float
+    mode: int
+
+
+@dataclass
+class SyncPlan:
+    remote_dir: str
+    send: List[FileToSend] = field(default_factory=list)
+    unchanged: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.send)
+
+
+def excluded(rel: str, patterns: Sequence[str]) -> bool:
+    """rsync-like: a pattern matches the relative path or any one of its components."""
+    parts = rel.split("/")
+    return any(fnmatch.fnmatch(rel, p) or any(fnmatch.fnmatch(part, p) for part in parts)
+               for p in patterns)
+
+
+def local_files(source: Path, excludes: Sequence[str]) -> List[Tuple[str, Path]]:
+    """(relative posix path, path) of every regular file under ``source`` (or source itself)."""
+    if source.is_file():
+        return [(source.name, source)]
+    files = []
+    for root, dirs, names in os.walk(source):
+        rel_root = Path(root).relative_to(source).as_posix()
+        rel_root = "" if rel_root == "." else rel_root
+        dirs[:] = sorted(d for d in dirs if not excluded(posixpath.join(rel_root, d), excludes))
+        for name in sorted(names):
+            rel = posixpath.join(rel_root, name) if rel_root else name
+            path = Path(root) / name
+            if not excluded(rel, excludes) and path.is_file():
+                files.append((rel, path))
+    return files
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def plan_sync(node: SSHNode, source: Path, remote_dir: str,
+              excludes: Sequence[str] = DEFAULT_EXCLUDES, compare: str = "mtime") -> SyncPlan:
+    """What must be sent: files missing remotely or differing in size or mtime (``compare=
+    'hash'``: in size or sha256, for trees whose mtimes are not kept)."""
+    remote = node.remote_tree(remote_dir)
+    plan = SyncPlan(remote_dir)
+    same_size: List[FileToSend] = []
+    for rel, path in local_files(source, excludes):
+        st = path.stat()
+        item = FileToSend(path, posixpath.join(remote_dir, rel), st.st_size, st.st_mtime,
+                          stat.S_IMODE(st.st_mode))
+        attrs = remote.get(rel)
+        if attrs is None or attrs.st_size != st.st_size:
+            plan.send.append(item)
+        elif compare == "hash":
+            same_size.append(item)
+        elif int(attrs.st_mtime or 0) != int(st.st_mtime):
+            plan.send.append(item)
+        else:
+            plan.unchanged += 1
+    if same_size:
+        digests = node.remote_sha256([f.remote for f in same_size])
+        for item in same_size:
+            if digests.get(item.remote) == sha256_file(item.local):
+                plan.unchanged += 1
+            else:
+                plan.send.append(item)
+    return plan
+
+
+def send_files(node: SSHNode, plan: SyncPlan,
+               on_bytes: Optional[Callable[[int], None]] = None) -> None:
+    """Write each file to a temporary name, then rename it into place (a reader never sees a
+    half-written file), keeping the local mtime and mode."""
+    known: set = set()
+    node.makedirs(plan.remote_dir, known)
+    for item in plan.send:
+        node.makedirs(posixpath.dirname(item.remote), known)
+        tmp = f"{item.remote}.fluidctl-{os.getpid()}.tmp"
+        last = [0]
+
+        def progress(done, _total, last=last):
+            if on_bytes:
+                on_bytes(done - last[0])
+            last[0] = done
+        node.sftp.put(str(item.local), tmp, callback=progress, confirm=True)
+        node.sftp.chmod(tmp, item.mode)
+        node.sftp.utime(tmp, (item.mtime, item.mtime))
+        node.sftp.posix_rename(tmp, item.remote)
+
+
+def sync(node: SSHNode, source: Path, remote_dir: str, excludes=DEFAULT_EXCLUDES,
+         compare: str = "mtime", on_bytes=None) -> SyncPlan:
+    plan = plan_sync(node, Path(source), remote_dir, excludes, compare)
+    send_files(node, plan, on_bytes)
+    return plan
+
+
+# --- many nodes -----------------------------------------------------------------------------
+@dataclass
+class Connected:
+    """Result of connecting to every node: the ones that answered and why the others did not."""
+    nodes: Dict[str, SSHNode]
+    failures: Dict[str, str]
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.close()
+
+
+def parallel(items: Sequence, fn: Callable, workers: int = 32) -> List:
+    """``fn`` over ``items`` in threads, results in input order."""
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+def connect_all(hosts: Sequence[Host], targets: Mapping[str, SSHTarget],
+                timeout: float = DEFAULT_TIMEOUT, node_class=None) -> Connected:
+    """Connect to every node at once; the slowest bounds the wait (``timeout`` each)."""
+    node_class = node_class or SSHNode
+
+    def one(host):
+        node = node_class(host, targets[host.name], timeout=timeout)
+        try:
+            return host.name, node.connect(), None
+        except ConnectFailed as exc:
+            return host.name, None, str(exc)
+    nodes, failures = {}, {}
+    for name, node, reason in parallel(list(hosts), one):
+        if node is None:
+            failures[name] = reason
+        else:
+            nodes[name] = node
+    return Connected(nodes, failures)
+
+
+@dataclass
+class NodeCheck:
+    """What ``cluster check`` learns about one node."""
+    host: str
+    address: str = ""
+    ok: bool = False
+    reason: str = ""
+    python: str = ""
+    fluidctl: str = ""
+    disk_free: Optional[int] = None     # bytes free in the remote dir (or home)
+    gpus: Optional[int] = None
+    seconds: float = 0.0
+
+
+def probe_script(python: str, remote_dir: Optional[str]) -> str:
+    """A POSIX shell script printing key=value lines about the node."""
+    py = shlex.quote(python)
+    where = shlex.quote(remote_dir) if remote_dir else '"$HOME"'
+    return "; ".join([
+        f"if ! command -v {py} >/dev/null 2>&1; then echo python=missing; exit 0; fi",
+        f"echo python=$({py} -c 'import sys; print(sys.version.split()[0])' 2>/dev/null)",
+        f"echo fluidctl=$({py} -m fluidctl --version 2>/dev/null | tail -n 1)",
+        f"if [ -d {where} ]; then echo disk=$(df -Pk {where} | awk 'NR==2 {{print $4}}'); "
+        "else echo dir=missing; fi",
+        "if command -v nvidia-smi >/dev/null 2>&1; then "
+        "echo gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); else echo gpus=0; fi",
+    ])
+
+
+def parse_probe(check: NodeCheck, output: str, python: str, remote_dir: Optional[str]) -> None:
+    values = dict(line.partition("=")[::2] for line in output.splitlines() if "=" in line)
+    problems = []
+    if values.get("python") == "missing" or not values.get("python"):
+        problems.append(f"python {python} not found on the node (pass --python with the "
+                        "remote interpreter, or install it at the same path)")
+    else:
+        check.python = values["python"]
+        words = values.get("fluidctl", "").split()
+        check.fluidctl = words[-1] if words else ""
+        if not check.fluidctl:
+            problems.append(f"fluidctl is not installed for {python} there (pip install fluidctl "
+                            "on the node, or pass --python)")
+        elif check.fluidctl != __version__:
+            problems.append(f"fluidctl {check.fluidctl} there, {__version__} here "
+                            "(install the same version on every node)")
+    if values.get("dir") == "missing":
+        problems.append(f"remote dir {remote_dir} does not exist (run fluidctl cluster sync or "
+                        "pass --remote-dir)")
+    elif values.get("disk", "").isdigit():
+        check.disk_free = int(values["disk"]) * 1024
+    if values.get("gpus", "").isdigit():
+        check.gpus = int(values["gpus"])
+    check.reason = "; ".join(problems)
+    check.ok = not problems
+
+
+def check_nodes(hosts: Sequence[Host], ssh_config=None, timeout: float = DEFAULT_TIMEOUT,
+                accept_new: bool = False, python: Optional[str] = None,
+                remote_dir: Optional[str] = None, targets=None) -> List[NodeCheck]:
+    """Check every node in parallel: reachable, authenticated, Python and fluidctl there, free
+    disk, GPUs. One NodeCheck per host, in hostfile order; ``ok`` False says ``reason``.
+
+    ``hosts`` may be unresolved hostfile entries (resolved here through ``ssh_config``) or
+    already resolved ones with their ``targets``."""
+    python = python or sys.executable
+    if targets is None:
+        hosts, targets = resolve_hosts(hosts, ssh_config, accept_new)
+
+    def one(host: Host) -> NodeCheck:
+        started = time.monotonic()
+        check = NodeCheck(host.name, address=targets[host.name].hostname)
+        node = SSHNode(host, targets[host.name], timeout=timeout, keepalive=0)
+        try:
+            node.connect()
+            check.address = node.peer_address
+            result = node.run(probe_script(python, remote_dir), timeout=timeout)
+            parse_probe(check, result.stdout, python, remote_dir)
+        except ConnectFailed as exc:
+            check.reason = str(exc)
+        except TimeoutError:
+            check.reason = f"checks did not finish within {timeout:g}s (raise --timeout)"
+        except (ConnectionLost, paramiko.SSHException, OSError) as exc:
+            check.reason = f"connection failed during the checks: {exc}"
+        finally:
+            node.close()
+            check.seconds = time.monotonic() - started
+        return check
+    return parallel(list(hosts), one)

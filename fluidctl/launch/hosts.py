@@ -1,0 +1,179 @@
+"""The list of nodes a job runs on, read from the hostfile formats users already have.
+
+One line per node, any of::
+
+    node1 slots=4            # OpenMPI / DeepSpeed (max_slots=N is accepted and ignored)
+    node2:4                  # horovod
+    node3                    # bare host: one slot
+    alice@node4 slots=2      # user@host
+    node5:2222 slots=2       # host:port, only unambiguous next to slots=
+    [fe80::1]:4              # IPv6 in brackets
+
+``--hosts node1:2,node2:2`` on the command line is the horovod form, comma-separated. A mistake
+is a UsageError naming the line (or the entry) so the user can fix it at once.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from fluidctl.errors import UsageError
+
+_NAME = r"[A-Za-z0-9_](?:[A-Za-z0-9_.\-]*[A-Za-z0-9_])?"
+_HOST_RE = re.compile(
+    r"^(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.\-]*)@)?"
+    r"(?:\[(?P<ipv6>[0-9A-Fa-f:.%]+)\]|(?P<name>" + _NAME + r"))"
+    r"(?::(?P<number>\d+))?$")
+_OPTION_RE = re.compile(r"^(?P<key>[A-Za-z_\-]+)=(?P<value>\S*)$")
+_IGNORED_OPTIONS = {"max_slots", "max-slots"}
+
+
+@dataclass(frozen=True)
+class Host:
+    """One node. ``name`` is what the user wrote (an ssh alias, a name or an address) and names
+    its log directory; ``address`` is where it is reached (the ssh config's HostName once
+    resolved) and is the address written into the endpoints."""
+    name: str
+    address: str = ""
+    port: Optional[int] = None        # None: the ssh config's Port, else 22
+    user: Optional[str] = None        # None: the ssh config's User, else the local user
+    slots: int = 1
+    slots_given: bool = False         # False for a bare host: a caller may use --nproc instead
+
+    def __post_init__(self):
+        if not self.address:
+            object.__setattr__(self, "address", self.name)
+
+    def with_address(self, address: str, port: Optional[int] = None,
+                     user: Optional[str] = None) -> "Host":
+        return replace(self, address=address, port=port if port is not None else self.port,
+                       user=user if user is not None else self.user)
+
+    def __str__(self) -> str:
+        text = f"{self.user}@{self.name}" if self.user else self.name
+        return f"{text}:{self.port}" if self.port else text
+
+
+def _fail(where: str, what: str, hint: str) -> UsageError:
+    return UsageError(f"{where}: {what}", hint)
+
+
+def _slots(where: str, text: str, host: str) -> int:
+    if not text.isdigit():
+        raise _fail(where, f"slots must be a whole number, got {text!r}",
+                    f"write e.g. '{host} slots=2'")
+    slots = int(text)
+    if slots == 0:
+        raise _fail(where, f"{host} has slots=0", f"give every host at least one slot, "
+                                                  f"e.g. '{host} slots=1', or remove the line")
+    return slots
+
+
+def parse_entry(text: str, where: str) -> Host:
+    """One hostfile line (comment already stripped) or one ``--hosts`` entry."""
+    words = text.split()
+    match = _HOST_RE.match(words[0])
+    if not match:
+        raise _fail(where, f"cannot read host {words[0]!r}",
+                    "write 'host slots=N', 'host:N', 'user@host' or a bare host name")
+    name = match["ipv6"] or match["name"]
+    user = match["user"]
+    number = match["number"]
+    slots_text = None
+    for word in words[1:]:
+        option = _OPTION_RE.match(word)
+        if not option:
+            raise _fail(where, f"cannot read {word!r} after host {name}",
+                        f"write e.g. '{name} slots=2'")
+        key = option["key"].lower()
+        if key == "slots":
+            if slots_text is not None:
+                raise _fail(where, "slots= given twice", f"keep one, e.g. '{name} slots=2'")
+            slots_text = option["value"]
+        elif key not in _IGNORED_OPTIONS:
+            raise _fail(where, f"unknown option {option['key']!r}",
+                        "only slots=N (and max_slots=N, ignored) are understood")
+    port = None
+    if slots_text is not None:
+        slots = _slots(where, slots_text, name)
+        if number is not None:          # 'host:2222 slots=4': the number can only be a port
+            port = int(number)
+            if not 0 < port < 65536:
+                raise _fail(where, f"port {port} out of range", "use a port from 1 to 65535")
+    elif number is not None:            # 'host:4' is horovod's slots
+        slots = _slots(where, number, name)
+    else:
+        slots = 1
+    return Host(name=name, port=port, user=user, slots=slots,
+                slots_given=slots_text is not None or number is not None)
+
+
+def _check_duplicates(entries: List[Tuple[str, Host]]) -> None:
+    seen: Dict[Tuple[str, Optional[int]], str] = {}
+    for where, host in entries:
+        key = (host.name.lower(), host.port)
+        if key in seen:
+            raise _fail(where, f"host {host.name} is listed twice (first at {seen[key]})",
+                        "list each host once and give it all its slots, e.g. "
+                        f"'{host.name} slots=4'")
+        seen[key] = where
+
+
+def parse_hostfile_text(text: str, source: str = "hostfile") -> List[Host]:
+    entries = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            where = f"{source} line {number}"
+            entries.append((where, parse_entry(line, where)))
+    if not entries:
+        raise UsageError(f"{source} lists no hosts", "write one host per line, e.g. 'node1 slots=2'")
+    _check_duplicates(entries)
+    return [host for _, host in entries]
+
+
+def parse_hostfile(path) -> List[Host]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"hostfile {path} not found", "pass --hostfile with an existing file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read hostfile {path}: {exc}",
+                         "pass --hostfile with a readable text file") from None
+    return parse_hostfile_text(text, source=f"hostfile {path}")
+
+
+def parse_hosts_arg(text: str) -> List[Host]:
+    """``--hosts node1:2,node2:2`` (horovod's -H form; ``user@host`` also allowed)."""
+    entries = []
+    for number, item in enumerate(text.split(","), start=1):
+        item = item.strip()
+        where = f"--hosts entry {number}"
+        if not item:
+            raise _fail(where, "empty entry", "write e.g. --hosts node1:2,node2:2")
+        if " " in item:
+            raise _fail(where, f"cannot read {item!r}", "write e.g. --hosts node1:2,node2:2")
+        entries.append((where, parse_entry(item, where)))
+    if not entries:
+        raise UsageError("--hosts lists no hosts", "write e.g. --hosts node1:2,node2:2")
+    _check_duplicates(entries)
+    return [host for _, host in entries]
+
+
+def load_hosts(hostfile=None, hosts: Optional[str] = None) -> List[Host]:
+    """What the CLI calls: exactly one of ``--hostfile`` and ``--hosts``."""
+    if hostfile and hosts:
+        raise UsageError("--hostfile and --hosts both given", "use one of them")
+    if hostfile:
+        return parse_hostfile(hostfile)
+    if hosts:
+        return parse_hosts_arg(hosts)
+    raise UsageError("no hosts given", "pass --hostfile FILE or --hosts node1:2,node2:2")
+
+
+def format_hostfile(hosts: List[Host]) -> str:
+    """OpenMPI's hostfile text for ``mpirun --hostfile`` (addresses, ``slots=N``)."""
+    return "".join(f"{h.address} slots={h.slots}\n" for h in hosts)

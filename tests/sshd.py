@@ -1,0 +1,173 @@
+"""Real OpenSSH servers on loopback addresses, for the multi-node tests.
+
+``SSHNodes.start(workdir)`` generates a host key, a user key, an ``authorized_keys``, a
+``known_hosts`` and an ssh config (``Host node1`` -> 127.0.0.2, ``Host node2`` -> 127.0.0.3), then
+starts one Debian ``/usr/sbin/sshd -D`` per address on a free port and waits until each accepts
+TCP connections. ``stop()`` ends every sshd it started, and the per-connection children they
+forked, by pid.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List
+
+import psutil
+
+SSHD = "/usr/sbin/sshd"
+PRIVSEP_DIR = Path("/run/sshd")          # Debian's sshd refuses to start without it
+ADDRESSES = {"node1": "127.0.0.2", "node2": "127.0.0.3"}
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def wait_listening(address: str, port: int, proc: subprocess.Popen, deadline: float) -> None:
+    """Poll a TCP connect until sshd accepts (or fails: then show its log)."""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sshd on {address}:{port} exited with {proc.returncode}")
+        try:
+            with socket.create_connection((address, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"sshd on {address}:{port} not listening after the deadline")
+
+
+def keygen(path: Path, comment: str) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+                   check=True, stdout=subprocess.DEVNULL)
+    return Path(str(path) + ".pub").read_text().strip()
+
+
+@dataclass
+class SSHNode:
+    alias: str
+    address: str
+    port: int
+    proc: subprocess.Popen
+    log: Path
+
+
+@dataclass
+class SSHNodes:
+    workdir: Path
+    user_key: Path
+    known_hosts: Path
+    config: Path
+    host_key_pub: str
+    nodes: Dict[str, SSHNode] = field(default_factory=dict)
+
+    @property
+    def aliases(self) -> List[str]:
+        return list(self.nodes)
+
+    def hostfile(self, name: str = "hostfile", slots: int = 1) -> Path:
+        path = self.workdir / name
+        path.write_text("".join(f"{alias} slots={slots}\n" for alias in self.nodes))
+        return path
+
+    @classmethod
+    def available(cls) -> str:
+        """Empty when sshd can run here, else why not (for pytest.skip)."""
+        if not os.path.exists(SSHD):
+            return f"{SSHD} not installed (apt-get install openssh-server)"
+        if not shutil.which("ssh-keygen"):
+            return "ssh-keygen not installed"
+        if not PRIVSEP_DIR.is_dir():
+            try:
+                PRIVSEP_DIR.mkdir(mode=0o755, parents=True)
+            except OSError as exc:
+                return f"cannot create {PRIVSEP_DIR}: {exc.strerror}"
+        return ""
+
+    @classmethod
+    def start(cls, workdir: Path, addresses: Dict[str, str] = ADDRESSES) -> "SSHNodes":
+        workdir.mkdir(parents=True, exist_ok=True)
+        host_key = workdir / "ssh_host_ed25519_key"
+        host_pub = keygen(host_key, "fluidctl-test-host")
+        user_key = workdir / "id_ed25519"
+        user_pub = keygen(user_key, "fluidctl-test-user")
+        authorized = workdir / "authorized_keys"
+        authorized.write_text(user_pub + "\n")
+        authorized.chmod(0o600)
+        known_hosts = workdir / "known_hosts"
+        config = workdir / "ssh_config"
+        nodes = cls(workdir, user_key, known_hosts, config, host_pub)
+        try:
+            for alias, address in addresses.items():
+                nodes.nodes[alias] = nodes._start_one(alias, address, host_key, authorized)
+            deadline = time.monotonic() + 20
+            for node in nodes.nodes.values():
+                wait_listening(node.address, node.port, node.proc, deadline)
+        except BaseException:
+            nodes.stop()
+            raise
+        known_hosts.write_text("".join(
+            f"[{n.address}]:{n.port} {host_pub}\n" for n in nodes.nodes.values()))
+        config.write_text("".join(
+            f"Host {n.alias}\n    HostName {n.address}\n    Port {n.port}\n    User root\n"
+            f"    IdentityFile {user_key}\n    UserKnownHostsFile {known_hosts}\n"
+            f"    StrictHostKeyChecking yes\n\n" for n in nodes.nodes.values()))
+        return nodes
+
+    def _start_one(self, alias, address, host_key, authorized) -> SSHNode:
+        port = free_port(address)
+        conf = self.workdir / f"sshd_config.{alias}"
+        conf.write_text(
+            f"ListenAddress {address}:{port}\n"
+            f"HostKey {host_key}\n"
+            f"PidFile {self.workdir / f'sshd.{alias}.pid'}\n"
+            f"AuthorizedKeysFile {authorized}\n"
+            "PermitRootLogin prohibit-password\n"
+            "PasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\n"
+            "PubkeyAuthentication yes\n"
+            "UsePAM no\n"
+            "StrictModes no\n"
+            "PrintMotd no\n"
+            "AllowTcpForwarding yes\n"
+            "MaxStartups 50:30:100\n"
+            "MaxSessions 50\n"
+            "Subsystem sftp internal-sftp\n")
+        log = self.workdir / f"sshd.{alias}.log"
+        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(conf)],
+                                stdout=subprocess.DEVNULL, stderr=open(log, "wb"),
+                                stdin=subprocess.DEVNULL)
+        return SSHNode(alias, address, port, proc, log)
+
+    def session_pids(self, alias: str) -> List[int]:
+        """Pids of the per-connection sshd children of one node (to cut a connection)."""
+        try:
+            return [p.pid for p in psutil.Process(self.nodes[alias].proc.pid).children()]
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            try:
+                children = psutil.Process(node.proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                children = []
+            if node.proc.poll() is None:
+                node.proc.terminate()
+                try:
+                    node.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    node.proc.kill()
+                    node.proc.wait(5)
+            for child in children:
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(children, timeout=5)
