@@ -145,12 +145,22 @@ class SSHNodes:
                                 stdin=subprocess.DEVNULL)
         return SSHNode(alias, address, port, proc, log)
 
-    def session_pids(self, alias: str) -> List[int]:
-        """Pids of the per-connection sshd children of one node (to cut a connection)."""
+    def session_pids(self, alias: str, client_port: int) -> List[int]:
+        """Pids of the sshd processes serving the connection from local ``client_port`` (to
+        cut exactly that connection)."""
+        pids = []
         try:
-            return [p.pid for p in psutil.Process(self.nodes[alias].proc.pid).children()]
+            children = psutil.Process(self.nodes[alias].proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
+        for child in children:
+            try:
+                if any(c.raddr and c.raddr.port == client_port
+                       for c in child.net_connections(kind="tcp")):
+                    pids.append(child.pid)
+            except psutil.Error:
+                continue
+        return pids
 
     def stop(self) -> None:
         for node in self.nodes.values():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import logging
 import os
 import posixpath
 import shlex
@@ -30,6 +31,10 @@ from fluidctl.backends.lines import LineSplitter
 from fluidctl.launch.hosts import Host
 from fluidctl.launch.sshconfig import (HostKeyError, HostKeyPolicy, SSHTarget, connect_kwargs,
                                        load_known_hosts, resolve_hosts)
+
+# paramiko logs every failed handshake with a traceback; the reasons below say it in one line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_EXCLUDES = (".git", "__pycache__", "*.pyc", ".pytest_cache")
@@ -69,9 +74,9 @@ def describe_connect_error(exc: BaseException, target: SSHTarget, timeout: float
         return (f"no answer from {where} within {timeout:g}s (is the node up and the address "
                 "right? raise --timeout for slow networks)")
     text = str(exc) or type(exc).__name__
-    if "banner" in text.lower():
-        return (f"no SSH server answered at {where} within {timeout:g}s ({text}; is it sshd on "
-                "that port? raise --timeout for slow networks)")
+    if any(word in text.lower() for word in ("banner", "no existing session", "negotiation")):
+        return (f"no SSH handshake with {where} within {timeout:g}s (is sshd listening on that "
+                "port? raise --timeout for slow networks)")
     if isinstance(exc, OSError) and exc.strerror:
         return f"cannot connect to {where}: {exc.strerror}"
     return f"ssh to {where} failed: {text}"

@@ -1,0 +1,217 @@
+"""The paramiko backend against two real sshd nodes on 127.0.0.2 and 127.0.0.3."""
+import os
+import socket
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from fluidctl.backends import ssh
+from fluidctl.launch.hosts import Host, parse_hostfile
+from fluidctl.launch.sshconfig import resolve, resolve_hosts, load_config
+
+TIMEOUT = 5.0
+
+
+@pytest.fixture(scope="module")
+def cluster(sshd_nodes):
+    hosts, targets = resolve_hosts(parse_hostfile(sshd_nodes.hostfile()), sshd_nodes.config)
+    return hosts, targets
+
+
+@pytest.fixture
+def node1(cluster):
+    hosts, targets = cluster
+    node = ssh.SSHNode(hosts[0], targets["node1"], timeout=TIMEOUT).connect()
+    yield node
+    node.close()
+
+
+def test_run_streams_lines_with_env_cwd_and_exit_code(node1, tmp_path):
+    seen = []
+    script = "import os, sys; print(os.getcwd()); print('é' * 3, file=sys.stderr); " \
+             "print(os.environ['GREETING']); sys.exit(7)"
+    result = node1.run([sys.executable, "-c", script], env={"GREETING": "it's 'quoted' $HOME"},
+                       cwd=str(tmp_path), on_line=lambda stream, line: seen.append((stream, line)))
+    assert result.exit_code == 7
+    assert result.stdout.splitlines() == [str(tmp_path), "it's 'quoted' $HOME"]
+    assert ("stderr", "ééé") in seen and ("stdout", "it's 'quoted' $HOME") in seen
+    assert node1.peer_address == "127.0.0.2"
+    assert node1.run("exit 0").exit_code == 0
+
+
+def test_signal_stops_the_remote_process_group(node1):
+    proc = node1.start("sleep 60 & sleep 60; wait")
+    pid = proc.wait_pid(TIMEOUT)
+    children = psutil.Process(pid).children(recursive=True)   # this machine is the node
+    assert len(children) == 2
+    assert proc.send_signal()
+    assert proc.wait(TIMEOUT) == -15
+    gone, alive = psutil.wait_procs(children, timeout=TIMEOUT)
+    assert not alive
+
+
+def test_lost_connection_is_detected(sshd_nodes, node1):
+    proc = node1.start(["sleep", "60"])
+    pid = proc.wait_pid(TIMEOUT)
+    client_port = node1.client.get_transport().sock.getsockname()[1]
+    session = sshd_nodes.session_pids("node1", client_port)
+    assert session
+    for server_pid in session:
+        psutil.Process(server_pid).kill()
+    with pytest.raises(ssh.ConnectionLost, match="connection to node1 .* was lost"):
+        proc.wait(TIMEOUT * 2)
+    try:  # the orphaned sleep on the "remote" node: started by this test, ended by pid
+        psutil.Process(pid).kill()
+    except psutil.NoSuchProcess:
+        pass
+
+
+def test_unknown_host_key_refused_by_default_and_accept_new_records_it(sshd_nodes, tmp_path):
+    known = tmp_path / "known_hosts"
+    cfg = tmp_path / "ssh_config"
+    port = sshd_nodes.nodes["node2"].port
+    cfg.write_text(f"Host fresh\n  HostName 127.0.0.3\n  Port {port}\n  User root\n"
+                   f"  IdentityFile {sshd_nodes.user_key}\n  UserKnownHostsFile {known}\n")
+    config = load_config(cfg)
+    host = Host("fresh")
+    with pytest.raises(ssh.ConnectFailed, match=r"not in known_hosts.*--accept-new-host-keys"):
+        ssh.SSHNode(host, resolve(host, config), timeout=TIMEOUT).connect()
+    assert not known.exists()
+    with ssh.SSHNode(host, resolve(host, config, accept_new=True), timeout=TIMEOUT) as node:
+        assert node.run("echo ok").stdout == "ok"
+    assert known.read_text().split() == [f"[127.0.0.3]:{port}", *sshd_nodes.host_key_pub.split()[:2]]
+    with ssh.SSHNode(host, resolve(host, config), timeout=TIMEOUT) as node:   # now known
+        assert node.run("echo again").stdout == "again"
+    # a key that changed is refused even with accept_new
+    known.write_text(f"[127.0.0.3]:{port} ssh-ed25519 "
+                     "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n")
+    with pytest.raises(ssh.ConnectFailed, match="does not match known_hosts"):
+        ssh.SSHNode(host, resolve(host, config, accept_new=True), timeout=TIMEOUT).connect()
+
+
+def test_unreachable_and_silent_nodes_get_a_clear_reason(sshd_nodes):
+    closed = socket.socket()
+    closed.bind(("127.0.0.4", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()                        # nothing listens there now
+    silent = socket.socket()              # accepts TCP, never speaks SSH
+    silent.bind(("127.0.0.5", 0))
+    silent.listen()
+    accepted = []
+    stop = threading.Event()
+
+    def accept():
+        silent.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(silent.accept()[0])
+            except socket.timeout:
+                pass
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        hosts = [Host("node1"), Host("127.0.0.4", port=closed_port),
+                 Host("127.0.0.5", port=silent.getsockname()[1])]
+        started = time.monotonic()
+        checks = ssh.check_nodes(hosts, sshd_nodes.config, timeout=2.0)
+        elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        thread.join()
+        for conn in accepted:
+            conn.close()
+        silent.close()
+    by_host = {c.host: c for c in checks}
+    assert by_host["node1"].ok, by_host["node1"].reason
+    assert not by_host["127.0.0.4"].ok
+    assert f"connection refused at 127.0.0.4:{closed_port}" in by_host["127.0.0.4"].reason
+    assert not by_host["127.0.0.5"].ok
+    assert "no SSH handshake with 127.0.0.5" in by_host["127.0.0.5"].reason
+    assert "within 2s" in by_host["127.0.0.5"].reason
+    assert elapsed < 30          # bounded by the timeout, not by TCP's minutes-long retries
+
+
+def test_check_nodes_reports_versions_and_a_missing_python(cluster):
+    hosts, targets = cluster
+    good = ssh.check_nodes(hosts, targets=targets, timeout=TIMEOUT)
+    assert [c.host for c in good] == ["node1", "node2"]
+    assert all(c.ok and c.python == sys.version.split()[0] and c.disk_free > 0 and c.gpus == 0
+               for c in good)
+    bad = ssh.check_nodes(hosts, targets=targets, timeout=TIMEOUT, python="/nonexistent/python3")
+    assert all(not c.ok and "python /nonexistent/python3 not found" in c.reason for c in bad)
+    gone = ssh.check_nodes(hosts[:1], targets=targets, timeout=TIMEOUT, remote_dir="/nonexistent/d")
+    assert "remote dir /nonexistent/d does not exist" in gone[0].reason
+
+
+def test_proxy_jump_through_node1(sshd_nodes, tmp_path):
+    n2 = sshd_nodes.nodes["node2"]
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(sshd_nodes.config.read_text() +
+                   f"Host behind\n  HostName 127.0.0.3\n  Port {n2.port}\n  User root\n"
+                   f"  IdentityFile {sshd_nodes.user_key}\n"
+                   f"  UserKnownHostsFile {sshd_nodes.known_hosts}\n  ProxyJump node1\n")
+    host = Host("behind")
+    target = resolve(host, load_config(cfg))
+    assert [t.alias for t in target.proxy_jump] == ["node1"]
+    with ssh.SSHNode(host, target, timeout=TIMEOUT) as node:
+        # the server sees the connection arrive from node1's sshd, not from us directly
+        server_side = node.run("echo $SSH_CONNECTION").stdout.split()
+        assert server_side[2:] == ["127.0.0.3", str(n2.port)]
+        assert node.peer_address == "127.0.0.3"
+    broken = tmp_path / "broken"
+    broken.write_text(f"Host behind\n  HostName 127.0.0.3\n  Port {n2.port}\n"
+                      f"  ProxyJump 127.0.0.4:1\n")
+    with pytest.raises(ssh.ConnectFailed, match="via jump host 127.0.0.4: connection refused"):
+        ssh.SSHNode(host, resolve(host, load_config(broken)), timeout=TIMEOUT).connect()
+
+
+def test_sync_sends_only_changed_files(node1, tmp_path):
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "train.py").write_text("print('v1')\n")
+    (src / "pkg" / "lib.py").write_text("X = 1\n")
+    (src / "data.bin").write_bytes(os.urandom(300_000))
+    (src / ".git").mkdir()
+    (src / ".git" / "HEAD").write_text("ref\n")
+    (src / "big.ckpt").write_bytes(b"0" * 10)
+    remote = str(tmp_path / "remote" / "ws")
+    sent = []
+    excludes = (*ssh.DEFAULT_EXCLUDES, "*.ckpt")
+    plan = ssh.sync(node1, src, remote, excludes=excludes, on_bytes=sent.append)
+    assert sorted(os.path.relpath(f.remote, remote) for f in plan.send) == [
+        "data.bin", "pkg/lib.py", "train.py"]
+    assert sum(sent) == plan.bytes == 300_000 + 12 + 6
+    assert (tmp_path / "remote/ws/data.bin").read_bytes() == (src / "data.bin").read_bytes()
+    assert not (tmp_path / "remote/ws/.git").exists()
+    assert not (tmp_path / "remote/ws/big.ckpt").exists()
+    assert not [p for p in (tmp_path / "remote/ws").rglob("*.tmp")]
+    again = ssh.sync(node1, src, remote, excludes=excludes)
+    assert again.send == [] and again.unchanged == 3
+    (src / "train.py").write_text("print('v2')\n")          # same size, new content
+    os.utime(src / "train.py", (time.time() + 5, time.time() + 5))
+    third = ssh.sync(node1, src, remote, excludes=excludes)
+    assert [os.path.relpath(f.remote, remote) for f in third.send] == ["train.py"]
+    assert (tmp_path / "remote/ws/train.py").read_text() == "print('v2')\n"
+    # hash mode: a same-size change whose mtime was kept is still seen
+    stamp = os.stat(src / "pkg" / "lib.py").st_mtime
+    (src / "pkg" / "lib.py").write_text("X = 2\n")
+    os.utime(src / "pkg" / "lib.py", (stamp, stamp))
+    assert ssh.plan_sync(node1, src, remote, excludes).send == []
+    fourth = ssh.sync(node1, src, remote, excludes, compare="hash")
+    assert [os.path.relpath(f.remote, remote) for f in fourth.send] == ["pkg/lib.py"]
+    assert (tmp_path / "remote/ws/pkg/lib.py").read_text() == "X = 2\n"
+
+
+def test_connect_all_in_parallel(cluster):
+    hosts, targets = cluster
+    connected = ssh.connect_all(hosts, targets, timeout=TIMEOUT)
+    try:
+        assert connected.failures == {}
+        outputs = ssh.parallel(list(connected.nodes.values()),
+                               lambda n: n.run("echo $SSH_CONNECTION").stdout.split()[2])
+        assert outputs == ["127.0.0.2", "127.0.0.3"]
+    finally:
+        connected.close()
