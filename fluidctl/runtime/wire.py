@@ -38,6 +38,14 @@ class WireError(ConnectionError):
     """The peer sent something that is not a valid frame, or failed authentication."""
 
 
+class PeerClosed(WireError):
+    """The peer closed the connection (at a frame boundary this is a normal goodbye)."""
+
+
+class AuthError(WireError):
+    """The peer does not hold the job token: retrying will not help."""
+
+
 def _as_bytes_view(buf) -> memoryview:
     view = memoryview(buf)
     if not view.contiguous:
@@ -75,7 +83,7 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
     while got < n:
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
-            raise WireError("connection closed by peer")
+            raise PeerClosed("connection closed by peer")
         got += k
 
 
@@ -132,7 +140,7 @@ def drain(sock: socket.socket, n: int) -> None:
     while n:
         k = sock.recv_into(chunk, min(n, len(chunk)))
         if k == 0:
-            raise WireError("connection closed by peer")
+            raise PeerClosed("connection closed by peer")
         n -= k
 
 
@@ -161,7 +169,7 @@ def server_handshake(sock: socket.socket, token: Optional[str],
                 or not isinstance(mac, bytes) or len(client_nonce) != _NONCE):
             raise WireError("malformed authentication reply")
         if not hmac.compare_digest(mac, _mac(token, b"c", server_nonce, client_nonce)):
-            raise WireError("authentication failed (wrong job token)")
+            raise AuthError("authentication failed (wrong job token)")
         send_frame(sock, {"op": "ok", "mac": _mac(token, b"s", client_nonce, server_nonce)})
     except socket.timeout:
         raise WireError("peer did not authenticate in time") from None
@@ -186,7 +194,7 @@ def client_handshake(sock: socket.socket, token: Optional[str],
         mac = ok.get("mac")
         if ok.get("op") != "ok" or not isinstance(mac, bytes) or not hmac.compare_digest(
                 mac, _mac(token, b"s", client_nonce, server_nonce)):
-            raise WireError("server failed authentication (wrong job token)")
+            raise AuthError("server failed authentication (wrong job token)")
     except socket.timeout:
         raise WireError("server did not answer the handshake in time") from None
     finally:

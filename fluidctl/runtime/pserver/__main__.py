@@ -1,0 +1,134 @@
+"""``python -m fluidctl.runtime.pserver``: the parameter-server process.
+
+The launcher starts it with nothing but the environment contract (``fluidctl.envs``):
+TRAINING_ROLE=PSERVER, PADDLE_PSERVERS_IP_PORT_LIST + PADDLE_PSERVER_ID (or
+PADDLE_CURRENT_ENDPOINT) for the address, PADDLE_TRAINERS_NUM, FLUIDCTL_SYNC_MODE and
+FLUIDCTL_JOB_TOKEN. ``fluidctl pserver start`` passes flags instead; a flag wins over the
+environment.
+
+SIGTERM or SIGINT: write a checkpoint (when ``--checkpoint-dir`` is set) and exit 0.
+Bad input (a port in use, an unusable checkpoint directory, an unreadable token file): one line
+``error: ...`` and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from typing import Mapping, Optional, Sequence
+
+from fluidctl import envs
+from fluidctl.errors import FluidctlError, UsageError
+from fluidctl.runtime.pserver.checkpoint import CheckpointError
+from fluidctl.runtime.pserver.server import (DEFAULT_MAX_FRAME, DEFAULT_PORT, PServer,
+                                             ServerConfig)
+
+
+def read_token_file(path: str) -> str:
+    try:
+        token = open(path).read().strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read token file {path}: {exc.strerror}",
+                         "pass --token-file with a readable file holding the job token") from None
+    if not token:
+        raise UsageError(f"token file {path} is empty", "write the job token into it")
+    return token
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fluidctl.runtime.pserver",
+                                description="fluidctl parameter server (see docs/pserver.md)")
+    p.add_argument("--host", help="address to bind, e.g. 0.0.0.0")
+    p.add_argument("--port", type=int, help=f"first port, e.g. {DEFAULT_PORT}; 0 picks one")
+    p.add_argument("--ports-num", "--ports_num", type=int, default=1)
+    p.add_argument("--ports-num-for-sparse", "--ports_num_for_sparse", type=int, default=0)
+    p.add_argument("--trainers", "--num-gradient-servers", "--num_gradient_servers", type=int)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--sync", dest="sync", action="store_true", default=None)
+    mode.add_argument("--async", dest="sync", action="store_false")
+    p.add_argument("--pserver-id", type=int, help="this server's index among the pservers")
+    p.add_argument("--checkpoint-dir")
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--token-file")
+    p.add_argument("--max-frame-mb", type=int, default=DEFAULT_MAX_FRAME >> 20)
+    p.add_argument("--register-timeout", type=float)
+    p.add_argument("--no-state", action="store_true",
+                   help="do not write a pid file and state record")
+    p.add_argument("--log-file", help="recorded in the state record for `status`")
+    p.add_argument("--ready-fd", type=int, help="write the endpoint here once listening")
+    return p
+
+
+def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerConfig:
+    """Flags first, then the environment contract, then defaults."""
+    env = envs.read(environ)
+    endpoint = env.current_endpoint or (
+        env.pserver_endpoints[env.pserver_id]
+        if env.role == envs.ROLE_PSERVER and env.pserver_id < len(env.pserver_endpoints) else "")
+    env_host, env_port = envs.split_endpoint(endpoint) if endpoint else ("0.0.0.0", DEFAULT_PORT)
+    token = read_token_file(args.token_file) if args.token_file else env.token
+    cfg = ServerConfig(
+        host=args.host or env_host,
+        port=args.port if args.port is not None else env_port,
+        ports_num=args.ports_num, ports_num_for_sparse=args.ports_num_for_sparse,
+        trainers=args.trainers if args.trainers is not None else env.world_size,
+        sync=args.sync if args.sync is not None else env.sync,
+        pserver_id=args.pserver_id if args.pserver_id is not None else env.pserver_id,
+        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+        token=token, max_frame=args.max_frame_mb << 20,
+        register_timeout=args.register_timeout or env.timeout,
+        write_state=not args.no_state, log_file=args.log_file)
+    for name, value, low in (("--port", cfg.port, 0), ("--ports-num", cfg.ports_num, 1),
+                             ("--ports-num-for-sparse", cfg.ports_num_for_sparse, 0),
+                             ("--trainers", cfg.trainers, 1),
+                             ("--checkpoint-every", cfg.checkpoint_every, 0),
+                             ("--max-frame-mb", args.max_frame_mb, 1),
+                             ("--pserver-id", cfg.pserver_id, 0)):
+        if value < low:
+            raise UsageError(f"{name} must be at least {low}, got {value}",
+                             f"e.g. {name} {max(low, 1)}")
+    if cfg.port + cfg.ports_num + cfg.ports_num_for_sparse > 65536:
+        raise UsageError(f"port {cfg.port} plus its extra ports is past 65535",
+                         "pass a lower --port")
+    return cfg
+
+
+def serve(cfg: ServerConfig, ready_fd: Optional[int] = None) -> int:
+    """Run a pserver in this process until SIGTERM/SIGINT; return the exit code."""
+    server = PServer(cfg)
+    try:
+        server.open()
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}",
+                         "pick another --port, or stop the pserver using it: "
+                         f"fluidctl pserver stop --port {cfg.port}") from None
+    except CheckpointError as exc:
+        raise UsageError(str(exc), "pass another --checkpoint-dir or --pserver-id") from None
+
+    def stop(signum, frame):
+        server.stop_event.set()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server.write_state()
+    if ready_fd is not None:
+        os.write(ready_fd, f"{server.endpoint}\n".encode())
+        os.close(ready_fd)
+    server.serve_forever()
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s pserver %(levelname)s %(message)s")
+    try:
+        return serve(config_from(args, os.environ), args.ready_fd)
+    except FluidctlError as exc:
+        print(exc.one_line(), file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
