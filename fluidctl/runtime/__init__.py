@@ -1,0 +1,164 @@
+"""What a training script imports: ``ctx = fluidctl.runtime.init()``.
+
+``init`` reads the environment the launcher wrote (``fluidctl.envs.read``: PADDLE_*, or OMPI_*
+under mpirun), meets the other ranks at rank 0's rendezvous store and builds the collective
+transports (see ``collective``). With no distributed environment it returns a world of one, so
+one script serves one process and many. In parameter-server mode it only describes the process;
+``DistributedOptimizer`` then talks to the parameter servers.
+
+Kept light on purpose: numpy and the standard library only; mpi4py and cupy are imported when
+used, and ``optim``/``DistributedOptimizer`` load on first access.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+from fluidctl import envs
+from fluidctl.runtime.collective.meta import CollectiveError
+
+__all__ = ["init", "finalize", "Context", "CollectiveError", "DistributedOptimizer",
+           "DistributeStrategy", "optim", "get_context"]
+
+_ctx: Optional["Context"] = None
+
+
+class Context:
+    """This process's place in the job, and the collectives between trainers."""
+
+    def __init__(self, env: envs.DistEnv, timeout: float):
+        self.env = env
+        self.timeout = timeout
+        self.rank, self.world_size = env.rank, env.world_size
+        self.local_rank, self.local_size, self.nnodes = env.local_rank, env.local_size, env.nnodes
+        self.role, self.mode = env.role, env.mode
+        self.device = "cpu"
+        import numpy
+        self.xp = numpy
+        self.store = None
+        self.comm = None
+        self._server = None
+
+    def __repr__(self) -> str:
+        return (f"Context(rank={self.rank}, world_size={self.world_size}, mode={self.mode!r}, "
+                f"role={self.role!r}, device={self.device!r}, transport={self.transport!r})")
+
+    @property
+    def transport(self) -> str:
+        return self.comm.transport if self.comm is not None else "none"
+
+    def _need_comm(self):
+        if self.comm is None:
+            raise CollectiveError(
+                f"collectives are not available in {self.mode} mode (role {self.role}); use "
+                "DistributedOptimizer, or start the job with --mode collective")
+        return self.comm
+
+    def allreduce(self, x, op: str = "sum"):
+        """In place on a numpy/cupy array; returns x. ops: sum, mean, max, min."""
+        return self._need_comm().allreduce(x, op)
+
+    def reduce(self, x, root: int = 0, op: str = "sum"):
+        return self._need_comm().reduce(x, root, op)
+
+    def broadcast(self, x, root: int = 0):
+        """In place: every rank's x becomes root's."""
+        return self._need_comm().broadcast(x, root)
+
+    def allgather(self, x):
+        """A new array of shape (world_size, *x.shape), row r from rank r."""
+        return self._need_comm().allgather(x)
+
+    def reduce_scatter(self, x, op: str = "sum"):
+        """This rank's 1/world_size part (along axis 0) of the reduction of x."""
+        return self._need_comm().reduce_scatter(x, op)
+
+    def barrier(self) -> None:
+        self._need_comm().barrier()
+
+    def close(self, wait: bool = True) -> None:
+        """Release transports; with ``wait``, first meet the other ranks so that rank 0 does not
+        take the store away from a rank that still needs it."""
+        if wait and self.store is not None and self.comm is not None and not _broken(self.comm):
+            try:
+                self.store.barrier("finalize", self.world_size, min(self.timeout, 60.0))
+            except (OSError, TimeoutError) as exc:
+                print(f"fluidctl: rank {self.rank}: finalize: {exc}", file=sys.stderr)
+        for part in (self.comm, self.store, self._server):
+            if part is not None:
+                part.close()
+        self.comm = self.store = self._server = None
+
+
+def _broken(comm) -> bool:
+    return any(getattr(part, "broken", None) for part in (comm.shm, comm.ring))
+
+
+def init(timeout: Optional[float] = None, transport: str = "auto",
+         environ=None) -> Context:
+    """Join the job (idempotent: later calls return the same Context).
+
+    ``timeout`` (seconds; default FLUIDCTL_TIMEOUT or 300) bounds the rendezvous and every
+    collective. ``transport`` forces 'shm', 'ring', 'hierarchical' or 'mpi' instead of the
+    automatic choice ('ring' treats every rank as its own node: useful for tests and benches).
+    """
+    global _ctx
+    if _ctx is not None:
+        return _ctx
+    env = envs.read(environ)
+    ctx = Context(env, float(timeout) if timeout is not None else env.timeout)
+    if env.mode != "pserver":
+        from fluidctl.runtime.collective import Communicator
+        if env.world_size > 1:
+            from fluidctl.runtime.collective import bootstrap
+            ctx._server, ctx.store, _ = bootstrap.connect_store(env, ctx.timeout)
+            try:
+                ctx.comm = bootstrap.build(env, ctx.store, ctx.timeout, transport)
+            except BaseException:
+                ctx.close(wait=False)
+                raise
+        else:
+            ctx.comm = Communicator(0, 1)
+        _select_device(ctx)
+    _ctx = ctx
+    return ctx
+
+
+def _select_device(ctx: Context) -> None:
+    """GPU ranks (FLAGS_selected_gpus set, NCCL backend): CuPy on that device, NCCL comm."""
+    env = ctx.env
+    if env.selected_gpu is None or env.backend != "nccl":
+        return
+    try:
+        import cupy
+    except ImportError:
+        print(f"fluidctl: rank {ctx.rank}: {envs.SELECTED_GPUS}={env.selected_gpu} but CuPy is "
+              "not installed; running on CPU (pip install cupy-cuda12x)", file=sys.stderr)
+        return
+    cupy.cuda.Device(env.selected_gpu).use()
+    ctx.device, ctx.xp = f"gpu:{env.selected_gpu}", cupy
+    if ctx.store is not None:
+        from fluidctl.runtime.collective.nccl import NcclTransport
+        ctx.comm.nccl = NcclTransport(ctx.store, ctx.rank, ctx.world_size, ctx.timeout)
+
+
+def get_context() -> Optional[Context]:
+    return _ctx
+
+
+def finalize() -> None:
+    """Leave the job: meet the other ranks, then release the store and shared memory."""
+    global _ctx
+    ctx, _ctx = _ctx, None
+    if ctx is not None:
+        ctx.close()
+
+
+def __getattr__(name):
+    if name == "optim":
+        from fluidctl.runtime import optim
+        return optim
+    if name in ("DistributedOptimizer", "DistributeStrategy"):
+        from fluidctl.runtime import distributed_optimizer
+        return getattr(distributed_optimizer, name)
+    raise AttributeError(f"module 'fluidctl.runtime' has no attribute {name!r}")

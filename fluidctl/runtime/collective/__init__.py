@@ -1,0 +1,176 @@
+"""The collective communicator a training script talks to through ``Context``.
+
+It turns user arrays into flat in-place buffers plus a metadata record (see ``meta``) and hands
+them to the transport picked at start-up:
+
+- ``shm``: every rank on one node, shared memory;
+- ``ring``: one rank per node, TCP ring;
+- ``hierarchical``: shared memory inside each node, the ring between node leaders;
+- ``mpi``: mpi4py's communicator (under mpirun without the PADDLE_* contract);
+- ``nccl``: used for CuPy arrays when a GPU communicator exists (cupy arrays without one are
+  staged through host memory and take the CPU path).
+
+Everything is built on one primitive, an in-place allreduce with metadata agreement:
+broadcast is an allreduce where non-roots contribute zeros (x + 0 is exact), allgather reduces a
+zero-filled (world, ...) buffer holding each rank's row, reduce_scatter keeps this rank's part.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import numpy as np
+
+from fluidctl.runtime.collective import meta
+from fluidctl.runtime.collective.meta import CollectiveError
+
+__all__ = ["Communicator", "CollectiveError"]
+
+
+def _is_cupy(x) -> bool:
+    return type(x).__module__.split(".")[0] == "cupy"
+
+
+class Communicator:
+    def __init__(self, rank: int, world_size: int, *, shm=None, ring=None, mpi=None,
+                 local_ranks: Optional[List[int]] = None):
+        self.rank, self.world_size = rank, world_size
+        self.shm, self.ring, self.mpi = shm, ring, mpi
+        self.nccl = None                      # set by init() when a GPU communicator exists
+        self.local_ranks = local_ranks or [rank]
+        self.is_leader = ring is not None
+        self._seq = 0
+        self._op = "sum"
+        if mpi is not None:
+            self.transport = "mpi"
+        elif shm is not None and (ring is not None or world_size > shm.n):
+            self.transport = "hierarchical"
+        elif shm is not None:
+            self.transport = "shm"
+        elif ring is not None:
+            self.transport = "ring"
+        else:
+            self.transport = "single"
+
+    def close(self) -> None:
+        for part in (self.ring, self.shm, self.nccl):
+            if part is not None:
+                part.close()
+
+    # --- the one primitive -----------------------------------------------------------
+    def _flat(self, x):
+        """(flat view, problem code): in-place work needs a writable contiguous array."""
+        if not isinstance(x, np.ndarray):
+            return np.zeros(0, np.uint8), meta.NOT_AN_ARRAY
+        if not x.flags.writeable:
+            return np.zeros(0, np.uint8), meta.READ_ONLY
+        if x.flags.c_contiguous:
+            return x.reshape(-1), 0
+        if x.flags.f_contiguous:
+            return x.T.reshape(-1), 0
+        return np.zeros(0, np.uint8), meta.NOT_CONTIGUOUS
+
+    def _run(self, buf, kind: str, op: str, shape, dtype, root: int = 0,
+             zero_input: bool = False) -> None:
+        """Allreduce ``buf`` in place after every rank agreed on the call's metadata."""
+        self._seq += 1
+        flat, problem = self._flat(buf)
+        rec = meta.record(self._seq, kind, op, dtype, shape, root, problem)
+        reduce_op = "sum" if op == "mean" else op
+        if self.transport == "single":
+            message = meta.check(rec[None])
+            if message:
+                raise CollectiveError(message)
+            if zero_input:
+                flat[:] = 0
+        elif self.transport == "mpi":
+            self.mpi.allreduce(flat, rec, reduce_op, zero_input)
+        elif self.transport == "ring":
+            table = np.zeros((self.world_size, meta.RECORD), np.int64)
+            table[self.rank] = rec
+            self.ring.gather_meta(table, [self.rank])
+            message = meta.check(table)
+            if message:
+                raise CollectiveError(message)
+            if zero_input:
+                flat[:] = 0
+            self.ring.allreduce(flat, reduce_op)
+        else:
+            self._op = reduce_op
+            self.shm.allreduce(flat, rec, reduce_op, zero_input,
+                               across=self._across if self.is_leader else None)
+        if op == "mean":
+            flat /= flat.dtype.type(self.world_size)
+
+    def _across(self, chunk, table, first: bool) -> None:
+        """Hierarchical step on a node leader: agree metadata and reduce between nodes."""
+        if first:
+            self.ring.gather_meta(table, self.local_ranks)
+            if meta.check(table):
+                return
+        if chunk is not None:
+            self.ring.allreduce(chunk, self._op)
+
+    # --- the API ---------------------------------------------------------------------
+    def allreduce(self, x, op: str = "sum"):
+        if _is_cupy(x):
+            return self._gpu("allreduce", x, op=op)
+        self._run(x, "allreduce", op, getattr(x, "shape", ()), getattr(x, "dtype", np.uint8))
+        return x
+
+    def reduce(self, x, root: int = 0, op: str = "sum"):
+        """Reduce to ``root``; other ranks' ``x`` end up holding the same result (it is an
+        allreduce underneath), so do not rely on them keeping their input."""
+        if _is_cupy(x):
+            return self._gpu("reduce", x, op=op, root=root)
+        self._run(x, "reduce", op, getattr(x, "shape", ()), getattr(x, "dtype", np.uint8), root)
+        return x
+
+    def broadcast(self, x, root: int = 0):
+        if _is_cupy(x):
+            return self._gpu("broadcast", x, root=root)
+        self._run(x, "broadcast", "sum", getattr(x, "shape", ()),
+                  getattr(x, "dtype", np.uint8), root, zero_input=self.rank != root)
+        return x
+
+    def allgather(self, x):
+        if _is_cupy(x):
+            return self._gpu("allgather", x)
+        if isinstance(x, np.ndarray) and meta.dtype_code(x.dtype) > 0:
+            out = np.zeros((self.world_size,) + x.shape, dtype=x.dtype)
+            out[self.rank] = x
+        else:
+            out = x       # lets every rank learn about the bad input in the metadata exchange
+        self._run(out, "allgather", "sum", getattr(x, "shape", ()), getattr(x, "dtype", np.uint8))
+        return out
+
+    def reduce_scatter(self, x, op: str = "sum"):
+        """Reduce ``x`` (first dimension divisible by world size) across ranks and return this
+        rank's 1/world part along the first dimension; ``x`` itself is left unchanged."""
+        if _is_cupy(x):
+            return self._gpu("reduce_scatter", x, op=op)
+        ok = isinstance(x, np.ndarray)
+        if ok and (x.ndim == 0 or x.shape[0] % self.world_size):
+            # shapes are equal on every rank (checked below), so every rank raises here
+            raise CollectiveError(f"reduce_scatter: shape {x.shape} cannot be split in "
+                                  f"{self.world_size} along its first dimension")
+        buf = np.array(x, copy=True, order="C") if ok else x
+        self._run(buf, "reduce_scatter", op, getattr(x, "shape", ()),
+                  getattr(x, "dtype", np.uint8))
+        part = buf.shape[0] // self.world_size
+        return buf[self.rank * part:(self.rank + 1) * part]
+
+    def barrier(self) -> None:
+        self._run(np.zeros(0, np.int8), "barrier", "sum", (0,), np.int8)
+
+    # --- GPU -------------------------------------------------------------------------
+    def _gpu(self, kind: str, x, **kw):
+        if self.nccl is not None:
+            self._seq += 1
+            return self.nccl.run(kind, x, self._seq, **kw)
+        host = x.get()                          # no NCCL: stage through host memory
+        result = getattr(self, kind)(host, **kw)
+        if kind in ("allgather", "reduce_scatter"):
+            import cupy
+            return cupy.asarray(result)
+        x.set(host)
+        return x

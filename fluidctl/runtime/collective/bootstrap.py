@@ -1,0 +1,185 @@
+"""Start-up of a collective job: rendezvous, node layout, transports.
+
+1. Rank 0 serves the store at PADDLE_MASTER (under bare mpirun: on a port it picks and
+   broadcasts with mpi4py); every rank connects.
+2. Each rank publishes its endpoint, node and pid; everyone reads everyone's (the error names
+   the ranks, and their endpoints, that never showed up).
+3. Ranks are grouped by node: the host of their endpoint (so 127.0.0.1 and 127.0.0.2 are two
+   "nodes" on one machine, which is how the ring and hierarchical paths are tested), or the
+   hostname when no endpoints were given.
+4. One node: shared memory. One rank per node: ring. Otherwise hierarchical (shared memory in
+   each node, ring between the lowest ranks of each node).
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import msgpack
+
+from fluidctl import envs
+from fluidctl.runtime.collective import Communicator, CollectiveError
+from fluidctl.runtime.store import StoreClient, StoreServer, StoreTimeout
+
+TRANSPORTS = ("auto", "shm", "ring", "hierarchical", "mpi")
+
+
+@dataclass
+class Layout:
+    """Who is where, as every rank learnt it from the store."""
+    endpoints: List[str]
+    nodes: List[str]                      # node key per rank
+    pids: List[int]
+    node_order: List[str] = field(default_factory=list)
+
+    def local_ranks(self, rank: int) -> List[int]:
+        return [r for r, node in enumerate(self.nodes) if node == self.nodes[rank]]
+
+    def leaders(self) -> List[int]:
+        return [self.nodes.index(node) for node in self.node_order]
+
+
+def _mpi_master(env: envs.DistEnv) -> str:
+    """Under bare mpirun: rank 0 binds a free port for the store and tells everyone."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    endpoint = None
+    if comm.Get_rank() == 0:
+        host = socket.gethostbyname(socket.gethostname())
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            endpoint = f"{host}:{probe.getsockname()[1]}"
+    return comm.bcast(endpoint, root=0)
+
+
+def connect_store(env: envs.DistEnv, timeout: float):
+    """(server or None, client, master endpoint)."""
+    master = env.master
+    if not master and env.under_mpi:
+        master = _mpi_master(env)
+    if not master:
+        raise CollectiveError(
+            f"rank {env.rank}: no rendezvous address: set {envs.MASTER} (or MASTER_ADDR and "
+            f"MASTER_PORT) to a free host:port of rank 0, or start the job with fluidctl train")
+    server = None
+    if env.rank == 0:
+        host, port = envs.split_endpoint(master)
+        try:
+            server = StoreServer(host, port, env.token)
+        except OSError as exc:
+            raise CollectiveError(f"rank 0 cannot serve the rendezvous store on {master} "
+                                  f"({exc.strerror}; pick a free port for {envs.MASTER})") from None
+    client = StoreClient(master, env.token, timeout, rank=env.rank)
+    return server, client, master
+
+
+def _publish(env, store: StoreClient, endpoint: str, node: str, timeout: float) -> Layout:
+    store.set(f"rank/{env.rank}", msgpack.packb({"ep": endpoint, "node": node,
+                                                 "pid": os.getpid()}))
+    keys = [f"rank/{r}" for r in range(env.world_size)]
+    try:
+        infos = [msgpack.unpackb(v) for v in store.multi_get(keys, timeout)]
+    except StoreTimeout as exc:
+        ranks = sorted(int(k.split("/")[1]) for k in exc.missing)
+        where = [f"rank {r}" + (f" ({env.trainer_endpoints[r]})"
+                                if r < len(env.trainer_endpoints) else "") for r in ranks]
+        raise CollectiveError(f"rank {env.rank}: {', '.join(where)} did not join within "
+                              f"{timeout:g}s (not started, crashed, or a different "
+                              f"{envs.MASTER}? check its log)") from None
+    layout = Layout([i["ep"] for i in infos], [i["node"] for i in infos],
+                    [i["pid"] for i in infos])
+    for node in layout.nodes:
+        if node not in layout.node_order:
+            layout.node_order.append(node)
+    return layout
+
+
+def build(env: envs.DistEnv, store: StoreClient, timeout: float, transport: str = "auto"
+          ) -> Communicator:
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    rank, world = env.rank, env.world_size
+    if transport == "mpi" or (transport == "auto" and env.under_mpi and not env.trainer_endpoints
+                              and _has_mpi4py()):
+        from fluidctl.runtime.collective.mpi import MpiTransport
+        store.barrier("ready", world, timeout)
+        return Communicator(rank, world, mpi=MpiTransport())
+    listener, endpoint = _listen_own(env, store)
+    node = envs.split_endpoint(endpoint)[0] if env.trainer_endpoints else socket.gethostname()
+    if transport == "ring":
+        node = f"{node}#{rank}"          # pretend every rank is a node of its own
+    try:
+        layout = _publish(env, store, endpoint, node, timeout)
+        local = layout.local_ranks(rank)
+        leaders = layout.leaders()
+        if transport == "shm" and len(leaders) > 1:
+            raise CollectiveError(f"transport 'shm' needs every rank on one node, but ranks are "
+                                  f"on {len(leaders)} nodes")
+        shm = ring = None
+        if (len(leaders) == 1 or transport == "hierarchical"
+                or any(len(layout.local_ranks(r)) > 1 for r in leaders)):
+            shm = _open_shm(env, store, layout, local, timeout)
+        if len(leaders) > 1 and rank in leaders:
+            from fluidctl.runtime.collective.ring import Ring
+            members = [(r, layout.endpoints[r]) for r in leaders]
+            ring = Ring(members, leaders.index(rank), listener, env.token, timeout)
+            listener = None
+    finally:
+        if listener is not None:
+            listener.close()
+    store.barrier("ready", world, timeout)
+    return Communicator(rank, world, shm=shm, ring=ring, local_ranks=local)
+
+
+def _has_mpi4py() -> bool:
+    try:
+        import mpi4py  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def _listen_own(env, store: StoreClient):
+    """Bind this rank's endpoint now, so that peers' connection attempts find it."""
+    from fluidctl.runtime.collective.ring import listen
+    endpoint = env.current_endpoint
+    if not endpoint:              # torch-style env: pick a port on the address rank 0 sees
+        endpoint = f"{store._sock.getsockname()[0]}:0"
+    try:
+        listener = listen(endpoint)
+    except OSError as exc:
+        raise CollectiveError(f"rank {env.rank} cannot listen on its endpoint {endpoint} "
+                              f"({exc.strerror}; each rank's {envs.CURRENT_ENDPOINT} port must "
+                              "be free)") from None
+    host = envs.split_endpoint(endpoint)[0]
+    return listener, f"{host}:{listener.getsockname()[1]}"
+
+
+def _open_shm(env, store: StoreClient, layout: Layout, local: List[int], timeout: float):
+    """Leader creates, all map, a store barrier among the node's ranks, then all unlink."""
+    from fluidctl.runtime.collective.shm import ShmGroup
+    rank = env.rank
+    node_id = layout.node_order.index(layout.nodes[rank])
+    key = f"shm/{node_id}"
+    path: Optional[str] = None
+    try:
+        if rank == local[0]:
+            path = ShmGroup.new_path(f"n{node_id}")
+            group = ShmGroup(local, 0, env.world_size, path, True, timeout)
+            store.set(key, path.encode())
+        else:
+            path = store.get(key, timeout).decode()
+            group = ShmGroup(local, local.index(rank), env.world_size, path, False, timeout)
+        store.barrier(f"shm-attached/{node_id}", local, timeout,
+                      describe=lambda r: f"rank {r} (pid {layout.pids[r]}, same node)")
+        return group
+    except StoreTimeout as exc:
+        raise CollectiveError(str(exc)) from None
+    finally:
+        if path is not None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,116 @@
+"""What every collective call exchanges before any data moves: a fixed-size record per rank.
+
+Each rank describes its call (sequence number, kind, op, dtype, shape, root) in 12 int64s. The
+transports gather all records first and every rank runs the same ``check`` on the same table, so a
+mismatch (shape, dtype, op, a rank calling a different collective) or an unsupported dtype gives
+the same clear error on every rank instead of a hang or silently mixed data.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Optional
+
+import numpy as np
+
+RECORD = 12
+SEQ, KIND, OP, DTYPE, NBYTES, ROOT, NDIM, DIM0, CRC = 0, 1, 2, 3, 4, 5, 6, 7, 11
+MAX_DIMS = CRC - DIM0
+
+KINDS = ["allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "reduce"]
+OPS = ["sum", "mean", "max", "min"]
+SUPPORTED = "efdbhilqBHILQ?"     # dtype.char: float16/32/64, (u)int8..64, bool
+NOT_AN_ARRAY, NOT_CONTIGUOUS, READ_ONLY = -1, -2, -3     # dtype codes for unusable inputs
+_PROBLEMS = {NOT_AN_ARRAY: "something that is not a numpy/cupy array",
+             NOT_CONTIGUOUS: "a non-contiguous array (collectives work in place: pass a "
+                             "contiguous one, e.g. np.ascontiguousarray)",
+             READ_ONLY: "a read-only array (collectives work in place)"}
+
+
+class CollectiveError(RuntimeError):
+    """A collective could not complete; raised on every rank with the same explanation."""
+
+
+def dtype_code(dtype: np.dtype) -> int:
+    """ord(dtype.char) for native-order supported dtypes, else a negative 'unsupported' code."""
+    if dtype.char in SUPPORTED and dtype.isnative:
+        return ord(dtype.char)
+    return -ord(dtype.char)
+
+
+def dtype_name(code: int) -> str:
+    if code in _PROBLEMS:
+        return _PROBLEMS[code]
+    try:
+        return np.dtype(chr(abs(code))).name
+    except (TypeError, ValueError):
+        return "an unsupported dtype"
+
+
+def record(seq: int, kind: str, op: str, dtype: np.dtype, shape, root: int = 0,
+           problem: int = 0) -> np.ndarray:
+    """``problem`` (NOT_AN_ARRAY, ...) marks an input this rank cannot use, so that the others
+    learn about it in the metadata exchange instead of waiting for a rank that gave up."""
+    rec = np.zeros(RECORD, dtype=np.int64)
+    shape = tuple(int(d) for d in shape)
+    rec[SEQ] = seq
+    rec[KIND] = KINDS.index(kind)
+    rec[OP] = OPS.index(op) if op in OPS else -1
+    rec[DTYPE] = problem or dtype_code(np.dtype(dtype))
+    rec[NBYTES] = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    rec[ROOT] = root
+    rec[NDIM] = len(shape)
+    rec[DIM0:DIM0 + min(len(shape), MAX_DIMS)] = shape[:MAX_DIMS]
+    rec[CRC] = zlib.crc32(repr(shape).encode())
+    return rec
+
+
+def _shape(rec) -> str:
+    ndim = int(rec[NDIM])
+    if ndim > MAX_DIMS:
+        return f"a {ndim}-d array of {int(rec[NBYTES])} bytes"
+    dims = ", ".join(str(int(d)) for d in rec[DIM0:DIM0 + ndim])
+    return f"shape ({dims}{',' if ndim == 1 else ''})"
+
+
+def check(table: np.ndarray, whole_world: bool = True) -> Optional[str]:
+    """The first inconsistency in a (world, RECORD) table, as a sentence; None if all agree.
+
+    Deterministic in the table alone, so every rank that holds the table says the same thing.
+    ``whole_world=False`` checks a subset of the ranks (one node's), where roots are not known.
+    """
+    for r, rec in enumerate(table):
+        if rec[DTYPE] <= 0:
+            if int(rec[DTYPE]) in _PROBLEMS:
+                return f"rank {r} passed {dtype_name(int(rec[DTYPE]))}"
+            return (f"rank {r} passed {dtype_name(int(rec[DTYPE]))}, which collectives do not "
+                    "support (use float16/32/64, int8-64, uint8-64 or bool)")
+        if rec[OP] < 0:
+            return f"rank {r} passed an unknown op (use one of {', '.join(OPS)})"
+    ref = table[0]
+    what = KINDS[int(ref[KIND])]
+    for r, rec in enumerate(table[1:], start=1):
+        if rec[SEQ] != ref[SEQ] or rec[KIND] != ref[KIND]:
+            return (f"rank 0 is in collective #{int(ref[SEQ])} ({what}) but rank {r} is in "
+                    f"#{int(rec[SEQ])} ({KINDS[int(rec[KIND])]}); every rank must make the same "
+                    "collective calls in the same order")
+        if rec[OP] != ref[OP]:
+            return (f"{what}: rank 0 asked for op '{OPS[int(ref[OP])]}' but rank {r} for "
+                    f"'{OPS[int(rec[OP])]}'")
+        if rec[ROOT] != ref[ROOT]:
+            return f"{what}: rank 0 names root {int(ref[ROOT])} but rank {r} names {int(rec[ROOT])}"
+        if rec[DTYPE] != ref[DTYPE]:
+            return (f"{what}: dtype mismatch: rank 0 passed {dtype_name(int(ref[DTYPE]))}, rank "
+                    f"{r} passed {dtype_name(int(rec[DTYPE]))}")
+        if rec[CRC] != ref[CRC] or rec[NBYTES] != ref[NBYTES] or rec[NDIM] != ref[NDIM]:
+            return f"{what}: shape mismatch: rank 0 passed {_shape(ref)}, rank {r} {_shape(rec)}"
+    if OPS[int(ref[OP])] == "mean" and chr(int(ref[DTYPE])) not in "efd":
+        return (f"{what}: op 'mean' needs a floating dtype, got {dtype_name(int(ref[DTYPE]))} "
+                "(use op='sum' and divide yourself)")
+    if whole_world and not 0 <= ref[ROOT] < len(table):
+        return f"{what}: root {int(ref[ROOT])} is not a rank (world size {len(table)})"
+    return None
+
+
+def reducer(op: str):
+    """The numpy ufunc that combines two partial results (mean reduces as a sum)."""
+    return {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}[op]
