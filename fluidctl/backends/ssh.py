@@ -518,7 +518,7 @@ def send_files(node: SSHNode, plan: SyncPlan,
     node.makedirs(plan.remote_dir, known)
     for item in plan.send:
         node.makedirs(posixpath.dirname(item.remote), known)
-        tmp = f"{item.remote}.fluidctl-{os.getpid()}.tmp"
+        tmp = f"{item.remote}.fluidctl-{os.getpid()}-{threading.get_ident()}.tmp"
         last = [0]
 
         def progress(done, _total, last=last):

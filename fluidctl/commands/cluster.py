@@ -1,0 +1,240 @@
+"""``fluidctl cluster check | sync | exec``: look at, fill and drive the nodes of a hostfile.
+
+Thin commands over ``fluidctl.backends.ssh``: hosts come from ``--hostfile``/``--hosts``, SSH
+settings from ``~/.ssh/config`` (or ``--ssh-config``), every node is handled in parallel, and a
+node that fails is named with its reason; the exit code is 1 if any node failed.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+
+import click
+
+from fluidctl.backends import ssh
+from fluidctl.backends.ssh import check_nodes  # noqa: F401  (re-exported for `train`)
+from fluidctl.errors import FluidctlError
+from fluidctl.launch.hosts import load_hosts
+from fluidctl.launch.sshconfig import resolve_hosts
+
+
+def host_options(fn):
+    """--hostfile/--hosts, --ssh-config, --timeout, --accept-new-host-keys: every subcommand."""
+    options = [
+        click.option("--hostfile", type=click.Path(dir_okay=False),
+                     help="Nodes, one per line: 'node1 slots=4', 'node1:4', 'user@node1' "
+                          "(e.g. --hostfile hosts.txt)."),
+        click.option("--hosts", "hosts_arg", metavar="LIST",
+                     help="Nodes on the command line instead (e.g. --hosts node1:2,node2:2)."),
+        click.option("--ssh-config", type=click.Path(dir_okay=False),
+                     help="ssh config for Host aliases, ports, users and keys "
+                          "(default ~/.ssh/config; e.g. --ssh-config cluster.conf)."),
+        click.option("--timeout", type=click.FloatRange(min=0.1), default=ssh.DEFAULT_TIMEOUT,
+                     show_default=True,
+                     help="Seconds to wait for each node (e.g. --timeout 30)."),
+        click.option("--accept-new-host-keys", is_flag=True,
+                     help="Trust and record host keys not yet in known_hosts (like ssh "
+                          "-o StrictHostKeyChecking=accept-new); changed keys are still refused."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _resolve(hostfile, hosts_arg, ssh_config, accept_new):
+    hosts = load_hosts(hostfile, hosts_arg)
+    return resolve_hosts(hosts, ssh_config, accept_new)
+
+
+def _console(stderr: bool = False):
+    from fluidctl.console import console
+    return console(stderr)
+
+
+def _fail_nodes(what: str, failures: dict, total: int) -> FluidctlError:
+    names = "; ".join(f"{host}: {reason}" for host, reason in failures.items())
+    return FluidctlError(f"{len(failures)} of {total} node(s) {what}: {names}", exit_code=1)
+
+
+def _human(size) -> str:
+    if size is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{size} B"
+        size /= 1024
+
+
+@click.group(help="""Check, fill and drive the nodes of a hostfile over SSH.
+
+\b
+Examples:
+  fluidctl cluster check --hostfile hosts.txt
+  fluidctl cluster sync --hostfile hosts.txt --exclude '*.ckpt' .
+  fluidctl cluster exec --hosts node1,node2 -- nvidia-smi -L""")
+def cluster():
+    pass
+
+
+@cluster.command(help="""Check every node in parallel: reachable, authenticated, Python and
+fluidctl there (same version as here), free disk, GPUs. Exit 1 naming each failing node.
+
+\b
+Example:
+  fluidctl cluster check --hostfile hosts.txt --timeout 5""")
+@host_options
+@click.option("--python", "python", metavar="PATH",
+              help="Interpreter to check on the nodes (default: this one's path, "
+                   "e.g. --python /usr/bin/python3).")
+@click.option("--remote-dir", metavar="DIR",
+              help="Directory whose free space to report, which must exist "
+                   "(default: the remote home; e.g. --remote-dir /data/job).")
+def check(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, python, remote_dir):
+    from rich.table import Table
+    hosts, targets = _resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
+    results = check_nodes(hosts, targets=targets, timeout=timeout, python=python,
+                          remote_dir=remote_dir)
+    table = Table(title=f"fluidctl cluster check: {len(hosts)} node(s)")
+    for column in ("host", "address", "status", "python", "fluidctl", "free disk", "gpus",
+                   "seconds", "reason"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        status = "[green]ok[/]" if r.ok else "[bold red]FAIL[/]"
+        table.add_row(r.host, r.address, status, r.python or "-", r.fluidctl or "-",
+                      _human(r.disk_free), "-" if r.gpus is None else str(r.gpus),
+                      f"{r.seconds:.2f}", r.reason)
+    _console().print(table)
+    failures = {r.host: r.reason for r in results if not r.ok}
+    if failures:
+        raise _fail_nodes("failed the check", failures, len(results))
+
+
+@cluster.command(name="exec", help="""Run a command on every node at once; each output line is
+prefixed with its host. Exit 1 if the command failed (or could not run) on any node.
+
+\b
+Examples:
+  fluidctl cluster exec --hostfile hosts.txt -- nvidia-smi -L
+  fluidctl cluster exec --hosts node1,node2 -- 'df -h $HOME'""")
+@host_options
+@click.option("--remote-dir", metavar="DIR",
+              help="Run the command in this directory (e.g. --remote-dir /data/job).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote_dir, command):
+    from rich.text import Text
+    hosts, targets = _resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
+    text = " ".join(command)       # as ssh does: the remote shell sees the words joined
+    out, err = _console(), _console(stderr=True)
+    lock = threading.Lock()
+    width = max(len(h.name) for h in hosts)
+
+    def on_line(host, stream, line):
+        with lock:
+            (err if stream == "stderr" else out).print(
+                Text.assemble((f"[{host:<{width}}] ", "cyan"), line), soft_wrap=True)
+
+    connected = ssh.connect_all(hosts, targets, timeout=timeout)
+    failures = dict(connected.failures)
+    try:
+        def one(node):
+            try:
+                result = node.run(text, cwd=remote_dir,
+                                  on_line=functools.partial(on_line, node.host.name))
+            except (ssh.ConnectionLost, OSError) as exc:
+                return node.host.name, str(exc)
+            if result.exit_code == 97 and remote_dir:
+                return node.host.name, f"cannot cd to {remote_dir}"
+            return node.host.name, None if result.exit_code == 0 else \
+                f"exit code {result.exit_code}"
+        for name, reason in ssh.parallel(list(connected.nodes.values()), one):
+            if reason:
+                failures[name] = reason
+    finally:
+        connected.close()
+    if failures:
+        ordered = {h.name: failures[h.name] for h in hosts if h.name in failures}
+        raise _fail_nodes("failed", ordered, len(hosts))
+
+
+@cluster.command(help="""Push a directory (or one file) to every node over SFTP, sending only
+files whose size or modification time differ (--checksum: whose content differs). Files are
+written under a temporary name and renamed into place.
+
+\b
+Examples:
+  fluidctl cluster sync --hostfile hosts.txt .
+  fluidctl cluster sync --hostfile hosts.txt --remote-dir /data/job --exclude '*.ckpt' src/""")
+@host_options
+@click.option("--remote-dir", metavar="DIR",
+              help="Where the files go on each node; '{host}' is replaced by the node's name "
+                   "(default: the same absolute path as here; e.g. --remote-dir /data/job).")
+@click.option("--exclude", "excludes", multiple=True, metavar="PATTERN",
+              help="Skip files or directories matching a glob, repeatable (e.g. --exclude "
+                   "'*.ckpt' --exclude data/raw); .git, __pycache__ and *.pyc are always skipped.")
+@click.option("--checksum", is_flag=True,
+              help="Compare content (sha256) instead of size and mtime (e.g. after a checkout "
+                   "that reset mtimes).")
+@click.argument("src", default=".", type=click.Path(exists=True))
+def sync(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote_dir, excludes,
+         checksum, src):
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                               TransferSpeedColumn)
+    from rich.table import Table
+    source = Path(src).resolve()
+    default_dir = str(source if source.is_dir() else source.parent)
+    hosts, targets = _resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
+    patterns = (*ssh.DEFAULT_EXCLUDES, *excludes)
+    connected = ssh.connect_all(hosts, targets, timeout=timeout)
+    failures = dict(connected.failures)
+    done: dict = {}
+    console = _console(stderr=True)
+    try:
+        nodes = list(connected.nodes.values())
+        plans = {}
+
+        def plan_one(node):
+            where = (remote_dir or default_dir).replace("{host}", node.host.name)
+            try:
+                return node, ssh.plan_sync(node, source, where, patterns,
+                                           "hash" if checksum else "mtime")
+            except (OSError, ssh.ConnectionLost) as exc:
+                return node, f"cannot list {where}: {exc}"
+        for node, plan in ssh.parallel(nodes, plan_one):
+            if isinstance(plan, str):
+                failures[node.host.name] = plan
+            else:
+                plans[node.host.name] = (node, plan)
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                   TransferSpeedColumn())
+        with Progress(*columns, console=console, transient=not console.is_terminal,
+                      disable=not console.is_terminal) as progress:
+            tasks = {name: progress.add_task(name, total=plan.bytes or 1)
+                     for name, (_, plan) in plans.items()}
+
+            def send_one(item):
+                name, (node, plan) = item
+                try:
+                    ssh.send_files(node, plan, lambda n: progress.advance(tasks[name], n))
+                    if not plan.bytes:
+                        progress.advance(tasks[name], 1)
+                    return name, None
+                except (OSError, ssh.ConnectionLost) as exc:
+                    return name, f"copy failed: {exc}"
+            for name, reason in ssh.parallel(list(plans.items()), send_one):
+                if reason:
+                    failures[name] = reason
+                else:
+                    done[name] = plans[name][1]
+    finally:
+        connected.close()
+    table = Table(title=f"fluidctl cluster sync: {source}")
+    for column in ("host", "remote dir", "sent files", "sent", "unchanged"):
+        table.add_column(column, overflow="fold")
+    for name, plan in done.items():
+        table.add_row(name, plan.remote_dir, str(len(plan.send)), _human(plan.bytes),
+                      str(plan.unchanged))
+    _console().print(table)
+    if failures:
+        ordered = {h.name: failures[h.name] for h in hosts if h.name in failures}
+        raise _fail_nodes("failed to sync", ordered, len(hosts))
