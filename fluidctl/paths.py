@@ -82,3 +82,8 @@ def pserver_state_file(port: int) -> Path:
 
 def pserver_log_file(port: int) -> Path:
     return state_dir() / f"pserver-{port}.log"
+
+
+def pserver_token_file(port: int) -> Path:
+    """The job token `fluidctl pserver start --daemon` generates when none is given."""
+    return state_dir() / f"pserver-{port}.token"

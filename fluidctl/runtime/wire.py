@@ -169,6 +169,7 @@ def server_handshake(sock: socket.socket, token: Optional[str],
                 or not isinstance(mac, bytes) or len(client_nonce) != _NONCE):
             raise WireError("malformed authentication reply")
         if not hmac.compare_digest(mac, _mac(token, b"c", server_nonce, client_nonce)):
+            send_frame(sock, {"op": "denied"})     # so the peer stops retrying
             raise AuthError("authentication failed (wrong job token)")
         send_frame(sock, {"op": "ok", "mac": _mac(token, b"s", client_nonce, server_nonce)})
     except socket.timeout:
@@ -191,6 +192,8 @@ def client_handshake(sock: socket.socket, token: Optional[str],
         send_frame(sock, {"op": "auth", "nonce": client_nonce,
                           "mac": _mac(token, b"c", server_nonce, client_nonce)})
         ok, _ = recv_frame(sock, max_payload=0)
+        if ok.get("op") == "denied":
+            raise AuthError("the server refused this job token (wrong job token)")
         mac = ok.get("mac")
         if ok.get("op") != "ok" or not isinstance(mac, bytes) or not hmac.compare_digest(
                 mac, _mac(token, b"s", client_nonce, server_nonce)):
