@@ -80,7 +80,7 @@ def save(state: ShardState, directory: Path) -> Path:
     tmp_data = directory / f".{data_name}.tmp"
     with open(tmp_data, "wb") as f:
         for name, arr in _collect(state).items():
-            arr = np.ascontiguousarray(arr)
+            arr = arr if arr.flags.c_contiguous else arr.copy()   # (keeps 0-d arrays 0-d)
             view = memoryview(arr).cast("B") if arr.nbytes else b""
             f.write(view)
             entries.append({"name": name, "dtype": arr.dtype.str, "shape": list(arr.shape),
