@@ -74,11 +74,14 @@ class Ranks:
                     [sys.executable, "-u", *argv], env=env, stdout=out,
                     stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True))
 
-    def wait(self, timeout: float, kill_on_failure: bool = True) -> Result:
+    def wait(self, timeout: float, kill_on_failure: bool = True,
+             until: Optional[Sequence[int]] = None) -> Result:
+        """Wait for every rank (or only the ranks in ``until``), then kill what is left."""
         deadline = time.monotonic() + timeout
+        until = range(len(self.procs)) if until is None else until
         while time.monotonic() < deadline:
             codes = [p.poll() for p in self.procs]
-            if all(c is not None for c in codes):
+            if all(codes[r] is not None for r in until):
                 break
             if kill_on_failure and any(c not in (None, 0) for c in codes):
                 # give the others a moment to report their own error, then stop them
@@ -105,5 +108,23 @@ class Ranks:
             return f.read().decode(errors="replace")
 
 
-def run(argv: Sequence[str], n: int, tmpdir: str, timeout: float = 60.0, **kw) -> Result:
-    return Ranks(argv, rank_envs(n, **kw), str(tmpdir)).wait(timeout)
+def run(argv: Sequence[str], n: int, tmpdir: str, timeout: float = 60.0,
+        until: Optional[Sequence[int]] = None, **kw) -> Result:
+    return Ranks(argv, rank_envs(n, **kw), str(tmpdir)).wait(timeout, until=until)
+
+
+def shm_segments() -> set:
+    """fluidctl's shared-memory files currently in /dev/shm (there should be none after a run:
+    segments are unlinked as soon as every local rank has mapped them)."""
+    from fluidctl.runtime.collective.shm import PREFIX, shm_dir
+    return {name for name in os.listdir(shm_dir()) if name.startswith(PREFIX)}
+
+
+def results(result: Result) -> List[dict]:
+    """The ``RESULT {json}`` line of each rank (None where a rank printed none)."""
+    import json
+    out = []
+    for text in result.outputs:
+        lines = [l for l in text.splitlines() if l.startswith("RESULT ")]
+        out.append(json.loads(lines[-1][7:]) if lines else None)
+    return out

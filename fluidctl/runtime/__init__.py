@@ -84,9 +84,13 @@ class Context:
                 self.store.barrier("finalize", self.world_size, min(self.timeout, 60.0))
             except (OSError, TimeoutError) as exc:
                 print(f"fluidctl: rank {self.rank}: finalize: {exc}", file=sys.stderr)
-        for part in (self.comm, self.store, self._server):
+        for part in (self.comm, self.store):
             if part is not None:
                 part.close()
+        if self._server is not None:
+            # rank 0: let the others read their last answers (or their own error) first
+            self._server.wait_idle(min(self.timeout, 10.0))
+            self._server.close()
         self.comm = self.store = self._server = None
 
 
@@ -155,10 +159,9 @@ def finalize() -> None:
 
 
 def __getattr__(name):
+    import importlib
     if name == "optim":
-        from fluidctl.runtime import optim
-        return optim
+        return importlib.import_module("fluidctl.runtime.optim")
     if name in ("DistributedOptimizer", "DistributeStrategy"):
-        from fluidctl.runtime import distributed_optimizer
-        return getattr(distributed_optimizer, name)
+        return getattr(importlib.import_module("fluidctl.runtime.distributed_optimizer"), name)
     raise AttributeError(f"module 'fluidctl.runtime' has no attribute {name!r}")

@@ -37,11 +37,20 @@ class StoreServer:
         self._data: Dict[str, bytes] = {}
         self._cond = threading.Condition()
         self._closed = False
+        self._active = 0
         self._sock = _listen(host, port)
         self.port = self._sock.getsockname()[1]
         self._thread = threading.Thread(target=self._accept_loop, name="fluidctl-store",
                                         daemon=True)
         self._thread.start()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no client is connected (others have read their answers), up to timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._active and time.monotonic() < deadline:
+                self._cond.wait(max(0.0, min(0.5, deadline - time.monotonic())))
+            return not self._active
 
     def close(self) -> None:
         self._closed = True
@@ -63,22 +72,28 @@ class StoreServer:
                              name=f"fluidctl-store-{addr[1]}").start()
 
     def _serve(self, conn: socket.socket, addr) -> None:
+        with self._cond:
+            self._active += 1
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             wire.server_handshake(conn, self.token)
             while not self._closed:
                 try:
                     header, payload = wire.recv_frame(conn, max_payload=MAX_VALUE)
-                except wire.WireError as exc:
-                    if "closed by peer" not in str(exc):
-                        log.warning("store: dropping %s:%s: %s", addr[0], addr[1], exc)
+                except wire.PeerClosed:
                     return
-                reply, value = self._handle(header, payload)
+                try:
+                    reply, value = self._handle(header, payload)
+                except (TypeError, ValueError, OverflowError) as exc:
+                    reply, value = {"ok": False, "error": f"bad request: {exc}"}, None
                 wire.send_frame(conn, reply, [value] if value else [])
         except (OSError, wire.WireError) as exc:
             log.warning("store: dropping %s:%s: %s", addr[0], addr[1], exc)
         finally:
             conn.close()
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
 
     def _handle(self, header: dict, payload: memoryview):
         op, key = header.get("op"), header.get("key")
@@ -148,7 +163,7 @@ class StoreClient:
                 break
             except (OSError, wire.WireError) as exc:
                 last = exc
-                if isinstance(exc, wire.WireError) and "authentication" in str(exc):
+                if isinstance(exc, wire.AuthError):
                     raise ConnectionError(
                         f"rank {rank}: the rendezvous store at {endpoint} rejected this process "
                         f"({exc}; every rank needs the same FLUIDCTL_JOB_TOKEN)") from None

@@ -96,8 +96,13 @@ class Communicator:
             self.ring.allreduce(flat, reduce_op)
         else:
             self._op = reduce_op
-            self.shm.allreduce(flat, rec, reduce_op, zero_input,
-                               across=self._across if self.is_leader else None)
+            try:
+                self.shm.allreduce(flat, rec, reduce_op, zero_input,
+                                   across=self._across if self.is_leader else None)
+            except CollectiveError:
+                if self.ring is not None and self.shm.broken:
+                    self.ring.close()        # let the other nodes hear about it now
+                raise
         if op == "mean":
             flat /= flat.dtype.type(self.world_size)
 

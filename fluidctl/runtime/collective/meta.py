@@ -89,7 +89,11 @@ def check(table: np.ndarray, whole_world: bool = True) -> Optional[str]:
     ref = table[0]
     what = KINDS[int(ref[KIND])]
     for r, rec in enumerate(table[1:], start=1):
-        if rec[SEQ] != ref[SEQ] or rec[KIND] != ref[KIND]:
+        if rec[SEQ] == ref[SEQ] and rec[KIND] != ref[KIND]:
+            return (f"collective #{int(ref[SEQ])}: rank 0 called {what} but rank {r} called "
+                    f"{KINDS[int(rec[KIND])]}; every rank must make the same collective calls "
+                    "in the same order")
+        if rec[SEQ] != ref[SEQ]:
             return (f"rank 0 is in collective #{int(ref[SEQ])} ({what}) but rank {r} is in "
                     f"#{int(rec[SEQ])} ({KINDS[int(rec[KIND])]}); every rank must make the same "
                     "collective calls in the same order")
@@ -113,4 +117,5 @@ def check(table: np.ndarray, whole_world: bool = True) -> Optional[str]:
 
 def reducer(op: str):
     """The numpy ufunc that combines two partial results (mean reduces as a sum)."""
-    return {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}[op]
+    # an unknown op is reported by check(); this must not fail before the ranks have agreed
+    return {"max": np.maximum, "min": np.minimum}.get(op, np.add)

@@ -1,0 +1,100 @@
+"""Collectives between real processes: shared memory (one node), the TCP ring (ranks on
+127.0.0.1 and 127.0.0.2 count as two nodes) and hierarchical (two ranks on one "node", one on
+the other). Every failure must be a clear error on every rank, never a hang."""
+import pytest
+
+import rankspawn
+
+WORKER = "tests/runtime_worker.py"
+TOPOLOGIES = {
+    "shm": ["127.0.0.1", "127.0.0.1"],
+    "ring": ["127.0.0.1", "127.0.0.2"],
+    "hierarchical": ["127.0.0.1", "127.0.0.1", "127.0.0.2"],
+}
+
+
+@pytest.fixture(autouse=True)
+def no_shm_leaks():
+    before = rankspawn.shm_segments()
+    yield
+    assert rankspawn.shm_segments() - before == set()
+
+
+def run(scenario, hosts, tmp_path, timeout=60, **kw):
+    result = rankspawn.run([WORKER, scenario], len(hosts), tmp_path, timeout=timeout,
+                           hosts=hosts, **kw)
+    assert "resource_tracker" not in "".join(result.outputs)
+    return result
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_ops_are_exact(topology, tmp_path):
+    result = run("ops", TOPOLOGIES[topology], tmp_path)
+    assert result.ok(), result
+    for rank_result in rankspawn.results(result):
+        assert rank_result.pop("transport") == topology
+        failed = [name for name, ok in rank_result.items() if ok is not True]
+        assert not failed, (failed, result)
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_bad_input_is_the_same_error_everywhere(topology, tmp_path):
+    result = run("errors", TOPOLOGIES[topology], tmp_path)
+    assert result.ok(), result
+    per_rank = rankspawn.results(result)
+    assert all(r == per_rank[0] for r in per_rank), per_rank
+    errors = per_rank[0]
+    assert errors.pop("still_works") is True
+    expected = {
+        "shape": "shape mismatch: rank 0 passed shape (3,), rank 1 shape (4,)",
+        "dtype": "dtype mismatch: rank 0 passed float32, rank 1 passed float64",
+        "unsupported": "rank 0 passed complex64, which collectives do not support",
+        "op": "rank 0 asked for op 'sum' but rank 1 for 'max'",
+        "mean_int": "op 'mean' needs a floating dtype, got int32",
+        "not_array": "rank 1 passed something that is not a numpy/cupy array",
+        "kind": "rank 0 called broadcast but rank 1 called allreduce",
+        "root": "is not a rank",
+        "bad_op": "unknown op",
+    }
+    for name, text in expected.items():
+        assert text in errors[name], (name, errors[name])
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_a_killed_rank_is_reported_and_leaks_nothing(topology, tmp_path):
+    hosts = TOPOLOGIES[topology]
+    result = run("die", hosts, tmp_path, extra={"TEST_TIMEOUT": "5"})
+    dead = len(hosts) - 1
+    assert result.returncodes[dead] == -9
+    for rank, rank_result in enumerate(rankspawn.results(result)[:dead]):
+        assert result.returncodes[rank] == 0, result
+        error = rank_result["error"]
+        assert f"rank {dead}" in error or "lost the connection" in error, error
+        if topology == "shm":
+            assert f"rank {dead} (pid" in error and "died" in error
+
+
+@pytest.mark.parametrize("topology", ["shm", "ring"])
+def test_a_rank_that_never_comes_times_out_by_name(topology, tmp_path):
+    result = run("stuck", TOPOLOGIES[topology], tmp_path, until=[0],
+                 extra={"TEST_TIMEOUT": "2"})
+    error = rankspawn.results(result)[0]["error"]
+    assert "rank 1" in error and ("within 2s" in error or "timed out" in error), error
+
+
+def test_missing_rank_at_start_is_named_with_its_endpoint(tmp_path):
+    envs = rankspawn.rank_envs(3, extra={"TEST_TIMEOUT": "2"})
+    endpoint = envs[2]["PADDLE_CURRENT_ENDPOINT"]
+    result = rankspawn.Ranks([WORKER, "ops"], envs[:2], str(tmp_path)).wait(60)
+    assert result.returncodes == [1, 1]
+    for out in result.outputs:
+        assert f"rank 2 ({endpoint}) did not join within 2s" in out, out
+
+
+def test_wrong_token_is_refused(tmp_path):
+    envs = rankspawn.rank_envs(2, extra={"TEST_TIMEOUT": "3"})
+    envs[1]["FLUIDCTL_JOB_TOKEN"] = "not-the-job-token"
+    result = rankspawn.Ranks([WORKER, "ops"], envs, str(tmp_path)).wait(60)
+    assert result.returncodes == [1, 1]
+    assert "rejected this process" in result.outputs[1]
+    assert "rank 1" in result.outputs[0] and "did not join" in result.outputs[0]
