@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from fluidctl.backends import ssh
+from fluidctl.backends import fabric, ssh
 from fluidctl.launch.hosts import Host, parse_hostfile
 from fluidctl.launch.sshconfig import resolve, resolve_hosts, load_config
 
@@ -21,10 +21,12 @@ def cluster(sshd_nodes):
     return hosts, targets
 
 
-@pytest.fixture
-def node1(cluster):
+@pytest.fixture(params=["paramiko", "fabric"])
+def node1(cluster, request):
+    """node1 through each backend: both must behave the same."""
     hosts, targets = cluster
-    node = ssh.SSHNode(hosts[0], targets["node1"], timeout=TIMEOUT).connect()
+    node_class = ssh.SSHNode if request.param == "paramiko" else fabric.FabricNode
+    node = node_class(hosts[0], targets["node1"], timeout=TIMEOUT).connect()
     yield node
     node.close()
 
@@ -42,15 +44,26 @@ def test_run_streams_lines_with_env_cwd_and_exit_code(node1, tmp_path):
     assert node1.run("exit 0").exit_code == 0
 
 
+def running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_signal_stops_the_remote_process_group(node1):
     proc = node1.start("sleep 60 & sleep 60; wait")
     pid = proc.wait_pid(TIMEOUT)
-    children = psutil.Process(pid).children(recursive=True)   # this machine is the node
+    deadline = time.monotonic() + TIMEOUT       # this machine is the node: look at its pids
+    while len(psutil.Process(pid).children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    children = psutil.Process(pid).children()
     assert len(children) == 2
     assert proc.send_signal()
     assert proc.wait(TIMEOUT) == -15
-    gone, alive = psutil.wait_procs(children, timeout=TIMEOUT)
-    assert not alive
+    while any(running(c) for c in children) and time.monotonic() < deadline + TIMEOUT:
+        time.sleep(0.01)
+    assert not [c for c in children if running(c)]
 
 
 def test_lost_connection_is_detected(sshd_nodes, node1):
@@ -215,3 +228,38 @@ def test_connect_all_in_parallel(cluster):
         assert outputs == ["127.0.0.2", "127.0.0.3"]
     finally:
         connected.close()
+
+
+def test_fabric_group_run_and_check(cluster):
+    hosts, targets = cluster
+    connected = fabric.connect_all(hosts, targets, timeout=TIMEOUT)
+    try:
+        assert connected.failures == {}
+        results = fabric.run_all(list(connected.nodes.values()),
+                                 "echo $SSH_CONNECTION | cut -d' ' -f3; echo $X >&2; exit 4",
+                                 env={"X": "x y"})
+        assert {n: (r.exit_code, r.stdout, r.stderr) for n, r in results.items()} == {
+            "node1": (4, "127.0.0.2", "x y"), "node2": (4, "127.0.0.3", "x y")}
+    finally:
+        connected.close()
+    checks = fabric.check_nodes(hosts + [Host("127.0.0.4", port=1)], targets={
+        **targets, "127.0.0.4": resolve(Host("127.0.0.4", port=1))}, timeout=TIMEOUT)
+    assert [(c.host, c.ok) for c in checks] == [("node1", True), ("node2", True),
+                                                ("127.0.0.4", False)]
+    assert checks[0].fluidctl == "0.1.0" and checks[0].address == "127.0.0.2"
+    assert "connection refused at 127.0.0.4:1" in checks[2].reason
+
+
+def test_fabric_refuses_unknown_host_keys(sshd_nodes, tmp_path):
+    """Fabric's own default would trust any key; ours must not."""
+    port = sshd_nodes.nodes["node1"].port
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host n\n  HostName 127.0.0.2\n  Port {port}\n  User root\n"
+                   f"  IdentityFile {sshd_nodes.user_key}\n"
+                   f"  UserKnownHostsFile {tmp_path / 'kh'}\n")
+    with pytest.raises(ssh.ConnectFailed, match="not in known_hosts"):
+        fabric.FabricNode(Host("n"), resolve(Host("n"), load_config(cfg)), timeout=TIMEOUT).connect()
+    node = fabric.FabricNode(Host("n"), resolve(Host("n"), load_config(cfg), accept_new=True),
+                             timeout=TIMEOUT).connect()
+    node.close()
+    assert (tmp_path / "kh").read_text().startswith(f"[127.0.0.2]:{port} ssh-ed25519 ")

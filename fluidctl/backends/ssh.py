@@ -131,20 +131,13 @@ def record_exit_signals(transport: paramiko.Transport) -> None:
 
 class RemoteProcess:
     """A command running on a node: its output is read by two threads and handed, line by line,
-    to ``on_line``. ``wait`` returns its exit code or raises ConnectionLost."""
+    to ``on_line``. ``wait`` returns its exit code (-N if signal N ended it) or raises
+    ConnectionLost. The Fabric backend reuses everything but the readers."""
 
     def __init__(self, node: "SSHNode", channel: paramiko.Channel,
                  on_line: Optional[LineCallback], capture: bool, report_pid: bool):
-        self.node = node
+        self._setup(node, on_line, capture, report_pid)
         self.channel = channel
-        self.pid: Optional[int] = None
-        self._pid_known = threading.Event()
-        self._expect_pid = report_pid
-        if not report_pid:
-            self._pid_known.set()
-        self._on_line = on_line
-        self._captured: Dict[str, List[str]] = {"stdout": [], "stderr": []} if capture else {}
-        self._closed_by_us = False
         self._readers = [
             threading.Thread(target=self._read, args=("stdout", channel.recv), daemon=True,
                              name=f"ssh-out-{node.host.name}"),
@@ -153,6 +146,18 @@ class RemoteProcess:
         ]
         for reader in self._readers:
             reader.start()
+
+    def _setup(self, node, on_line, capture, report_pid) -> None:
+        self.node = node
+        self.channel: Optional[paramiko.Channel] = None
+        self.pid: Optional[int] = None
+        self._pid_known = threading.Event()
+        self._expect_pid = report_pid
+        if not report_pid:
+            self._pid_known.set()
+        self._on_line = on_line
+        self._captured: Dict[str, List[str]] = {"stdout": [], "stderr": []} if capture else {}
+        self._closed_by_us = False
 
     def _line(self, stream: str, line: str) -> None:
         if self._expect_pid and stream == "stdout" and not self._pid_known.is_set():
@@ -193,24 +198,22 @@ class RemoteProcess:
             return None
         return self.wait(timeout=1.0)
 
-    def wait(self, timeout: Optional[float] = None) -> int:
-        """Block until the command ends (its output fully read). ``timeout`` raises
-        TimeoutError; a dead connection raises ConnectionLost."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def _wait_status(self, deadline: Optional[float]) -> None:
+        """Until the channel reports an exit or closes; keepalive pings catch a silent peer."""
         last_ping = time.monotonic()
         while not self.channel.status_event.wait(0.2):
             transport = self.channel.get_transport()
             if transport is None or not transport.is_active():
-                break
+                return
             now = time.monotonic()
             if self.node.keepalive and now - last_ping > self.node.keepalive:
                 last_ping = now
                 if not self.node.alive(timeout=self.node.keepalive):
-                    break
+                    return
             if deadline is not None and now > deadline:
                 raise TimeoutError(f"command on {self.node.host.name} still running")
-        for reader in self._readers:
-            reader.join(None if deadline is None else max(0.1, deadline - time.monotonic()))
+
+    def _exit_code(self) -> int:
         if self.channel.exit_status_ready() and self.channel.exit_status != -1:
             return self.channel.exit_status
         name = getattr(self.channel, "exit_signal", None)
@@ -223,6 +226,15 @@ class RemoteProcess:
             return -int(signal_module.SIGHUP)
         raise ConnectionLost(f"connection to {self.node.host.name} "
                              f"({self.node.target.hostname}:{self.node.target.port}) was lost")
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Block until the command ends (its output fully read). ``timeout`` raises
+        TimeoutError; a dead connection raises ConnectionLost."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._wait_status(deadline)
+        for reader in self._readers:
+            reader.join(None if deadline is None else max(0.1, deadline - time.monotonic()))
+        return self._exit_code()
 
     @property
     def stdout(self) -> str:

@@ -1,0 +1,221 @@
+"""The same node interface as ``fluidctl.backends.ssh``, through Fabric: a ``fabric.Connection``
+per node (ProxyJump hops become Fabric gateways), commands through Fabric's runners, and many
+nodes at once through ``ThreadingGroup``.
+
+Fabric trusts unknown host keys by default (AutoAddPolicy); here every connection gets
+fluidctl's policy instead, so unknown keys are refused unless the user opted in, exactly as in
+the paramiko backend. Host settings are resolved by ``fluidctl.launch.sshconfig``, not by
+Fabric's own ssh-config loading, so both backends reach the same address with the same key.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Dict, List, Mapping, Optional, Sequence
+
+import fabric
+import invoke
+
+from fluidctl.backends import ssh
+from fluidctl.backends.lines import LineSplitter
+from fluidctl.backends.ssh import (Command, CommandResult, ConnectFailed, ConnectionLost,
+                                   LineCallback, NodeCheck, RemoteProcess, describe_connect_error,
+                                   parse_probe, probe_script, record_exit_signals, shell_command)
+from fluidctl.launch.hosts import Host
+from fluidctl.launch.sshconfig import (HostKeyPolicy, SSHTarget, connect_kwargs, load_known_hosts,
+                                       resolve_hosts)
+
+
+def available() -> bool:
+    return True     # fabric is a dependency of fluidctl
+
+
+class _LineStream:
+    """A file-like sink for invoke's runner: text in, whole lines out to a callback."""
+
+    def __init__(self, on_line):
+        self._splitter = LineSplitter(on_line)
+
+    def write(self, text: str) -> None:
+        self._splitter.feed(text.encode("utf-8", "surrogateescape"))
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._splitter.close()
+
+
+def _connection(target: SSHTarget, timeout: float, gateway=None) -> fabric.Connection:
+    kwargs = connect_kwargs(target, timeout)
+    kwargs.pop("username")
+    if not kwargs.get("key_filename"):
+        kwargs.pop("key_filename", None)     # Fabric iterates it
+    config = fabric.Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}})
+    conn = fabric.Connection(target.hostname, user=target.user, port=target.port, config=config,
+                             connect_kwargs=kwargs, gateway=gateway, inline_ssh_env=True)
+    conn.client.set_missing_host_key_policy(HostKeyPolicy(target))
+    load_known_hosts(conn.client, target)
+    return conn
+
+
+class FabricProcess(RemoteProcess):
+    """A command started with ``Connection.run(asynchronous=True)``; Fabric's runner reads the
+    channel and writes into line streams, the rest (pid, signals, exit code) is shared."""
+
+    def __init__(self, node: "FabricNode", command: str, on_line: Optional[LineCallback],
+                 capture: bool, report_pid: bool, timeout: Optional[float] = None):
+        self._setup(node, on_line, capture, report_pid)
+        self._streams = {name: _LineStream(lambda line, name=name: self._line(name, line))
+                         for name in ("stdout", "stderr")}
+        self.promise = node.conn.run(command, asynchronous=True, hide=False, warn=True,
+                                     pty=False, out_stream=self._streams["stdout"],
+                                     err_stream=self._streams["stderr"], timeout=timeout)
+        self.channel = self.promise.runner.channel
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._wait_status(deadline)
+        try:
+            self.promise.join()
+        except invoke.exceptions.CommandTimedOut:
+            raise TimeoutError(f"command on {self.node.host.name} still running") from None
+        finally:
+            for stream in self._streams.values():
+                stream.close()
+            self._pid_known.set()
+        return self._exit_code()
+
+    def close(self) -> None:
+        self._closed_by_us = True
+        self.channel.close()
+
+
+class FabricNode(ssh.SSHNode):
+    """``ssh.SSHNode``'s interface (connect, run, start, alive, sftp, close, peer_address) over a
+    ``fabric.Connection``."""
+
+    conn: Optional[fabric.Connection] = None
+
+    def connect(self) -> "FabricNode":
+        gateway = None
+        current = None
+        try:
+            for hop in self.target.proxy_jump:
+                current = hop
+                gateway = _connection(hop, self.timeout, gateway)
+                gateway.open()
+            current = self.target
+            if gateway is None and self.target.proxy_command:
+                gateway = self.target.proxy_command
+            self.conn = _connection(self.target, self.timeout, gateway)
+            self.conn.open()
+        except Exception as exc:
+            self.close()
+            where = current or self.target
+            reason = describe_connect_error(exc, where, self.timeout)
+            if where is not self.target:
+                reason = f"via jump host {where.alias}: {reason}"
+            raise ConnectFailed(reason) from None
+        self.client = self.conn.client
+        record_exit_signals(self.conn.transport)
+        if self.keepalive:
+            self.conn.transport.set_keepalive(max(1, int(self.keepalive)))
+        return self
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        conn, self.conn = self.conn, None
+        while isinstance(conn, fabric.Connection):
+            gateway = conn.gateway
+            conn.close()
+            conn = gateway
+        self.client = None
+
+    def start(self, command: Command, on_line: Optional[LineCallback] = None,
+              env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+              capture: bool = False, report_pid: bool = True,
+              timeout: Optional[float] = None) -> FabricProcess:
+        if self.conn is None or not self.conn.is_connected:
+            raise ConnectionLost(f"not connected to {self.host.name}")
+        return FabricProcess(self, shell_command(command, env, cwd, report_pid), on_line,
+                             capture, report_pid, timeout)
+
+    def run(self, command: Command, on_line: Optional[LineCallback] = None,
+            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+            timeout: Optional[float] = None) -> CommandResult:
+        proc = self.start(command, on_line, env, cwd, capture=True, report_pid=False,
+                          timeout=timeout)
+        code = proc.wait()
+        return CommandResult(self.host.name, code, proc.stdout, proc.stderr)
+
+    @property
+    def sftp(self):
+        if self._sftp is None:
+            self._sftp = self.conn.sftp()
+        return self._sftp
+
+
+def connect_all(hosts: Sequence[Host], targets: Mapping[str, SSHTarget],
+                timeout: float = ssh.DEFAULT_TIMEOUT) -> ssh.Connected:
+    return ssh.connect_all(hosts, targets, timeout, node_class=FabricNode)
+
+
+def group(nodes: Sequence[FabricNode]) -> fabric.ThreadingGroup:
+    return fabric.ThreadingGroup.from_connections([n.conn for n in nodes])
+
+
+def run_all(nodes: Sequence[FabricNode], command: Command,
+            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+            timeout: Optional[float] = None) -> Dict[str, CommandResult]:
+    """One command on every node through ``ThreadingGroup.run``: host name -> result (a node
+    whose connection failed gets exit code 255 and the reason in stderr)."""
+    by_conn = {id(n.conn): n for n in nodes}
+    results: Dict[str, CommandResult] = {}
+    try:
+        done = group(nodes).run(shell_command(command, env, cwd), hide=True, warn=True,
+                                pty=False, in_stream=False, timeout=timeout)
+    except fabric.exceptions.GroupException as exc:
+        done = exc.result
+    for conn, result in done.items():
+        node = by_conn[id(conn)]
+        if isinstance(result, BaseException):
+            results[node.host.name] = CommandResult(node.host.name, 255, "", str(result))
+        else:
+            results[node.host.name] = CommandResult(node.host.name, result.exited,
+                                                    result.stdout.rstrip("\n"),
+                                                    result.stderr.rstrip("\n"))
+    return results
+
+
+def check_nodes(hosts: Sequence[Host], ssh_config=None, timeout: float = ssh.DEFAULT_TIMEOUT,
+                accept_new: bool = False, python: Optional[str] = None,
+                remote_dir: Optional[str] = None, targets=None) -> List[NodeCheck]:
+    """``ssh.check_nodes`` through Fabric: connect all, then one ThreadingGroup run."""
+    python = python or sys.executable
+    if targets is None:
+        hosts, targets = resolve_hosts(hosts, ssh_config, accept_new)
+    started = time.monotonic()
+    connected = connect_all(hosts, targets, timeout)
+    checks = {h.name: NodeCheck(h.name, address=targets[h.name].hostname) for h in hosts}
+    try:
+        for name, reason in connected.failures.items():
+            checks[name].reason = reason
+        nodes = list(connected.nodes.values())
+        if nodes:
+            results = run_all(nodes, probe_script(python, remote_dir), timeout=timeout)
+            for node in nodes:
+                check = checks[node.host.name]
+                check.address = node.peer_address
+                result = results[node.host.name]
+                if result.exit_code == 255 and not result.stdout:
+                    check.reason = f"checks failed: {result.stderr}"
+                else:
+                    parse_probe(check, result.stdout, python, remote_dir)
+    finally:
+        connected.close()
+    for check in checks.values():
+        check.seconds = time.monotonic() - started
+    return [checks[h.name] for h in hosts]
