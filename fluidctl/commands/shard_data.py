@@ -1,0 +1,141 @@
+"""``fluidctl shard-data``: options -> ShardOptions -> fluidctl.sharding.shard()."""
+from __future__ import annotations
+
+import threading
+
+import click
+
+from fluidctl import sharding
+
+HELP = """Split INPUT... into one shard per trainer: OUT_DIR/<name>-00000, -00001, ... plus
+OUT_DIR/manifest.json (inputs, options, and per shard its file, records, bytes and sha256).
+
+INPUT may be files, directories (every file inside, sorted) or globs; gzip files are read
+transparently. By default shards are contiguous, in order, about 1/N of the bytes each, cut at
+line ends: concatenated they are byte-identical to the input.
+
+NCCL2 (collective) jobs need every trainer to run the same number of steps, or the job stalls
+at the last step: pass --equalize pad (or truncate) unless every trainer stops on its own after
+a fixed number of batches. Parameter-server jobs do not need it.
+
+The output appears all at once (built under a hidden name, renamed at the end); on any error
+nothing is left behind.
+
+\b
+Examples:
+  fluidctl shard-data train.txt --trainers 4 -o shards/
+  fluidctl shard-data data/ --trainers 8 -o shards/ --by files
+  fluidctl shard-data 'logs/*.jsonl.gz' -n 4 -o shards/ --format jsonl --shuffle --seed 7
+  fluidctl shard-data train.csv -n 4 -o shards/ --format csv --equalize pad
+
+\b
+In the training script (reads PADDLE_TRAINER_ID / PADDLE_TRAINERS_NUM):
+  from fluidctl.runtime.data import ShardReader
+  for batch in ShardReader("shards/", batch_size=32): ...
+"""
+
+# TODO(issue 6): --to-hosts HOSTFILE: after the shards are built, copy shard i only to the node
+# that runs trainer i (hosts and slots from fluidctl.launch.hosts, transfer through the SSH
+# backend), verifying each copy against the manifest's sha256. Not implemented until the SSH
+# backend's file-transfer API lands; today, copy OUT_DIR to every node (or use shared storage).
+
+
+@click.command("shard-data", help=HELP, short_help="Split a data set into one shard per trainer.")
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option("-n", "--trainers", type=int, required=True,
+              help="Number of shards, one per trainer. Example: --trainers 4")
+@click.option("-o", "--output", "out_dir", required=True, metavar="OUT_DIR",
+              help="Directory to create for the shards. Example: -o shards/")
+@click.option("--by", type=click.Choice(sharding.BY_CHOICES), default="lines", show_default=True,
+              help="lines: contiguous ranges of records, order kept; files: whole input files "
+                   "per shard, balanced by size. Example: --by files")
+@click.option("--format", "fmt", type=click.Choice(sharding.FORMATS), default="text",
+              show_default=True,
+              help="text: one record per line; csv: the header line is repeated in every shard; "
+                   "jsonl: every record must parse. Example: --format csv")
+@click.option("--shuffle", is_flag=True,
+              help="Shuffle records before sharding (shards then get equal record counts, +-1). "
+                   "Example: --shuffle --seed 7")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed for --shuffle and --equalize pad. Example: --seed 7")
+@click.option("--name", default=None,
+              help="Shard file name before the numeric suffix [default: the first input's file "
+                   "name, .gz removed]. Example: --name train.txt")
+@click.option("--suffix-length", type=int, default=5, show_default=True,
+              help="Digits of the numeric suffix. Example: --suffix-length 3 gives train.txt-000")
+@click.option("--equalize", type=click.Choice(sharding.EQUALIZE_CHOICES), default="none",
+              show_default=True,
+              help="Give every shard the same record count, as NCCL2 jobs need: pad re-samples "
+                   "records (seeded) up to the largest shard, truncate cuts to the smallest. "
+                   "Example: --equalize pad")
+@click.option("--checksum", type=click.Choice(sharding.CHECKSUM_CHOICES), default="sha256",
+              show_default=True,
+              help="Per-shard checksum in the manifest; none is faster on machines with few "
+                   "cores. Example: --checksum none")
+@click.option("--force", is_flag=True, help="Replace OUT_DIR if it exists. Example: --force")
+@click.option("-q", "--quiet", is_flag=True,
+              help="No progress bar and no summary table. Example: -q")
+def shard_data(inputs, trainers, out_dir, by, fmt, shuffle, seed, name, suffix_length, equalize,
+               checksum, force, quiet):
+    opts = sharding.ShardOptions(
+        inputs=list(inputs), trainers=trainers, out_dir=out_dir, by=by, format=fmt,
+        shuffle=shuffle, seed=seed, name=name, suffix_length=suffix_length, equalize=equalize,
+        checksum=checksum, force=force)
+    from fluidctl.console import console
+    err = console(stderr=True)
+    if quiet or not err.is_terminal:
+        manifest = sharding.shard(opts)
+    else:
+        with RichProgress(err) as progress:
+            manifest = sharding.shard(opts, progress)
+    if not quiet:
+        console().print(summary_table(manifest, out_dir))
+
+
+class RichProgress(sharding.Progress):
+    """A rich bar (bytes, speed, records) for the engine's stages; thread-safe."""
+
+    def __init__(self, console):
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                                   TimeRemainingColumn, TransferSpeedColumn)
+        self._bar = Progress(TextColumn("{task.description:<16}"), BarColumn(),
+                             DownloadColumn(binary_units=True), TransferSpeedColumn(),
+                             TextColumn("{task.fields[records]:>12,} records"),
+                             TimeRemainingColumn(), console=console, transient=True)
+        self._task = None
+        self._records = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self):
+        self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._bar.__exit__(*exc)
+
+    def stage(self, description: str, total_bytes: int) -> None:
+        with self._lock:
+            if self._task is not None:
+                self._bar.remove_task(self._task)
+            self._records = 0
+            self._task = self._bar.add_task(description, total=total_bytes or None, records=0)
+
+    def advance(self, nbytes: int, records: int = 0) -> None:
+        with self._lock:
+            if self._task is None:
+                return
+            self._records += records
+            self._bar.update(self._task, advance=nbytes, records=self._records)
+
+
+def summary_table(manifest: dict, out_dir: str):
+    from rich.table import Table
+    table = Table(title=f"{len(manifest['shards'])} shards in {out_dir} "
+                        f"({manifest['records']:,} records, {manifest['bytes']:,} bytes)")
+    for column, justify in (("shard", "left"), ("records", "right"), ("bytes", "right"),
+                            ("sha256", "left")):
+        table.add_column(column, justify=justify)
+    for s in manifest["shards"]:
+        table.add_row(s["file"], f"{s['records']:,}", f"{s['bytes']:,}",
+                      (s["sha256"] or "-")[:16])
+    return table

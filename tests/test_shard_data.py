@@ -1,0 +1,382 @@
+"""fluidctl shard-data: shard contents, manifest, options, and every bad input (one line, exit 2,
+nothing left behind). The engine is called in-process where only its output matters; the CLI
+runs as a real subprocess where exit codes and messages are the point."""
+import gzip
+import hashlib
+import json
+import os
+import pty
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from fluidctl import sharding
+from fluidctl.errors import UsageError
+from fluidctl.sharding import ShardOptions
+
+
+# --- helpers ---------------------------------------------------------------------------------
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "fluidctl", "shard-data", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def run(inputs, trainers, out, **kw):
+    return sharding.shard(ShardOptions([str(i) for i in inputs], trainers, str(out), **kw))
+
+
+def shard_files(out):
+    manifest = json.loads((Path(out) / "manifest.json").read_text())
+    return manifest, [Path(out) / s["file"] for s in manifest["shards"]]
+
+
+def lines_of(path):
+    return Path(path).read_bytes().splitlines(keepends=True)
+
+
+def write_lines(path, lines, end=b"\n"):
+    Path(path).write_bytes(b"\n".join(lines) + end)
+    return Path(path)
+
+
+def check_manifest_matches_files(out):
+    manifest, files = shard_files(out)
+    for entry, path in zip(manifest["shards"], files):
+        data = path.read_bytes()
+        assert entry["bytes"] == len(data)
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest()
+        header = 1 if manifest["format"] == "csv" else 0
+        assert entry["records"] == len(data.splitlines()) - header
+    assert manifest["records"] == sum(s["records"] for s in manifest["shards"])
+    return manifest, files
+
+
+def assert_one_line_error(result, *words):
+    assert result.returncode == 2, result
+    assert result.stderr.startswith("error: "), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in result.stderr, (word, result.stderr)
+
+
+@pytest.fixture
+def text(tmp_path):
+    """1000 records of varying length, 'rec-<n> <padding>'."""
+    lines = [b"rec-%d %s" % (i, b"x" * (i * 7 % 50)) for i in range(1000)]
+    return write_lines(tmp_path / "train.txt", lines)
+
+
+def listing(directory):
+    return sorted(os.listdir(directory))
+
+
+# --- --by lines ------------------------------------------------------------------------------
+def test_lines_concatenate_to_the_input_and_balance_bytes(text, tmp_path):
+    out = tmp_path / "shards"
+    run([text], 4, out)
+    manifest, files = check_manifest_matches_files(out)
+    assert [f.name for f in files] == [f"train.txt-0000{i}" for i in range(4)]
+    assert b"".join(f.read_bytes() for f in files) == text.read_bytes()
+    longest = max(len(line) for line in lines_of(text))
+    for f in files:
+        assert abs(f.stat().st_size - text.stat().st_size / 4) <= longest
+        assert f.read_bytes().endswith(b"\n")
+    assert manifest["trainers"] == 4 and manifest["records"] == 1000
+    assert manifest["inputs"][0]["path"] == str(text)
+    assert manifest["options"]["by"] == "lines"
+    assert listing(out) == sorted([f.name for f in files] + ["manifest.json"])
+
+
+def test_missing_final_newline_kept_and_added_between_inputs(tmp_path):
+    a = write_lines(tmp_path / "a.txt", [b"a1", b"a2", b"a3"], end=b"")
+    b = write_lines(tmp_path / "b.txt", [b"b1", b"b2", b"b3"], end=b"")
+    out = tmp_path / "out"
+    run([a, b], 3, out)
+    _, files = check_manifest_matches_files(out)
+    assert b"".join(f.read_bytes() for f in files) == b"a1\na2\na3\nb1\nb2\nb3"
+
+
+def test_a_record_longer_than_a_share_still_gives_every_shard_a_record(tmp_path):
+    big = write_lines(tmp_path / "big.txt", [b"y" * 5000, b"s1", b"s2", b"s3"])
+    out = tmp_path / "out"
+    manifest = run([big], 4, out)
+    assert [s["records"] for s in manifest["shards"]] == [1, 1, 1, 1]
+
+
+def test_directory_and_glob_inputs_sorted_hidden_skipped(tmp_path):
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    write_lines(data / "b.txt", [b"b"])
+    write_lines(data / "a.txt", [b"a"])
+    write_lines(data / "sub" / "c.txt", [b"c"])
+    write_lines(data / ".hidden", [b"h"])
+    run([data], 1, tmp_path / "o1")
+    assert (tmp_path / "o1" / "a.txt-00000").read_bytes() == b"a\nb\nc\n"
+    run([str(data / "*.txt")], 1, tmp_path / "o2", name="g")
+    assert (tmp_path / "o2" / "g-00000").read_bytes() == b"a\nb\n"
+
+
+def test_gzip_input_read_transparently(text, tmp_path):
+    gz = tmp_path / "train.txt.gz"
+    gz.write_bytes(gzip.compress(text.read_bytes()))
+    out = tmp_path / "out"
+    manifest = run([gz], 3, out)
+    _, files = check_manifest_matches_files(out)
+    assert files[0].name == "train.txt-00000"               # .gz dropped from the name
+    assert b"".join(f.read_bytes() for f in files) == text.read_bytes()
+    assert manifest["inputs"][0]["gzip"] is True
+    assert listing(out) == sorted([f.name for f in files] + ["manifest.json"])  # no spool
+
+
+def test_csv_header_in_every_shard(tmp_path):
+    rows = [b"%d,%d" % (i, i * i) for i in range(100)]
+    a = write_lines(tmp_path / "a.csv", [b"n,square"] + rows[:60])
+    b = write_lines(tmp_path / "b.csv", [b"n,square"] + rows[60:])
+    out = tmp_path / "out"
+    manifest = run([a, b], 3, out, format="csv")
+    _, files = check_manifest_matches_files(out)
+    body = []
+    for f in files:
+        got = lines_of(f)
+        assert got[0] == b"n,square\n"
+        body += got[1:]
+    assert body == [r + b"\n" for r in rows]
+    assert manifest["header"] == "n,square" and manifest["records"] == 100
+
+
+def test_jsonl_checked_and_sharded(tmp_path):
+    good = write_lines(tmp_path / "d.jsonl", [json.dumps({"i": i}).encode() for i in range(50)])
+    manifest = run([good], 2, tmp_path / "out", format="jsonl")
+    assert manifest["records"] == 50
+
+
+# --- --by files ------------------------------------------------------------------------------
+def test_by_files_whole_files_largest_first(tmp_path):
+    sizes = {"f1": 50, "f2": 40, "f3": 30, "f4": 20, "f5": 10}
+    paths = [write_lines(tmp_path / n, [b"%s-%d" % (n.encode(), k) for k in range(c)])
+             for n, c in sizes.items()]
+    out = tmp_path / "out"
+    run(paths, 2, out, by="files")
+    _, files = check_manifest_matches_files(out)
+    # greedy: f1->0, f2->1, f3->1 (40<50), f4->0 (50<70), f5->0 or 1 (70 vs 70: lowest index)
+    expect = [[b"f1", b"f4", b"f5"], [b"f2", b"f3"]]
+    for f, names in zip(files, expect):
+        data = f.read_bytes()
+        assert data == b"".join(Path(tmp_path / n.decode()).read_bytes() for n in names)
+
+
+def test_by_files_needs_a_file_per_trainer(tmp_path):
+    a = write_lines(tmp_path / "a", [b"1", b"2"])
+    with pytest.raises(UsageError, match="2 trainers but only 1 non-empty input file"):
+        run([a], 2, tmp_path / "out", by="files")
+
+
+# --- shuffle and equalize --------------------------------------------------------------------
+def test_shuffle_is_a_seeded_permutation_with_equal_counts(text, tmp_path, monkeypatch):
+    monkeypatch.setattr(sharding, "BUCKET_MAX_BYTES", 4096)    # force re-scatter of buckets
+    monkeypatch.setattr(sharding, "BUCKET_MAX_RECORDS", 100)
+    outs = {}
+    for label, seed in (("a", 7), ("b", 7), ("c", 8)):
+        out = tmp_path / label
+        manifest = run([text], 3, out, shuffle=True, seed=seed)
+        check_manifest_matches_files(out)
+        assert sorted(s["records"] for s in manifest["shards"]) == [333, 333, 334]
+        outs[label] = b"".join(f.read_bytes() for f in shard_files(out)[1])
+        assert listing(out) == sorted([f"train.txt-0000{i}" for i in range(3)] + ["manifest.json"])
+    assert Counter(outs["a"].splitlines()) == Counter(text.read_bytes().splitlines())
+    assert outs["a"] != text.read_bytes()
+    assert outs["a"] == outs["b"]
+    assert outs["a"] != outs["c"]
+
+
+def test_equalize_pad_resamples_from_the_shard_itself(text, tmp_path):
+    plain, padded = tmp_path / "plain", tmp_path / "padded"
+    run([text], 3, plain)
+    manifest = run([text], 3, padded, equalize="pad", seed=3)
+    _, files = check_manifest_matches_files(padded)
+    counts = [s["records"] for s in manifest["shards"]]
+    assert len(set(counts)) == 1
+    for before, after in zip(shard_files(plain)[1], files):
+        original = before.read_bytes()
+        assert after.read_bytes().startswith(original)
+        added = after.read_bytes()[len(original):].splitlines()
+        assert len(added) == counts[0] - len(original.splitlines())
+        assert set(added) <= set(original.splitlines())
+        assert len(set(added)) == len(added)          # without replacement while it can
+    assert run([text], 3, tmp_path / "again", equalize="pad", seed=3)["shards"] == manifest["shards"]
+
+
+def test_equalize_truncate_cuts_to_the_smallest(text, tmp_path):
+    plain, cut = tmp_path / "plain", tmp_path / "cut"
+    run([text], 3, plain)
+    manifest = run([text], 3, cut, equalize="truncate")
+    _, files = check_manifest_matches_files(cut)
+    smallest = min(len(lines_of(f)) for f in shard_files(plain)[1])
+    assert [s["records"] for s in manifest["shards"]] == [smallest] * 3
+    for before, after in zip(shard_files(plain)[1], files):
+        assert before.read_bytes().startswith(after.read_bytes())
+
+
+def test_pad_with_shuffle_and_csv(tmp_path):
+    path = write_lines(tmp_path / "t.csv", [b"h"] + [b"%d" % i for i in range(10)])
+    manifest = run([path], 4, tmp_path / "out", format="csv", shuffle=True, equalize="pad")
+    _, files = check_manifest_matches_files(tmp_path / "out")
+    assert [s["records"] for s in manifest["shards"]] == [3, 3, 3, 3]
+    assert all(lines_of(f)[0] == b"h\n" for f in files)
+
+
+# --- naming, force, checksum, CLI output -----------------------------------------------------
+def test_name_suffix_length_and_checksum_none(text, tmp_path):
+    out = tmp_path / "out"
+    manifest = run([text], 2, out, name="part", suffix_length=3, checksum="none")
+    assert [s["file"] for s in manifest["shards"]] == ["part-000", "part-001"]
+    assert all(s["sha256"] is None for s in manifest["shards"])
+
+
+def test_force_replaces_and_refusal_keeps_old(text, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old").write_text("keep me")
+    result = cli(text, "-n", "2", "-o", out)
+    assert_one_line_error(result, "already exists", "--force")
+    assert listing(out) == ["old"]
+    result = cli(text, "-n", "2", "-o", out, "--force")
+    assert result.returncode == 0, result.stderr
+    assert "old" not in listing(out) and "manifest.json" in listing(out)
+    assert listing(tmp_path) == ["out", "train.txt"]
+
+
+def test_cli_prints_a_table_and_no_progress_off_a_terminal(text, tmp_path):
+    result = cli(text, "--trainers", "2", "-o", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    assert "train.txt-00001" in result.stdout and "1,000 records" in result.stdout
+    assert result.stderr == ""
+    quiet = cli(text, "--trainers", "2", "-o", tmp_path / "q", "-q")
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
+
+
+def test_progress_bar_on_a_terminal(text, tmp_path):
+    master, slave = pty.openpty()
+    env = dict(os.environ, TERM="xterm", COLUMNS="120")
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "fluidctl", "shard-data", str(text), "-n",
+                             "2", "-o", str(tmp_path / "out")], stdout=subprocess.DEVNULL,
+                            stderr=slave, env=env)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:          # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert proc.wait(timeout=60) == 0
+    assert b"writing shards" in seen and b"records" in seen
+
+
+# --- bad input: one line, exit 2, nothing left behind ----------------------------------------
+@pytest.mark.parametrize("case", [
+    "missing", "empty_dir", "trainers_0", "more_trainers_than_records", "binary", "csv_header",
+    "out_inside_input", "input_inside_out", "bad_json", "empty_file", "suffix_too_short",
+    "bad_gzip", "twice",
+])
+def test_bad_input(case, tmp_path):
+    work = tmp_path / "w"
+    work.mkdir()
+    three = write_lines(work / "three.txt", [b"1", b"2", b"3"])
+    args, words = {
+        "missing": ([work / "nope.txt", "-n", "2"], ["does not exist"]),
+        "empty_dir": ([work / "emptydir", "-n", "2"], ["has no files"]),
+        "trainers_0": ([three, "-n", "0"], ["--trainers must be at least 1"]),
+        "more_trainers_than_records": ([three, "-n", "5"], ["5 trainers but only 3 record"]),
+        "binary": ([work / "img.bin", "-n", "2"], ["looks binary"]),
+        "csv_header": ([work / "a.csv", work / "b.csv", "-n", "2", "--format", "csv"],
+                       ["CSV header of", "differs"]),
+        "out_inside_input": ([work, "-n", "2", "-o", work / "sub" / "out"],
+                             ["inside input directory"]),
+        "input_inside_out": ([work / "three.txt", "-n", "2", "-o", work, "--force"],
+                             ["inside the output"]),
+        "bad_json": ([work / "d.jsonl", "-n", "2", "--format", "jsonl"],
+                     ["d.jsonl:2: not valid JSON"]),
+        "empty_file": ([work / "empty.txt", "-n", "1"], ["only 0 record"]),
+        "suffix_too_short": ([three, "-n", "11", "--suffix-length", "1"],
+                             ["cannot number 11 shards"]),
+        "bad_gzip": ([work / "bad.gz", "-n", "2"], ["not a valid gzip file"]),
+        "twice": ([three, three, "-n", "2"], ["given twice"]),
+    }[case]
+    (work / "emptydir").mkdir()
+    (work / "img.bin").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    write_lines(work / "a.csv", [b"x,y", b"1,2"])
+    write_lines(work / "b.csv", [b"x,z", b"3,4"])
+    write_lines(work / "d.jsonl", [b'{"a": 1}', b'{"a": ', b'{"a": 3}'])
+    (work / "empty.txt").write_bytes(b"")
+    (work / "bad.gz").write_bytes(gzip.compress(b"1\n2\n3\n" * 1000)[:-20])
+    if "-o" not in args:
+        args = args + ["-o", tmp_path / "out"]
+    before = {d: listing(d) for d in (tmp_path, work)}
+    result = cli(*args)
+    assert_one_line_error(result, *words)
+    assert {d: listing(d) for d in (tmp_path, work)} == before
+
+
+def test_unwritable_output(text, tmp_path, tmpfs):
+    target = tmpfs("ro", "size=1m,ro") if os.geteuid() == 0 else None
+    if target is None:
+        target = tmp_path / "locked"
+        target.mkdir()
+        target.chmod(0o500)
+    result = cli(text, "-n", "2", "-o", target / "out")
+    assert_one_line_error(result, "cannot write", "writable")
+    assert listing(target) == []
+
+
+def test_disk_full_before_writing(text, tmp_path, tmpfs):
+    big = write_lines(tmp_path / "big.txt", [b"z" * 1000] * 2048)     # 2 MiB into 1 MiB
+    target = tmpfs("small", "size=1m")
+    result = cli(big, "-n", "2", "-o", target / "out")
+    assert_one_line_error(result, "not enough space", "free some space")
+    assert listing(target) == []
+
+
+def test_disk_full_mid_way_while_decompressing(tmp_path, tmpfs):
+    gz = tmp_path / "big.txt.gz"
+    gz.write_bytes(gzip.compress(b"line of text to repeat\n" * 200_000))   # 4.6 MB unpacked
+    target = tmpfs("small", "size=1m")
+    result = cli(gz, "-n", "2", "-o", target / "out")
+    assert_one_line_error(result, "disk full", "free some space")
+    assert listing(target) == []
+
+
+def test_disk_full_mid_way_in_the_copy_threads(text, tmp_path, tmpfs):
+    target = tmpfs("inodes", "size=1m,nr_inodes=4")      # room for bytes, not for 8 files
+    result = cli(text, "-n", "8", "-o", target / "out")
+    assert_one_line_error(result, "disk full", "free some space")
+    assert listing(target) == []
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """tmpfs("name", "size=1m"): a small real file system, unmounted afterwards; skips the test
+    when mounting is not allowed here."""
+    mounted = []
+
+    def mount(name, options):
+        where = tmp_path / f"mnt-{name}"
+        where.mkdir()
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", str(where)], check=False)
