@@ -3,6 +3,7 @@
 with -9 and restarted from its checkpoint lets training finish with the uninterrupted loss;
 async mode applies every push."""
 import json
+import re
 import subprocess
 import sys
 import time
@@ -225,3 +226,24 @@ def test_async_applies_every_push(job_factory):
         stats = server_stats(endpoint)
         assert stats["applied"] == stats["pushed"] == 2 * steps == stats["step"]
     assert job.close() == [0, 0]
+
+
+TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "train_pserver.py"
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_ctr_template_learns_in_both_modes(job_factory, sync):
+    job = job_factory(pservers=2, trainers=2, sync=sync)
+    job.start_pserver(0)
+    job.start_pserver(1)
+    procs = [subprocess.Popen(
+        [sys.executable, str(TEMPLATE), "--steps", "120"],
+        env=local.role_env(envs.ROLE_TRAINER, t, job.endpoints, 2, sync, TOKEN),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for t in range(2)]
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out
+        first, last = re.search(r"done: loss ([0-9.]+) -> ([0-9.]+)", out).groups()
+        assert float(last) < float(first) - 0.05, out
+    rows = [server_stats(ep)["sparse_rows"] for ep in job.endpoints]
+    assert all(r > 0 for r in rows)                  # embedding rows spread over both pservers

@@ -1,0 +1,92 @@
+"""Click-through-rate model in parameter-server mode: a distributed sparse embedding (the seeds'
+``is_distributed`` + ``is_sparse``) feeding a small dense network, on synthetic data.
+
+    fluidctl train --mode pserver --pservers 2 --nproc 2 templates/train_pserver.py --steps 500
+
+Each trainer reads its own shard of the data (by PADDLE_TRAINER_ID). Dense parameters are
+pushed and pulled through ``PServerOptimizer.step``; embedding rows are pulled per batch and
+only the touched rows are pushed back. Sync or async is the pservers' mode (FLUIDCTL_SYNC_MODE);
+this script is the same for both. Plain numpy, no framework needed.
+"""
+import argparse
+import sys
+
+import numpy as np
+
+from fluidctl import envs
+from fluidctl.runtime import optim
+from fluidctl.runtime.pserver.client import PServerOptimizer
+
+FIELDS, DENSE = 8, 4            # categorical fields per example, dense features per example
+VALUES_PER_FIELD = 1000
+
+
+def synthetic_batch(rng, batch):
+    """Ids are large int64s (field * 1_000_003 + a Zipf-ish value); the label follows a hidden
+    per-id weight plus a dense term, so there is something to learn."""
+    values = np.minimum(rng.zipf(1.3, size=(batch, FIELDS)), VALUES_PER_FIELD) - 1
+    ids = np.arange(FIELDS, dtype=np.int64) * 1_000_003 + values
+    dense = rng.standard_normal((batch, DENSE))
+    hidden = np.sin(ids * 0.618).sum(1) * 0.8 + dense @ np.array([1.0, -1.0, 0.5, 0.0])
+    labels = (rng.random(batch) < 1 / (1 + np.exp(-hidden))).astype(np.float64)
+    return ids, dense, labels[:, None]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=200, help="batches per trainer, e.g. 500")
+    p.add_argument("--batch", type=int, default=64, help="examples per batch, e.g. 128")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate, e.g. 0.1")
+    p.add_argument("--emb-dim", type=int, default=8, help="embedding width, e.g. 16")
+    p.add_argument("--hidden", type=int, default=32, help="hidden units, e.g. 64")
+    p.add_argument("--dict-size", type=int, default=100_000,
+                   help="most distinct ids the embedding may hold, e.g. 1000000")
+    args = p.parse_args(argv)
+
+    env = envs.read()
+    if env.mode != "pserver":
+        sys.exit("error: not in pserver mode (run with fluidctl train --mode pserver)")
+    rng = np.random.default_rng(1234)               # same initial weights on every trainer
+    width = FIELDS * args.emb_dim + DENSE
+    params = {
+        "fc1.w": rng.standard_normal((width, args.hidden)) * (2 / width) ** 0.5,
+        "fc1.b": np.zeros(args.hidden),
+        "fc2.w": rng.standard_normal((args.hidden, 1)) * 0.1,
+        "fc2.b": np.zeros(1),
+    }
+    opt = PServerOptimizer(params, optimizer=optim.SGD(args.lr))
+    emb = opt.sparse_table("ctr.emb", dim=args.emb_dim, dict_size=args.dict_size,
+                           dtype="float64", scale=0.05)
+    data = np.random.default_rng(100 + env.rank)     # this trainer's shard of the data
+    losses = []
+    for step in range(args.steps):
+        ids, dense, y = synthetic_batch(data, args.batch)
+        e = emb.pull(ids)                                         # (B, FIELDS, emb_dim)
+        x = np.concatenate([e.reshape(len(ids), -1), dense], axis=1)
+        z1 = x @ params["fc1.w"] + params["fc1.b"]
+        a1 = np.maximum(z1, 0)
+        logit = a1 @ params["fc2.w"] + params["fc2.b"]
+        prob = 1 / (1 + np.exp(-logit))
+        losses.append(float(-np.mean(y * np.log(prob + 1e-12)
+                                     + (1 - y) * np.log(1 - prob + 1e-12))))
+        # backward
+        d_logit = (prob - y) / len(y)
+        d_a1 = d_logit @ params["fc2.w"].T
+        d_z1 = d_a1 * (z1 > 0)
+        grads = {"fc2.w": a1.T @ d_logit, "fc2.b": d_logit.sum(0),
+                 "fc1.w": x.T @ d_z1, "fc1.b": d_z1.sum(0)}
+        d_x = d_z1 @ params["fc1.w"].T
+        # each row sees few examples: push its summed (not batch-averaged) gradient
+        emb.push(ids, d_x[:, :FIELDS * args.emb_dim].reshape(e.shape) * len(y))
+        opt.step(grads)
+        if step % 50 == 0 or step == args.steps - 1:
+            recent = np.mean(losses[-50:])
+            print(f"trainer {env.rank} step {step} loss {recent:.4f} "
+                  f"(global step {opt.step_count})", flush=True)
+    first, last = np.mean(losses[:20]), np.mean(losses[-20:])
+    print(f"trainer {env.rank} done: loss {first:.4f} -> {last:.4f}", flush=True)
+    opt.close()
+
+
+if __name__ == "__main__":
+    main()
