@@ -153,3 +153,57 @@ def test_trainers_must_agree_on_mode_and_optimizer(server):
     with pytest.raises(PServerError, match="differs"):
         PServerOptimizer(x, optimizer=optim.Adam(0.5), endpoints=[server["endpoint"]],
                          trainer_id=0, token=TOKEN)
+
+
+def _three_free_ports():
+    """A free port whose next two ports are free too."""
+    for _ in range(50):
+        port, = local.free_ports(1)
+        try:
+            for extra in (port + 1, port + 2):
+                socket.create_server(("127.0.0.1", extra)).close()
+            return port
+        except OSError:
+            continue
+    pytest.skip("no three consecutive free ports")
+
+
+def test_extra_ports_serve_the_same_shard(tmp_path):
+    port = _three_free_ports()
+    proc = local.start_pserver(0, [f"127.0.0.1:{port}"], trainers=1, token=TOKEN,
+                               args=["--no-state", "--ports_num", "2",
+                                     "--ports_num_for_sparse", "1"])
+    try:
+        _still_serves(f"127.0.0.1:{port}")
+        for extra in (port + 1, port + 2):
+            assert _stats(f"127.0.0.1:{extra}")["params"] == 1
+    finally:
+        assert local.stop([proc]) == [0]
+
+
+def test_a_finished_trainer_leaves_and_sync_rounds_go_on(tmp_path):
+    import threading
+    port, = local.free_ports(1)
+    endpoint = f"127.0.0.1:{port}"
+    proc = local.start_pserver(0, [endpoint], trainers=2, token=TOKEN, args=["--no-state"])
+    results = {}
+
+    def trainer(rank, steps):
+        params = {"x": np.zeros(2)}
+        with PServerOptimizer(params, optimizer=optim.SGD(1.0), endpoints=[endpoint],
+                              trainer_id=rank, token=TOKEN) as opt:
+            for _ in range(steps):
+                opt.step({"x": np.full(2, rank + 1.0)})
+            results[rank] = params["x"].copy()
+    try:
+        threads = [threading.Thread(target=trainer, args=(r, s)) for r, s in ((0, 5), (1, 2))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads), "sync rounds deadlocked"
+        # 2 rounds averaging (1 + 2) / 2, then 3 rounds of trainer 0 alone
+        assert np.allclose(results[0], -(2 * 1.5 + 3 * 1.0))
+        assert _stats(endpoint)["step"] == 5
+    finally:
+        assert local.stop([proc]) == [0]
