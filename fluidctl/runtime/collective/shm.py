@@ -33,9 +33,9 @@ PREFIX = "fluidctl-"
 LINE = 64                         # bytes per rank's control line (one cache line)
 ALIGN = 4096
 ABORT_MSG = 1024
-DEFAULT_CHUNK = int(os.environ.get("FLUIDCTL_SHM_CHUNK", str(4 << 20)))
-SPIN_SECONDS = 50e-6
-YIELD_SECONDS = 2e-3
+DEFAULT_CHUNK = 4 << 20
+SPIN_SECONDS = 100e-6
+YIELD_SECONDS = 5e-3
 LIVENESS_EVERY = 0.2
 
 
@@ -188,27 +188,46 @@ class ShmGroup:
         if self.broken:
             raise CollectiveError(f"the communicator is broken by an earlier error: {self.broken}")
         raw = flat.view(np.uint8)
-        total = raw.nbytes
-        itemsize = flat.itemsize if rec[meta.DTYPE] > 0 else 1
-        step = max(itemsize, self.chunk // itemsize * itemsize)
+        total, isz, me = raw.nbytes, flat.itemsize, self.index
+        step = max(isz, self.chunk // isz * isz)
         hierarchical = across is not None or self.world_size > self.n
         ufunc = meta.reducer(op)
         table = self.tables[int(rec[meta.SEQ]) % 2]
-        table[self.ranks[self.index]] = rec
+        table[self.ranks[me]] = rec
         pos, first = 0, True
         while first or pos < total:
             size = min(step, total - pos)
-            mine = self.slots[self.index][:size]
-            if zero_input:
-                mine[:] = 0
-            else:
-                mine[:] = raw[pos:pos + size]
+            part = raw[pos:pos + size]
+            cuts = [b * isz for b in self._bounds(size // isz)]
+            others = [j for j in range(self.n) if j != me]
+            # 1. publish the slices the other ranks reduce (this rank's own slice stays local)
+            mine = self.slots[me]
+            for j in others:
+                if zero_input:
+                    mine[cuts[j]:cuts[j + 1]] = 0
+                else:
+                    mine[cuts[j]:cuts[j + 1]] = part[cuts[j]:cuts[j + 1]]
             self.arrive_and_wait()
             problem = meta.check(table[self.ranks], not hierarchical) if first else None
             if first and problem and not hierarchical:
                 raise CollectiveError(problem)
+            # 2. reduce this rank's slice: own data + every peer's copy of that slice
             if not problem:
-                self._reduce_slice(size, flat.dtype, ufunc)
+                lo, hi = cuts[me], cuts[me + 1]
+                out = self.result[lo:hi].view(flat.dtype)
+                own = part[lo:hi].view(flat.dtype)
+                peers = [self.slots[j][lo:hi].view(flat.dtype) for j in others]
+                if zero_input:
+                    out[:] = peers[0] if peers else 0
+                    peers = peers[1:]
+                elif peers:
+                    ufunc(own, peers.pop(0), out=out)
+                else:
+                    out[:] = own
+                for peer in peers:
+                    ufunc(out, peer, out=out)
+                if not hierarchical:
+                    own[:] = out
             self.arrive_and_wait()
             if hierarchical:
                 if across is not None:
@@ -222,22 +241,16 @@ class ShmGroup:
                     problem = meta.check(table)
                     if problem:
                         raise CollectiveError(problem)
-            raw[pos:pos + size] = self.result[:size]
+                part[:] = self.result[:size]
+            else:
+                # 3. collect the slices the others reduced
+                for j in others:
+                    part[cuts[j]:cuts[j + 1]] = self.result[cuts[j]:cuts[j + 1]]
             pos += size
             first = False
 
-    def _reduce_slice(self, size: int, dtype, ufunc) -> None:
-        count = size // dtype.itemsize
+    def _bounds(self, count: int) -> List[int]:
+        """Element offsets of each local rank's slice, cut at whole cache lines."""
         per = -(-count // self.n)
-        per = -(-per // 16) * 16                 # whole cache lines per rank
-        lo, hi = min(count, self.index * per), min(count, (self.index + 1) * per)
-        if lo >= hi:
-            return
-        views = [s[:size].view(dtype)[lo:hi] for s in self.slots]
-        out = self.result[:size].view(dtype)[lo:hi]
-        if self.n == 1:
-            out[:] = views[0]
-            return
-        ufunc(views[0], views[1], out=out)
-        for v in views[2:]:
-            ufunc(out, v, out=out)
+        per = -(-per // 16) * 16
+        return [min(count, i * per) for i in range(self.n + 1)]
