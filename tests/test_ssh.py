@@ -82,13 +82,19 @@ def test_lost_connection_is_detected(sshd_nodes, node1):
         pass
 
 
+def config_with_known_hosts(sshd_nodes, tmp_path, alias, node, known):
+    """An ssh config naming ``node`` as ``alias``, with its own known_hosts file."""
+    cfg = tmp_path / f"ssh_config.{alias}"
+    cfg.write_text(f"Host {alias}\n  HostName {sshd_nodes.nodes[node].address}\n"
+                   f"  Port {sshd_nodes.nodes[node].port}\n  User root\n"
+                   f"  IdentityFile {sshd_nodes.user_key}\n  UserKnownHostsFile {known}\n")
+    return load_config(cfg)
+
+
 def test_unknown_host_key_refused_by_default_and_accept_new_records_it(sshd_nodes, tmp_path):
     known = tmp_path / "known_hosts"
-    cfg = tmp_path / "ssh_config"
     port = sshd_nodes.nodes["node2"].port
-    cfg.write_text(f"Host fresh\n  HostName 127.0.0.3\n  Port {port}\n  User root\n"
-                   f"  IdentityFile {sshd_nodes.user_key}\n  UserKnownHostsFile {known}\n")
-    config = load_config(cfg)
+    config = config_with_known_hosts(sshd_nodes, tmp_path, "fresh", "node2", known)
     host = Host("fresh")
     with pytest.raises(ssh.ConnectFailed, match=r"not in known_hosts.*--accept-new-host-keys"):
         ssh.SSHNode(host, resolve(host, config), timeout=TIMEOUT).connect()
@@ -159,7 +165,8 @@ def test_check_nodes_reports_versions_and_a_missing_python(cluster):
     assert "remote dir /nonexistent/d does not exist" in gone[0].reason
 
 
-def test_proxy_jump_through_node1(sshd_nodes, tmp_path):
+@pytest.mark.parametrize("node_class", [ssh.SSHNode, fabric.FabricNode])
+def test_proxy_jump_through_node1(sshd_nodes, tmp_path, node_class):
     n2 = sshd_nodes.nodes["node2"]
     cfg = tmp_path / "ssh_config"
     cfg.write_text(sshd_nodes.config.read_text() +
@@ -169,7 +176,7 @@ def test_proxy_jump_through_node1(sshd_nodes, tmp_path):
     host = Host("behind")
     target = resolve(host, load_config(cfg))
     assert [t.alias for t in target.proxy_jump] == ["node1"]
-    with ssh.SSHNode(host, target, timeout=TIMEOUT) as node:
+    with node_class(host, target, timeout=TIMEOUT) as node:
         # the server sees the connection arrive from node1's sshd, not from us directly
         server_side = node.run("echo $SSH_CONNECTION").stdout.split()
         assert server_side[2:] == ["127.0.0.3", str(n2.port)]
@@ -178,7 +185,7 @@ def test_proxy_jump_through_node1(sshd_nodes, tmp_path):
     broken.write_text(f"Host behind\n  HostName 127.0.0.3\n  Port {n2.port}\n"
                       f"  ProxyJump 127.0.0.4:1\n")
     with pytest.raises(ssh.ConnectFailed, match="via jump host 127.0.0.4: connection refused"):
-        ssh.SSHNode(host, resolve(host, load_config(broken)), timeout=TIMEOUT).connect()
+        node_class(host, resolve(host, load_config(broken)), timeout=TIMEOUT).connect()
 
 
 def test_sync_sends_only_changed_files(node1, tmp_path):
@@ -253,13 +260,10 @@ def test_fabric_group_run_and_check(cluster):
 def test_fabric_refuses_unknown_host_keys(sshd_nodes, tmp_path):
     """Fabric's own default would trust any key; ours must not."""
     port = sshd_nodes.nodes["node1"].port
-    cfg = tmp_path / "ssh_config"
-    cfg.write_text(f"Host n\n  HostName 127.0.0.2\n  Port {port}\n  User root\n"
-                   f"  IdentityFile {sshd_nodes.user_key}\n"
-                   f"  UserKnownHostsFile {tmp_path / 'kh'}\n")
+    config = config_with_known_hosts(sshd_nodes, tmp_path, "n", "node1", tmp_path / "kh")
     with pytest.raises(ssh.ConnectFailed, match="not in known_hosts"):
-        fabric.FabricNode(Host("n"), resolve(Host("n"), load_config(cfg)), timeout=TIMEOUT).connect()
-    node = fabric.FabricNode(Host("n"), resolve(Host("n"), load_config(cfg), accept_new=True),
+        fabric.FabricNode(Host("n"), resolve(Host("n"), config), timeout=TIMEOUT).connect()
+    node = fabric.FabricNode(Host("n"), resolve(Host("n"), config, accept_new=True),
                              timeout=TIMEOUT).connect()
     node.close()
     assert (tmp_path / "kh").read_text().startswith(f"[127.0.0.2]:{port} ssh-ed25519 ")

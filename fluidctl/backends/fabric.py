@@ -14,13 +14,12 @@ import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
 import fabric
-import invoke
 
 from fluidctl.backends import ssh
 from fluidctl.backends.lines import LineSplitter
-from fluidctl.backends.ssh import (Command, CommandResult, ConnectFailed, ConnectionLost,
-                                   LineCallback, NodeCheck, RemoteProcess, describe_connect_error,
-                                   parse_probe, probe_script, record_exit_signals, shell_command)
+from fluidctl.backends.ssh import (Command, CommandResult, ConnectionLost, LineCallback,
+                                   NodeCheck, RemoteProcess, parse_probe, probe_script,
+                                   shell_command)
 from fluidctl.launch.hosts import Host
 from fluidctl.launch.sshconfig import (HostKeyPolicy, SSHTarget, connect_kwargs, load_known_hosts,
                                        resolve_hosts)
@@ -64,13 +63,13 @@ class FabricProcess(RemoteProcess):
     channel and writes into line streams, the rest (pid, signals, exit code) is shared."""
 
     def __init__(self, node: "FabricNode", command: str, on_line: Optional[LineCallback],
-                 capture: bool, report_pid: bool, timeout: Optional[float] = None):
+                 capture: bool, report_pid: bool):
         self._setup(node, on_line, capture, report_pid)
         self._streams = {name: _LineStream(lambda line, name=name: self._line(name, line))
                          for name in ("stdout", "stderr")}
         self.promise = node.conn.run(command, asynchronous=True, hide=False, warn=True,
                                      pty=False, out_stream=self._streams["stdout"],
-                                     err_stream=self._streams["stderr"], timeout=timeout)
+                                     err_stream=self._streams["stderr"])
         self.channel = self.promise.runner.channel
 
     def wait(self, timeout: Optional[float] = None) -> int:
@@ -78,8 +77,6 @@ class FabricProcess(RemoteProcess):
         self._wait_status(deadline)
         try:
             self.promise.join()
-        except invoke.exceptions.CommandTimedOut:
-            raise TimeoutError(f"command on {self.node.host.name} still running") from None
         finally:
             for stream in self._streams.values():
                 stream.close()
@@ -97,31 +94,18 @@ class FabricNode(ssh.SSHNode):
 
     conn: Optional[fabric.Connection] = None
 
-    def connect(self) -> "FabricNode":
+    def _open(self) -> None:
         gateway = None
-        current = None
-        try:
-            for hop in self.target.proxy_jump:
-                current = hop
-                gateway = _connection(hop, self.timeout, gateway)
-                gateway.open()
-            current = self.target
-            if gateway is None and self.target.proxy_command:
-                gateway = self.target.proxy_command
-            self.conn = _connection(self.target, self.timeout, gateway)
-            self.conn.open()
-        except Exception as exc:
-            self.close()
-            where = current or self.target
-            reason = describe_connect_error(exc, where, self.timeout)
-            if where is not self.target:
-                reason = f"via jump host {where.alias}: {reason}"
-            raise ConnectFailed(reason) from None
+        for hop in self.target.proxy_jump:
+            self._reaching = hop
+            gateway = _connection(hop, self.timeout, gateway)
+            gateway.open()
+        self._reaching = self.target
+        if gateway is None and self.target.proxy_command:
+            gateway = self.target.proxy_command
+        self.conn = _connection(self.target, self.timeout, gateway)
+        self.conn.open()
         self.client = self.conn.client
-        record_exit_signals(self.conn.transport)
-        if self.keepalive:
-            self.conn.transport.set_keepalive(max(1, int(self.keepalive)))
-        return self
 
     def close(self) -> None:
         if self._sftp is not None:
@@ -136,20 +120,11 @@ class FabricNode(ssh.SSHNode):
 
     def start(self, command: Command, on_line: Optional[LineCallback] = None,
               env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-              capture: bool = False, report_pid: bool = True,
-              timeout: Optional[float] = None) -> FabricProcess:
+              capture: bool = False, report_pid: bool = True) -> FabricProcess:
         if self.conn is None or not self.conn.is_connected:
             raise ConnectionLost(f"not connected to {self.host.name}")
         return FabricProcess(self, shell_command(command, env, cwd, report_pid), on_line,
-                             capture, report_pid, timeout)
-
-    def run(self, command: Command, on_line: Optional[LineCallback] = None,
-            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-            timeout: Optional[float] = None) -> CommandResult:
-        proc = self.start(command, on_line, env, cwd, capture=True, report_pid=False,
-                          timeout=timeout)
-        code = proc.wait()
-        return CommandResult(self.host.name, code, proc.stdout, proc.stderr)
+                             capture, report_pid)
 
     @property
     def sftp(self):

@@ -290,23 +290,12 @@ class SSHNode:
 
     def connect(self) -> "SSHNode":
         """Open the connection, raising ConnectFailed with a reason that says what to fix."""
-        sock = None
-        current = None
+        self._reaching = self.target
         try:
-            for hop in self.target.proxy_jump:
-                current = hop
-                client = self._client_for(hop, sock)
-                self._hops.append(client)
-                sock = client.get_transport().open_channel(
-                    "direct-tcpip", (self.target.hostname, self.target.port), ("127.0.0.1", 0),
-                    timeout=self.timeout)
-            current = self.target
-            if sock is None and self.target.proxy_command:
-                sock = paramiko.ProxyCommand(self.target.proxy_command)
-            self.client = self._client_for(self.target, sock)
+            self._open()
         except Exception as exc:
             self.close()
-            where = current or self.target
+            where = self._reaching
             reason = describe_connect_error(exc, where, self.timeout)
             if where is not self.target:
                 reason = f"via jump host {where.alias}: {reason}"
@@ -316,6 +305,21 @@ class SSHNode:
         if self.keepalive:
             transport.set_keepalive(max(1, int(self.keepalive)))
         return self
+
+    def _open(self) -> None:
+        """Through each ProxyJump hop in turn (a direct-tcpip channel is the next socket)."""
+        sock = None
+        for hop in self.target.proxy_jump:
+            self._reaching = hop
+            client = self._client_for(hop, sock)
+            self._hops.append(client)
+            sock = client.get_transport().open_channel(
+                "direct-tcpip", (self.target.hostname, self.target.port), ("127.0.0.1", 0),
+                timeout=self.timeout)
+        self._reaching = self.target
+        if sock is None and self.target.proxy_command:
+            sock = paramiko.ProxyCommand(self.target.proxy_command)
+        self.client = self._client_for(self.target, sock)
 
     @property
     def peer_address(self) -> str:
