@@ -153,6 +153,15 @@ def sgd(ctx):
     result(**out)
 
 
+def mismatch_params(ctx):
+    params = {"w": np.zeros(3 + (ctx.rank == 1), np.float32)}
+    try:
+        rt.DistributedOptimizer(params, optimizer=rt.optim.SGD(lr=0.1))
+        result(error="no error")
+    except CollectiveError as exc:
+        result(error=str(exc))
+
+
 def single(ctx):
     x = np.arange(3.0)
     ctx.allreduce(x, "mean")

@@ -38,7 +38,7 @@ class StoreServer:
         self._cond = threading.Condition()
         self._closed = False
         self._active = 0
-        self._sock = _listen(host, port)
+        self._sock = listen(host, port)
         self.port = self._sock.getsockname()[1]
         self._thread = threading.Thread(target=self._accept_loop, name="fluidctl-store",
                                         daemon=True)
@@ -132,14 +132,16 @@ class StoreServer:
         return {"ok": False, "error": f"bad request {op!r}"}, None
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, fallback_to_any: bool = True) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: any free port)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
     except OSError:
-        if host in ("", "0.0.0.0"):
+        if not fallback_to_any or host in ("", "0.0.0.0"):
+            sock.close()
             raise
         sock.bind(("", port))     # the master name may not be a local address (NAT, alias)
     sock.listen(256)

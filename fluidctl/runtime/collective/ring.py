@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from fluidctl.runtime import wire
+from fluidctl.runtime import store, wire
 from fluidctl.runtime.collective import meta
 from fluidctl.runtime.collective.meta import CollectiveError
 
@@ -36,12 +36,8 @@ DIRECT_SEND = 64 << 10            # below this the kernel buffers it all: send i
 
 def listen(endpoint: str) -> socket.socket:
     """Bind this rank's own endpoint (PADDLE_CURRENT_ENDPOINT) before anyone connects to it."""
-    host, port = endpoint.rpartition(":")[0].strip("[]"), int(endpoint.rpartition(":")[2])
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(16)
-    return sock
+    host, _, port = endpoint.rpartition(":")
+    return store.listen(host.strip("[]"), int(port), fallback_to_any=False)
 
 
 def _tune(sock: socket.socket) -> None:
