@@ -91,6 +91,32 @@ def config_with_known_hosts(sshd_nodes, tmp_path, alias, node, known):
     return load_config(cfg)
 
 
+def test_silent_peer_is_detected_by_keepalive(sshd_nodes, cluster):
+    """The server stops answering without closing TCP (a frozen or cut-off node): the keepalive
+    ping notices and the command reports a lost connection."""
+    hosts, targets = cluster
+    node = ssh.SSHNode(hosts[1], targets["node2"], timeout=TIMEOUT, keepalive=0.5).connect()
+    proc = node.start(["sleep", "60"])
+    pid = proc.wait_pid(TIMEOUT)
+    client_port = node.client.get_transport().sock.getsockname()[1]
+    frozen = [psutil.Process(p) for p in sshd_nodes.session_pids("node2", client_port)]
+    assert frozen
+    for server in frozen:
+        server.suspend()
+    try:
+        with pytest.raises(ssh.ConnectionLost, match="node2"):
+            proc.wait(TIMEOUT * 4)
+    finally:
+        for server in frozen:
+            server.resume()
+            server.kill()
+        node.close()
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def test_unknown_host_key_refused_by_default_and_accept_new_records_it(sshd_nodes, tmp_path):
     known = tmp_path / "known_hosts"
     port = sshd_nodes.nodes["node2"].port

@@ -209,6 +209,7 @@ class RemoteProcess:
             if self.node.keepalive and now - last_ping > self.node.keepalive:
                 last_ping = now
                 if not self.node.alive(timeout=self.node.keepalive):
+                    transport.close()       # dead peer: unblock the readers, report it lost
                     return
             if deadline is not None and now > deadline:
                 raise TimeoutError(f"command on {self.node.host.name} still running")
