@@ -279,7 +279,7 @@ class PServer:
     def _register(self, conn: _Conn, h: dict, n: int) -> None:
         trainer = h["trainer"]
         dense = [(str(k), safe_dtype(dt), safe_shape(sh)) for k, dt, sh in h.get("dense", [])]
-        sparse = [_sparse_meta(m) for m in h.get("sparse", [])]
+        sparse = [_sparse_meta(m, self.cfg.max_frame) for m in h.get("sparse", [])]
         init = bool(h.get("init"))
         _expect(n, sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in dense)
                 if init else 0, "register")
@@ -345,12 +345,16 @@ class PServer:
         wire.send_frame(conn.sock, {"op": P.OK, **self.state()})
 
 
-def _sparse_meta(m: dict) -> dict:
+def _sparse_meta(m: dict, max_frame: int) -> dict:
     if not isinstance(m.get("name"), str):
         raise BadRequest("sparse table without a name")
-    return {"name": m["name"], "dim": int(m["dim"]), "dict_size": int(m["dict_size"]),
+    meta = {"name": m["name"], "dim": int(m["dim"]), "dict_size": int(m["dict_size"]),
             "dtype": safe_dtype(m.get("dtype", "<f4")).str, "init": str(m.get("init", "uniform")),
             "scale": float(m.get("scale", 0.01)), "seed": int(m.get("seed", 0))}
+    if meta["dim"] * np.dtype(meta["dtype"]).itemsize > max_frame:
+        raise BadRequest(f"sparse table {meta['name']!r}: a row of {meta['dim']} columns is "
+                         "larger than the frame limit")
+    return meta
 
 
 def _try_send(sock, header) -> None:
