@@ -3,9 +3,10 @@
 
     fluidctl train --mode pserver --pservers 2 --nproc 2 templates/train_pserver.py --steps 500
 
-Each trainer reads its own shard of the data (by PADDLE_TRAINER_ID). Dense parameters are
-pushed and pulled through ``PServerOptimizer.step``; embedding rows are pulled per batch and
-only the touched rows are pushed back. Sync or async is the pservers' mode (FLUIDCTL_SYNC_MODE);
+Each trainer reads its own shard of the data (by PADDLE_TRAINER_ID). Dense parameters go
+through ``rt.DistributedOptimizer`` (in pserver mode it hands them to
+``fluidctl.runtime.pserver.client.PServerOptimizer``: push gradients, pull parameters); the
+embedding's rows are pulled per batch and only the touched rows are pushed back. Sync or async is the pservers' mode (FLUIDCTL_SYNC_MODE);
 this script is the same for both. Plain numpy, no framework needed.
 """
 import argparse
@@ -13,9 +14,8 @@ import sys
 
 import numpy as np
 
-from fluidctl import envs
+import fluidctl.runtime as rt
 from fluidctl.runtime import optim
-from fluidctl.runtime.pserver.client import PServerOptimizer
 
 FIELDS, DENSE = 8, 4            # categorical fields per example, dense features per example
 VALUES_PER_FIELD = 1000
@@ -43,9 +43,10 @@ def main(argv=None):
                    help="most distinct ids the embedding may hold, e.g. 1000000")
     args = p.parse_args(argv)
 
-    env = envs.read()
-    if env.mode != "pserver":
+    ctx = rt.init()
+    if ctx.mode != "pserver":
         sys.exit("error: not in pserver mode (run with fluidctl train --mode pserver)")
+    env = ctx.env
     rng = np.random.default_rng(1234)               # same initial weights on every trainer
     width = FIELDS * args.emb_dim + DENSE
     params = {
@@ -54,7 +55,7 @@ def main(argv=None):
         "fc2.w": rng.standard_normal((args.hidden, 1)) * 0.1,
         "fc2.b": np.zeros(1),
     }
-    opt = PServerOptimizer(params, optimizer=optim.SGD(args.lr))
+    opt = rt.DistributedOptimizer(params, optimizer=optim.SGD(args.lr), ctx=ctx)
     emb = opt.sparse_table("ctr.emb", dim=args.emb_dim, dict_size=args.dict_size,
                            dtype="float64", scale=0.05)
     data = np.random.default_rng(100 + env.rank)     # this trainer's shard of the data
@@ -78,14 +79,15 @@ def main(argv=None):
         d_x = d_z1 @ params["fc1.w"].T
         # each row sees few examples: push its summed (not batch-averaged) gradient
         emb.push(ids, d_x[:, :FIELDS * args.emb_dim].reshape(e.shape) * len(y))
-        opt.step(grads)
+        global_step = opt.step(grads)
         if step % 50 == 0 or step == args.steps - 1:
             recent = np.mean(losses[-50:])
             print(f"trainer {env.rank} step {step} loss {recent:.4f} "
-                  f"(global step {opt.step_count})", flush=True)
+                  f"(global step {global_step})", flush=True)
     first, last = np.mean(losses[:20]), np.mean(losses[-20:])
     print(f"trainer {env.rank} done: loss {first:.4f} -> {last:.4f}", flush=True)
     opt.close()
+    rt.finalize()
 
 
 if __name__ == "__main__":
