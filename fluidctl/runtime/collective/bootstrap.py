@@ -106,7 +106,7 @@ def build(env: envs.DistEnv, store: StoreClient, timeout: float, transport: str 
         from fluidctl.runtime.collective.mpi import MpiTransport
         store.barrier("ready", world, timeout)
         return Communicator(rank, world, mpi=MpiTransport())
-    listener, endpoint = _listen_own(env, store)
+    listener, endpoint = _listen_own(env, store, _may_lead_a_ring(env, transport))
     node = envs.split_endpoint(endpoint)[0] if env.trainer_endpoints else socket.gethostname()
     if transport == "ring":
         node = f"{node}#{rank}"          # pretend every rank is a node of its own
@@ -141,10 +141,23 @@ def _has_mpi4py() -> bool:
         return False
 
 
-def _listen_own(env, store: StoreClient):
-    """Bind this rank's endpoint now, so that peers' connection attempts find it."""
+def _may_lead_a_ring(env, transport: str) -> bool:
+    """Whether this rank may need its endpoint port: the lowest rank of its node in a
+    multi-node job (known up front from the endpoint list when there is one)."""
+    if transport == "ring" or not env.trainer_endpoints:
+        return True
+    hosts = [envs.split_endpoint(e)[0] for e in env.trainer_endpoints]
+    leaders = [hosts.index(h) for h in dict.fromkeys(hosts)]
+    return len(leaders) > 1 and env.rank in leaders
+
+
+def _listen_own(env, store: StoreClient, needed: bool):
+    """Bind this rank's endpoint now, so that peers' connection attempts find it (only when
+    this rank may lead a ring: the port stays free for the script otherwise)."""
     from fluidctl.runtime.collective.ring import listen
     endpoint = env.current_endpoint
+    if not needed and endpoint:
+        return None, endpoint
     if not endpoint:              # torch-style env: pick a port on the address rank 0 sees
         endpoint = f"{store._sock.getsockname()[0]}:0"
     try:
