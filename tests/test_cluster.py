@@ -1,9 +1,12 @@
 """``fluidctl cluster check | exec | sync`` run as a user would, against two real sshd nodes."""
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 FLUIDCTL = [sys.executable, "-m", "fluidctl"]
@@ -126,3 +129,32 @@ def test_sync_pushes_only_changed_files(sshd_nodes, hostfile, tmp_path):
     assert r.returncode == 0, r.stderr
     assert [table_row(r.stdout, n)[2::2] for n in ("node1", "node2")] == [["1", "1"]] * 2
     assert (tmp_path / "remote" / "node2" / "lib" / "util.py").read_text() == "A = 2222\n"
+
+
+def test_exec_ctrl_c_stops_the_command_on_every_node(sshd_nodes, hostfile):
+    marker = "61.2345"                    # a unique argv to find the remote processes by
+    proc = subprocess.Popen([*FLUIDCTL, "cluster", "exec", "--hostfile", str(hostfile),
+                             "--ssh-config", str(sshd_nodes.config), "--",
+                             f"echo started; sleep {marker}; echo not-reached"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+    started = {proc.stdout.readline().strip(), proc.stdout.readline().strip()}
+    assert started == {"[node1] started", "[node2] started"}
+
+    def sleepers():
+        found = []
+        for p in psutil.process_iter(["cmdline"]):
+            if p.info["cmdline"] == ["sleep", marker]:
+                found.append(p)
+        return found
+    deadline = time.monotonic() + 10
+    while len(sleepers()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    remote = sleepers()
+    assert len(remote) == 2
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert "not-reached" not in out
+    gone, alive = psutil.wait_procs(remote, timeout=10)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]

@@ -7,10 +7,12 @@ node that fails is named with its reason; the exit code is 1 if any node failed.
 from __future__ import annotations
 
 import functools
+import signal
 import threading
 from pathlib import Path
 
 import click
+import paramiko
 
 from fluidctl.backends import ssh
 from fluidctl.backends.ssh import check_nodes  # noqa: F401  (re-exported for `train`)
@@ -136,20 +138,28 @@ def exec_(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote
 
     connected = ssh.connect_all(hosts, targets, timeout=timeout)
     failures = dict(connected.failures)
+    procs = {}
     try:
-        def one(node):
+        for name, node in connected.nodes.items():      # output streams from reader threads
             try:
-                result = node.run(text, cwd=remote_dir,
-                                  on_line=functools.partial(on_line, node.host.name))
-            except (ssh.ConnectionLost, OSError) as exc:
-                return node.host.name, str(exc)
-            if result.exit_code == 97 and remote_dir:
-                return node.host.name, f"cannot cd to {remote_dir}"
-            return node.host.name, None if result.exit_code == 0 else \
-                f"exit code {result.exit_code}"
-        for name, reason in ssh.parallel(list(connected.nodes.values()), one):
-            if reason:
-                failures[name] = reason
+                procs[name] = node.start(text, cwd=remote_dir,
+                                         on_line=functools.partial(on_line, name))
+            except (ssh.ConnectionLost, paramiko.SSHException, OSError) as exc:
+                failures[name] = f"cannot start the command: {exc}"
+        for name, proc in procs.items():
+            try:
+                code = proc.wait()
+            except ssh.ConnectionLost as exc:
+                failures[name] = str(exc)
+                continue
+            if code == 97 and remote_dir:
+                failures[name] = f"cannot cd to {remote_dir}"
+            elif code != 0:
+                failures[name] = f"exit code {code}"
+    except KeyboardInterrupt:       # Ctrl-C: stop the command on every node, leave nothing
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        raise click.Abort() from None
     finally:
         connected.close()
     if failures:
