@@ -1,0 +1,132 @@
+"""Processes on this machine.
+
+Each worker starts in its own session (so its whole tree can be signalled as a process group),
+with stdout and stderr on one append-mode log file (interleaved as written, never blocked by a
+slow console). fluidctl makes itself a child subreaper, so grandchildren whose parent died are
+re-parented to it rather than to init: ``sweep_descendants`` can then stop and reap every last
+one of them, and none is left behind.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from typing import Dict, List, Mapping, Optional
+
+import psutil
+
+from fluidctl.backends.base import Failure
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Linux: orphaned descendants come to us instead of init (best effort elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _tree(pid: int) -> List[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _signal_procs(procs: List[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+class LocalProcess:
+    """A worker process and its tree (the Handle protocol of backends.base)."""
+
+    critical = True
+
+    def __init__(self, label: str, argv: List[str], env: Mapping[str, str], log: str,
+                 host: str = "127.0.0.1", cwd: Optional[str] = None):
+        self.label, self.host, self.log = label, host, log
+        with open(log, "ab", buffering=0) as out:
+            self.popen = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                                          stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True, close_fds=True)
+        self.pid = self.popen.pid
+        try:
+            self._pidfd: Optional[int] = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    def fileno(self) -> int:
+        return self._pidfd if self._pidfd is not None else -1
+
+    def poll(self) -> Optional[int]:
+        return self.popen.poll()
+
+    def _signal_tree(self, sig: int) -> None:
+        descendants = _tree(self.pid)
+        try:
+            os.killpg(self.pid, sig)        # the session's group, grandchildren included
+        except (ProcessLookupError, PermissionError):
+            pass
+        _signal_procs(descendants, sig)     # those that left the group (setsid / setpgid)
+
+    def terminate(self) -> None:
+        self._signal_tree(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal_tree(signal.SIGKILL)
+
+    def failure(self) -> Failure:
+        return Failure(self.label, self.host, self.popen.returncode, self.log, self.pid)
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+def start(label: str, argv: List[str], env: Mapping[str, str], log: str,
+          host: str = "127.0.0.1") -> LocalProcess:
+    return LocalProcess(label, argv, env, log, host)
+
+
+def full_env(contract: Mapping[str, str], base: Optional[Mapping[str, str]] = None
+             ) -> Dict[str, str]:
+    """The inherited environment with the job's contract on top."""
+    env = dict(os.environ if base is None else base)
+    env.update(contract)
+    return env
+
+
+def sweep_descendants(grace: float) -> List[int]:
+    """Stop and reap whatever still descends from this process (leftover grandchildren that
+    outlived their worker). Returns the pids that had to be stopped."""
+    me = psutil.Process()
+    left = me.children(recursive=True)
+    if not left:
+        return []
+    _signal_procs(left, signal.SIGTERM)
+    _, alive = psutil.wait_procs(left, timeout=grace)
+    _signal_procs(alive, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=5)
+    _reap_children()
+    return [p.pid for p in left]
+
+
+def _reap_children() -> None:
+    """Collect exit statuses of re-parented processes (psutil only reaps its own waits)."""
+    for child in psutil.Process().children():
+        try:
+            os.waitpid(child.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass

@@ -1,0 +1,48 @@
+"""Console output through rich: plan tables and failure reports.
+
+Colour is off when the stream is not a terminal or NO_COLOR is set (rich honours both). Only
+the CLI imports this module; training processes never pay for rich.
+"""
+from __future__ import annotations
+
+import shlex
+import time
+from functools import lru_cache
+
+from rich.console import Console
+from rich.table import Table
+
+from fluidctl.backends.base import Failure
+
+
+@lru_cache(maxsize=None)
+def console(stderr: bool = False) -> Console:
+    out = Console(stderr=stderr, highlight=False)
+    if not out.is_terminal:       # a pipe or a file: don't squeeze tables into 80 columns
+        out = Console(stderr=stderr, highlight=False, width=200)
+    return out
+
+
+def plan_table(the_plan) -> Table:
+    table = Table(title=f"fluidctl plan: {the_plan.job.mode} mode, master {the_plan.master}")
+    for column in ("rank", "role", "host", "endpoint", "devices", "log", "command"):
+        table.add_column(column, overflow="fold")
+    for p in the_plan.procs:
+        table.add_row(str(p.rank), p.role, p.host, p.endpoint, ",".join(p.devices) or "cpu",
+                      p.log, shlex.join(p.argv))
+    return table
+
+
+def print_failure(failure: Failure, tail_lines: int) -> None:
+    from fluidctl.launch.supervisor import log_tail
+    err = console(stderr=True)
+    when = time.strftime("%H:%M:%S", time.localtime(failure.when))
+    pid = f"pid {failure.pid}, " if failure.pid else ""
+    err.print(f"[bold red]fluidctl: {failure.label} failed on {failure.host}: "
+              f"{failure.reason}[/] ({pid}at {when})", markup=True)
+    err.print(f"  log: {failure.log}", markup=False)
+    tail = log_tail(failure.log, tail_lines)
+    if tail:
+        err.print(f"  last {len(tail)} line(s) of its log:", markup=False)
+        for line in tail:
+            err.print(f"  | {line}", markup=False)

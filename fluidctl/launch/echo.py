@@ -1,0 +1,93 @@
+"""Live console echo of workers' log files.
+
+Workers write straight to their log files, so a worker that prints a lot never waits for the
+console; this thread follows the files (like ``tail -f``) and writes whole lines to the
+console, one writer, so lines of different ranks are never split or mixed. Bytes are decoded
+incrementally (a multi-byte UTF-8 character cut between two reads stays whole) and a bare
+``\\r`` (progress bars) ends a line too.
+"""
+from __future__ import annotations
+
+import codecs
+import sys
+import threading
+from typing import BinaryIO, List, Optional, Tuple
+
+CHUNK = 1 << 20
+IDLE_WAIT = 0.02
+
+
+class _Source:
+    def __init__(self, path: str, prefix: str):
+        self.path, self.prefix = path, prefix
+        self.file: Optional[BinaryIO] = None
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.pending = ""
+
+    def read_lines(self, final: bool = False) -> Tuple[List[str], bool]:
+        """Complete lines available now; ``final`` flushes a last line without newline."""
+        if self.file is None:
+            try:
+                self.file = open(self.path, "rb")
+            except FileNotFoundError:
+                return [], False
+        data = self.file.read(CHUNK)
+        text = self.pending + self.decoder.decode(data, final=final)
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+        *lines, self.pending = text.split("\n")
+        if final and self.pending:
+            lines.append(self.pending)
+            self.pending = ""
+        return lines, len(data) == CHUNK
+
+    def close(self):
+        if self.file:
+            self.file.close()
+
+
+class LogEcho(threading.Thread):
+    """Follow ``sources`` ([(log path, line prefix)]) and copy their lines to ``out``."""
+
+    def __init__(self, sources: List[Tuple[str, str]], out=None):
+        super().__init__(name="fluidctl-echo", daemon=True)
+        self.sources = [_Source(path, prefix) for path, prefix in sources]
+        self.out = out or sys.stdout
+        self.lock = threading.Lock()
+        self._done = threading.Event()
+
+    def say(self, text: str) -> None:
+        """Write fluidctl's own line without cutting into a worker's line."""
+        with self.lock:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def _pump(self, final: bool = False) -> bool:
+        busy = False
+        for src in self.sources:
+            more = True
+            while more:
+                lines, more = src.read_lines(final)
+                if lines:
+                    busy = True
+                    with self.lock:
+                        self.out.write("".join(f"{src.prefix}{line}\n" for line in lines))
+                        self.out.flush()
+        return busy
+
+    def run(self) -> None:
+        try:
+            while not self._done.is_set():
+                if not self._pump():
+                    self._done.wait(IDLE_WAIT)
+            self._pump(final=True)
+        except (BrokenPipeError, ValueError):  # console went away: logs are still complete
+            pass
+        finally:
+            for src in self.sources:
+                src.close()
+
+    def finish(self) -> None:
+        """Copy what is left (the last partial line too) and stop."""
+        self._done.set()
+        if self.is_alive():
+            self.join()

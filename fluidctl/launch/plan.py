@@ -1,0 +1,189 @@
+"""Planning: which process runs where, with which rank, endpoint, devices and environment.
+
+Pure: ``plan(job, ports)`` does no I/O, so every rank's environment can be unit-tested and shown
+by ``--dry-run`` without starting anything. Backends only start what the plan says.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from fluidctl import envs
+from fluidctl.paths import LogLayout
+
+TRAINER = "trainer"
+PSERVER = "pserver"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine of the job: the address ranks use to reach it and its processes."""
+    address: str                       # what endpoints say (the resolved HostName for SSH)
+    nproc: int                         # trainer processes on this node
+    gpus: Tuple[str, ...] = ()         # physical GPU ids, one per trainer when not empty
+    name: str = ""                     # how the user named it (hostfile entry); for log dirs
+    pservers: int = 0                  # parameter servers placed on this node
+
+    @property
+    def label(self) -> str:
+        return self.name or self.address
+
+
+@dataclass
+class JobSpec:
+    script: str
+    script_args: Sequence[str] = ()
+    nodes: Sequence[Node] = (Node("127.0.0.1", 1),)
+    mode: str = "collective"            # "collective" | "pserver"
+    pserver_endpoints: Sequence[str] = ()   # pservers already running (not started by us)
+    sync: bool = True
+    pserver_args: Sequence[str] = ()    # extra flags for `python -m fluidctl.runtime.pserver`
+    log_dir: str = "mylog"
+    user_env: Mapping[str, str] = field(default_factory=dict)
+    python: str = sys.executable
+    cores: int = os.cpu_count() or 1
+    token: Optional[str] = None
+    multi_node_logs: bool = False       # remote nodes: logs under LOG_DIR/<host>/
+
+    def ports_needed(self, node_index: int) -> int:
+        """Trainer endpoints on the node, its pservers, and the master port on node 0."""
+        node = self.nodes[node_index]
+        return node.nproc + node.pservers + (1 if node_index == 0 else 0)
+
+
+@dataclass
+class ProcSpec:
+    role: str                 # TRAINER | PSERVER
+    rank: int                 # global trainer rank, or pserver index
+    local_rank: int
+    node: int                 # index into JobSpec.nodes
+    host: str
+    endpoint: str
+    devices: List[str]
+    argv: List[str]
+    env: Dict[str, str]       # the contract only; the backend adds the inherited environment
+    log: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.role} {self.rank}"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Plan:
+    job: JobSpec
+    procs: List[ProcSpec]
+    master: str
+    trainer_endpoints: List[str]
+    pserver_endpoints: List[str]
+
+    @property
+    def trainers(self) -> List[ProcSpec]:
+        return [p for p in self.procs if p.role == TRAINER]
+
+    def on_node(self, index: int) -> List[ProcSpec]:
+        return [p for p in self.procs if p.node == index]
+
+    def to_json(self) -> dict:
+        return {"mode": self.job.mode, "master": self.master,
+                "trainer_endpoints": self.trainer_endpoints,
+                "pserver_endpoints": self.pserver_endpoints,
+                "nodes": [asdict(n) for n in self.job.nodes],
+                "procs": [p.to_json() for p in self.procs]}
+
+
+def script_argv(script: str, args: Sequence[str], python: str) -> List[str]:
+    """``.py`` runs with fluidctl's own interpreter, unbuffered; anything else is executed."""
+    if script.endswith(".py"):
+        return [python, "-u", script, *args]
+    return [script, *args]
+
+
+def pserver_argv(job: JobSpec) -> List[str]:
+    return [job.python, "-u", "-m", "fluidctl.runtime.pserver", *job.pserver_args]
+
+
+def plan(job: JobSpec, ports: Mapping[int, Sequence[int]]) -> Plan:
+    """Lay the job out. ``ports[i]`` are the ports reserved on node i (``job.ports_needed(i)``
+    of them): trainers first, then pservers, then (node 0) the master's."""
+    layout = LogLayout(Path(job.log_dir))
+    trainer_eps: List[str] = []
+    pserver_eps: List[str] = list(job.pserver_endpoints)
+    placed = []  # (node index, local rank, port) for trainers
+    pserver_slots = []  # (node index, port)
+    for i, node in enumerate(job.nodes):
+        node_ports = list(ports[i])
+        for local in range(node.nproc):
+            trainer_eps.append(f"{node.address}:{node_ports[local]}")
+            placed.append((i, local))
+        if not job.pserver_endpoints:
+            for k in range(node.pservers):
+                port = node_ports[node.nproc + k]
+                pserver_eps.append(f"{node.address}:{port}")
+                pserver_slots.append(i)
+    master = f"{job.nodes[0].address}:{list(ports[0])[-1]}"
+    world = len(trainer_eps)
+    world_devices = [list(n.gpus) for n in job.nodes]
+
+    def log_path(role: str, index: int, node: int) -> str:
+        lay = layout.for_host(job.nodes[node].label) if job.multi_node_logs else layout
+        return str(lay.for_role(role, index))
+
+    procs: List[ProcSpec] = []
+    for index, node_index in enumerate(pserver_slots):
+        node = job.nodes[node_index]
+        env = envs.pserver_env(
+            role=envs.ROLE_PSERVER, index=index, trainers=world, pserver_endpoints=pserver_eps,
+            trainer_endpoints=trainer_eps, sync=job.sync, use_gpu=bool(node.gpus),
+            cores=job.cores, procs_on_node=node.nproc + node.pservers,
+            user_env=job.user_env, token=job.token)
+        procs.append(ProcSpec(PSERVER, index, index, node_index, node.address, pserver_eps[index],
+                              [], pserver_argv(job), env, log_path(PSERVER, index, node_index)))
+    for rank, (node_index, local) in enumerate(placed):
+        node = job.nodes[node_index]
+        devices = [node.gpus[local]] if node.gpus else []
+        if job.mode == "pserver":
+            env = envs.pserver_env(
+                role=envs.ROLE_TRAINER, index=rank, trainers=world,
+                pserver_endpoints=pserver_eps, trainer_endpoints=trainer_eps, sync=job.sync,
+                use_gpu=bool(node.gpus), cores=job.cores,
+                procs_on_node=node.nproc + node.pservers, user_env=job.user_env,
+                token=job.token)
+            env.update(_local_names(local, node.nproc, len(job.nodes), master, node.gpus,
+                                    world_devices))
+        else:
+            env = envs.collective_env(
+                rank=rank, world_size=world, local_rank=local, local_size=node.nproc,
+                nnodes=len(job.nodes), endpoints=trainer_eps, master=master,
+                gpus_on_node=node.gpus, world_device_ids=world_devices, cores=job.cores,
+                user_env=job.user_env, token=job.token)
+        procs.append(ProcSpec(TRAINER, rank, local, node_index, node.address, trainer_eps[rank],
+                              devices, script_argv(job.script, job.script_args, job.python),
+                              env, log_path(TRAINER, rank, node_index)))
+    return Plan(job, procs, master, trainer_eps, pserver_eps)
+
+
+def _local_names(local: int, local_size: int, nnodes: int, master: str, gpus, world_devices
+                 ) -> Dict[str, str]:
+    """Node-local names a pserver-mode trainer also gets (local rank, master, devices)."""
+    full = envs.collective_env(rank=0, world_size=1, local_rank=local, local_size=local_size,
+                               nnodes=nnodes, endpoints=["-"], master=master, gpus_on_node=gpus,
+                               world_device_ids=world_devices)
+    keep = (envs.RANK_IN_NODE, envs.LOCAL_RANK, envs.TORCH_LOCAL_RANK, envs.LOCAL_SIZE,
+            envs.TORCH_LOCAL_WORLD_SIZE, envs.NNODES, envs.MASTER, envs.TORCH_MASTER_ADDR,
+            envs.TORCH_MASTER_PORT, envs.SELECTED_GPUS, envs.CUDA_VISIBLE_DEVICES,
+            envs.LOCAL_DEVICE_IDS, envs.WORLD_DEVICE_IDS)
+    return {k: v for k, v in full.items() if k in keep}
+
+
+def with_restart(env: Mapping[str, str], attempt: int) -> Dict[str, str]:
+    """The environment of a restarted attempt: the same contract, a new PADDLE_RESTART_COUNT."""
+    out = dict(env)
+    out[envs.RESTART_COUNT] = str(attempt)
+    return out

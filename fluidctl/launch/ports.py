@@ -1,0 +1,81 @@
+"""Ports for a job's endpoints, chosen without races.
+
+Free ports are taken by binding port 0 and *holding* the bound sockets until the processes that
+will use them have been started (``release()`` is called right after the spawn), so two
+fluidctl jobs starting at once cannot be handed the same port. ``--started-port P`` asks for
+P, P+1, ...; a port there that something else holds is a usage error, found before anything runs.
+"""
+from __future__ import annotations
+
+import errno
+import socket
+from typing import List, Optional
+
+from fluidctl.errors import UsageError
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # SO_REUSEADDR: a port left in TIME_WAIT by a previous attempt of this job is still usable.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class PortReservation:
+    """``count`` TCP ports on ``host``, held bound until ``release()``."""
+
+    def __init__(self, host: str, count: int, started_port: Optional[int] = None):
+        self.host = host
+        self._socks: List[socket.socket] = []
+        try:
+            if started_port is None:
+                for _ in range(count):
+                    self._socks.append(_bind(host, 0))
+            else:
+                for port in range(started_port, started_port + count):
+                    self._socks.append(self._bind_fixed(host, port, started_port, count))
+        except BaseException:
+            self.release()
+            raise
+        self.ports: List[int] = [s.getsockname()[1] for s in self._socks]
+
+    @staticmethod
+    def _bind_fixed(host: str, port: int, first: int, count: int) -> socket.socket:
+        if not 0 < port < 65536:
+            raise UsageError(f"port {port} is out of range",
+                             "choose --started-port so that all ports stay below 65536")
+        try:
+            return _bind(host, port)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(
+                    f"port {port} on {host} is busy (the job needs ports {first}-{first + count - 1})",
+                    "choose another --started-port, or leave it out to use free ports") from None
+            if exc.errno == errno.EACCES:
+                raise UsageError(f"port {port} on {host} needs privileges",
+                                 "use --started-port 1024 or higher") from None
+            raise UsageError(f"cannot bind {host}:{port}: {exc.strerror}",
+                             "check the address and --started-port") from None
+
+    def release(self) -> None:
+        for sock in self._socks:
+            sock.close()
+        self._socks = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """One free port, released at once (for tools that cannot hold a reservation)."""
+    with PortReservation(host, 1) as res:
+        return res.ports[0]

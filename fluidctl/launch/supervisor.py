@@ -1,0 +1,219 @@
+"""Supervision of a started job: watch, fail fast, restart, forward signals.
+
+The pattern is torch elastic's process context. ``run()`` starts every handle of an attempt,
+waits (on pidfds or channel descriptors, not by sleeping) until all trainers succeeded or one
+handle failed, and then stops the rest: SIGTERM to every process tree, SIGKILL to what is still
+there after the grace period. The *first observed* failure is the one reported. SIGINT, SIGTERM
+and SIGHUP to fluidctl stop the job the same way (exit 128+N); a second Ctrl-C kills at once.
+"""
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+from fluidctl.backends.base import Failure, Handle
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+KILL_WAIT = 10.0        # after SIGKILL, how long to wait for the kernel to reap
+
+
+@dataclass
+class RunOptions:
+    grace_period: float = 5.0
+    max_restarts: int = 0
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    failure: Optional[Failure] = None
+    signal: Optional[int] = None
+    attempts: int = 1
+
+
+class LaunchLog:
+    """fluidctl's own log (launch.log): what it started, when, and how each attempt ended."""
+
+    def __init__(self, path: Optional[str]):
+        self._file = open(path, "a", encoding="utf-8") if path else None
+
+    def __call__(self, message: str) -> None:
+        if self._file:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            self._file.write(f"{stamp} {message}\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+
+
+class Supervisor:
+    """``start(attempt)`` returns the handles of one attempt; ``say`` prints a console line."""
+
+    def __init__(self, start: Callable[[int], List[Handle]], options: RunOptions,
+                 log: Callable[[str], None] = lambda m: None,
+                 say: Callable[[str], None] = lambda m: None,
+                 before_restart: Callable[[int], None] = lambda attempt: None):
+        self.start, self.options, self.log, self.say = start, options, log, say
+        self.before_restart = before_restart
+        self._signal: Optional[int] = None
+        self._stopping = False
+        self._handles: List[Handle] = []
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+
+    # --- signals ---------------------------------------------------------------------------
+    def _on_signal(self, signum, _frame) -> None:
+        if self._stopping and signum == signal.SIGINT:
+            self.log("second SIGINT: killing every process now")
+            for h in self._handles:
+                h.kill()
+        if self._signal is None:
+            self._signal = signum
+        try:
+            os.write(self._wake_w, b"s")
+        except OSError:
+            pass
+
+    def _install(self):
+        return {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+
+    # --- the run ---------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        previous = self._install()
+        try:
+            return self._run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _run(self) -> RunResult:
+        attempt = 0
+        while True:
+            if attempt:
+                self.before_restart(attempt)
+            self._stopping = False
+            self._handles = []
+            try:
+                self._handles = self.start(attempt)
+            except BaseException:
+                self._stop(self._handles)
+                raise
+            self.log(f"attempt {attempt}: started " + ", ".join(
+                f"{h.label} pid {h.pid} on {h.host}" for h in self._handles))
+            failure = self._watch()
+            if self._signal is not None:
+                self.log(f"received {signal.Signals(self._signal).name}: stopping the job")
+                self.say(f"fluidctl: {signal.Signals(self._signal).name} received, "
+                         "stopping all processes")
+                self._stop(self._handles)
+                return RunResult(128 + self._signal, signal=self._signal, attempts=attempt + 1)
+            self._stop(self._handles)
+            if failure is None:
+                self.log(f"attempt {attempt}: all trainers finished")
+                return RunResult(0, attempts=attempt + 1)
+            self.log(f"attempt {attempt}: {failure.label} on {failure.host} failed: "
+                     f"{failure.reason} (log {failure.log})")
+            if attempt >= self.options.max_restarts:
+                return RunResult(failure.exit_code or 1, failure=failure, attempts=attempt + 1)
+            attempt += 1
+            self.say(f"fluidctl: {failure.label} failed ({failure.reason}); restarting the job "
+                     f"(restart {attempt} of {self.options.max_restarts})")
+
+    def _watch(self) -> Optional[Failure]:
+        """Block until every trainer succeeded (None), one handle failed, or a signal came."""
+        handles = self._handles
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ)
+        for h in handles:
+            if h.fileno() >= 0:
+                selector.register(h.fileno(), selectors.EVENT_READ)
+        all_waitable = all(h.fileno() >= 0 for h in handles)
+        live = list(handles)
+        try:
+            while True:
+                for h in list(live):
+                    code = h.poll()
+                    if code is None:
+                        continue
+                    live.remove(h)
+                    if h.fileno() >= 0:
+                        selector.unregister(h.fileno())
+                    self.log(f"{h.label} (pid {h.pid}) ended with code {code}")
+                    if code != 0:
+                        return h.failure()
+                    if getattr(h, "service", False):
+                        fail = h.failure()
+                        fail.detail = "exited before the trainers finished"
+                        return fail
+                if not any(not getattr(h, "service", False) for h in live):
+                    return None
+                if self._signal is not None:
+                    return None
+                for key, _ in selector.select(timeout=1.0 if all_waitable else 0.05):
+                    if key.fd == self._wake_r:
+                        try:
+                            os.read(self._wake_r, 64)
+                        except BlockingIOError:
+                            pass
+        finally:
+            selector.close()
+
+    def _stop(self, handles: List[Handle]) -> None:
+        """TERM every live tree, wait up to the grace period, KILL the rest, reap all."""
+        self._stopping = True
+        live = [h for h in handles if h.poll() is None]
+        for h in live:
+            h.terminate()
+        if live:
+            self.log("sent SIGTERM to " + ", ".join(h.label for h in live))
+        live = self._wait_all(live, self.options.grace_period)
+        if live:
+            self.log(f"grace period of {self.options.grace_period:g}s over: SIGKILL to "
+                     + ", ".join(h.label for h in live))
+            for h in live:
+                h.kill()
+            live = self._wait_all(live, KILL_WAIT)
+        for h in handles:
+            if h.poll() is not None:
+                h.close()
+
+    def _wait_all(self, live: List[Handle], timeout: float) -> List[Handle]:
+        deadline = time.monotonic() + timeout
+        selector = selectors.DefaultSelector()
+        try:
+            for h in live:
+                if h.fileno() >= 0:
+                    selector.register(h.fileno(), selectors.EVENT_READ)
+            while True:
+                live = [h for h in live if h.poll() is None]
+                left = deadline - time.monotonic()
+                if not live or left <= 0:
+                    return live
+                # a second Ctrl-C during the grace period kills at once: it also wakes us here
+                waitable = all(h.fileno() >= 0 for h in live)
+                selector.select(timeout=min(left, 0.5 if waitable else 0.02))
+        finally:
+            selector.close()
+
+
+def log_tail(path: str, lines: int) -> List[str]:
+    """The last ``lines`` lines of a log file (reading only its end)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read()
+    except OSError:
+        return []
+    text = data.decode("utf-8", errors="replace").replace("\r", "\n")
+    return list(deque((l for l in text.splitlines() if l.strip()), maxlen=lines))

@@ -1,0 +1,63 @@
+"""Helpers for tests that run the real ``fluidctl`` CLI in subprocesses."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+BEHAVE = str(ROOT / "tests" / "scripts" / "behave.py")
+TEMPLATES = ROOT / "templates"
+
+
+def fluidctl(*args, cwd, env=None, timeout=120, check=None):
+    """Run ``python -m fluidctl ARGS`` and return the CompletedProcess (text)."""
+    full_env = dict(os.environ)
+    full_env.pop("CUDA_VISIBLE_DEVICES", None)
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-m", "fluidctl", *map(str, args)], cwd=cwd,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check is not None:
+        assert proc.returncode == check, (proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+def start_fluidctl(*args, cwd, env=None):
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.Popen([sys.executable, "-m", "fluidctl", *map(str, args)], cwd=cwd,
+                            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def wait_for(condition, timeout=30.0, what="condition"):
+    """Poll ``condition`` until true; fail the test with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_pids(pid_dir: Path, ranks):
+    pids = []
+    for r in ranks:
+        pids += [int(p) for p in (pid_dir / f"{r}.pids").read_text().split()]
+    return pids
+
+
+def alive(pid: int) -> bool:
+    """True if the pid is a running (not zombie) process."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def assert_all_gone(pids, timeout=10.0):
+    """Every pid ended; zombies count as left behind only while their parent lives."""
+    wait_for(lambda: not any(alive(p) for p in pids), timeout, f"pids {pids} to end")
