@@ -98,7 +98,7 @@ def run_job(pservers: int, trainers: int, sync: bool, steps: int, elements: int,
     servers = [local.start_pserver(i, endpoints, trainers, sync=sync, token=TOKEN,
                                    args=["--no-state", "--max-frame-mb", "2048"])
                for i in range(pservers)]
-    rss = {"early": None, "late": None}
+    rss = {}
     try:
         workers = [subprocess.Popen(
             [sys.executable, __file__, "--worker", "trainer", "--steps", str(steps),
@@ -107,7 +107,8 @@ def run_job(pservers: int, trainers: int, sync: bool, steps: int, elements: int,
             stdout=subprocess.PIPE) for t in range(trainers)]
         t0 = time.perf_counter()
         if watch_rss:
-            rss["early"], rss["late"] = watch_server_rss(servers, workers, timeout)
+            rss = watch_server_rss(servers, endpoints, workers, trainers * steps * pservers,
+                                   timeout)
         outputs = []
         for w in workers:
             out, _ = w.communicate(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
@@ -120,22 +121,37 @@ def run_job(pservers: int, trainers: int, sync: bool, steps: int, elements: int,
     return {"outputs": outputs, "wall": wall, "rss": rss, "server_exit_codes": codes}
 
 
-def watch_server_rss(servers, workers, timeout):
-    """Pserver RSS (sum, MiB) once the job is warm (a few seconds in) and at its end."""
+def watch_server_rss(servers, endpoints, workers, total_pushes, timeout):
+    """Pserver RSS (sum, MiB) at 10%, 50% and 100% of the pushes (progress read from the
+    servers' own counters, so a slow start on a busy machine does not count as growth)."""
     import psutil
+    from fluidctl.runtime import wire
     procs = [psutil.Process(s.pid) for s in servers]
+    socks = [wire.connect(ep, TOKEN) for ep in endpoints]
 
-    def rss():
-        return sum(p.memory_info().rss for p in procs) / MIB
-    start, early, late = time.monotonic(), None, None
-    while any(w.poll() is None for w in workers):
-        if time.monotonic() - start > timeout:
-            raise RuntimeError("load test did not finish: deadlock?")
-        late = rss()
-        if early is None and time.monotonic() - start > 3.0:
-            early = late
-        time.sleep(0.2)
-    return early, late
+    def pushed():
+        total = 0
+        for sock in socks:
+            wire.send_frame(sock, {"op": "stats"})
+            total += wire.recv_frame(sock)[0]["pushed"]
+        return total
+    marks, samples = (0.1, 0.5), {}
+    start = time.monotonic()
+    try:
+        while any(w.poll() is None for w in workers):
+            if time.monotonic() - start > timeout:
+                raise RuntimeError("load test did not finish: deadlock?")
+            rss = sum(p.memory_info().rss for p in procs) / MIB
+            done = pushed() / total_pushes
+            for mark in marks:
+                if done >= mark and mark not in samples:
+                    samples[mark] = rss
+            samples[1.0] = rss
+            time.sleep(0.1)
+    finally:
+        for sock in socks:
+            sock.close()
+    return samples
 
 
 def bench_sync(args) -> dict:
@@ -180,8 +196,7 @@ def bench_load(args) -> dict:
             "received_per_server": [s["pushed"] for s in stats],
             "sparse_pushes_per_server": [s["sparse_pushed"] for s in stats],
             "all_applied": all(s["applied"] == s["pushed"] == pushed for s in stats),
-            "wall_s": job["wall"], "server_rss_mib_warm": job["rss"]["early"],
-            "server_rss_mib_end": job["rss"]["late"], "server_exit_codes":
+            "wall_s": job["wall"], "server_rss_mib": job["rss"], "server_exit_codes":
             job["server_exit_codes"], "last_stats": final}
 
 
@@ -202,9 +217,9 @@ def report(result: dict) -> None:
         print(f"load  16 trainers async x 500 steps vs 2 pservers: pushed "
               f"{result['pushed_per_server']}/server, applied {result['applied_per_server']}, "
               f"all applied: {result['all_applied']}; {result['wall_s']:.1f} s; pserver RSS "
-              f"{result['server_rss_mib_warm']:.0f} MiB warm -> "
-              f"{result['server_rss_mib_end']:.0f} MiB at the end; exit codes "
-              f"{result['server_exit_codes']}")
+              + " -> ".join(f"{v:.0f} MiB ({k:.0%})" for k, v in
+                            sorted(result["server_rss_mib"].items()))
+              + f"; exit codes {result['server_exit_codes']}")
 
 
 def main() -> int:
