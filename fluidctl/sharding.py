@@ -30,8 +30,8 @@ import shutil
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
+from operator import itemgetter
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -48,10 +48,12 @@ BLOCK = 1 << 20                    # read buffer per worker thread
 SNIFF = 64 << 10                   # bytes looked at to decide "binary"
 GZIP_MAGIC = b"\x1f\x8b"
 NEWLINE = 10
-BUCKET_MAX_BYTES = 8 << 20         # a shuffle bucket is shuffled in memory up to this size...
+BUCKET_MAX_BYTES = 4 << 20         # a shuffle bucket is shuffled in memory up to this size...
 BUCKET_MAX_RECORDS = 256 << 10     # ...and this many records; beyond, it is scattered again
-MAX_BUCKETS = 256                  # open bucket files per scatter level
-GATHER_CHUNK = 512 << 10           # bytes gathered per numpy fancy-index (index = 8x this)
+MAX_BUCKETS = 512                  # bucket files per scatter level
+SCATTER_BLOCK = 1 << 20            # input read per scatter step
+SCATTER_BUFFER = 4 << 20           # buffered bucket bytes, all buckets together
+JOIN_RECORDS = 8192                # records joined per write into a shard
 
 
 # ---------------------------------------------------------------------------------------------
@@ -603,7 +605,8 @@ class _Stopped(Exception):
     """Another worker failed: stop copying."""
 
 
-def _newline_ends(path: str, start: int, end: int, wanted: Sequence[int]) -> Dict[int, int]:
+def _newline_ends(path: str, start: int, end: int, wanted: Sequence[int],
+                  progress: Optional[Progress] = None) -> Dict[int, int]:
     """Offsets just past the j-th newline (0-based) of bytes [start, end) for each j in the
     sorted ``wanted``; a scan that stops after the last one."""
     found: Dict[int, int] = {}
@@ -621,13 +624,18 @@ def _newline_ends(path: str, start: int, end: int, wanted: Sequence[int]) -> Dic
             n = os.preadv(fd, [memoryview(buf)[:min(BLOCK, end - pos)]], pos)
             if n <= 0:
                 break
-            here = np.flatnonzero(arr[:n] == NEWLINE)
-            j = int(np.searchsorted(wanted_arr, seen + len(here), side="left"))
-            for w in wanted_arr[i:j]:
-                found[int(w)] = pos + int(here[w - seen]) + 1
+            is_newline = arr[:n] == NEWLINE
+            count = int(np.count_nonzero(is_newline))
+            j = int(np.searchsorted(wanted_arr, seen + count, side="left"))
+            if j > i:
+                here = np.flatnonzero(is_newline)
+                for w in wanted_arr[i:j].tolist():
+                    found[w] = pos + int(here[w - seen]) + 1
             i = j
-            seen += len(here)
+            seen += count
             pos += n
+            if progress is not None:
+                progress.advance(n)
     finally:
         os.close(fd)
     return found
@@ -674,7 +682,7 @@ def count_plan(sources: Sequence[Source], plan: List[Segment]) -> int:
 
 
 def pad_shard(writer: ShardWriter, header_lines: int, extra: int,
-              rng: np.random.Generator) -> None:
+              rng: np.random.Generator, progress: Optional[Progress] = None) -> None:
     """Append ``extra`` records re-sampled from the shard itself (without replacement while
     the shard has enough), continuing its count and sha256."""
     records = writer.records - header_lines
@@ -686,7 +694,7 @@ def pad_shard(writer: ShardWriter, header_lines: int, extra: int,
     unique = np.unique(picks)
     wanted = sorted(set((unique + header_lines - 1).tolist()) | set((unique + header_lines).tolist()))
     wanted = [w for w in wanted if w >= 0]
-    ends = _newline_ends(writer.path, 0, writer.bytes, wanted)
+    ends = _newline_ends(writer.path, 0, writer.bytes, wanted, progress)
     with open(writer.path, "rb") as f:
         for pick in picks.tolist():
             j = pick + header_lines
@@ -698,64 +706,40 @@ def pad_shard(writer: ShardWriter, header_lines: int, extra: int,
 # ---------------------------------------------------------------------------------------------
 # external shuffle
 # ---------------------------------------------------------------------------------------------
-def _gather(arr: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Concatenate arr[starts[i]:starts[i]+lens[i]] for every i, vectorised."""
-    total = int(lens.sum())
-    if total == 0:
-        return arr[:0]
-    first = np.cumsum(lens) - lens
-    idx = np.repeat(starts.astype(np.int64) - first, lens)
-    idx += np.arange(total, dtype=np.int64)
-    return arr[idx]
+def _records_of(data: bytes) -> list:
+    """Newline-terminated records -> list of records without their newline."""
+    records = data.split(b"\n")
+    records.pop()           # what follows the last newline: nothing
+    return records
 
 
-def _gather_chunks(arr: np.ndarray, starts: np.ndarray, lens: np.ndarray,
-                   write: Callable[[memoryview], None]) -> None:
-    """``_gather`` in pieces of about GATHER_CHUNK bytes so the index stays small."""
-    ends = np.cumsum(lens)
-    n = len(lens)
-    i = 0
-    while i < n:
-        base = int(ends[i - 1]) if i else 0
-        j = max(i + 1, int(np.searchsorted(ends, base + GATHER_CHUNK, side="right")))
-        if j == i + 1 and lens[i] > GATHER_CHUNK:
-            write(memoryview(arr[starts[i]:starts[i] + lens[i]]))
-        else:
-            write(memoryview(_gather(arr, starts[i:j], lens[i:j])))
-        i = j
+def _pick(records: list, order: np.ndarray) -> list:
+    """records[i] for i in order, in C (operator.itemgetter) rather than a Python loop."""
+    if len(order) == 0:
+        return []
+    if len(order) == 1:
+        return [records[int(order[0])]]
+    return list(itemgetter(*order.tolist())(records))
 
 
-def _split_records(data) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """bytes of newline-terminated records -> (uint8 view, starts, lengths)."""
-    arr = np.frombuffer(data, np.uint8)
-    ends = np.flatnonzero(arr == NEWLINE) + 1
-    starts = np.empty_like(ends)
-    if len(ends):
-        starts[0] = 0
-        starts[1:] = ends[:-1]
-    return arr, starts, ends - starts
-
-
-def _record_blocks(sources: Sequence[Source], progress: Progress):
-    """Blocks of whole, newline-terminated records from every source's data."""
-    for src in sources:
-        with open(src.path, "rb", buffering=0) as f:
-            f.seek(src.data_start)
-            carry = b""
-            while True:
-                chunk = f.read(BLOCK)
-                if not chunk:
-                    break
-                progress.advance(len(chunk))
-                data = carry + chunk if carry else chunk
-                cut = data.rfind(b"\n") + 1
-                if cut == 0:
-                    carry = data
-                    continue
-                yield memoryview(data)[:cut]
-                carry = data[cut:]
-            if carry:
-                yield carry + b"\n"
+def _whole_record_blocks(path: str, start: int, block: int, progress: Progress):
+    """Bytes from ``start`` of a file in blocks of whole, newline-terminated records (a last
+    record without its newline gets one)."""
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        carry = b""
+        while True:
+            chunk = f.read(block)
+            if not chunk:
+                break
+            progress.advance(len(chunk))
+            data = carry + chunk if carry else chunk
+            cut = data.rfind(b"\n") + 1
+            carry = data[cut:]
+            if cut:
+                yield data[:cut] if carry else data
+        if carry:
+            yield carry + b"\n"
 
 
 @dataclass
@@ -765,32 +749,69 @@ class Bucket:
     records: int = 0
 
 
+class _BucketFiles:
+    """Append-only bucket files, each with a small buffer (few, large writes)."""
+
+    def __init__(self, directory: str, count: int):
+        os.makedirs(directory, exist_ok=True)
+        self.buckets = [Bucket(os.path.join(directory, f"bucket-{b:04d}")) for b in range(count)]
+        self.pending: List[list] = [[] for _ in range(count)]
+        self.pending_bytes = [0] * count
+        self.limit = max(4096, SCATTER_BUFFER // count)
+        self.fds: List[int] = []
+        try:
+            for bucket in self.buckets:
+                self.fds.append(os.open(bucket.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                        0o600))
+        except OSError:
+            self._close_fds()
+            raise
+
+    def add(self, b: int, piece: bytes, records: int) -> None:
+        self.buckets[b].bytes += len(piece)
+        self.buckets[b].records += records
+        self.pending[b].append(piece)
+        self.pending_bytes[b] += len(piece)
+        if self.pending_bytes[b] >= self.limit:
+            self._flush(b)
+
+    def _flush(self, b: int) -> None:
+        data = memoryview(b"".join(self.pending[b]))
+        while data:
+            data = data[os.write(self.fds[b], data):]
+        self.pending[b] = []
+        self.pending_bytes[b] = 0
+
+    def _close_fds(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+    def close(self) -> List[Bucket]:
+        try:
+            for b in range(len(self.fds)):
+                if self.pending_bytes[b]:
+                    self._flush(b)
+        finally:
+            self._close_fds()
+        return self.buckets
+
+
 def _scatter(blocks, directory: str, buckets: int, rng: np.random.Generator) -> List[Bucket]:
     """Send every record to a bucket file chosen uniformly at random."""
-    os.makedirs(directory, exist_ok=True)
-    out = [Bucket(os.path.join(directory, f"bucket-{b:04d}")) for b in range(buckets)]
-    fds = [os.open(b.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) for b in out]
+    files = _BucketFiles(directory, buckets)
     try:
         for block in blocks:
-            arr, starts, lens = _split_records(block)
-            choice = rng.integers(0, buckets, size=len(lens))
-            order = np.argsort(choice, kind="stable")
-            grouped = _gather(arr, starts[order], lens[order])
-            nbytes = np.bincount(choice, weights=lens, minlength=buckets).astype(np.int64)
-            nrecs = np.bincount(choice, minlength=buckets)
+            records = _records_of(block)
+            choice = rng.integers(0, buckets, size=len(records))
+            grouped = _pick(records, np.argsort(choice, kind="stable"))
             pos = 0
-            view = memoryview(grouped)
-            for b in np.flatnonzero(nbytes).tolist():
-                size = int(nbytes[b])
-                piece = view[pos:pos + size]
-                while piece:
-                    piece = piece[os.write(fds[b], piece):]
-                pos += size
-                out[b].bytes += size
-                out[b].records += int(nrecs[b])
+            for b, n in enumerate(np.bincount(choice, minlength=buckets).tolist()):
+                if n:
+                    files.add(b, b"\n".join(grouped[pos:pos + n]) + b"\n", n)
+                    pos += n
     finally:
-        for fd in fds:
-            os.close(fd)
+        out = files.close()
     return out
 
 
@@ -804,68 +825,52 @@ def _emit_bucket(bucket: Bucket, rng: np.random.Generator, sink: "ShuffleSink") 
     if bucket.records > 1 and (bucket.bytes > BUCKET_MAX_BYTES
                                 or bucket.records > BUCKET_MAX_RECORDS):
         sub_dir = bucket.path + ".d"
-        blocks = _file_blocks(bucket.path)
-        subs = _scatter(blocks, sub_dir, max(2, _bucket_count(bucket.bytes, bucket.records)), rng)
+        blocks = _whole_record_blocks(bucket.path, 0, SCATTER_BLOCK, Progress())
+        subs = _scatter(blocks, sub_dir, max(2, _bucket_count(bucket.bytes, bucket.records)),
+                        rng)
         os.unlink(bucket.path)
         for sub in subs:
             _emit_bucket(sub, rng, sink)
         os.rmdir(sub_dir)
         return
     with open(bucket.path, "rb") as f:
-        data = f.read()
+        records = _records_of(f.read())
     os.unlink(bucket.path)
-    arr, starts, lens = _split_records(data)
-    perm = rng.permutation(len(lens))
-    sink.write_records(arr, starts[perm], lens[perm])
-
-
-def _file_blocks(path: str):
-    with open(path, "rb", buffering=0) as f:
-        carry = b""
-        while True:
-            chunk = f.read(BLOCK)
-            if not chunk:
-                break
-            data = carry + chunk if carry else chunk
-            cut = data.rfind(b"\n") + 1
-            yield memoryview(data)[:cut]
-            carry = data[cut:]
-        if carry:
-            yield carry
+    sink.write_records(_pick(records, rng.permutation(len(records))))
 
 
 class ShuffleSink:
     """Writes shuffled records into shard after shard, each holding its planned count."""
 
-    def __init__(self, writers_factory: Callable[[int], ShardWriter], counts: Sequence[int]):
-        self.factory = factory = writers_factory
+    def __init__(self, make_writer: Callable[[int], ShardWriter], counts: Sequence[int]):
+        self.make_writer = make_writer
         self.counts = list(counts)
-        self.index = 0
-        self.writers: List[ShardWriter] = []
+        self.writers: List[ShardWriter] = [make_writer(0)]
         self.left = self.counts[0]
-        self.writers.append(factory(0))
 
-    def write_records(self, arr: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> None:
-        while len(lens) and self.index < len(self.counts):
-            take = min(self.left, len(lens))
-            _gather_chunks(arr, starts[:take], lens[:take], self.writers[-1].write)
-            starts, lens = starts[take:], lens[take:]
+    def write_records(self, records: list) -> None:
+        pos = 0
+        while pos < len(records):
+            take = min(self.left, len(records) - pos, JOIN_RECORDS)
+            self.writers[-1].write(b"\n".join(records[pos:pos + take]) + b"\n")
+            pos += take
             self.left -= take
             if self.left == 0:
                 self.writers[-1].close()
-                self.index += 1
-                if self.index < len(self.counts):
-                    self.left = self.counts[self.index]
-                    self.writers.append(self.factory(self.index))
+                index = len(self.writers)
+                if index == len(self.counts):
+                    return                      # --equalize truncate: the rest is dropped
+                self.left = self.counts[index]
+                self.writers.append(self.make_writer(index))
 
 
 def _keep_heap_small() -> None:
-    """glibc raises its mmap threshold after large numpy temporaries are freed, after which
-    they come from the heap and fragment it: the shuffle's RSS then grows well past what it
-    uses. A fixed threshold keeps large buffers in mmap, returned to the system when freed."""
+    """After a large buffer is freed, glibc raises its mmap threshold, so later multi-MiB
+    buffers come from the heap and fragment it: the shuffle's RSS then grows well past what it
+    uses. A fixed threshold keeps them in mmap, returned to the system when freed."""
     try:
         import ctypes
-        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)     # M_MMAP_THRESHOLD = 1 MiB
+        ctypes.CDLL("libc.so.6").mallopt(-3, 256 << 10)     # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass
 
@@ -873,11 +878,14 @@ def _keep_heap_small() -> None:
 def shuffle_shards(sources: Sequence[Source], opts: ShardOptions, work_dir: str,
                    make_writer: Callable[[int], ShardWriter], progress: Progress,
                    rng: np.random.Generator) -> List[ShardWriter]:
+    """External shuffle: scatter records into random buckets, shuffle each bucket in memory,
+    cut the result into shards of equal record counts (+-1)."""
     _keep_heap_small()
     total = sum(s.data_bytes for s in sources)
     progress.stage("shuffling", total)
-    buckets = _scatter(_record_blocks(sources, progress), os.path.join(work_dir, "shuffle"),
-                       _bucket_count(total, total // 64), rng)
+    blocks = (block for src in sources
+              for block in _whole_record_blocks(src.path, src.data_start, SCATTER_BLOCK, progress))
+    buckets = _scatter(blocks, os.path.join(work_dir, "shuffle"), _bucket_count(total, 0), rng)
     records = sum(b.records for b in buckets)
     n = opts.trainers
     if records < n:
@@ -1076,27 +1084,65 @@ def _build(opts: ShardOptions, files: List[str], name: str, stage: Staging,
     header_lines = 1 if header else 0
     if opts.equalize == "pad":
         most = max(w.records for w in writers)
-        progress.stage("padding", 0)
-        for w, rng in zip(writers, pad_rngs):
+        progress.stage("padding", sum(w.bytes for w in writers if w.records < most))
+
+        def pad(i: int, stop: threading.Event) -> None:
+            w = writers[i]
             if w.records < most:
                 w.fd = os.open(w.path, os.O_WRONLY | os.O_APPEND)
                 try:
-                    pad_shard(w, header_lines, most - w.records, rng)
+                    pad_shard(w, header_lines, most - w.records, pad_rngs[i], progress)
                 finally:
                     w.close()
+
+        _parallel(pad, len(writers))
     return sources, [ShardResult(i, file_names[i], w.records - header_lines, w.bytes, w.sha256)
                      for i, w in enumerate(writers)]
+
+
+def _parallel(fn: Callable[[int, threading.Event], object], count: int) -> list:
+    """``fn(i, stop)`` for every i < count, one thread per core, results in order. The first
+    error (or Ctrl-C in the main thread) sets ``stop`` for the others and is raised."""
+    stop = threading.Event()
+
+    def guarded(i: int):
+        if stop.is_set():
+            raise _Stopped()
+        try:
+            return fn(i, stop)
+        except BaseException:
+            stop.set()
+            raise
+
+    pool = ThreadPoolExecutor(max(1, min(count, os.cpu_count() or 1)),
+                              thread_name_prefix="shard-data")
+    results, errors = [], []
+    try:
+        for future in [pool.submit(guarded, i) for i in range(count)]:
+            try:
+                results.append(future.result())
+            except _Stopped:
+                pass
+            except Exception as exc:      # the first one is raised below
+                errors.append(exc)
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if errors:
+        raise errors[0]
+    return results
 
 
 def _write_plans(plans: List[List[Segment]], sources: Sequence[Source],
                  make_writer: Callable[[int], ShardWriter], progress: Progress,
                  size: int) -> List[ShardWriter]:
-    """Write every shard, one thread per core; the first error stops the others."""
+    """Write every shard from its byte ranges, in parallel."""
     progress.stage("writing shards", size)
     copier = Copier()
-    stop = threading.Event()
 
-    def work(i: int) -> ShardWriter:
+    def work(i: int, stop: threading.Event) -> ShardWriter:
         writer = make_writer(i)
         try:
             for seg in plans[i]:
@@ -1104,28 +1150,11 @@ def _write_plans(plans: List[List[Segment]], sources: Sequence[Source],
                     writer.write(seg.data)
                 else:
                     writer.copy_range(copier, sources[seg.src].path, seg.start, seg.end, stop)
-        except BaseException:
-            stop.set()
-            raise
         finally:
             writer.close()
         return writer
 
-    workers = max(1, min(len(plans), os.cpu_count() or 1))
-    with ThreadPoolExecutor(workers, thread_name_prefix="shard") as pool:
-        futures = [pool.submit(work, i) for i in range(len(plans))]
-        errors = []
-        writers = []
-        for f in futures:
-            try:
-                writers.append(f.result())
-            except _Stopped:
-                pass
-            except BaseException as exc:      # noqa: B902 - re-raised below, first one wins
-                errors.append(exc)
-    if errors:
-        raise errors[0]
-    return writers
+    return _parallel(work, len(plans))
 
 
 def _manifest(opts: ShardOptions, name: str, results: List[ShardResult],

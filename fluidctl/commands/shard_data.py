@@ -1,6 +1,7 @@
 """``fluidctl shard-data``: options -> ShardOptions -> fluidctl.sharding.shard()."""
 from __future__ import annotations
 
+import sys
 import threading
 
 import click
@@ -81,14 +82,14 @@ def shard_data(inputs, trainers, out_dir, by, fmt, shuffle, seed, name, suffix_l
         inputs=list(inputs), trainers=trainers, out_dir=out_dir, by=by, format=fmt,
         shuffle=shuffle, seed=seed, name=name, suffix_length=suffix_length, equalize=equalize,
         checksum=checksum, force=force)
-    from fluidctl.console import console
-    err = console(stderr=True)
-    if quiet or not err.is_terminal:
+    if quiet or not sys.stderr.isatty():       # rich is imported only when it will draw
         manifest = sharding.shard(opts)
     else:
-        with RichProgress(err) as progress:
+        from fluidctl.console import console
+        with RichProgress(console(stderr=True)) as progress:
             manifest = sharding.shard(opts, progress)
     if not quiet:
+        from fluidctl.console import console
         console().print(summary_table(manifest, out_dir))
 
 
