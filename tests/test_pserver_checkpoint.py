@@ -54,8 +54,10 @@ def test_only_the_newest_data_file_is_kept_and_no_temp_files_remain(tmp_path):
     assert names == ["manifest.json", "shard-0000000004.bin"]
 
 
-def test_no_checkpoint_yet_is_none(tmp_path):
+def test_no_checkpoint_yet_is_none_and_a_cut_short_save_is_cleaned_up(tmp_path):
+    (tmp_path / ".shard-0000000009.bin.tmp").write_bytes(b"partial")
     assert checkpoint.load(ShardState(1), tmp_path) is None
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_corruption_is_detected(tmp_path):

@@ -112,6 +112,8 @@ def save(state: ShardState, directory: Path) -> Path:
 
 def load(state: ShardState, directory: Path) -> Optional[dict]:
     """Fill ``state`` from the checkpoint in ``directory``; None if there is none yet."""
+    for stale in directory.glob(".*.tmp"):            # a save cut short by a crash
+        stale.unlink(missing_ok=True)
     path = directory / MANIFEST
     if not path.exists():
         return None
