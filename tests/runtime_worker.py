@@ -59,6 +59,8 @@ def ops(ctx):
     out["empty"] = empty.shape == (0, 3)
     ctx.barrier()
     out["barrier"] = True
+    # shared memory is plain mmap: nothing for multiprocessing's resource_tracker to unlink
+    out["no_tracker_module"] = "multiprocessing.resource_tracker" not in sys.modules
     result(**out)
 
 

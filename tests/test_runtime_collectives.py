@@ -23,13 +23,20 @@ def no_shm_leaks():
 def run(scenario, hosts, tmp_path, timeout=60, **kw):
     result = rankspawn.run([WORKER, scenario], len(hosts), tmp_path, timeout=timeout,
                            hosts=hosts, **kw)
-    assert "resource_tracker" not in "".join(result.outputs)
+    assert "resource_tracker" not in "".join(result.outputs)   # no leaked-segment warnings
     return result
 
 
-@pytest.mark.parametrize("topology", TOPOLOGIES)
-def test_ops_are_exact(topology, tmp_path):
-    result = run("ops", TOPOLOGIES[topology], tmp_path)
+LARGER = {
+    "ring": ["127.0.0.1", "127.0.0.2", "127.0.0.3"],
+    "hierarchical": ["127.0.0.1", "127.0.0.2", "127.0.0.1", "127.0.0.2"],
+}
+
+
+@pytest.mark.parametrize("topology,hosts", list(TOPOLOGIES.items()) + list(LARGER.items()),
+                         ids=list(TOPOLOGIES) + [f"{k}-{len(v)}" for k, v in LARGER.items()])
+def test_ops_are_exact(topology, hosts, tmp_path):
+    result = run("ops", hosts, tmp_path)
     assert result.ok(), result
     for rank_result in rankspawn.results(result):
         assert rank_result.pop("transport") == topology
