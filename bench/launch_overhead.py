@@ -1,0 +1,74 @@
+"""Wall time to launch and finish a 4-process no-op job: fluidctl vs bare python vs torchrun.
+
+    python bench/launch_overhead.py [--nproc 4] [--repeat 9]
+
+All three run in the same invocation, interleaved round by round so machine noise hits them
+alike; medians and ratios are printed. torchrun is skipped when torch is not installed.
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def timed(cmd, cwd, env=None):
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def bare(nproc, script, cwd):
+    start = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-u", script], cwd=cwd) for _ in range(nproc)]
+    for p in procs:
+        if p.wait():
+            raise RuntimeError("bare python failed")
+    return time.perf_counter() - start
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=9)
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="fluidctl-bench-")
+    script = os.path.join(work, "noop.py")
+    with open(script, "w") as f:
+        f.write("pass\n")
+    fluid = shutil.which("fluidctl")
+    runners = {
+        "bare python x N": lambda: bare(args.nproc, script, work),
+        "fluidctl train": lambda: timed([fluid, "train", "--nproc", str(args.nproc), "--tee",
+                                         "none", script], work),
+    }
+    try:
+        import importlib.util
+        if importlib.util.find_spec("torch") is not None:
+            torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                        str(args.nproc), "--master-port", "0", script]
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            runners["torchrun"] = lambda: timed(torchrun, work, env)
+        times = {name: [] for name in runners}
+        for _ in range(args.repeat):
+            for name, run in runners.items():
+                times[name].append(run())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"launch of a {args.nproc}-process no-op job, median of {args.repeat} runs")
+    print(f"{'launcher':<18} {'median s':>9} {'min s':>7} {'max s':>7}")
+    for name, t in times.items():
+        print(f"{name:<18} {med[name]:>9.3f} {min(t):>7.3f} {max(t):>7.3f}")
+    f = med["fluidctl train"]
+    print(f"fluidctl / bare python = {f / med['bare python x N']:.2f}x")
+    if "torchrun" in med:
+        print(f"fluidctl / torchrun    = {f / med['torchrun']:.2f}x  (goal <= 0.25x)")
+
+
+if __name__ == "__main__":
+    main()
