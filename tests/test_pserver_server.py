@@ -207,3 +207,27 @@ def test_a_finished_trainer_leaves_and_sync_rounds_go_on(tmp_path):
         assert _stats(endpoint)["step"] == 5
     finally:
         assert local.stop([proc]) == [0]
+
+
+def test_trainers_may_start_before_the_pservers(tmp_path):
+    """No readiness barrier is needed: a trainer retries refused connections with backoff."""
+    import threading
+    port, = local.free_ports(1)
+    endpoint = f"127.0.0.1:{port}"
+    result = {}
+
+    def trainer():
+        params = {"x": np.zeros(3)}
+        with PServerOptimizer(params, optimizer=optim.SGD(1.0), endpoints=[endpoint],
+                              trainer_id=0, token=TOKEN, reconnect_timeout=30) as opt:
+            opt.step({"x": np.ones(3)})
+            result["x"], result["reconnects"] = params["x"].copy(), opt.reconnects
+    thread = threading.Thread(target=trainer)
+    thread.start()                                   # connects while nothing listens yet
+    proc = local.start_pserver(0, [endpoint], trainers=1, token=TOKEN, args=["--no-state"])
+    try:
+        thread.join(30)
+        assert not thread.is_alive()
+        assert np.array_equal(result["x"], -np.ones(3)) and result["reconnects"] == 1
+    finally:
+        assert local.stop([proc]) == [0]
