@@ -30,6 +30,7 @@ log = logging.getLogger("fluidctl.pserver")
 
 DEFAULT_PORT = 7164
 DEFAULT_MAX_FRAME = 1 << 30          # 1 GiB: a pserver's whole shard per request, at most
+MAX_CONNECTIONS = 1024               # one thread each; a flood beyond this is refused
 
 
 @dataclass
@@ -93,6 +94,7 @@ class PServer:
         self._ckpt_dir: Optional[Path] = None
         self._lock_fd: Optional[int] = None
         self.dropped = 0
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._handlers = {P.REGISTER: self._register, P.STEP: self._step, P.PULL: self._pull,
                           P.SPULL: self._spull, P.SPUSH: self._spush, P.LEAVE: self._leave,
                           P.STATS: self._stats}
@@ -227,8 +229,18 @@ class PServer:
             except OSError:
                 return
             sock.settimeout(None)
-            threading.Thread(target=self._serve, args=(sock, f"{addr[0]}:{addr[1]}"),
-                             daemon=True).start()
+            peer = f"{addr[0]}:{addr[1]}"
+            if not self._slots.acquire(blocking=False):
+                self._drop(peer, f"more than {MAX_CONNECTIONS} connections open")
+                sock.close()
+                continue
+            threading.Thread(target=self._serve_counted, args=(sock, peer), daemon=True).start()
+
+    def _serve_counted(self, sock: socket.socket, peer: str) -> None:
+        try:
+            self._serve(sock, peer)
+        finally:
+            self._slots.release()
 
     def _drop(self, peer: str, why) -> None:
         self.dropped += 1
