@@ -5,7 +5,6 @@ import json
 import os
 import secrets
 import sys
-import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -179,65 +178,27 @@ def _print_plan(the_plan: Plan, as_json: bool) -> None:
 
 def _run_local(the_plan: Plan, layout: LogLayout, reservation, grace_period: float,
                max_restarts: int, tee: str, log_tail: int) -> int:
-    from fluidctl.backends import local
     from fluidctl.console import print_failure
-    from fluidctl.launch.echo import LogEcho
-    from fluidctl.launch.plan import with_restart
-    from fluidctl.launch.supervisor import LaunchLog, RunOptions, Supervisor
+    from fluidctl.launch import run
+    from fluidctl.launch.supervisor import LaunchLog, RunOptions
 
     layout.create()
-    for proc in the_plan.procs:                   # a fresh job starts fresh logs
-        Path(proc.log).write_bytes(b"")
-    _write_endpoints(layout, the_plan)
+    run.write_endpoints(layout, the_plan)
     launch_log = LaunchLog(str(layout.launch))
     launch_log(f"fluidctl job: {len(the_plan.trainers)} trainer(s), mode {the_plan.job.mode}, "
                f"master {the_plan.master}, argv {the_plan.trainers[0].argv}")
-    local.become_subreaper()
 
     def start(attempt: int):
-        handles = []
-        for proc in the_plan.procs:
-            if attempt:
-                with open(proc.log, "a", encoding="utf-8") as f:
-                    f.write(f"===== fluidctl: restart {attempt} of {max_restarts}, "
-                            f"{time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
-            handle = local.start(proc.label, proc.argv, local.full_env(
-                with_restart(proc.env, attempt)), proc.log, proc.host)
-            handle.service = proc.role == "pserver"
-            handles.append(handle)
+        handles = run.start_local(the_plan.procs, attempt)
         reservation.release()                     # the processes hold their ports now
         return handles
 
-    echo = LogEcho(_echo_sources(the_plan, tee))
-    echo.start()
-    supervisor = Supervisor(start, RunOptions(grace_period, max_restarts), log=launch_log,
-                            say=echo.say)
     try:
-        result = supervisor.run()
+        result = run.run_supervised(
+            start, logs=[p.log for p in the_plan.procs], launch_log=launch_log,
+            options=RunOptions(grace_period, max_restarts),
+            sources=run.echo_sources(the_plan.procs, tee),
+            report=lambda failure: print_failure(failure, log_tail))
     finally:
-        left = local.sweep_descendants(grace_period)
-        if left:
-            launch_log(f"stopped {len(left)} leftover process(es): {left}")
-        echo.finish()
-    if result.failure is not None:
-        print_failure(result.failure, log_tail)
-    launch_log(f"exit code {result.exit_code}")
-    launch_log.close()
+        launch_log.close()
     return result.exit_code
-
-
-def _echo_sources(the_plan: Plan, tee: str):
-    trainers = the_plan.trainers
-    if tee == "none":
-        return []
-    if tee == "rank0":
-        return [(trainers[0].log, "")]
-    return [(p.log, f"[{p.role} {p.rank}] ") for p in the_plan.procs]
-
-
-def _write_endpoints(layout: LogLayout, the_plan: Plan) -> None:
-    lines = [f"master {the_plan.master}"]
-    lines += [f"{p.role} {p.rank} {p.endpoint}" for p in the_plan.procs]
-    tmp = layout.endpoints.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, layout.endpoints)

@@ -1,0 +1,96 @@
+"""Running a planned job and reporting its end: shared by the local launcher, the per-node
+agent that remote nodes run, and the multi-node launcher.
+
+``run_supervised`` owns the order of things: fresh logs, endpoints.log, launch.log, the console
+echo, the supervisor, the sweep of leftover descendants, and the one failure report.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from fluidctl.backends import local
+from fluidctl.backends.base import Handle
+from fluidctl.launch.echo import LogEcho
+from fluidctl.launch.plan import PSERVER, Plan, ProcSpec, with_restart
+from fluidctl.launch.supervisor import LaunchLog, RunOptions, RunResult, Supervisor
+from fluidctl.paths import LogLayout
+
+
+def restart_header(attempt: int, max_restarts: int) -> str:
+    return (f"===== fluidctl: restart {attempt} of {max_restarts}, "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
+
+
+def fresh_logs(paths: Sequence[str]) -> None:
+    """A new job starts with empty logs (restarts append to them instead)."""
+    for path in paths:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(b"")
+
+
+def append_header(paths: Sequence[str], attempt: int, max_restarts: int) -> None:
+    for path in paths:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(restart_header(attempt, max_restarts))
+
+
+def start_local(procs: Sequence[ProcSpec], attempt: int, logs: Optional[Sequence[str]] = None
+                ) -> List[Handle]:
+    """Start ``procs`` on this machine (attempt ``attempt``), each writing to its log."""
+    handles = []
+    for i, proc in enumerate(procs):
+        log = logs[i] if logs else proc.log
+        handle = local.start(proc.label, proc.argv, local.full_env(with_restart(proc.env, attempt)),
+                             log, proc.host)
+        handle.service = proc.role == PSERVER
+        handles.append(handle)
+    return handles
+
+
+def echo_sources(procs: Sequence[ProcSpec], tee: str) -> List[Tuple[str, str]]:
+    if tee == "none":
+        return []
+    if tee == "rank0":
+        return [(p.log, "") for p in procs if p.role != PSERVER and p.rank == 0]
+    return [(p.log, f"[{p.role} {p.rank}] ") for p in procs]
+
+
+def write_endpoints(layout: LogLayout, the_plan: Plan) -> None:
+    lines = [f"master {the_plan.master}"]
+    lines += [f"{p.role} {p.rank} {p.host} {p.endpoint}" for p in the_plan.procs]
+    tmp = layout.endpoints.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, layout.endpoints)
+
+
+def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
+                   launch_log: LaunchLog, options: RunOptions,
+                   sources: List[Tuple[str, str]], out=None,
+                   report: Optional[Callable] = None) -> RunResult:
+    """Supervise attempts made by ``start`` with the console echo running; ``logs`` are
+    truncated first and get a header before each restart; ``report(failure)`` prints the
+    failure."""
+    fresh_logs(logs)
+    local.become_subreaper()
+    echo = LogEcho(sources, out)
+    echo.start()
+
+    def before_restart(attempt: int) -> None:
+        append_header(logs, attempt, options.max_restarts)
+
+    supervisor = Supervisor(start, options, log=launch_log, say=echo.say,
+                            before_restart=before_restart)
+    try:
+        result = supervisor.run()
+    finally:
+        left = local.sweep_descendants(options.grace_period)
+        if left:
+            launch_log(f"stopped {len(left)} leftover process(es): {left}")
+        echo.finish()
+    if result.failure is not None and report is not None:
+        report(result.failure)
+    launch_log(f"exit code {result.exit_code}")
+    return result
