@@ -46,6 +46,15 @@ class LogLayout:
     def launch(self) -> Path:
         return self.root / "launch.log"
 
+    def node_launch(self, host: str) -> Path:
+        """The launch log a remote node's agent keeps on that node."""
+        return self.root / f"launch.{host}.log"
+
+    @property
+    def mpirun(self) -> Path:
+        """mpirun's own output under ``--backend mpi`` (ranks still get workerlog.N)."""
+        return self.root / "mpirun.log"
+
     def create(self) -> None:
         """Make the directory; a path that exists as a file is the user's mistake."""
         for path in (self.root, self.dir):

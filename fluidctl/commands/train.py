@@ -64,6 +64,32 @@ def _non_negative(name: str):
               help="pserver mode: pservers checkpoint here, e.g. --checkpoint-dir ckpt/.")
 @click.option("--checkpoint-every", type=int, default=None, callback=_positive("--checkpoint-every"),
               help="pserver mode: checkpoint every K steps, e.g. --checkpoint-every 100.")
+@click.option("--hostfile", type=str, default=None,
+              help="Nodes to run on ('host slots=4', 'host:4' or 'host' lines), e.g. "
+                   "--hostfile hosts. Slots are trainers per node (else --nproc).")
+@click.option("--hosts", "hosts_arg", metavar="H:N,...", default=None,
+              help="Nodes on the command line, e.g. --hosts node1:2,node2:2.")
+@click.option("--backend", type=click.Choice(["local", "ssh", "fabric", "mpi"]), default=None,
+              help="How processes start: local (default without hosts), ssh (paramiko; default "
+                   "with hosts), fabric, or mpi (mpirun + fluidctl worker), e.g. --backend mpi.")
+@click.option("--ssh-config", type=str, default=None,
+              help="ssh config file to read instead of ~/.ssh/config, e.g. --ssh-config ./ssh.cfg.")
+@click.option("--accept-new-host-keys", is_flag=True,
+              help="Trust host keys seen for the first time (default: refuse, as OpenSSH does).")
+@click.option("--remote-dir", type=str, default=None,
+              help="Working directory on the nodes (default: this directory's path), e.g. "
+                   "--remote-dir /work/job.")
+@click.option("--python", "python", type=str, default=None,
+              help="Python interpreter on the nodes (default: the one running fluidctl), e.g. "
+                   "--python /opt/conda/bin/python.")
+@click.option("--export", "exports", multiple=True, metavar="PATTERN",
+              help="Pass variables of this environment whose names match to every rank "
+                   "(repeatable), e.g. --export 'NCCL_*'.")
+@click.option("--pserver-hosts", metavar="H,...", default=None,
+              help="pserver mode with hosts: the nodes that run pservers (default: round robin "
+                   "over all nodes), e.g. --pserver-hosts node1.")
+@click.option("--ssh-timeout", type=float, default=10.0, show_default=True,
+              help="Seconds to wait for each node to connect and answer, e.g. --ssh-timeout 30.")
 @click.option("--started-port", type=int, default=None,
               help="Use ports P, P+1, ... instead of free ones, e.g. --started-port 6170.")
 @click.option("--log-dir", default=DEFAULT_LOG_DIR, show_default=True,
@@ -88,8 +114,9 @@ def _non_negative(name: str):
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(nproc, gpus, mode, pservers, pserver_endpoints, sync, checkpoint_dir, checkpoint_every,
-          started_port, log_dir, env_pairs, env_file, grace_period, max_restarts, tee, log_tail,
-          dry_run, as_json, script, script_args):
+          hostfile, hosts_arg, backend, ssh_config, accept_new_host_keys, remote_dir, python,
+          exports, pserver_hosts, ssh_timeout, started_port, log_dir, env_pairs, env_file,
+          grace_period, max_restarts, tee, log_tail, dry_run, as_json, script, script_args):
     """Run SCRIPT as a distributed training job.
 
     SCRIPT ending in .py runs with fluidctl's own Python (-u); anything else is executed.
@@ -102,14 +129,42 @@ def train(nproc, gpus, mode, pservers, pserver_endpoints, sync, checkpoint_dir, 
     script_path = opts.check_script(script)
     user_env = opts.read_env_file(env_file)
     user_env.update(opts.parse_env_pairs(env_pairs))
-    node = _local_node(nproc, gpus, mode, pservers, pserver_endpoints)
+    user_env = {**opts.exported(exports), **user_env}
     layout = LogLayout(Path(log_dir))
     if layout.root.exists() and not layout.root.is_dir():
         raise UsageError(f"log dir {log_dir} is a file", "pass --log-dir with a directory path")
-    job = JobSpec(script=script_path, script_args=list(script_args), nodes=[node], mode=mode,
-                  pserver_endpoints=_split_endpoints(pserver_endpoints), sync=sync,
-                  pserver_args=_pserver_args(checkpoint_dir, checkpoint_every),
-                  log_dir=log_dir, user_env=user_env, token=secrets.token_hex(16))
+    if mode != "pserver" and (pservers or pserver_endpoints or pserver_hosts):
+        raise UsageError("--pservers/--pserver-endpoints/--pserver-hosts need --mode pserver",
+                         "add --mode pserver")
+    if pservers and pserver_endpoints:
+        raise UsageError("--pservers and --pserver-endpoints both given",
+                         "start pservers here (--pservers N) or use running ones, not both")
+    backend = backend or ("ssh" if hostfile or hosts_arg else "local")
+    common = dict(mode=mode, pserver_endpoints=_split_endpoints(pserver_endpoints), sync=sync,
+                  pserver_args=_pserver_args(checkpoint_dir, checkpoint_every), log_dir=log_dir,
+                  user_env=user_env, token=secrets.token_hex(16))
+    run_opts = dict(grace_period=grace_period, max_restarts=max_restarts, tee=tee,
+                    log_tail=log_tail, dry_run=dry_run, as_json=as_json)
+    if backend == "mpi":
+        from fluidctl.launch import mpijob
+        hosts = load_hosts_opt(hostfile, hosts_arg)
+        sys.exit(mpijob.run(script_path, list(script_args), hosts=hosts, nproc=nproc,
+                            python=python, layout=layout, common=common, **run_opts))
+    if backend in ("ssh", "fabric"):
+        if not (hostfile or hosts_arg):
+            raise UsageError(f"--backend {backend} needs nodes", "pass --hostfile or --hosts")
+        sys.exit(_run_multinode(
+            script, list(script_args), backend=backend, hosts=load_hosts_opt(hostfile, hosts_arg),
+            nproc=nproc, gpus=gpus, pservers=pservers, pserver_hosts=pserver_hosts,
+            ssh_config=ssh_config, accept_new=accept_new_host_keys, remote_dir=remote_dir,
+            python=python, ssh_timeout=ssh_timeout, started_port=started_port, layout=layout,
+            common=common, **run_opts))
+    if hostfile or hosts_arg:
+        raise UsageError("--backend local runs on this machine only",
+                         "drop --hostfile/--hosts, or use --backend ssh|fabric|mpi")
+    node = _local_node(nproc, gpus, mode, pservers, pserver_endpoints)
+    job = JobSpec(script=script_path, script_args=list(script_args), nodes=[node],
+                  python=python or sys.executable, **common)
 
     from fluidctl.launch.ports import PortReservation
     reservation = PortReservation(node.address, job.ports_needed(0), started_port)
@@ -125,24 +180,77 @@ def train(nproc, gpus, mode, pservers, pserver_endpoints, sync, checkpoint_dir, 
     sys.exit(code)
 
 
-def _local_node(nproc, gpus, mode, pservers, pserver_endpoints) -> Node:
+def _run_multinode(script, script_args, *, backend, hosts, nproc, gpus, pservers, pserver_hosts,
+                   ssh_config, accept_new, remote_dir, python, ssh_timeout, started_port, layout,
+                   common, grace_period, max_restarts, tee, log_tail, dry_run, as_json) -> int:
+    from fluidctl.launch import multinode
+    opts.check_script(script)
+    python = python or sys.executable
+    remote_dir = remote_dir or os.getcwd()
+    resolved, targets, checks = multinode.preflight(
+        hosts, ssh_config=ssh_config, accept_new=accept_new, python=python,
+        remote_dir=remote_dir, timeout=ssh_timeout)
+    names = [h.name for h in resolved]
+    on_pservers = _pserver_placement(common, pservers, pserver_hosts, names)
+    nodes = []
+    for host, check, k in zip(resolved, checks, on_pservers):
+        found = node_gpus(nproc, gpus, [str(i) for i in range(check.gpus or 0)])
+        count = host.slots if host.slots_given else (len(found) if found else (nproc or 1))
+        if found and len(found) != count:
+            raise UsageError(f"node {host.name} has {count} slots but {len(found)} GPUs selected",
+                             "make slots match the GPUs, or drop slots= and use --gpus")
+        nodes.append(Node(check.address or host.address, count, tuple(found), host.name, k))
+    job = JobSpec(script=multinode.relative_script(script, os.getcwd()), script_args=script_args,
+                  nodes=nodes, python=python, multi_node_logs=True, **common)
+    return multinode.run(job, resolved, targets, backend=backend, remote_dir=remote_dir,
+                         ssh_timeout=ssh_timeout, started_port=started_port, layout=layout,
+                         grace_period=grace_period, max_restarts=max_restarts, tee=tee,
+                         log_tail=log_tail, dry_run=dry_run, as_json=as_json)
+
+
+def _pserver_placement(common, pservers, pserver_hosts, names) -> List[int]:
+    """How many pservers each node runs: round robin over the nodes (or --pserver-hosts)."""
+    counts = [0] * len(names)
+    if common["mode"] != "pserver" or common["pserver_endpoints"]:
+        return counts
+    chosen = names
+    if pserver_hosts:
+        chosen = [h.strip() for h in pserver_hosts.split(",") if h.strip()]
+        unknown = [h for h in chosen if h not in names]
+        if unknown:
+            raise UsageError(f"--pserver-hosts names {','.join(unknown)}, not in the hosts",
+                             f"choose from {','.join(names)}")
+    for i in range(pservers or 1):
+        counts[names.index(chosen[i % len(chosen)])] += 1
+    return counts
+
+
+def load_hosts_opt(hostfile, hosts_arg):
+    if not (hostfile or hosts_arg):
+        return []
+    from fluidctl.launch.hosts import load_hosts
+    return load_hosts(hostfile, hosts_arg)
+
+
+def node_gpus(nproc, gpus, available) -> List[str]:
+    """The GPUs a node's processes use: --gpus resolved against what the node has; with neither
+    --gpus nor --nproc, all of them; with --nproc alone, none (CPU processes)."""
     if gpus is not None or nproc is None:
-        found = devices.select_gpus(gpus, devices.discover_gpus(os.environ)) \
-            if gpus is not None else devices.discover_gpus(os.environ)
+        found = devices.select_gpus(gpus, available) if gpus is not None else list(available)
     else:
         found = []
     if gpus is not None and nproc is not None and nproc != len(found):
         raise UsageError(f"--nproc {nproc} and --gpus {gpus} ({len(found)} GPUs) disagree",
                          "give only one of them: --gpus starts one process per GPU")
+    return found
+
+
+def _local_node(nproc, gpus, mode, pservers, pserver_endpoints) -> Node:
+    found = node_gpus(nproc, gpus, devices.discover_gpus(os.environ)
+                      if gpus is not None or nproc is None else [])
     count = len(found) if found else (nproc or 1)
     if mode != "pserver":
-        if pservers or pserver_endpoints:
-            raise UsageError("--pservers/--pserver-endpoints need --mode pserver",
-                             "add --mode pserver")
         return Node("127.0.0.1", count, tuple(found))
-    if pservers and pserver_endpoints:
-        raise UsageError("--pservers and --pserver-endpoints both given",
-                         "start pservers here (--pservers N) or use running ones, not both")
     return Node("127.0.0.1", count, tuple(found),
                 pservers=0 if pserver_endpoints else (pservers or 1))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import codecs
 import sys
 import threading
-from typing import BinaryIO, List, Optional, Tuple
+from typing import BinaryIO, Callable, List, Optional, Tuple
 
 CHUNK = 1 << 20
 IDLE_WAIT = 0.02
@@ -48,8 +48,10 @@ class _Source:
 class LogEcho(threading.Thread):
     """Follow ``sources`` ([(log path, line prefix)]) and copy their lines to ``out``."""
 
-    def __init__(self, sources: List[Tuple[str, str]], out=None):
+    def __init__(self, sources: List[Tuple[str, str]], out=None,
+                 on_broken: Optional[Callable[[], None]] = None):
         super().__init__(name="fluidctl-echo", daemon=True)
+        self.on_broken = on_broken      # called once when the console (a pipe) goes away
         self.sources = [_Source(path, prefix) for path, prefix in sources]
         self.out = out or sys.stdout
         self.lock = threading.Lock()
@@ -57,9 +59,17 @@ class LogEcho(threading.Thread):
 
     def say(self, text: str) -> None:
         """Write fluidctl's own line without cutting into a worker's line."""
-        with self.lock:
-            self.out.write(text + "\n")
-            self.out.flush()
+        try:
+            with self.lock:
+                self.out.write(text + "\n")
+                self.out.flush()
+        except (BrokenPipeError, ValueError):
+            self._broken()
+
+    def _broken(self) -> None:
+        callback, self.on_broken = self.on_broken, None
+        if callback:
+            callback()
 
     def _pump(self, final: bool = False) -> bool:
         busy = False
@@ -81,7 +91,7 @@ class LogEcho(threading.Thread):
                     self._done.wait(IDLE_WAIT)
             self._pump(final=True)
         except (BrokenPipeError, ValueError):  # console went away: logs are still complete
-            pass
+            self._broken()
         finally:
             for src in self.sources:
                 src.close()

@@ -76,3 +76,11 @@ def check_script(script: str) -> str:
         raise UsageError(f"SCRIPT {script} is neither a file nor a program on PATH",
                          "check the spelling or give a path")
     return script
+
+
+def exported(patterns: Iterable[str], environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """Variables of this environment whose names match a ``--export`` glob (e.g. 'NCCL_*')."""
+    import fnmatch
+    environ = dict(os.environ) if environ is None else environ
+    return {name: value for name, value in environ.items()
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)}

@@ -7,6 +7,7 @@ echo, the supervisor, the sweep of leftover descendants, and the one failure rep
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -17,6 +18,8 @@ from fluidctl.launch.echo import LogEcho
 from fluidctl.launch.plan import PSERVER, Plan, ProcSpec, with_restart
 from fluidctl.launch.supervisor import LaunchLog, RunOptions, RunResult, Supervisor
 from fluidctl.paths import LogLayout
+
+HEARTBEAT = 2.0
 
 
 def restart_header(attempt: int, max_restarts: int) -> str:
@@ -69,14 +72,24 @@ def write_endpoints(layout: LogLayout, the_plan: Plan) -> None:
 def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
                    launch_log: LaunchLog, options: RunOptions,
                    sources: List[Tuple[str, str]], out=None,
-                   report: Optional[Callable] = None) -> RunResult:
+                   report: Optional[Callable] = None,
+                   on_broken: Optional[Callable[[], None]] = None,
+                   heartbeat: Optional[str] = None) -> RunResult:
     """Supervise attempts made by ``start`` with the console echo running; ``logs`` are
     truncated first and get a header before each restart; ``report(failure)`` prints the
-    failure."""
+    failure. ``heartbeat`` (a line) is written every HEARTBEAT seconds so that a console which
+    went away (a dropped SSH connection) is noticed even when the workers are silent;
+    ``on_broken`` is then called."""
     fresh_logs(logs)
     local.become_subreaper()
-    echo = LogEcho(sources, out)
+    echo = LogEcho(sources, out, on_broken)
     echo.start()
+    beating = threading.Event()
+    if heartbeat:
+        def beat():
+            while not beating.wait(HEARTBEAT):
+                echo.say(heartbeat)
+        threading.Thread(target=beat, name="fluidctl-heartbeat", daemon=True).start()
 
     def before_restart(attempt: int) -> None:
         append_header(logs, attempt, options.max_restarts)
@@ -86,6 +99,7 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
     try:
         result = supervisor.run()
     finally:
+        beating.set()
         left = local.sweep_descendants(options.grace_period)
         if left:
             launch_log(f"stopped {len(left)} leftover process(es): {left}")
