@@ -255,4 +255,4 @@ def from_ompi(environ: Mapping[str, str], endpoints: Sequence[str], master: str,
         local_rank=int(environ.get(OMPI_LOCAL_RANK, 0)),
         local_size=int(environ.get(OMPI_LOCAL_SIZE, 1)),
         nnodes=nnodes, endpoints=endpoints, master=master, cores=cores,
-        token=environ.get(JOB_TOKEN))
+        restart_count=int(environ.get(RESTART_COUNT) or 0), token=environ.get(JOB_TOKEN))

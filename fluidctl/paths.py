@@ -55,6 +55,11 @@ class LogLayout:
         """mpirun's own output under ``--backend mpi`` (ranks still get workerlog.N)."""
         return self.root / "mpirun.log"
 
+    @property
+    def mpi_hostfile(self) -> Path:
+        """The hostfile handed to mpirun under ``--backend mpi``."""
+        return self.root / "mpi.hostfile"
+
     def create(self) -> None:
         """Make the directory; a path that exists as a file is the user's mistake."""
         for path in (self.root, self.dir):

@@ -149,7 +149,8 @@ def train(nproc, gpus, mode, pservers, pserver_endpoints, sync, checkpoint_dir, 
         from fluidctl.launch import mpijob
         hosts = load_hosts_opt(hostfile, hosts_arg)
         sys.exit(mpijob.run(script_path, list(script_args), hosts=hosts, nproc=nproc,
-                            python=python, layout=layout, common=common, **run_opts))
+                            python=python, layout=layout, common=common, ssh_config=ssh_config,
+                            **run_opts))
     if backend in ("ssh", "fabric"):
         if not (hostfile or hosts_arg):
             raise UsageError(f"--backend {backend} needs nodes", "pass --hostfile or --hosts")
