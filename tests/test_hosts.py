@@ -42,6 +42,8 @@ def test_hostfile_from_disk_and_hosts_arg(tmp_path):
     assert parse_hostfile(path) == parse_hosts_arg("a:2, b:2")
     assert load_hosts(hosts="root@x:3")[0] == Host("x", user="root", slots=3, slots_given=True)
     assert format_hostfile(parse_hosts_arg("a:2,b")) == "a slots=2\nb slots=1\n"
+    resolved = [h.with_address("10.0.0.9") for h in parse_hosts_arg("a:3")]
+    assert format_hostfile(resolved, use_alias=False) == "10.0.0.9 slots=3\n"
 
 
 @pytest.mark.parametrize("text, line, words", [

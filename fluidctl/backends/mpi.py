@@ -65,13 +65,11 @@ def local_slots() -> int:
 
 
 def write_hostfile(hosts: Sequence[Host], path, use_alias: bool = True) -> Path:
-    """Write ``name slots=N`` lines (aliases, so ``ssh`` resolves them through the ssh config;
-    ``use_alias=False`` writes the resolved addresses). Written to a temp name, then renamed."""
+    """``format_hostfile`` into ``path``, written to a temp name and renamed into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = "".join(f"{h.name if use_alias else h.address} slots={h.slots}\n" for h in hosts)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    tmp.write_text(format_hostfile(list(hosts), use_alias))
     os.replace(tmp, path)
     return path
 
@@ -152,5 +150,4 @@ def export_names(env: Mapping[str, str], base: Optional[Mapping[str, str]] = Non
 
 
 __all__ = ["available", "command", "environment", "export", "export_names", "find_mpirun",
-           "format_hostfile", "local_slots", "mpi_vendor", "wheel_prefix", "worker_argv",
-           "write_hostfile"]
+           "local_slots", "mpi_vendor", "wheel_prefix", "worker_argv", "write_hostfile"]

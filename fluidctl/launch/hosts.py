@@ -174,6 +174,7 @@ def load_hosts(hostfile=None, hosts: Optional[str] = None) -> List[Host]:
     raise UsageError("no hosts given", "pass --hostfile FILE or --hosts node1:2,node2:2")
 
 
-def format_hostfile(hosts: List[Host]) -> str:
-    """OpenMPI's hostfile text for ``mpirun --hostfile`` (addresses, ``slots=N``)."""
-    return "".join(f"{h.address} slots={h.slots}\n" for h in hosts)
+def format_hostfile(hosts: List[Host], use_alias: bool = True) -> str:
+    """OpenMPI's hostfile text: ``name slots=N`` per node (the alias, so ``ssh`` resolves it
+    through the ssh config; ``use_alias=False`` writes the resolved addresses)."""
+    return "".join(f"{h.name if use_alias else h.address} slots={h.slots}\n" for h in hosts)
