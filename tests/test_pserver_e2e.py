@@ -244,6 +244,8 @@ def test_ctr_template_learns_in_both_modes(job_factory, sync):
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out
         first, last = re.search(r"done: loss ([0-9.]+) -> ([0-9.]+)", out).groups()
-        assert float(last) < float(first) - 0.05, out
+        # an untrained model scores about 0.69; in async mode a trainer that starts late
+        # already begins from a trained model, so compare with that, not with its first loss
+        assert float(last) < 0.55, (first, out)
     rows = [server_stats(ep)["sparse_rows"] for ep in job.endpoints]
     assert all(r > 0 for r in rows)                  # embedding rows spread over both pservers
