@@ -81,7 +81,7 @@ def node_agent(plan_file):
 
     result = run.run_supervised(
         lambda _attempt: run.start_local(procs, attempt, logs),
-        logs=[] if attempt else logs, launch_log=launch_log,
+        logs=logs, fresh=not attempt, launch_log=launch_log,
         options=RunOptions(float(spec.get("grace", 5.0)), 0),
         sources=[(log, f"{MARK}{tag_for(p.role, p.rank)}|") for p, log in zip(procs, logs)],
         report=report, on_broken=lost, heartbeat=f"{MARK}{BEAT_TAG}|")

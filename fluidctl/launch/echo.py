@@ -9,6 +9,7 @@ incrementally (a multi-byte UTF-8 character cut between two reads stays whole) a
 from __future__ import annotations
 
 import codecs
+import os
 import sys
 import threading
 from typing import BinaryIO, Callable, List, Optional, Tuple
@@ -18,9 +19,15 @@ IDLE_WAIT = 0.02
 
 
 class _Source:
-    def __init__(self, path: str, prefix: str):
+    def __init__(self, path: str, prefix: str, from_end: bool = False):
         self.path, self.prefix = path, prefix
         self.file: Optional[BinaryIO] = None
+        self.offset = 0
+        if from_end:            # measured now, before the writers start, not when first read
+            try:
+                self.offset = os.path.getsize(path)
+            except OSError:
+                pass
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.pending = ""
 
@@ -31,6 +38,7 @@ class _Source:
                 self.file = open(self.path, "rb")
             except FileNotFoundError:
                 return [], False
+            self.file.seek(self.offset)
         data = self.file.read(CHUNK)
         text = self.pending + self.decoder.decode(data, final=final)
         text = text.replace("\r\n", "\n").replace("\r", "\n")
@@ -49,10 +57,10 @@ class LogEcho(threading.Thread):
     """Follow ``sources`` ([(log path, line prefix)]) and copy their lines to ``out``."""
 
     def __init__(self, sources: List[Tuple[str, str]], out=None,
-                 on_broken: Optional[Callable[[], None]] = None):
+                 on_broken: Optional[Callable[[], None]] = None, from_end: bool = False):
         super().__init__(name="fluidctl-echo", daemon=True)
         self.on_broken = on_broken      # called once when the console (a pipe) goes away
-        self.sources = [_Source(path, prefix) for path, prefix in sources]
+        self.sources = [_Source(path, prefix, from_end) for path, prefix in sources]
         self.out = out or sys.stdout
         self.lock = threading.Lock()
         self._done = threading.Event()

