@@ -181,13 +181,18 @@ def test_rank_killed_by_signal_gives_128_plus_n(tmp_path):
 def test_ranks_ignoring_sigterm_are_killed_after_the_grace_period(tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    res = fluidctl("train", "--nproc", 2, "--grace-period", 0.5, BEHAVE, "--hang",
-                   "--ignore-term", "--grandchild", "--fail-rank", 0, "--code", 9,
-                   "--pidfile", pid_dir, cwd=tmp_path)
-    assert res.returncode == 9
+    go = tmp_path / "go"
+    proc = start_fluidctl("train", "--nproc", 2, "--grace-period", 0.5, BEHAVE, "--hang",
+                          "--ignore-term", "--grandchild", "--fail-rank", 0, "--code", 9,
+                          "--pidfile", pid_dir, "--wait-file", go, cwd=tmp_path)
+    wait_for(lambda: len(list(pid_dir.glob("*.pids"))) == 2, what="2 ranks ignoring SIGTERM")
+    pids = read_pids(pid_dir, range(2))
+    go.write_text("")
+    proc.communicate(timeout=60)
+    assert proc.returncode == 9
     launch = (tmp_path / "mylog" / "launch.log").read_text()
     assert "grace period of 0.5s over: SIGKILL to trainer 1" in launch
-    assert_all_gone(read_pids(pid_dir, [p.stem for p in pid_dir.glob("*.pids")]))
+    assert_all_gone(pids)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
