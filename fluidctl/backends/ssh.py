@@ -190,28 +190,23 @@ class RemoteProcess:
         return self.pid
 
     def poll(self) -> Optional[int]:
-        """The exit code once done, else None; raises ConnectionLost if the connection died."""
+        """The exit code once done, else None, without blocking; raises ConnectionLost if the
+        connection died or the node stopped answering keepalives."""
         if not self.channel.exit_status_ready():
             transport = self.channel.get_transport()
-            if self.channel.closed or transport is None or not transport.is_active():
+            if self.channel.closed or transport is None or not transport.is_active() or \
+                    not self.node.responsive():
                 return self.wait(timeout=1.0)
             return None
         return self.wait(timeout=1.0)
 
     def _wait_status(self, deadline: Optional[float]) -> None:
         """Until the channel reports an exit or closes; keepalive pings catch a silent peer."""
-        last_ping = time.monotonic()
         while not self.channel.status_event.wait(0.2):
             transport = self.channel.get_transport()
-            if transport is None or not transport.is_active():
+            if transport is None or not transport.is_active() or not self.node.responsive():
                 return
-            now = time.monotonic()
-            if self.node.keepalive and now - last_ping > self.node.keepalive:
-                last_ping = now
-                if not self.node.alive(timeout=self.node.keepalive):
-                    transport.close()       # dead peer: unblock the readers, report it lost
-                    return
-            if deadline is not None and now > deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"command on {self.node.host.name} still running")
 
     def _exit_code(self) -> int:
@@ -275,6 +270,9 @@ class SSHNode:
         self.client: Optional[paramiko.SSHClient] = None
         self._hops: List[paramiko.SSHClient] = []
         self._sftp: Optional[paramiko.SFTPClient] = None
+        self._ping_lock = threading.Lock()
+        self._pending_ping = None          # (monotonic time sent, answered event)
+        self._last_ping = time.monotonic()
 
     # --- connection -----------------------------------------------------------------------
     def _client_for(self, target: SSHTarget, sock) -> paramiko.SSHClient:
@@ -332,11 +330,9 @@ class SSHNode:
         except (AttributeError, OSError):
             return self.target.hostname
 
-    def alive(self, timeout: float = 5.0) -> bool:
-        """True if the server answers a keepalive request within ``timeout``."""
+    def _ping(self) -> threading.Event:
+        """Send a keepalive request from a thread; the event is set when the server answers."""
         transport = self.client.get_transport() if self.client else None
-        if transport is None or not transport.is_active():
-            return False
         answered = threading.Event()
 
         def ping():
@@ -345,8 +341,38 @@ class SSHNode:
             except Exception:
                 return
             answered.set()
-        threading.Thread(target=ping, daemon=True).start()
-        return answered.wait(timeout) and transport.is_active()
+        if transport is not None and transport.is_active():
+            threading.Thread(target=ping, daemon=True, name=f"ssh-ping-{self.host.name}").start()
+        return answered
+
+    def alive(self, timeout: float = 5.0) -> bool:
+        """True if the server answers a keepalive request within ``timeout`` (blocks)."""
+        transport = self.client.get_transport() if self.client else None
+        return bool(transport and transport.is_active() and self._ping().wait(timeout)
+                    and transport.is_active())
+
+    def responsive(self) -> bool:
+        """Non-blocking liveness for polling loops: a keepalive goes out every ``keepalive``
+        seconds; one unanswered for longer than that means the peer is gone, and the transport
+        is closed so every reader on it ends. Always True with keepalive=0."""
+        if not self.keepalive or self.client is None:
+            return True
+        now = time.monotonic()
+        with self._ping_lock:
+            pending = self._pending_ping
+            if pending is not None:
+                sent, answered = pending
+                if answered.is_set():
+                    self._pending_ping = None
+                elif now - sent > self.keepalive:
+                    transport = self.client.get_transport()
+                    if transport is not None:
+                        transport.close()
+                    return False
+            if self._pending_ping is None and now - self._last_ping >= self.keepalive:
+                self._last_ping = now
+                self._pending_ping = (now, self._ping())
+        return True
 
     def close(self) -> None:
         if self._sftp is not None:
