@@ -31,7 +31,6 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -49,9 +48,9 @@ SNIFF = 64 << 10                   # bytes looked at to decide "binary"
 GZIP_MAGIC = b"\x1f\x8b"
 NEWLINE = 10
 BUCKET_MAX_BYTES = 4 << 20         # a shuffle bucket is shuffled in memory up to this size...
-BUCKET_MAX_RECORDS = 256 << 10     # ...and this many records; beyond, it is scattered again
+BUCKET_MAX_RECORDS = 128 << 10     # ...and this many records; beyond, it is scattered again
 MAX_BUCKETS = 512                  # bucket files per scatter level
-SCATTER_BLOCK = 1 << 20            # input read per scatter step
+SCATTER_BLOCK = 256 << 10          # input read per scatter step (Python objects: ~8x this)
 SCATTER_BUFFER = 4 << 20           # buffered bucket bytes, all buckets together
 JOIN_RECORDS = 8192                # records joined per write into a shard
 
@@ -683,24 +682,41 @@ def count_plan(sources: Sequence[Source], plan: List[Segment]) -> int:
 
 def pad_shard(writer: ShardWriter, header_lines: int, extra: int,
               rng: np.random.Generator, progress: Optional[Progress] = None) -> None:
-    """Append ``extra`` records re-sampled from the shard itself (without replacement while
-    the shard has enough), continuing its count and sha256."""
+    """Append ``extra`` records re-sampled from the shard itself, continuing its count and
+    sha256. Without replacement: when ``extra`` exceeds the shard's records, each record is
+    first repeated ``extra // records`` times, then the rest are sampled. One streaming pass:
+    how many picks fall in each block is drawn from the hypergeometric law, so the picks are
+    never held all at once (memory stays flat however many records are added)."""
     records = writer.records - header_lines
     if extra <= 0 or records <= 0:
         return
     if writer.last_byte != NEWLINE:
         writer.write(b"\n")
-    picks = np.sort(rng.choice(records, size=extra, replace=extra > records))
-    unique = np.unique(picks)
-    wanted = sorted(set((unique + header_lines - 1).tolist()) | set((unique + header_lines).tolist()))
-    wanted = [w for w in wanted if w >= 0]
-    ends = _newline_ends(writer.path, 0, writer.bytes, wanted, progress)
-    with open(writer.path, "rb") as f:
-        for pick in picks.tolist():
-            j = pick + header_lines
-            start = ends[j - 1] if j > 0 else 0
-            f.seek(start)
-            writer.write(f.read(ends[j] - start))
+    copies, picks_left = divmod(extra, records)
+    records_left = records
+    skip = header_lines
+    for data in _whole_record_blocks(writer.path, 0, BLOCK, progress or Progress(),
+                                     end=writer.bytes):
+        ends = np.flatnonzero(np.frombuffer(data, np.uint8) == NEWLINE) + 1
+        starts = np.concatenate(([0], ends[:-1]))
+        if skip:
+            dropped = min(skip, len(ends))
+            starts, ends, skip = starts[dropped:], ends[dropped:], skip - dropped
+        m = len(ends)
+        if m == 0:
+            continue
+        added = [memoryview(data)[starts[0]:]] * copies
+        if picks_left:
+            if records_left > m:
+                here = int(rng.hypergeometric(m, records_left - m, picks_left))
+            else:
+                here = picks_left
+            chosen = np.sort(rng.choice(m, size=here, replace=False))
+            added += [data[s:e] for s, e in zip(starts[chosen].tolist(), ends[chosen].tolist())]
+            picks_left -= here
+        records_left -= m
+        if added:
+            writer.write(b"".join(added))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -714,22 +730,24 @@ def _records_of(data: bytes) -> list:
 
 
 def _pick(records: list, order: np.ndarray) -> list:
-    """records[i] for i in order, in C (operator.itemgetter) rather than a Python loop."""
-    if len(order) == 0:
-        return []
-    if len(order) == 1:
-        return [records[int(order[0])]]
-    return list(itemgetter(*order.tolist())(records))
+    """records[i] for i in order, by numpy fancy indexing on an object array (8 bytes per
+    record, no Python int per index, no Python loop)."""
+    table = np.empty(len(records), dtype=object)
+    table[:] = records
+    return table[order].tolist()
 
 
-def _whole_record_blocks(path: str, start: int, block: int, progress: Progress):
-    """Bytes from ``start`` of a file in blocks of whole, newline-terminated records (a last
+def _whole_record_blocks(path: str, start: int, block: int, progress: Progress,
+                         end: Optional[int] = None):
+    """Bytes [start, end) of a file in blocks of whole, newline-terminated records (a last
     record without its newline gets one)."""
     with open(path, "rb", buffering=0) as f:
         f.seek(start)
+        left = (os.fstat(f.fileno()).st_size if end is None else end) - start
         carry = b""
-        while True:
-            chunk = f.read(block)
+        while left > 0:
+            chunk = f.read(min(block, left))
+            left -= len(chunk)
             if not chunk:
                 break
             progress.advance(len(chunk))
@@ -815,6 +833,18 @@ def _scatter(blocks, directory: str, buckets: int, rng: np.random.Generator) -> 
     return out
 
 
+def _estimate_records(sources: Sequence[Source], total: int) -> int:
+    """Records in the input, from the line length of its first 64 KiB (to size the buckets so
+    that few need a second scatter)."""
+    src = next((s for s in sources if s.data_bytes), None)
+    if src is None:
+        return 0
+    with open(src.path, "rb") as f:
+        f.seek(src.data_start)
+        sample = f.read(SNIFF)
+    return int(total * (sample.count(b"\n") + 1) / max(1, len(sample)))
+
+
 def _bucket_count(nbytes: int, records: int) -> int:
     need = max(nbytes / (BUCKET_MAX_BYTES / 2), records / (BUCKET_MAX_RECORDS / 2))
     return int(min(MAX_BUCKETS, max(1, np.ceil(need))))
@@ -864,28 +894,17 @@ class ShuffleSink:
                 self.writers.append(self.make_writer(index))
 
 
-def _keep_heap_small() -> None:
-    """After a large buffer is freed, glibc raises its mmap threshold, so later multi-MiB
-    buffers come from the heap and fragment it: the shuffle's RSS then grows well past what it
-    uses. A fixed threshold keeps them in mmap, returned to the system when freed."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").mallopt(-3, 256 << 10)     # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
 def shuffle_shards(sources: Sequence[Source], opts: ShardOptions, work_dir: str,
                    make_writer: Callable[[int], ShardWriter], progress: Progress,
                    rng: np.random.Generator) -> List[ShardWriter]:
     """External shuffle: scatter records into random buckets, shuffle each bucket in memory,
     cut the result into shards of equal record counts (+-1)."""
-    _keep_heap_small()
     total = sum(s.data_bytes for s in sources)
     progress.stage("shuffling", total)
     blocks = (block for src in sources
               for block in _whole_record_blocks(src.path, src.data_start, SCATTER_BLOCK, progress))
-    buckets = _scatter(blocks, os.path.join(work_dir, "shuffle"), _bucket_count(total, 0), rng)
+    buckets = _scatter(blocks, os.path.join(work_dir, "shuffle"),
+                       _bucket_count(total, _estimate_records(sources, total)), rng)
     records = sum(b.records for b in buckets)
     n = opts.trainers
     if records < n:

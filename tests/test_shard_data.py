@@ -407,3 +407,11 @@ def test_shuffle_reaches_every_permutation(tmp_path, monkeypatch):
         seen[b"".join(got)] += 1
         assert sorted(os.listdir(work)) == ["shuffle"] and not os.listdir(work / "shuffle")
     assert len(seen) == 24 and min(seen.values()) >= 3
+
+
+def test_pad_beyond_the_shard_size_repeats_every_record(tmp_path):
+    path = write_lines(tmp_path / "t", [b"y" * 100, b"a", b"b", b"c", b"d", b"e"])
+    manifest = run([path], 2, tmp_path / "out", equalize="pad")
+    _, files = check_manifest_matches_files(tmp_path / "out")
+    assert [s["records"] for s in manifest["shards"]] == [5, 5]
+    assert files[0].read_bytes() == (b"y" * 100 + b"\n") * 5
