@@ -110,9 +110,12 @@ def _result(text: str):
 
 
 def run_spawned(kind: str, args, tmp: str):
+    """``kind`` is fluidctl, fluidctl:<transport> or gloo; ranks started like fluidctl train's."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     import rankspawn
-    result = rankspawn.run([os.path.abspath(__file__), "--worker", kind, *_pass_on(args)],
+    kind, _, transport = kind.partition(":")
+    result = rankspawn.run([os.path.abspath(__file__), "--worker", kind,
+                            *_pass_on(args, transport or args.transport)],
                            args.nproc, tmp, timeout=900, token=None)
     if not result.ok():
         raise RuntimeError(f"{kind} ranks failed:\n{result}")
@@ -133,8 +136,8 @@ def run_mpi(args, tmp: str):
     return _result(proc.stdout)
 
 
-def _pass_on(args):
-    return ["--reps", str(args.reps), "--transport", args.transport,
+def _pass_on(args, transport=None):
+    return ["--reps", str(args.reps), "--transport", transport or args.transport,
             "--sizes", ",".join(str(s) for s in args.sizes)]
 
 
@@ -157,7 +160,7 @@ def report(runs, args) -> None:
     for run in runs:
         table.add_column(run["name"], justify="right")
     for peer in peers:
-        table.add_column(f"x {peer['name'].split()[0]}", justify="right")
+        table.add_column(f"x {peer['name'].split(' v')[0]}", justify="right")
     for size in args.sizes:
         cells = [human(size)]
         for run in runs:
@@ -167,6 +170,15 @@ def report(runs, args) -> None:
             cells.append(f"{statistics.median(peer['times'][size]) / statistics.median(ours['times'][size]):.2f}")
         table.add_row(*cells)
     Console().print(table)
+    if args.markdown:
+        print("\n| size | " + " | ".join(r["name"] for r in runs) + " | "
+              + " | ".join(f"fluidctl / {p['name'].split(' v')[0]}" for p in peers) + " |")
+        print("|---" * (1 + len(runs) + len(peers)) + "|")
+        for size in args.sizes:
+            med = [statistics.median(r["times"][size]) for r in runs]
+            print(f"| {human(size)} | " + " | ".join(
+                f"{busbw(size, t, args.nproc):.2f} GB/s ({t * 1e6:.0f} us)" for t in med)
+                + " | " + " | ".join(f"{m / med[0]:.2f}x" for m in med[1:]) + " |")
 
 
 def main() -> None:
@@ -181,7 +193,9 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
                         help="bytes, comma-separated, e.g. --sizes 4096,1048576")
     parser.add_argument("--only", default="fluidctl,mpi,gloo",
-                        help="which to run, e.g. --only fluidctl,mpi")
+                        help="which to run, e.g. --only fluidctl,fluidctl:ring,mpi,gloo")
+    parser.add_argument("--markdown", action="store_true",
+                        help="also print the table as Markdown, e.g. for README")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",")]
