@@ -1,11 +1,14 @@
 """Collectives between the ranks of one node through one shared-memory segment.
 
-Layout: a control page (one 64-byte line per local rank holding its arrival counter and pid, the
-metadata table, an abort word and message), then one input slot per local rank and one result
-area, each ``chunk`` bytes. An allreduce of a chunk is: copy in, arrive, each rank reduces its
-1/n slice of all slots into the result area (reduce-scatter), arrive, copy the result out
-(allgather). Arrival counters only ever grow and each rank writes only its own line, so no
-atomics are needed (x86's store order publishes the data before the counter).
+Layout: a control page (one 64-byte line per local rank holding its arrival counter and pid, two
+alternating metadata tables, an abort word and message), then one input slot per local rank and
+one result area, each ``chunk`` bytes. An allreduce of a chunk is: each rank copies into its slot
+the slices the *other* ranks reduce, arrives; each rank reduces its own 1/n slice (its own data,
+read in place, plus every peer's copy) into the result area (reduce-scatter), arrives; each rank
+copies the other slices out (allgather). Per rank that moves 4.5x the message size through
+memory for two ranks, against 5.5x when every rank copies everything in. Arrival counters only
+ever grow and each rank writes only its own line, so no atomics are needed (x86's store order
+publishes the data before the counter).
 
 Waiting spins on the counters (a 4 KiB allreduce stays far below 100 us), then yields and
 sleeps with a growing backoff; it gives up at the timeout, when a peer's pid is gone, or when
