@@ -488,8 +488,12 @@ class Copier:
     """Copies file ranges with the fastest call the two file systems allow; remembers a refusal
     so a fallback is tried once, not per chunk."""
 
+    first_choice = "copy_file_range"        # then "sendfile", then "write"
+
     def __init__(self):
-        self.mode = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"
+        self.mode = self.first_choice
+        if self.mode == "copy_file_range" and not hasattr(os, "copy_file_range"):
+            self.mode = "sendfile"
         self._lock = threading.Lock()
 
     def _downgrade(self, failed: str) -> None:

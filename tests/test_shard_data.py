@@ -415,3 +415,21 @@ def test_pad_beyond_the_shard_size_repeats_every_record(tmp_path):
     _, files = check_manifest_matches_files(tmp_path / "out")
     assert [s["records"] for s in manifest["shards"]] == [5, 5]
     assert files[0].read_bytes() == (b"y" * 100 + b"\n") * 5
+
+
+@pytest.mark.parametrize("mode", ["copy_file_range", "sendfile", "write"])
+def test_every_copy_fallback_writes_the_same_bytes(text, tmp_path, monkeypatch, mode):
+    monkeypatch.setattr(sharding.Copier, "first_choice", mode)
+    out = tmp_path / "out"
+    run([text], 3, out)
+    _, files = check_manifest_matches_files(out)
+    assert b"".join(f.read_bytes() for f in files) == text.read_bytes()
+
+
+def test_copy_across_file_systems(text, tmpfs):
+    """ext4 -> tmpfs: copy_file_range may refuse (EXDEV); the fallback must take over."""
+    target = tmpfs("roomy", "size=8m")
+    result = cli(text, "-n", "3", "-o", target / "out", "-q")
+    assert result.returncode == 0, result.stderr
+    _, files = check_manifest_matches_files(target / "out")
+    assert b"".join(f.read_bytes() for f in files) == text.read_bytes()
