@@ -1,26 +1,32 @@
 """``fluidctl node-agent``: the per-node supervisor that the SSH and Fabric backends start on
 each remote node (hidden from --help; users never type it).
 
-It reads its part of the plan from a file (sent over SFTP, mode 0600: the job token is in it,
-so it never shows in ``ps``), starts that node's processes with the same code as the local
-launcher, and streams every line of every log back on stdout, tagged with the process it came
-from. The launcher writes those lines into LOG_DIR/<host>/ and echoes rank 0. The agent exits
-with the first failing process's code after printing a failure record. If its stdout breaks
-(the SSH connection died) it stops its processes: nothing is left on the node.
+One SSH exec per node does everything, because on real clusters every exec pays for a login
+shell: the agent first reports on its node (Python and fluidctl versions, free disk, GPUs and
+as many free ports as asked) in one ``probe`` line, then reads its share of the plan as one JSON
+line on stdin (so the job token never shows in ``ps``), starts that node's processes with the
+same code as the local launcher, and streams every line of every log back on stdout, tagged
+with the process it came from. It exits with the first failing process's code after a
+``failure`` record. If the launcher goes away (stdin closes, or stdout breaks) it stops its
+processes: nothing is left on the node.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
 
+from fluidctl import __version__
 from fluidctl.errors import UsageError
 
 MARK = "@@fluidctl "          # every agent line starts with it; the rest is "<tag>|<text>"
+PROBE_TAG = "probe"
 FAILURE_TAG = "failure"
 SAY_TAG = "say"
 BEAT_TAG = "beat"
@@ -38,26 +44,55 @@ def parse_line(line: str):
     return (tag, text) if sep else None
 
 
+def emit(tag: str, text: str) -> None:
+    sys.stdout.write(f"{MARK}{tag}|{text}\n")
+    sys.stdout.flush()
+
+
+def probe(ports: int) -> dict:
+    """What the launcher needs to know about this node before it plans."""
+    import socket
+    from fluidctl.launch import devices
+    socks = []
+    try:
+        for _ in range(ports):
+            s = socket.socket()
+            s.bind(("", 0))
+            socks.append(s)
+        free = [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+    return {"python": sys.version.split()[0], "fluidctl": __version__,
+            "disk_free": shutil.disk_usage(".").free, "cwd": os.getcwd(),
+            "gpus": len(devices.discover_gpus(os.environ)), "ports": free}
+
+
+def _stop_when_stdin_closes(launch_log) -> None:
+    for _ in iter(sys.stdin.readline, ""):
+        pass
+    launch_log("stdin closed: the launcher is gone; stopping this node's processes")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 @click.command("node-agent", hidden=True)
-@click.option("--plan-file", required=True, help="The node's plan (JSON), removed once read.")
-def node_agent(plan_file):
+@click.option("--ports", type=int, default=0, help="Free ports to report in the probe.")
+def node_agent(ports):
     """Run this node's share of a job (started by fluidctl over SSH)."""
     from fluidctl.launch import run
     from fluidctl.launch.plan import ProcSpec
     from fluidctl.launch.supervisor import LaunchLog, RunOptions
     from fluidctl.paths import LogLayout
 
+    emit(PROBE_TAG, json.dumps(probe(ports)))
+    line = sys.stdin.readline()
+    if not line.strip():                  # the launcher decided not to run (dry run, bad node)
+        sys.exit(0)
     try:
-        with open(plan_file, encoding="utf-8") as f:
-            spec = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read the node plan {plan_file}: {exc}",
+        spec = json.loads(line)
+    except ValueError as exc:
+        raise UsageError(f"unreadable node plan: {exc}",
                          "node-agent is started by fluidctl train; do not run it by hand")
-    finally:
-        try:
-            os.unlink(plan_file)
-        except OSError:
-            pass
     procs = [ProcSpec(**p) for p in spec["procs"]]
     layout = LogLayout(Path(spec["log_dir"]))
     layout.create()
@@ -68,15 +103,15 @@ def node_agent(plan_file):
                + ", ".join(p.label for p in procs))
     if attempt:
         run.append_header(logs, attempt, int(spec.get("max_restarts", attempt)))
+    threading.Thread(target=_stop_when_stdin_closes, args=(launch_log,), daemon=True).start()
 
     def report(failure):
-        record = {"label": failure.label, "host": failure.host, "returncode": failure.returncode,
-                  "pid": failure.pid, "when": failure.when, "detail": failure.detail}
-        sys.stdout.write(f"{MARK}{FAILURE_TAG}|{json.dumps(record)}\n")
-        sys.stdout.flush()
+        emit(FAILURE_TAG, json.dumps({
+            "label": failure.label, "host": failure.host, "returncode": failure.returncode,
+            "pid": failure.pid, "when": failure.when, "detail": failure.detail}))
 
     def lost():
-        launch_log("the launcher's connection is gone: stopping this node's processes")
+        launch_log("stdout broke: the launcher is gone; stopping this node's processes")
         os.kill(os.getpid(), signal.SIGTERM)
 
     result = run.run_supervised(

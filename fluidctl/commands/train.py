@@ -185,28 +185,53 @@ def _run_multinode(script, script_args, *, backend, hosts, nproc, gpus, pservers
                    ssh_config, accept_new, remote_dir, python, ssh_timeout, started_port, layout,
                    common, grace_period, max_restarts, tee, log_tail, dry_run, as_json) -> int:
     from fluidctl.launch import multinode
+    from fluidctl.launch.sshconfig import resolve_hosts
+    from fluidctl.launch.supervisor import LaunchLog
     opts.check_script(script)
     python = python or sys.executable
     remote_dir = remote_dir or os.getcwd()
-    resolved, targets, checks = multinode.preflight(
-        hosts, ssh_config=ssh_config, accept_new=accept_new, python=python,
-        remote_dir=remote_dir, timeout=ssh_timeout)
+    resolved, targets = resolve_hosts(hosts, ssh_config, accept_new)
     names = [h.name for h in resolved]
     on_pservers = _pserver_placement(common, pservers, pserver_hosts, names)
-    nodes = []
-    for host, check, k in zip(resolved, checks, on_pservers):
-        found = node_gpus(nproc, gpus, [str(i) for i in range(check.gpus or 0)])
-        count = host.slots if host.slots_given else (len(found) if found else (nproc or 1))
-        if found and len(found) != count:
-            raise UsageError(f"node {host.name} has {count} slots but {len(found)} GPUs selected",
-                             "make slots match the GPUs, or drop slots= and use --gpus")
-        nodes.append(Node(check.address or host.address, count, tuple(found), host.name, k))
-    job = JobSpec(script=multinode.relative_script(script, os.getcwd()), script_args=script_args,
-                  nodes=nodes, python=python, multi_node_logs=True, **common)
-    return multinode.run(job, resolved, targets, backend=backend, remote_dir=remote_dir,
-                         ssh_timeout=ssh_timeout, started_port=started_port, layout=layout,
-                         grace_period=grace_period, max_restarts=max_restarts, tee=tee,
-                         log_tail=log_tail, dry_run=dry_run, as_json=as_json)
+    wanted = {}
+    for host, k in zip(resolved, on_pservers):
+        count = host.slots if host.slots_given else nproc
+        wanted[host.name] = (count or multinode.MAX_UNKNOWN_PORTS) + k + 1
+    launch_log = LaunchLog()
+    connected = multinode.connect(resolved, targets, backend=backend, timeout=ssh_timeout)
+    agents = []
+    try:
+        agents = multinode.start_agents(resolved, connected.nodes, python=python,
+                                        remote_dir=remote_dir, timeout=ssh_timeout,
+                                        ports_wanted=wanted, launch_log=launch_log)
+        nodes = []
+        for host, agent, k in zip(resolved, agents, on_pservers):
+            found = node_gpus(nproc, gpus, [str(i) for i in range(agent.probe["gpus"])])
+            count = host.slots if host.slots_given else (len(found) if found else (nproc or 1))
+            if found and len(found) != count:
+                raise UsageError(f"node {host.name} has {count} slots but {len(found)} GPUs "
+                                 "selected", "make slots match the GPUs, or drop slots= and "
+                                 "use --gpus")
+            address = connected.nodes[host.name].peer_address or host.address
+            nodes.append(Node(address, count, tuple(found), host.name, k))
+        job = JobSpec(script=multinode.relative_script(script, os.getcwd()),
+                      script_args=script_args, nodes=nodes, python=python, multi_node_logs=True,
+                      **common)
+        the_plan = make_plan(job, multinode.ports_for(resolved, job.ports_needed, started_port,
+                                                      agents))
+        if dry_run:
+            _print_plan(the_plan, as_json)
+            return 0
+        return multinode.supervise(the_plan, resolved, connected.nodes, agents, backend=backend,
+                                   python=python, remote_dir=remote_dir,
+                                   ssh_timeout=ssh_timeout, layout=layout,
+                                   grace_period=grace_period, max_restarts=max_restarts, tee=tee,
+                                   log_tail=log_tail, launch_log=launch_log)
+    finally:
+        for agent in agents:
+            agent.abandon()
+        launch_log.close()
+        connected.close()
 
 
 def _pserver_placement(common, pservers, pserver_hosts, names) -> List[int]:

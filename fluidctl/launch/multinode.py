@@ -1,33 +1,34 @@
-"""Jobs over many nodes: SSH (paramiko) or Fabric.
+"""Jobs over many nodes: SSH (paramiko) or Fabric connections, one node agent per node.
 
-Before anything starts every node is checked in parallel (reachable, authenticated, the same
-Python and fluidctl): one bad node is an error and nothing runs anywhere. Then each node runs
-``fluidctl node-agent``, the same supervisor as the local launcher, with its share of the plan;
-the agents stream every log line back, which lands in LOG_DIR/<host>/, and the launcher's own
-supervisor treats each agent as one handle: a failure on any node (or a lost connection) stops
-every node within the grace period, and restarts restart every node.
+Every node is connected to and started on in parallel; each node's ``fluidctl node-agent``
+first reports on its node (versions, disk, GPUs, free ports). If any node cannot be reached or
+fails the check, the launcher says which and why in one line, closes every agent's stdin (they
+exit without starting anything) and nothing runs anywhere. Otherwise each agent receives its
+share of the plan on stdin and runs it with the same supervisor as the local launcher,
+streaming every log line back into LOG_DIR/<host>/. The launcher's own supervisor sees each agent
+as one handle: a failure on any node (or a lost connection) stops every node within the grace
+period, and restarts restart every node.
 """
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import threading
 import time
-import uuid
 from collections import deque
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
+from fluidctl import __version__
 from fluidctl.backends.base import Failure
-from fluidctl.commands.agent import BEAT_TAG, FAILURE_TAG, SAY_TAG, parse_line, tag_for
-from fluidctl.errors import FluidctlError, UsageError
+from fluidctl.commands.agent import (BEAT_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, parse_line,
+                                     tag_for)
+from fluidctl.errors import UsageError
 from fluidctl.launch.hosts import Host
 from fluidctl.launch.plan import Plan, ProcSpec
 
-PORT_PROBE = ("import socket,sys;n=int(sys.argv[1]);s=[socket.socket() for _ in range(n)];"
-              "[x.bind(('',0)) for x in s];print(' '.join(str(x.getsockname()[1]) for x in s))")
+MAX_UNKNOWN_PORTS = 33      # ports probed when the node's process count depends on its GPUs
 
 
 def node_class(backend: str):
@@ -38,60 +39,75 @@ def node_class(backend: str):
     return SSHNode
 
 
-def preflight(hosts: Sequence[Host], *, ssh_config, accept_new: bool, python: str,
-              remote_dir: str, timeout: float):
-    """Resolve and check every node; raise a one-line error naming each node that failed.
-    Returns (resolved hosts, ssh targets, checks)."""
-    from fluidctl.backends.ssh import check_nodes
-    from fluidctl.launch.sshconfig import resolve_hosts
-    resolved, targets = resolve_hosts(hosts, ssh_config, accept_new)
-    checks = check_nodes(resolved, timeout=timeout, python=python, remote_dir=remote_dir,
-                         targets=targets)
-    bad = [c for c in checks if not c.ok]
-    if bad:
-        raise UsageError("; ".join(f"node {c.host}: {c.reason}" for c in bad),
-                         "fix the node(s) or the hostfile; 'fluidctl cluster check' shows "
-                         "every node; nothing was started")
-    return resolved, targets, checks
-
-
-def remote_ports(node, python: str, count: int, timeout: float) -> List[int]:
-    """``count`` ports that were free on the node just now (a remote reservation cannot be
-    held across SSH; --started-port gives fixed ones instead)."""
-    result = node.run([python, "-c", PORT_PROBE, str(count)], timeout=timeout)
-    ports = [int(p) for p in result.stdout.split()]
-    if result.exit_code != 0 or len(ports) != count:
-        raise FluidctlError(f"could not find free ports on {node.host.name}: "
-                            f"{result.stderr.strip() or result.stdout.strip()}",
-                            "pass --started-port P to use fixed ports", exit_code=1)
-    return ports
-
-
 class RemoteAgent:
-    """One node's agent seen as a supervisor handle (backends.base.Handle)."""
+    """One node's agent, seen by the supervisor as a handle (backends.base.Handle)."""
 
     critical = True
     service = False
 
-    def __init__(self, node, label: str, procs: Sequence[ProcSpec], spec: dict, *,
-                 python: str, remote_dir: str, launch_log):
+    def __init__(self, node, label: str, *, python: str, remote_dir: str, ports: int,
+                 launch_log):
+        from fluidctl.backends.ssh import RemoteProcess, shell_command
         self.node, self.label, self.host = node, f"node {label}", label
         self.launch_log = launch_log
-        self.copies = {tag_for(p.role, p.rank): p.log for p in procs}
-        first_trainer = next((p for p in procs if p.role == "trainer"), procs[0])
-        self.log = first_trainer.log
+        self.copies: Dict[str, str] = {}
+        self.log = ""
         self._files: Dict[str, object] = {}
         self._lock = threading.Lock()
+        self._probed = threading.Event()
+        self.probe: Optional[dict] = None
         self._record: Optional[dict] = None
         self._tail = deque(maxlen=20)
         self._lost = ""
-        plan_file = f"/tmp/fluidctl-plan-{uuid.uuid4().hex}.json"
-        with node.sftp.open(plan_file, "w") as f:
-            f.chmod(0o600)
-            f.write(json.dumps(spec))
-        self.proc = node.start([python, "-m", "fluidctl", "node-agent", "--plan-file", plan_file],
-                               on_line=self._line, cwd=remote_dir, report_pid=True)
-        self.pid = self.proc.wait_pid(timeout=node.timeout)
+        # our own channel, so stdin stays open: the plan goes there, and its closing tells the
+        # agent that the launcher is gone
+        self.channel = node.client.get_transport().open_session(timeout=node.timeout)
+        self.channel.exec_command(shell_command(
+            [python, "-m", "fluidctl", "node-agent", "--ports", str(ports)], cwd=remote_dir,
+            report_pid=True))
+        self.proc = RemoteProcess(node, self.channel, self._line, capture=False, report_pid=True)
+        self.pid: Optional[int] = None
+
+    # --- the conversation ------------------------------------------------------------------
+    def wait_probe(self, timeout: float) -> Optional[dict]:
+        """The node's report, or None if the agent did not give one (see ``why_no_probe``)."""
+        deadline = time.monotonic() + timeout
+        while not self._probed.wait(0.05):
+            if time.monotonic() > deadline or self.channel.exit_status_ready() \
+                    or self.channel.closed:
+                break
+        if self.probe is None:
+            self._probed.wait(0.5)         # an agent that just exited: let its output arrive
+        self.pid = self.proc.wait_pid(timeout=1.0)
+        return self.probe
+
+    def why_no_probe(self, python: str, remote_dir: str, timeout: float) -> str:
+        if not self.channel.exit_status_ready():
+            return f"no answer from fluidctl on the node within {timeout:g}s (raise --ssh-timeout)"
+        code = self.channel.recv_exit_status()
+        said = " ".join(list(self._tail)[-2:])
+        if code == 97:
+            return (f"remote dir {remote_dir} does not exist (run fluidctl cluster sync, or pass "
+                    "--remote-dir)")
+        if code == 127:
+            return f"python {python} not found there (pass --python with the remote interpreter)"
+        if "No module named fluidctl" in said or "No such command" in said:
+            return (f"fluidctl {__version__} is not installed for {python} there (install the "
+                    "same version on every node)")
+        return f"node agent exited with code {code}: {said}"
+
+    def send_plan(self, spec: dict, procs: Sequence[ProcSpec]) -> None:
+        self.copies = {tag_for(p.role, p.rank): p.log for p in procs}
+        self.log = next((p.log for p in procs if p.role == "trainer"), procs[0].log)
+        self.channel.sendall((json.dumps(spec) + "\n").encode())
+
+    def abandon(self) -> None:
+        """Tell an agent that nothing will run (EOF on its stdin) and let go of it."""
+        try:
+            self.channel.shutdown_write()
+        except (OSError, EOFError):
+            pass
+        self.proc.close()
 
     def _line(self, stream: str, line: str) -> None:
         parsed = parse_line(line) if stream == "stdout" else None
@@ -107,6 +123,9 @@ class RemoteAgent:
                     f = self._files[tag] = open(self.copies[tag], "a", encoding="utf-8")
                 f.write(text + "\n")
                 f.flush()
+        elif tag == PROBE_TAG:
+            self.probe = json.loads(text)
+            self._probed.set()
         elif tag == FAILURE_TAG:
             self._record = json.loads(text)
         elif tag == SAY_TAG:
@@ -114,11 +133,14 @@ class RemoteAgent:
         elif tag != BEAT_TAG:
             self.launch_log(f"[{self.host}] unknown agent line: {line}")
 
+    # --- the Handle protocol ---------------------------------------------------------------
     def fileno(self) -> int:
         return -1
 
     def poll(self) -> Optional[int]:
         from fluidctl.backends.ssh import ConnectionLost
+        if self._lost:
+            return 255
         try:
             return self.proc.poll()
         except ConnectionLost as exc:
@@ -132,14 +154,14 @@ class RemoteAgent:
         self.proc.send_signal(signal.SIGINT)       # a second signal: the agent kills at once
 
     def failure(self) -> Failure:
-        code = self.proc.poll() if not self._lost else 255
         if self._record:
             r = self._record
-            log = self.copies.get(r["label"].replace("trainer ", "trainer ").strip(), self.log)
-            return Failure(r["label"], self.host, r["returncode"], log, r.get("pid"),
+            return Failure(r["label"], self.host, r["returncode"],
+                           self.copies.get(r["label"], self.log), r.get("pid"),
                            r.get("when") or time.time(), r.get("detail", ""))
-        detail = self._lost and f"SSH connection lost ({self._lost})" or (
-            "node agent failed: " + (" | ".join(list(self._tail)[-3:]) or f"exit {code}"))
+        code = 255 if self._lost else self.poll()
+        detail = (f"SSH connection lost ({self._lost})" if self._lost else
+                  "node agent failed: " + (" | ".join(list(self._tail)[-3:]) or f"exit {code}"))
         return Failure(self.label, self.host, code if code is not None else 255, self.log,
                        self.pid, detail=detail)
 
@@ -151,16 +173,59 @@ class RemoteAgent:
         self.proc.close()
 
 
+def start_agents(hosts: Sequence[Host], nodes, *, python: str, remote_dir: str,
+                 timeout: float, ports_wanted: Dict[str, int], launch_log) -> List[RemoteAgent]:
+    """Start an agent on every node at once and wait for every probe; one bad node is a
+    one-line error naming each node that failed, after every agent was told to exit."""
+    from fluidctl.backends.ssh import parallel
+
+    def one(host: Host):
+        try:
+            agent = RemoteAgent(nodes[host.name], host.name, python=python,
+                                remote_dir=remote_dir, ports=ports_wanted[host.name],
+                                launch_log=launch_log)
+        except Exception as exc:
+            return None, f"could not start fluidctl there: {exc}"
+        info = agent.wait_probe(timeout)
+        if info is None:
+            return agent, agent.why_no_probe(python, remote_dir, timeout)
+        if info.get("fluidctl") != __version__:
+            return agent, (f"fluidctl {info.get('fluidctl')} there, {__version__} here (install "
+                           "the same version on every node)")
+        return agent, ""
+
+    results = parallel(list(hosts), one)
+    failures = [(h.name, why) for h, (_, why) in zip(hosts, results) if why]
+    agents = [agent for agent, _ in results]
+    if failures:
+        for agent in agents:
+            if agent is not None:
+                agent.abandon()
+        raise UsageError("; ".join(f"node {name}: {why}" for name, why in failures),
+                         "fix the node(s) or the hostfile; 'fluidctl cluster check' shows "
+                         "every node; nothing was started")
+    return agents
+
+
+def connect(hosts: Sequence[Host], targets, *, backend: str, timeout: float):
+    """Connect to every node in parallel; a node that cannot be reached is a one-line error."""
+    from fluidctl.backends.ssh import connect_all
+    connected = connect_all(hosts, targets, timeout=timeout, node_class=node_class(backend))
+    if connected.failures:
+        connected.close()
+        raise UsageError("; ".join(f"node {n}: {connected.failures[n]}" for n in
+                                   [h.name for h in hosts] if n in connected.failures),
+                         "fix the node(s) or the hostfile; 'fluidctl cluster check' shows "
+                         "every node; nothing was started")
+    return connected
+
+
 def agent_spec(the_plan: Plan, node_index: int, *, attempt: int, max_restarts: int,
                grace: float, label: str) -> dict:
     procs = [replace(p, log="") for p in the_plan.on_node(node_index)]
     return {"procs": [p.to_json() for p in procs], "attempt": attempt,
             "max_restarts": max_restarts, "grace": grace, "log_dir": the_plan.job.log_dir,
             "host": label}
-
-
-def shell_quote_argv(argv: Sequence[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
 
 
 def relative_script(script: str, cwd: str) -> str:
@@ -171,60 +236,51 @@ def relative_script(script: str, cwd: str) -> str:
     return absolute if rel.startswith("..") else rel
 
 
-def run(job, hosts: Sequence[Host], targets, *, backend: str, remote_dir: str,
-        ssh_timeout: float, started_port: Optional[int], layout, grace_period: float,
-        max_restarts: int, tee: str, log_tail: int, dry_run: bool, as_json: bool) -> int:
-    """Connect, lay out ports, plan, then supervise one agent per node."""
-    from fluidctl.backends.ssh import connect_all
+def ports_for(hosts: Sequence[Host], job_ports_needed, started_port: Optional[int],
+              agents: Sequence[RemoteAgent]) -> Dict[int, List[int]]:
+    ports = {}
+    for i, agent in enumerate(agents):
+        needed = job_ports_needed(i)
+        ports[i] = (list(range(started_port, started_port + needed)) if started_port
+                    else agent.probe["ports"][:needed])
+    return ports
+
+
+def supervise(the_plan: Plan, hosts: Sequence[Host], nodes, first_agents: List[RemoteAgent], *,
+              backend: str, python: str, remote_dir: str, ssh_timeout: float, layout,
+              grace_period: float, max_restarts: int, tee: str, log_tail: int,
+              launch_log) -> int:
+    """Hand every agent its plan and supervise them; restarts start fresh agents."""
+    from fluidctl.console import print_failure
     from fluidctl.launch import run as running
-    from fluidctl.launch.plan import plan as make_plan
-    from fluidctl.launch.supervisor import LaunchLog, RunOptions
+    from fluidctl.launch.supervisor import RunOptions
 
-    connected = connect_all(hosts, targets, timeout=ssh_timeout, node_class=node_class(backend))
-    try:
-        if connected.failures:
-            raise UsageError("; ".join(f"node {n}: {r}" for n, r in connected.failures.items()),
-                             "nothing was started; 'fluidctl cluster check' shows every node")
-        nodes = [connected.nodes[h.name] for h in hosts]
-        ports = {}
-        for i, node in enumerate(nodes):
-            needed = job.ports_needed(i)
-            ports[i] = (list(range(started_port, started_port + needed)) if started_port
-                        else remote_ports(node, job.python, needed, ssh_timeout))
-        the_plan = make_plan(job, ports)
-        if dry_run:
-            from fluidctl.commands.train import _print_plan
-            _print_plan(the_plan, as_json)
-            return 0
-        layout.create()
-        for h in hosts:
-            layout.for_host(h.name).create()
-        running.write_endpoints(layout, the_plan)
-        launch_log = LaunchLog(str(layout.launch))
-        launch_log(f"fluidctl job over {backend}: {len(the_plan.trainers)} trainer(s) on "
-                   f"{len(hosts)} node(s), mode {job.mode}, master {the_plan.master}")
+    layout.create()
+    for h in hosts:
+        layout.for_host(h.name).create()
+    running.write_endpoints(layout, the_plan)
+    launch_log.attach(str(layout.launch))
+    launch_log(f"fluidctl job over {backend}: {len(the_plan.trainers)} trainer(s) on "
+               f"{len(hosts)} node(s), mode {the_plan.job.mode}, master {the_plan.master}")
 
-        def start(attempt: int):
-            handles = []
-            for i, (host, node) in enumerate(zip(hosts, nodes)):
-                if not the_plan.on_node(i):
-                    continue
-                spec = agent_spec(the_plan, i, attempt=attempt, max_restarts=max_restarts,
-                                  grace=grace_period, label=host.name)
-                handles.append(RemoteAgent(node, host.name, the_plan.on_node(i), spec,
-                                           python=job.python, remote_dir=remote_dir,
-                                           launch_log=launch_log))
-            return handles
+    def start(attempt: int):
+        agents = first_agents if attempt == 0 else start_agents(
+            hosts, nodes, python=python, remote_dir=remote_dir, timeout=ssh_timeout,
+            ports_wanted={h.name: 0 for h in hosts}, launch_log=launch_log)
+        handles = []
+        for i, agent in enumerate(agents):
+            procs = the_plan.on_node(i)
+            if not procs:
+                agent.abandon()
+                continue
+            agent.send_plan(agent_spec(the_plan, i, attempt=attempt, max_restarts=max_restarts,
+                                       grace=grace_period, label=hosts[i].name), procs)
+            handles.append(agent)
+        return handles
 
-        from fluidctl.console import print_failure
-        try:
-            result = running.run_supervised(
-                start, logs=[p.log for p in the_plan.procs], launch_log=launch_log,
-                options=RunOptions(grace_period, max_restarts),
-                sources=running.echo_sources(the_plan.procs, tee),
-                report=lambda failure: print_failure(failure, log_tail))
-        finally:
-            launch_log.close()
-        return result.exit_code
-    finally:
-        connected.close()
+    result = running.run_supervised(
+        start, logs=[p.log for p in the_plan.procs], launch_log=launch_log,
+        options=RunOptions(grace_period, max_restarts),
+        sources=running.echo_sources(the_plan.procs, tee),
+        report=lambda failure: print_failure(failure, log_tail))
+    return result.exit_code

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import selectors
 import signal
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -37,20 +38,38 @@ class RunResult:
 
 
 class LaunchLog:
-    """fluidctl's own log (launch.log): what it started, when, and how each attempt ended."""
+    """fluidctl's own log (launch.log): what it started, when, and how each attempt ended.
+    Without a path yet, lines are kept until ``attach`` (the log dir is only created once the
+    job really starts, never by a dry run or a refused job)."""
 
-    def __init__(self, path: Optional[str]):
-        self._file = open(path, "a", encoding="utf-8") if path else None
+    def __init__(self, path: Optional[str] = None):
+        self._file = None
+        self._pending: List[str] = []
+        self._lock = threading.Lock()
+        if path:
+            self.attach(path)
+
+    def attach(self, path: str) -> None:
+        with self._lock:
+            self._file = open(path, "a", encoding="utf-8")
+            self._file.writelines(self._pending)
+            self._file.flush()
+            self._pending = []
 
     def __call__(self, message: str) -> None:
-        if self._file:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            self._file.write(f"{stamp} {message}\n")
-            self._file.flush()
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n"
+        with self._lock:
+            if self._file:
+                self._file.write(line)
+                self._file.flush()
+            else:
+                self._pending.append(line)
 
     def close(self) -> None:
-        if self._file:
-            self._file.close()
+        with self._lock:
+            if self._file:
+                self._file.close()
+                self._file = None
 
 
 class Supervisor:
