@@ -11,6 +11,7 @@ from typing import List, Optional
 import click
 
 from fluidctl.errors import UsageError
+from fluidctl.launch.run import failure_reporter
 from fluidctl.launch import devices, options as opts
 from fluidctl.launch.plan import JobSpec, Node, Plan, plan as make_plan
 from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
@@ -312,7 +313,6 @@ def _print_plan(the_plan: Plan, as_json: bool) -> None:
 
 def _run_local(the_plan: Plan, layout: LogLayout, reservation, grace_period: float,
                max_restarts: int, tee: str, log_tail: int) -> int:
-    from fluidctl.console import print_failure
     from fluidctl.launch import run
     from fluidctl.launch.supervisor import LaunchLog, RunOptions
 
@@ -332,7 +332,7 @@ def _run_local(the_plan: Plan, layout: LogLayout, reservation, grace_period: flo
             start, logs=[p.log for p in the_plan.procs], launch_log=launch_log,
             options=RunOptions(grace_period, max_restarts),
             sources=run.echo_sources(the_plan.procs, tee),
-            report=lambda failure: print_failure(failure, log_tail))
+            report=failure_reporter(log_tail))
     finally:
         launch_log.close()
     return result.exit_code

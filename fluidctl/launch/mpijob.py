@@ -17,6 +17,7 @@ import click
 
 from fluidctl import envs
 from fluidctl.errors import UsageError
+from fluidctl.launch.run import failure_reporter
 from fluidctl.launch.hosts import Host
 from fluidctl.paths import LogLayout
 
@@ -62,7 +63,6 @@ def run(script: str, script_args: Sequence[str], *, hosts: Sequence[Host], nproc
         max_restarts: int, tee: str, log_tail: int, dry_run: bool, as_json: bool,
         ssh_config: Optional[str] = None) -> int:
     from fluidctl.backends import local
-    from fluidctl.console import print_failure
     from fluidctl.launch import run as running
     from fluidctl.launch.supervisor import LaunchLog, RunOptions
 
@@ -95,7 +95,7 @@ def run(script: str, script_args: Sequence[str], *, hosts: Sequence[Host], nproc
         result = running.run_supervised(
             start, logs=logs, launch_log=launch_log,
             options=RunOptions(grace_period, max_restarts), sources=sources,
-            report=lambda failure: print_failure(failure, log_tail))
+            report=failure_reporter(log_tail))
     finally:
         launch_log.close()
     return result.exit_code

@@ -25,6 +25,7 @@ from fluidctl.backends.base import Failure
 from fluidctl.commands.agent import (BEAT_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, parse_line,
                                      tag_for)
 from fluidctl.errors import UsageError
+from fluidctl.launch.run import failure_reporter
 from fluidctl.launch.hosts import Host
 from fluidctl.launch.plan import Plan, ProcSpec
 
@@ -251,7 +252,6 @@ def supervise(the_plan: Plan, hosts: Sequence[Host], nodes, first_agents: List[R
               grace_period: float, max_restarts: int, tee: str, log_tail: int,
               launch_log) -> int:
     """Hand every agent its plan and supervise them; restarts start fresh agents."""
-    from fluidctl.console import print_failure
     from fluidctl.launch import run as running
     from fluidctl.launch.supervisor import RunOptions
 
@@ -282,5 +282,5 @@ def supervise(the_plan: Plan, hosts: Sequence[Host], nodes, first_agents: List[R
         start, logs=[p.log for p in the_plan.procs], launch_log=launch_log,
         options=RunOptions(grace_period, max_restarts),
         sources=running.echo_sources(the_plan.procs, tee),
-        report=lambda failure: print_failure(failure, log_tail))
+        report=failure_reporter(log_tail))
     return result.exit_code

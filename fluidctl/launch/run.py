@@ -22,6 +22,14 @@ from fluidctl.paths import LogLayout
 HEARTBEAT = 2.0
 
 
+def failure_reporter(tail_lines: int) -> Callable:
+    """The failure report printer; rich is imported only when a job actually failed."""
+    def report(failure) -> None:
+        from fluidctl.console import print_failure
+        print_failure(failure, tail_lines)
+    return report
+
+
 def restart_header(attempt: int, max_restarts: int) -> str:
     return (f"===== fluidctl: restart {attempt} of {max_restarts}, "
             f"{time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
