@@ -325,6 +325,37 @@ def make_spans(sources: Sequence[Source]) -> List[Span]:
     return spans
 
 
+def find_newline(path: str, start: int, end: int) -> int:
+    """Offset of the first newline in bytes [start, end) of a file, or -1; reads 64 KiB at a
+    time, so finding a cut costs a few KiB of reading."""
+    with open(path, "rb", buffering=0) as f:
+        pos = start
+        while pos < end:
+            f.seek(pos)
+            chunk = f.read(min(SNIFF, end - pos))
+            if not chunk:
+                break
+            at = chunk.find(b"\n")
+            if at >= 0:
+                return pos + at
+            pos += len(chunk)
+    return -1
+
+
+def rfind_newline(path: str, start: int, end: int) -> int:
+    """Offset of the last newline in bytes [start, end) of a file, or -1."""
+    with open(path, "rb", buffering=0) as f:
+        hi = end
+        while hi > start:
+            lo = max(start, hi - SNIFF)
+            f.seek(lo)
+            at = f.read(hi - lo).rfind(b"\n")
+            if at >= 0:
+                return lo + at
+            hi = lo
+    return -1
+
+
 class Stream:
     """The concatenated records of all inputs, addressed by logical offset; reads only what a
     question needs (cut points look at a few KiB around each target)."""
@@ -342,30 +373,6 @@ class Stream:
             return bisect.bisect_right(self.offsets, pos) - 1
         return bisect.bisect_left(self.offsets, pos) - 1   # offsets[k] < pos <= offsets[k+1]
 
-    def _find_forward(self, path: str, start: int, end: int) -> int:
-        with open(path, "rb", buffering=0) as f:
-            pos = start
-            while pos < end:
-                f.seek(pos)
-                chunk = f.read(min(SNIFF, end - pos))
-                at = chunk.find(b"\n")
-                if at >= 0:
-                    return pos + at
-                pos += len(chunk)
-        return -1
-
-    def _find_backward(self, path: str, start: int, end: int) -> int:
-        with open(path, "rb", buffering=0) as f:
-            hi = end
-            while hi > start:
-                lo = max(start, hi - SNIFF)
-                f.seek(lo)
-                at = f.read(hi - lo).rfind(b"\n")
-                if at >= 0:
-                    return lo + at
-                hi = lo
-        return -1
-
     def next_boundary(self, target: int) -> int:
         """The first record boundary at or after ``target``."""
         if target >= self.length:
@@ -375,7 +382,7 @@ class Stream:
         local = target - base
         if local == 0:
             return target
-        at = self._find_forward(self.sources[span.src].path, span.start + local - 1, span.end)
+        at = find_newline(self.sources[span.src].path, span.start + local - 1, span.end)
         return base + at - span.start + 1 if at >= 0 else self.offsets[k + 1]
 
     def prev_start(self, boundary: int) -> int:
@@ -389,7 +396,7 @@ class Stream:
             search_end = span.end                       # record ends at the file's end
         else:
             search_end = span.start + local - 1         # skip the record's own newline
-        at = self._find_backward(src.path, span.start, search_end)
+        at = rfind_newline(src.path, span.start, search_end)
         return base + at - span.start + 1 if at >= 0 else base
 
     def segments(self, a: int, b: int) -> List[Segment]:
@@ -531,15 +538,17 @@ class Copier:
 class ShardWriter:
     """One output shard: bytes appended through here are counted (records) and hashed."""
 
-    def __init__(self, path: str, checksum: str, progress: Progress, count: bool = True):
+    def __init__(self, path: str, checksum: str, progress: Progress):
         self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         self.hasher = hashlib.sha256() if checksum == "sha256" else None
-        self.count = count
         self.progress = progress
         self.bytes = 0
         self.newlines = 0
         self.last_byte = NEWLINE
+        # (start, end, newlines) of every piece written: --equalize pad finds records from
+        # these counts and reads only the pieces its picks fall in.
+        self.pieces: List[Tuple[int, int, int]] = []
 
     def _account(self, data: memoryview, arr: Optional[np.ndarray]) -> None:
         n = len(data)
@@ -547,12 +556,11 @@ class ShardWriter:
             return
         if self.hasher is not None:
             self.hasher.update(data)
-        new = 0
-        if self.count:
-            arr = np.frombuffer(data, np.uint8) if arr is None else arr
-            new = int(np.count_nonzero(arr == NEWLINE))
-            self.newlines += new
+        arr = np.frombuffer(data, np.uint8) if arr is None else arr
+        new = int(np.count_nonzero(arr == NEWLINE))
+        self.newlines += new
         self.last_byte = data[n - 1]
+        self.pieces.append((self.bytes, self.bytes + n, new))
         self.bytes += n
         self.progress.advance(n, new)
 
@@ -564,9 +572,10 @@ class ShardWriter:
 
     def copy_range(self, copier: Copier, path: str, start: int, end: int,
                    stop: threading.Event) -> None:
-        need_read = self.hasher is not None or self.count
-        buf = bytearray(BLOCK) if need_read else None
-        arr = np.frombuffer(buf, np.uint8) if need_read else None
+        """Append bytes [start, end) of ``path``: each 1 MiB is read once for the count and
+        sha256 (from the page cache) and copied by the kernel."""
+        buf = bytearray(BLOCK)
+        arr = np.frombuffer(buf, np.uint8)
         fin = os.open(path, os.O_RDONLY)
         try:
             pos = start
@@ -574,17 +583,11 @@ class ShardWriter:
                 if stop.is_set():
                     raise _Stopped()
                 n = min(BLOCK, end - pos)
-                view = None
-                if need_read:
-                    got = os.preadv(fin, [memoryview(buf)[:n]], pos)
-                    if got != n:
-                        raise UsageError(f"input {path} shrank while being sharded",
-                                         "do not modify the inputs while shard-data runs")
-                    view = memoryview(buf)[:n]
-                    self._account(view, arr[:n])
-                else:
-                    self.bytes += n
-                    self.progress.advance(n)
+                if os.preadv(fin, [memoryview(buf)[:n]], pos) != n:
+                    raise UsageError(f"input {path} shrank while being sharded",
+                                     "do not modify the inputs while shard-data runs")
+                view = memoryview(buf)[:n]
+                self._account(view, arr[:n])
                 copier.copy(fin, self.fd, pos, n, view)
                 pos += n
         finally:
@@ -685,42 +688,64 @@ def count_plan(sources: Sequence[Source], plan: List[Segment]) -> int:
 
 
 def pad_shard(writer: ShardWriter, header_lines: int, extra: int,
-              rng: np.random.Generator, progress: Optional[Progress] = None) -> None:
+              rng: np.random.Generator, progress: Progress) -> None:
     """Append ``extra`` records re-sampled from the shard itself, continuing its count and
-    sha256. Without replacement: when ``extra`` exceeds the shard's records, each record is
-    first repeated ``extra // records`` times, then the rest are sampled. One streaming pass:
-    how many picks fall in each block is drawn from the hypergeometric law, so the picks are
-    never held all at once (memory stays flat however many records are added)."""
+    sha256. Without replacement: when ``extra`` exceeds the shard's records, every record is
+    first repeated ``extra // records`` times, then the rest are sampled.
+
+    How many picks fall in each written piece is drawn from the hypergeometric law using the
+    piece's newline count, so only pieces holding picks are read, and the picks are never all
+    in memory at once."""
     records = writer.records - header_lines
     if extra <= 0 or records <= 0:
         return
     if writer.last_byte != NEWLINE:
         writer.write(b"\n")
+    size, pieces = writer.bytes, list(writer.pieces)
     copies, picks_left = divmod(extra, records)
+    if copies:
+        data_start = 0
+        if header_lines:
+            data_start = _newline_ends(writer.path, 0, size, [header_lines - 1])[header_lines - 1]
+        copier = Copier()
+        for _ in range(copies):
+            writer.copy_range(copier, writer.path, data_start, size, threading.Event())
     records_left = records
-    skip = header_lines
-    for data in _whole_record_blocks(writer.path, 0, BLOCK, progress or Progress(),
-                                     end=writer.bytes):
-        ends = np.flatnonzero(np.frombuffer(data, np.uint8) == NEWLINE) + 1
-        starts = np.concatenate(([0], ends[:-1]))
-        if skip:
-            dropped = min(skip, len(ends))
-            starts, ends, skip = starts[dropped:], ends[dropped:], skip - dropped
-        m = len(ends)
-        if m == 0:
-            continue
-        added = [memoryview(data)[starts[0]:]] * copies
-        if picks_left:
-            if records_left > m:
-                here = int(rng.hypergeometric(m, records_left - m, picks_left))
+    line = 0                                  # index of the first line ending in this piece
+    fd = os.open(writer.path, os.O_RDONLY)
+    try:
+        for start, end, newlines in pieces:
+            first = max(line, header_lines)   # first record (not header) ending here
+            here_records = line + newlines - first
+            line += newlines
+            if here_records <= 0 or picks_left == 0:
+                records_left -= max(0, here_records)
+                continue
+            if records_left > here_records:
+                here = int(rng.hypergeometric(here_records, records_left - here_records,
+                                              picks_left))
             else:
                 here = picks_left
-            chosen = np.sort(rng.choice(m, size=here, replace=False))
-            added += [data[s:e] for s, e in zip(starts[chosen].tolist(), ends[chosen].tolist())]
-            picks_left -= here
-        records_left -= m
-        if added:
+            records_left -= here_records
+            if not here:
+                continue
+            data = os.pread(fd, end - start, start)
+            progress.advance(len(data))
+            ends = np.flatnonzero(np.frombuffer(data, np.uint8) == NEWLINE) + 1
+            chosen = np.sort(rng.choice(here_records, size=here, replace=False))
+            chosen += first - (line - newlines)
+            added = []
+            for k in chosen.tolist():
+                e = int(ends[k])
+                if k:
+                    added.append(data[int(ends[k - 1]):e])
+                else:                         # starts in an earlier piece
+                    s = rfind_newline(writer.path, 0, start) + 1
+                    added.append(os.pread(fd, start + e - s, s))
             writer.write(b"".join(added))
+            picks_left -= here
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1078,8 +1103,8 @@ def _build(opts: ShardOptions, files: List[str], name: str, stage: Staging,
     pad_rngs = [np.random.default_rng(s) for s in seeds[1].spawn(opts.trainers)]
     file_names = [shard_name(name, i, opts.suffix_length) for i in range(opts.trainers)]
 
-    def make_writer(i: int, count: bool = True) -> ShardWriter:
-        writer = ShardWriter(stage.path(file_names[i]), opts.checksum, progress, count=count)
+    def make_writer(i: int) -> ShardWriter:
+        writer = ShardWriter(stage.path(file_names[i]), opts.checksum, progress)
         if header:
             writer.write(header)
         return writer
@@ -1112,7 +1137,8 @@ def _build(opts: ShardOptions, files: List[str], name: str, stage: Staging,
         def pad(i: int, stop: threading.Event) -> None:
             w = writers[i]
             if w.records < most:
-                w.fd = os.open(w.path, os.O_WRONLY | os.O_APPEND)
+                w.fd = os.open(w.path, os.O_WRONLY)
+                os.lseek(w.fd, 0, os.SEEK_END)
                 try:
                     pad_shard(w, header_lines, most - w.records, pad_rngs[i], progress)
                 finally:

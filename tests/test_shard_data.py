@@ -194,7 +194,9 @@ def test_shuffle_is_a_seeded_permutation_with_equal_counts(text, tmp_path, monke
     assert outs["a"] != outs["c"]
 
 
-def test_equalize_pad_resamples_from_the_shard_itself(text, tmp_path):
+@pytest.mark.parametrize("block", [1 << 20, 64])    # 64: records span the pieces pad reads
+def test_equalize_pad_resamples_from_the_shard_itself(text, tmp_path, monkeypatch, block):
+    monkeypatch.setattr(sharding, "BLOCK", block)
     plain, padded = tmp_path / "plain", tmp_path / "padded"
     run([text], 3, plain)
     manifest = run([text], 3, padded, equalize="pad", seed=3)
