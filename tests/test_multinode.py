@@ -199,3 +199,28 @@ def test_mpi_backend_over_the_ssh_nodes(tmp_path, sshd_nodes, hosts):
     assert res.returncode == 0, res.stdout + res.stderr
     ranks = sorted(re.findall(r"rank (\d)/4 ", res.stdout))
     assert ranks == ["0", "1", "2", "3"], res.stdout
+
+
+def test_export_patterns_and_env_reach_every_rank_on_every_node(tmp_path, sshd_nodes, hosts):
+    res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--export", "NCCL_*",
+                   "--env", "FROM_CLI=1", BEHAVE, "--env-dump", tmp_path, cwd=tmp_path,
+                   env={"NCCL_DEBUG": "INFO", "NCCL_IB_DISABLE": "1", "OTHER_VAR": "no"},
+                   timeout=180)
+    assert res.returncode == 0, res.stderr
+    for r in range(4):
+        env = json.loads((tmp_path / f"env.{r}.json").read_text())["env"]
+        assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_IB_DISABLE"] == "1"
+        assert env["FROM_CLI"] == "1" and "OTHER_VAR" not in env
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--backend", "ssh"], "--backend ssh needs nodes"),
+    (["--backend", "local", "--hosts", "a:1"], "--backend local runs on this machine only"),
+    (["--hosts", "a:1", "--mode", "pserver", "--pserver-hosts", "zz"], "--pserver-hosts names zz"),
+    (["--hosts", "a:0"], "slots"),
+    (["--mode", "pserver", "--backend", "mpi"], "--backend mpi runs collective jobs only"),
+])
+def test_multi_node_usage_errors(tmp_path, args, message):
+    res = fluidctl("train", *args, BEHAVE, cwd=tmp_path, timeout=60)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "mylog").exists()

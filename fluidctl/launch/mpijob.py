@@ -29,10 +29,9 @@ def ranks_per_host(hosts: Sequence[Host], nproc: Optional[int]) -> List[Host]:
 
 
 def build(script: str, script_args: Sequence[str], *, hosts: Sequence[Host], nproc: Optional[int],
-          python: Optional[str], layout: LogLayout, common: dict, ssh_config: Optional[str] = None,
-          write_hostfile: bool = True):
-    """(mpirun argv, its environment, number of ranks); the hostfile is written only for a
-    real run."""
+          python: Optional[str], layout: LogLayout, common: dict, ssh_config: Optional[str] = None):
+    """(mpirun argv, its environment, number of ranks). Pure: the hostfile it names is written
+    by ``run`` once the job really starts."""
     from fluidctl.backends import mpi
     if common["mode"] != "collective":
         raise UsageError("--backend mpi runs collective jobs only",
@@ -46,8 +45,6 @@ def build(script: str, script_args: Sequence[str], *, hosts: Sequence[Host], npr
     hostfile = None
     if hosts:
         hostfile = str(layout.mpi_hostfile)
-        if write_hostfile:
-            mpi.write_hostfile(hosts, hostfile)
     env = dict(common["user_env"])
     env[envs.LOG_DIR] = str(layout.root.resolve())
     env[envs.JOB_TOKEN] = common["token"]
@@ -66,11 +63,8 @@ def run(script: str, script_args: Sequence[str], *, hosts: Sequence[Host], nproc
     from fluidctl.launch import run as running
     from fluidctl.launch.supervisor import LaunchLog, RunOptions
 
-    if not dry_run:
-        layout.create()
     argv, env, np_total = build(script, script_args, hosts=hosts, nproc=nproc, python=python,
-                                layout=layout, common=common, ssh_config=ssh_config,
-                                write_hostfile=not dry_run)
+                                layout=layout, common=common, ssh_config=ssh_config)
     if dry_run:
         if as_json:
             import json
@@ -79,6 +73,10 @@ def run(script: str, script_args: Sequence[str], *, hosts: Sequence[Host], nproc
         else:
             click.echo(shlex.join(argv))
         return 0
+    layout.create()
+    if hosts:
+        from fluidctl.backends import mpi
+        mpi.write_hostfile(ranks_per_host(hosts, nproc), layout.mpi_hostfile)
     logs = [str(layout.worker(r)) for r in range(np_total)] + [str(layout.mpirun)]
     launch_log = LaunchLog(str(layout.launch))
     launch_log(f"fluidctl job over mpirun: {np_total} rank(s): {shlex.join(argv)}")
