@@ -4,7 +4,8 @@
 
 Runs the three back to back, each with ``--nproc`` ranks on this machine, float32 sum at 4 KiB,
 64 KiB, 1 MiB, 16 MiB and 64 MiB, and prints the median time per call and the bus bandwidth as
-nccl-tests defines it: busbw = S / t * 2(n-1)/n. Ratios are fluidctl's busbw over the peer's.
+nccl-tests defines it: busbw = S / t * 2(n-1)/n. "speed-up vs X" is X's time over the first
+contender's (fluidctl's): above 1, fluidctl is faster.
 Rank 0's timings are reported; every measurement starts after a barrier.
 """
 from __future__ import annotations
@@ -160,7 +161,7 @@ def report(runs, args) -> None:
     for run in runs:
         table.add_column(run["name"], justify="right")
     for peer in peers:
-        table.add_column(f"x {peer['name'].split(' v')[0]}", justify="right")
+        table.add_column(f"speed-up vs {peer['name'].split(' v')[0]}", justify="right")
     for size in args.sizes:
         cells = [human(size)]
         for run in runs:
@@ -172,7 +173,7 @@ def report(runs, args) -> None:
     Console().print(table)
     if args.markdown:
         print("\n| size | " + " | ".join(r["name"] for r in runs) + " | "
-              + " | ".join(f"fluidctl / {p['name'].split(' v')[0]}" for p in peers) + " |")
+              + " | ".join(f"speed-up vs {p['name'].split(' v')[0]}" for p in peers) + " |")
         print("|---" * (1 + len(runs) + len(peers)) + "|")
         for size in args.sizes:
             med = [statistics.median(r["times"][size]) for r in runs]
