@@ -59,6 +59,10 @@ def _non_negative(name: str):
 @click.option("--pserver-endpoints", metavar="IP:PORT,...",
               help="Use parameter servers already running instead of starting them, e.g. "
                    "--pserver-endpoints 10.0.0.1:7164,10.0.0.2:7164.")
+@click.option("--token-file", type=str, default=None,
+              help="The job token (HMAC key of every fluidctl connection) from a file, e.g. "
+                   "the one given to standalone pservers: --token-file job.token. Default: "
+                   "$FLUIDCTL_JOB_TOKEN, else a new random token.")
 @click.option("--sync/--async", "sync", default=True, show_default=True,
               help="pserver mode: a barrier per step (--sync) or apply gradients as they come.")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False),
@@ -114,7 +118,8 @@ def _non_negative(name: str):
               help="With --dry-run: print the plan, environments included, as JSON.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def train(nproc, gpus, mode, pservers, pserver_endpoints, sync, checkpoint_dir, checkpoint_every,
+def train(nproc, gpus, mode, pservers, pserver_endpoints, token_file, sync, checkpoint_dir,
+          checkpoint_every,
           hostfile, hosts_arg, backend, ssh_config, accept_new_host_keys, remote_dir, python,
           exports, pserver_hosts, ssh_timeout, started_port, log_dir, env_pairs, env_file,
           grace_period, max_restarts, tee, log_tail, dry_run, as_json, script, script_args):
@@ -143,7 +148,7 @@ def train(nproc, gpus, mode, pservers, pserver_endpoints, sync, checkpoint_dir, 
     backend = backend or ("ssh" if hostfile or hosts_arg else "local")
     common = dict(mode=mode, pserver_endpoints=_split_endpoints(pserver_endpoints), sync=sync,
                   pserver_args=_pserver_args(checkpoint_dir, checkpoint_every), log_dir=log_dir,
-                  user_env=user_env, token=secrets.token_hex(16))
+                  user_env=user_env, token=job_token(token_file))
     run_opts = dict(grace_period=grace_period, max_restarts=max_restarts, tee=tee,
                     log_tail=log_tail, dry_run=dry_run, as_json=as_json)
     if backend == "mpi":
@@ -280,6 +285,21 @@ def _local_node(nproc, gpus, mode, pservers, pserver_endpoints) -> Node:
         return Node("127.0.0.1", count, tuple(found))
     return Node("127.0.0.1", count, tuple(found),
                 pservers=0 if pserver_endpoints else (pservers or 1))
+
+
+def job_token(token_file: Optional[str]) -> str:
+    """--token-file, else $FLUIDCTL_JOB_TOKEN, else a fresh random token."""
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"cannot read --token-file {token_file}: {exc.strerror}",
+                             "check the path") from None
+        if not token:
+            raise UsageError(f"--token-file {token_file} is empty", "put the job token in it")
+        return token
+    from fluidctl import envs
+    return os.environ.get(envs.JOB_TOKEN) or secrets.token_hex(16)
 
 
 def _split_endpoints(text: Optional[str]) -> List[str]:

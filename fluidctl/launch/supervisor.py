@@ -189,18 +189,20 @@ class Supervisor:
     def _stop(self, handles: List[Handle]) -> None:
         """TERM every live tree, wait up to the grace period, KILL the rest, reap all."""
         self._stopping = True
-        live = [h for h in handles if h.poll() is None]
-        for h in live:
+        stopped = [h for h in handles if h.poll() is None]
+        for h in stopped:
             h.terminate()
-        if live:
-            self.log("sent SIGTERM to " + ", ".join(h.label for h in live))
-        live = self._wait_all(live, self.options.grace_period)
+        if stopped:
+            self.log("sent SIGTERM to " + ", ".join(h.label for h in stopped))
+        live = self._wait_all(stopped, self.options.grace_period)
         if live:
             self.log(f"grace period of {self.options.grace_period:g}s over: SIGKILL to "
                      + ", ".join(h.label for h in live))
             for h in live:
                 h.kill()
             live = self._wait_all(live, KILL_WAIT)
+        for h in stopped:
+            self.log(f"{h.label} (pid {h.pid}) stopped with code {h.poll()}")
         for h in handles:
             if h.poll() is not None:
                 h.close()
