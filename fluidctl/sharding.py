@@ -24,6 +24,7 @@ import bisect
 import errno
 import glob
 import hashlib
+import heapq
 import json
 import os
 import shutil
@@ -33,7 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
+# numpy's BLAS threads would only compete with the copy threads for cores: none is used here.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy as np  # noqa: E402
 
 from fluidctl import __version__
 from fluidctl.errors import FluidctlError, UsageError
@@ -44,12 +47,12 @@ EQUALIZE_CHOICES = ("none", "pad", "truncate")
 CHECKSUM_CHOICES = ("sha256", "none")
 
 BLOCK = 1 << 20                    # read buffer per worker thread
-SNIFF = 64 << 10                   # bytes looked at to decide "binary"
+SNIFF = 64 << 10                   # bytes looked at to decide "binary"; newline search step
 GZIP_MAGIC = b"\x1f\x8b"
 NEWLINE = 10
 BUCKET_MAX_BYTES = 4 << 20         # a shuffle bucket is shuffled in memory up to this size...
 BUCKET_MAX_RECORDS = 128 << 10     # ...and this many records; beyond, it is scattered again
-MAX_BUCKETS = 512                  # bucket files per scatter level
+MAX_BUCKETS = 512                  # bucket files per scatter level (ids fit numpy's uint16)
 SCATTER_BLOCK = 256 << 10          # input read per scatter step (Python objects: ~8x this)
 SCATTER_BUFFER = 4 << 20           # buffered bucket bytes, all buckets together
 JOIN_RECORDS = 8192                # records joined per write into a shard
@@ -213,18 +216,21 @@ def _spool_gzip(src: str, dest: str, progress: Progress) -> None:
 
 def open_sources(files: Sequence[str], fmt: str, spool_dir: str,
                  progress: Progress) -> List[Source]:
-    """Stat, sniff and (for gzip) decompress every input; read CSV headers."""
+    """Stat and sniff every input (before any long work), decompress gzip ones, read CSV
+    headers."""
     sources = []
     gz = []
     for i, path in enumerate(files):
         size = os.path.getsize(path)
         with open(path, "rb") as f:
-            magic = f.read(2)
+            head = f.read(SNIFF)
         src = Source(display=path, path=path, input_bytes=size, size=size)
-        if magic == GZIP_MAGIC:
+        if head[:2] == GZIP_MAGIC:
             src.gzip = True
             src.path = os.path.join(spool_dir, f"spool-{i:06d}")
             gz.append(src)
+        else:
+            _sniff_binary(head, path)
         sources.append(src)
     if gz:
         progress.stage("decompressing", sum(s.input_bytes for s in gz))
@@ -233,8 +239,6 @@ def open_sources(files: Sequence[str], fmt: str, spool_dir: str,
     for src in sources:
         src.size = os.path.getsize(src.path)
         with open(src.path, "rb") as f:
-            _sniff_binary(f.read(SNIFF), src.display)
-            f.seek(0)
             if fmt == "csv":
                 src.header = f.readline(BLOCK)
                 src.data_start = len(src.header)
@@ -448,19 +452,30 @@ def plan_lines(stream: Stream, trainers: int) -> List[List[Segment]]:
     total = stream.length
     cuts = [0] * (trainers + 1)
     cuts[trainers] = total
-    for i in range(1, trainers):
-        c = stream.next_boundary(i * total // trainers)
-        if c <= cuts[i - 1] and cuts[i - 1] < total:
-            c = stream.next_boundary(cuts[i - 1] + 1)
-        cuts[i] = min(c, total)
-    for i in range(trainers - 1, 0, -1):    # a record longer than 1/N leaves shards empty
-        if cuts[i] >= cuts[i + 1]:
-            cuts[i] = stream.prev_start(cuts[i + 1]) if cuts[i + 1] > 0 else 0
+    if trainers > total:                    # a record has at least one byte
+        cuts = [0] * (trainers + 1)
+    else:
+        _place_cuts(stream, cuts)
     if any(cuts[i] >= cuts[i + 1] for i in range(trainers)):
         records = stream.count_records(trainers)
         raise UsageError(f"{trainers} trainers but only {records} record(s) in the input",
                          f"pass --trainers {max(1, records)} or fewer")
     return [stream.segments(cuts[i], cuts[i + 1]) for i in range(trainers)]
+
+
+def _place_cuts(stream: Stream, cuts: List[int]) -> None:
+    """cuts[1..N-1] at the first record boundary after i/N of the bytes; then moved so that
+    every shard holds a record (forward: at least one after the previous cut; backward: a
+    record longer than 1/N must not leave the shards after it empty)."""
+    trainers, total = len(cuts) - 1, stream.length
+    for i in range(1, trainers):
+        c = stream.next_boundary(i * total // trainers)
+        if c <= cuts[i - 1] and cuts[i - 1] < total:
+            c = stream.next_boundary(cuts[i - 1] + 1)
+        cuts[i] = min(c, total)
+    for i in range(trainers - 1, 0, -1):
+        if cuts[i] >= cuts[i + 1]:
+            cuts[i] = stream.prev_start(cuts[i + 1]) if cuts[i + 1] > 0 else 0
 
 
 def plan_files(stream: Stream, sources: Sequence[Source], trainers: int) -> List[List[Segment]]:
@@ -469,12 +484,12 @@ def plan_files(stream: Stream, sources: Sequence[Source], trainers: int) -> List
     if len(stream.spans) < trainers:
         raise UsageError(f"{trainers} trainers but only {len(stream.spans)} non-empty input file(s)",
                          "use --by lines, or fewer --trainers")
-    loads = [0] * trainers
+    lightest = [(0, i) for i in range(trainers)]       # heap of (bytes, shard)
     owner: Dict[int, int] = {}
     for k in sorted(range(len(stream.spans)), key=lambda k: (-stream.spans[k].length, k)):
-        target = min(range(trainers), key=lambda i: (loads[i], i))
+        load, target = heapq.heappop(lightest)
         owner[k] = target
-        loads[target] += stream.spans[k].length
+        heapq.heappush(lightest, (load + stream.spans[k].length, target))
     plans: List[List[Segment]] = [[] for _ in range(trainers)]
     for k, span in enumerate(stream.spans):
         segs = plans[owner[k]]
@@ -522,7 +537,6 @@ class Copier:
                     if buffer is None:
                         buffer = memoryview(os.pread(fin, count, offset))
                     n = os.write(fout, buffer[:count])
-                    buffer = buffer[n:]
             except OSError as exc:
                 if mode != "write" and exc.errno in _FALLBACK_ERRNOS:
                     self._downgrade(mode)
@@ -533,6 +547,8 @@ class Copier:
                                  "do not modify the inputs while shard-data runs")
             offset += n
             count -= n
+            if buffer is not None:
+                buffer = buffer[n:]
 
 
 class ShardWriter:
@@ -611,40 +627,28 @@ class _Stopped(Exception):
     """Another worker failed: stop copying."""
 
 
-def _newline_ends(path: str, start: int, end: int, wanted: Sequence[int],
-                  progress: Optional[Progress] = None) -> Dict[int, int]:
-    """Offsets just past the j-th newline (0-based) of bytes [start, end) for each j in the
-    sorted ``wanted``; a scan that stops after the last one."""
-    found: Dict[int, int] = {}
-    if not wanted:
-        return found
-    wanted_arr = np.asarray(wanted, dtype=np.int64)
+def _offset_after_newline(path: str, start: int, end: int, j: int) -> int:
+    """The offset just past the j-th newline (0-based) in bytes [start, end) of a file (which
+    has more than j newlines there)."""
     buf = bytearray(BLOCK)
     arr = np.frombuffer(buf, np.uint8)
     seen = 0
-    i = 0
     fd = os.open(path, os.O_RDONLY)
     try:
         pos = start
-        while pos < end and i < len(wanted_arr):
+        while pos < end:
             n = os.preadv(fd, [memoryview(buf)[:min(BLOCK, end - pos)]], pos)
             if n <= 0:
                 break
             is_newline = arr[:n] == NEWLINE
             count = int(np.count_nonzero(is_newline))
-            j = int(np.searchsorted(wanted_arr, seen + count, side="left"))
-            if j > i:
-                here = np.flatnonzero(is_newline)
-                for w in wanted_arr[i:j].tolist():
-                    found[w] = pos + int(here[w - seen]) + 1
-            i = j
+            if seen + count > j:
+                return pos + int(np.flatnonzero(is_newline)[j - seen]) + 1
             seen += count
             pos += n
-            if progress is not None:
-                progress.advance(n)
     finally:
         os.close(fd)
-    return found
+    raise ValueError(f"{path} has only {seen} newlines in [{start}, {end})")
 
 
 def truncate_plan(sources: Sequence[Source], plan: List[Segment], keep: int) -> List[Segment]:
@@ -664,7 +668,7 @@ def truncate_plan(sources: Sequence[Source], plan: List[Segment], keep: int) -> 
             out.append(seg)
             remaining -= here
             continue
-        end = _newline_ends(path, seg.start, seg.end, [remaining - 1])[remaining - 1]
+        end = _offset_after_newline(path, seg.start, seg.end, remaining - 1)
         out.append(Segment(seg.src, seg.start, end))
         remaining = 0
     return out
@@ -687,6 +691,18 @@ def count_plan(sources: Sequence[Source], plan: List[Segment]) -> int:
     return newlines + (1 if size and last != NEWLINE else 0)
 
 
+def _picks_here(rng: np.random.Generator, here: int, later: int, picks: int) -> int:
+    """How many of ``picks`` records drawn without replacement from ``here + later`` fall among
+    the first ``here``: hypergeometric (binomial beyond numpy's 10**9 limit, clamped so the
+    rest still fit in ``later``)."""
+    if later == 0:
+        return picks
+    if here + later < 10 ** 9:
+        return int(rng.hypergeometric(here, later, picks))
+    drawn = int(rng.binomial(picks, here / (here + later)))
+    return max(picks - later, min(here, drawn))
+
+
 def pad_shard(writer: ShardWriter, header_lines: int, extra: int,
               rng: np.random.Generator, progress: Progress) -> None:
     """Append ``extra`` records re-sampled from the shard itself, continuing its count and
@@ -706,7 +722,7 @@ def pad_shard(writer: ShardWriter, header_lines: int, extra: int,
     if copies:
         data_start = 0
         if header_lines:
-            data_start = _newline_ends(writer.path, 0, size, [header_lines - 1])[header_lines - 1]
+            data_start = _offset_after_newline(writer.path, 0, size, header_lines - 1)
         copier = Copier()
         for _ in range(copies):
             writer.copy_range(copier, writer.path, data_start, size, threading.Event())
@@ -721,11 +737,7 @@ def pad_shard(writer: ShardWriter, header_lines: int, extra: int,
             if here_records <= 0 or picks_left == 0:
                 records_left -= max(0, here_records)
                 continue
-            if records_left > here_records:
-                here = int(rng.hypergeometric(here_records, records_left - here_records,
-                                              picks_left))
-            else:
-                here = picks_left
+            here = _picks_here(rng, here_records, records_left - here_records, picks_left)
             records_left -= here_records
             if not here:
                 continue
@@ -850,7 +862,7 @@ def _scatter(blocks, directory: str, buckets: int, rng: np.random.Generator) -> 
     try:
         for block in blocks:
             records = _records_of(block)
-            choice = rng.integers(0, buckets, size=len(records))
+            choice = rng.integers(0, buckets, size=len(records), dtype=np.uint16)  # radix sort
             grouped = _pick(records, np.argsort(choice, kind="stable"))
             pos = 0
             for b, n in enumerate(np.bincount(choice, minlength=buckets).tolist()):
@@ -943,8 +955,12 @@ def shuffle_shards(sources: Sequence[Source], opts: ShardOptions, work_dir: str,
     counts = [base] * n if opts.equalize == "truncate" else [base + (i < extra) for i in range(n)]
     progress.stage("writing shards", sum(b.bytes for b in buckets))
     sink = ShuffleSink(make_writer, counts)
-    for bucket in buckets:
-        _emit_bucket(bucket, rng, sink)
+    try:
+        for bucket in buckets:
+            _emit_bucket(bucket, rng, sink)
+    finally:
+        for writer in sink.writers:
+            writer.close()
     return sink.writers
 
 
@@ -1013,15 +1029,18 @@ class Staging:
             self._cleanup()
 
 
-def _io_error(exc: OSError, out_dir: str) -> FluidctlError:
-    """An OSError met while sharding, as one line: disk full and unwritable output are the
-    user's to fix (exit 2); anything else is reported with its file (exit 1)."""
+def _io_error(exc: OSError, out_dir: str, staging: str) -> FluidctlError:
+    """An OSError met while sharding, as one line: disk full, unwritable output and unreadable
+    input are the user's to fix (exit 2); anything else is reported with its file (exit 1)."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return UsageError(f"disk full while writing {out_dir}",
                           "free some space or choose another -o")
+    writing = not exc.filename or _inside(str(exc.filename), staging)
     if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return UsageError(f"cannot write {exc.filename or out_dir}: {exc.strerror}",
-                          "choose a writable -o")
+        if writing:
+            return UsageError(f"cannot write {out_dir}: {exc.strerror}", "choose a writable -o")
+        return UsageError(f"cannot read {exc.filename}: {exc.strerror}",
+                          "check the input's permissions")
     return FluidctlError(f"{exc.filename or out_dir}: {exc.strerror or exc}",
                          "check the disk and the inputs", exit_code=1)
 
@@ -1089,7 +1108,7 @@ def shard(opts: ShardOptions, progress: Optional[Progress] = None) -> dict:
                 f.write("\n")
             stage.commit()
         except OSError as exc:
-            raise _io_error(exc, opts.out_dir) from None
+            raise _io_error(exc, opts.out_dir, stage.tmp) from None
     return manifest
 
 
