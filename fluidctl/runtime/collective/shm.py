@@ -37,6 +37,7 @@ LINE = 64                         # bytes per rank's control line (one cache lin
 ALIGN = 4096
 ABORT_MSG = 1024
 DEFAULT_CHUNK = 4 << 20
+BLOCK = 512 << 10                 # bytes reduced at a time (a multiple of every itemsize)
 SPIN_SECONDS = 100e-6
 YIELD_SECONDS = 5e-3
 LIVENESS_EVERY = 0.2
@@ -216,21 +217,23 @@ class ShmGroup:
                 raise CollectiveError(problem)
             # 2. reduce this rank's slice: own data + every peer's copy of that slice
             if not problem:
-                lo, hi = cuts[me], cuts[me + 1]
-                out = self.result[lo:hi].view(flat.dtype)
-                own = part[lo:hi].view(flat.dtype)
-                peers = [self.slots[j][lo:hi].view(flat.dtype) for j in others]
-                if zero_input:
-                    out[:] = peers[0] if peers else 0
-                    peers = peers[1:]
-                elif peers:
-                    ufunc(own, peers.pop(0), out=out)
-                else:
-                    out[:] = own
-                for peer in peers:
-                    ufunc(out, peer, out=out)
-                if not hierarchical:
-                    own[:] = out
+                # in cache-sized blocks, so the copy back into ``own`` reads a hot ``out``
+                for lo in range(cuts[me], cuts[me + 1], BLOCK):
+                    hi = min(lo + BLOCK, cuts[me + 1])
+                    out = self.result[lo:hi].view(flat.dtype)
+                    own = part[lo:hi].view(flat.dtype)
+                    peers = [self.slots[j][lo:hi].view(flat.dtype) for j in others]
+                    if zero_input:
+                        out[:] = peers[0] if peers else 0
+                        peers = peers[1:]
+                    elif peers:
+                        ufunc(own, peers.pop(0), out=out)
+                    else:
+                        out[:] = own
+                    for peer in peers:
+                        ufunc(out, peer, out=out)
+                    if not hierarchical:
+                        own[:] = out
             self.arrive_and_wait()
             if hierarchical:
                 if across is not None:
