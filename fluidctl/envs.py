@@ -77,6 +77,20 @@ OMPI_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_SIZE"
 DEFAULT_TIMEOUT = 300.0
 
 
+def read_token_file(path: str) -> str:
+    """The job token kept in a file (whitespace stripped); a UsageError if unusable."""
+    from fluidctl.errors import UsageError
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read token file {path}: {exc.strerror}",
+                         "pass --token-file with a readable file holding the job token") from None
+    if not token:
+        raise UsageError(f"token file {path} is empty", "write the job token into it")
+    return token
+
+
 def split_endpoint(endpoint: str):
     """'host:port' -> (host, int(port)); IPv6 may be written '[::1]:port'."""
     host, _, port = endpoint.rpartition(":")

@@ -4,7 +4,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 
 import pytest
 

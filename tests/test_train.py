@@ -7,13 +7,12 @@ import os
 import re
 import signal
 import socket
-import stat
 import subprocess
 import sys
 
 import pytest
 
-from launchutil import (BEHAVE, ROOT, assert_all_gone, fluidctl, read_pids, start_fluidctl,
+from launchutil import (BEHAVE, assert_all_gone, fluidctl, read_pids, start_fluidctl,
                         wait_for)
 
 
@@ -25,7 +24,7 @@ def dump_env(tmp_path, rank):
 
 def test_every_rank_gets_the_collective_contract(tmp_path):
     (tmp_path / "job.env").write_text("# comment\nexport FROM_FILE='yes'\n\nSHARED=file\n")
-    res = fluidctl("train", "--nproc", 3, "--env", "FOO=bar=baz", "--env", "SHARED=cli",
+    fluidctl("train", "--nproc", 3, "--env", "FOO=bar=baz", "--env", "SHARED=cli",
                    "--env-file", "job.env", BEHAVE, "--env-dump", tmp_path, "--weird", "-x",
                    "--", "tail", cwd=tmp_path, check=0)
     envs = [dump_env(tmp_path, r)["env"] for r in range(3)]

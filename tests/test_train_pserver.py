@@ -105,6 +105,7 @@ def test_wrong_token_against_running_pservers_fails_clearly(tmp_path):
 
 def test_token_file_errors(tmp_path):
     (tmp_path / "empty").write_text("\n")
-    for name, message in (("empty", "is empty"), ("missing", "cannot read --token-file")):
+    for name, message in (("empty", "token file empty is empty"),
+                          ("missing", "cannot read token file missing")):
         res = fluidctl("train", "--token-file", name, BEHAVE, cwd=tmp_path)
         assert res.returncode == 2 and message in res.stderr, res.stderr

@@ -51,18 +51,9 @@ def emit(tag: str, text: str) -> None:
 
 def probe(ports: int) -> dict:
     """What the launcher needs to know about this node before it plans."""
-    import socket
     from fluidctl.launch import devices
-    socks = []
-    try:
-        for _ in range(ports):
-            s = socket.socket()
-            s.bind(("", 0))
-            socks.append(s)
-        free = [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    from fluidctl.launch.ports import free_ports
+    free = free_ports(ports, "")
     return {"python": sys.version.split()[0], "fluidctl": __version__,
             "disk_free": shutil.disk_usage(".").free, "cwd": os.getcwd(),
             "gpus": len(devices.discover_gpus(os.environ)), "ports": free}

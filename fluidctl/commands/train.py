@@ -289,16 +289,9 @@ def _local_node(nproc, gpus, mode, pservers, pserver_endpoints) -> Node:
 
 def job_token(token_file: Optional[str]) -> str:
     """--token-file, else $FLUIDCTL_JOB_TOKEN, else a fresh random token."""
-    if token_file:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise UsageError(f"cannot read --token-file {token_file}: {exc.strerror}",
-                             "check the path") from None
-        if not token:
-            raise UsageError(f"--token-file {token_file} is empty", "put the job token in it")
-        return token
     from fluidctl import envs
+    if token_file:
+        return envs.read_token_file(token_file)
     return os.environ.get(envs.JOB_TOKEN) or secrets.token_hex(16)
 
 

@@ -25,17 +25,11 @@ import click
 
 from fluidctl import envs
 from fluidctl.errors import UsageError
+from fluidctl.launch.ports import free_port
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 MPI_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "OPAL_")
 ADDRESS_ENV = "FLUIDCTL_HOST_ADDRESS"     # override this node's address in the endpoints
-
-
-def free_port(address: str) -> int:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
 
 
 def ssh_server_address(environ: Mapping[str, str]) -> str:

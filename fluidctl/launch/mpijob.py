@@ -8,9 +8,7 @@ in LOG_DIR/mpirun.log.
 """
 from __future__ import annotations
 
-import os
 import shlex
-import sys
 from typing import List, Optional, Sequence
 
 import click

@@ -75,7 +75,12 @@ class PortReservation:
         self.release()
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
+    """``count`` distinct ports free right now, released at once: for tools that cannot hold
+    a reservation until their user binds (remote probes, mpirun ranks, tests)."""
+    with PortReservation(host, count) as res:
+        return res.ports
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """One free port, released at once (for tools that cannot hold a reservation)."""
-    with PortReservation(host, 1) as res:
-        return res.ports[0]
+    return free_ports(1, host)[0]

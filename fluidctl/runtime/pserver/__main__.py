@@ -26,15 +26,7 @@ from fluidctl.runtime.pserver.server import (DEFAULT_MAX_FRAME, DEFAULT_PORT, PS
                                              ServerConfig)
 
 
-def read_token_file(path: str) -> str:
-    try:
-        token = open(path).read().strip()
-    except OSError as exc:
-        raise UsageError(f"cannot read token file {path}: {exc.strerror}",
-                         "pass --token-file with a readable file holding the job token") from None
-    if not token:
-        raise UsageError(f"token file {path} is empty", "write the job token into it")
-    return token
+read_token_file = envs.read_token_file
 
 
 def build_parser() -> argparse.ArgumentParser:

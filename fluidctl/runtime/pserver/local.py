@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import select
-import socket
 import subprocess
 import sys
 import time
@@ -18,17 +17,7 @@ from typing import Dict, List, Optional, Sequence
 from fluidctl import envs
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+from fluidctl.launch.ports import free_ports  # noqa: E402,F401  (tests and bench use it here)
 
 
 def role_env(role: str, index: int, endpoints: Sequence[str], trainers: int, sync: bool,
