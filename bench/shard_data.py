@@ -23,6 +23,7 @@ VARIANTS = {
     "lines (sha256)": [],
     "lines --checksum none": ["--checksum", "none"],
     "lines --equalize pad": ["--equalize", "pad"],
+    "lines --equalize pad --checksum none": ["--equalize", "pad", "--checksum", "none"],
     "lines --shuffle": ["--shuffle", "--seed", "1"],
 }
 
@@ -89,11 +90,11 @@ def main() -> None:
                 rss[label] = max(rss.get(label, 0), peak)
                 shutil.rmtree(out)
         base = statistics.median(times["split -n l/%d" % args.trainers])
-        print(f"{'command':28s} {'median s':>9s} {'min s':>7s} {'x split':>8s} {'peak RSS':>9s}")
+        print(f"{'command':38s} {'median s':>9s} {'min s':>7s} {'x split':>8s} {'peak RSS':>9s}")
         for label, values in times.items():
             med = statistics.median(values)
             peak = f"{rss[label]:.0f} MiB" if label in rss else "-"
-            print(f"{label:28s} {med:9.3f} {min(values):7.3f} {med / base:8.2f} {peak:>9s}")
+            print(f"{label:38s} {med:9.3f} {min(values):7.3f} {med / base:8.2f} {peak:>9s}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
