@@ -68,6 +68,23 @@ class RemoteAgent:
             report_pid=True))
         self.proc = RemoteProcess(node, self.channel, self._line, capture=False, report_pid=True)
         self.pid: Optional[int] = None
+        # the supervisor waits on descriptors: a pipe that turns readable when the agent ends
+        # (or its connection dies), so an end is noticed at once, not at the next poll
+        self._ended_r, self._ended_w = os.pipe()
+        threading.Thread(target=self._watch_end, daemon=True,
+                         name=f"agent-end-{label}").start()
+
+    def _watch_end(self) -> None:
+        """Owns the pipe's write end (so it is never written after being closed)."""
+        while not self.channel.status_event.wait(0.5):
+            transport = self.channel.get_transport()
+            if self.channel.closed or transport is None or not transport.is_active():
+                break
+        try:
+            os.write(self._ended_w, b"x")
+        except OSError:                     # the read end is gone: nobody is waiting
+            pass
+        os.close(self._ended_w)
 
     # --- the conversation ------------------------------------------------------------------
     def wait_probe(self, timeout: float) -> Optional[dict]:
@@ -136,7 +153,7 @@ class RemoteAgent:
 
     # --- the Handle protocol ---------------------------------------------------------------
     def fileno(self) -> int:
-        return -1
+        return self._ended_r
 
     def poll(self) -> Optional[int]:
         from fluidctl.backends.ssh import ConnectionLost
@@ -172,6 +189,9 @@ class RemoteAgent:
                 f.close()
             self._files.clear()
         self.proc.close()
+        if self._ended_r >= 0:
+            os.close(self._ended_r)
+            self._ended_r = -1
 
 
 def start_agents(hosts: Sequence[Host], nodes, *, python: str, remote_dir: str,
