@@ -204,12 +204,10 @@ def _run_multinode(script, script_args, *, backend, hosts, nproc, gpus, pservers
         count = host.slots if host.slots_given else nproc
         wanted[host.name] = (count or multinode.MAX_UNKNOWN_PORTS) + k + 1
     launch_log = LaunchLog()
-    connected = multinode.connect(resolved, targets, backend=backend, timeout=ssh_timeout)
-    agents = []
+    connected, agents = multinode.bring_up(
+        resolved, targets, backend=backend, python=python, remote_dir=remote_dir,
+        timeout=ssh_timeout, ports_wanted=wanted, launch_log=launch_log)
     try:
-        agents = multinode.start_agents(resolved, connected.nodes, python=python,
-                                        remote_dir=remote_dir, timeout=ssh_timeout,
-                                        ports_wanted=wanted, launch_log=launch_log)
         nodes = []
         for host, agent, k in zip(resolved, agents, on_pservers):
             found = node_gpus(nproc, gpus, [str(i) for i in range(agent.probe["gpus"])])
@@ -218,7 +216,7 @@ def _run_multinode(script, script_args, *, backend, hosts, nproc, gpus, pservers
                 raise UsageError(f"node {host.name} has {count} slots but {len(found)} GPUs "
                                  "selected", "make slots match the GPUs, or drop slots= and "
                                  "use --gpus")
-            address = connected.nodes[host.name].peer_address or host.address
+            address = connected[host.name].peer_address or host.address
             nodes.append(Node(address, count, tuple(found), host.name, k))
         job = JobSpec(script=multinode.relative_script(script, os.getcwd()),
                       script_args=script_args, nodes=nodes, python=python, multi_node_logs=True,
@@ -228,7 +226,7 @@ def _run_multinode(script, script_args, *, backend, hosts, nproc, gpus, pservers
         if dry_run:
             _print_plan(the_plan, as_json)
             return 0
-        return multinode.supervise(the_plan, resolved, connected.nodes, agents, backend=backend,
+        return multinode.supervise(the_plan, resolved, connected, agents, backend=backend,
                                    python=python, remote_dir=remote_dir,
                                    ssh_timeout=ssh_timeout, layout=layout,
                                    grace_period=grace_period, max_restarts=max_restarts, tee=tee,
@@ -237,7 +235,8 @@ def _run_multinode(script, script_args, *, backend, hosts, nproc, gpus, pservers
         for agent in agents:
             agent.abandon()
         launch_log.close()
-        connected.close()
+        for node in connected.values():
+            node.close()
 
 
 def _pserver_placement(common, pservers, pserver_hosts, names) -> List[int]:

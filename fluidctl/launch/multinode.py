@@ -194,51 +194,53 @@ class RemoteAgent:
             self._ended_r = -1
 
 
-def start_agents(hosts: Sequence[Host], nodes, *, python: str, remote_dir: str,
-                 timeout: float, ports_wanted: Dict[str, int], launch_log) -> List[RemoteAgent]:
-    """Start an agent on every node at once and wait for every probe; one bad node is a
-    one-line error naming each node that failed, after every agent was told to exit."""
-    from fluidctl.backends.ssh import parallel
+def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remote_dir: str,
+             timeout: float, ports_wanted: Dict[str, int], launch_log,
+             nodes: Optional[Dict[str, object]] = None):
+    """Connect to every node (unless ``nodes`` are connected already) and start its agent,
+    each node on its own thread from start to probe; one bad node is a one-line error naming
+    every node that failed, after every agent was told to exit and every connection closed.
+    Returns ({name: node}, [agent per host])."""
+    from fluidctl.backends.ssh import ConnectFailed, parallel
+    cls = node_class(backend)
+    given = nodes or {}
 
     def one(host: Host):
+        node = given.get(host.name)
+        if node is None:
+            node = cls(host, targets[host.name], timeout=timeout)
+            try:
+                node.connect()
+            except ConnectFailed as exc:
+                return None, None, str(exc)
         try:
-            agent = RemoteAgent(nodes[host.name], host.name, python=python,
-                                remote_dir=remote_dir, ports=ports_wanted[host.name],
-                                launch_log=launch_log)
+            agent = RemoteAgent(node, host.name, python=python, remote_dir=remote_dir,
+                                ports=ports_wanted.get(host.name, 0), launch_log=launch_log)
         except Exception as exc:
-            return None, f"could not start fluidctl there: {exc}"
+            return node, None, f"could not start fluidctl there: {exc}"
         info = agent.wait_probe(timeout)
         if info is None:
-            return agent, agent.why_no_probe(python, remote_dir, timeout)
+            return node, agent, agent.why_no_probe(python, remote_dir, timeout)
         if info.get("fluidctl") != __version__:
-            return agent, (f"fluidctl {info.get('fluidctl')} there, {__version__} here (install "
-                           "the same version on every node)")
-        return agent, ""
+            return node, agent, (f"fluidctl {info.get('fluidctl')} there, {__version__} here "
+                                 "(install the same version on every node)")
+        return node, agent, ""
 
     results = parallel(list(hosts), one)
-    failures = [(h.name, why) for h, (_, why) in zip(hosts, results) if why]
-    agents = [agent for agent, _ in results]
+    connected = {h.name: node for h, (node, _, _) in zip(hosts, results) if node is not None}
+    agents = [agent for _, agent, _ in results]
+    failures = [(h.name, why) for h, (_, _, why) in zip(hosts, results) if why]
     if failures:
         for agent in agents:
             if agent is not None:
                 agent.abandon()
+        if not given:
+            for node in connected.values():
+                node.close()
         raise UsageError("; ".join(f"node {name}: {why}" for name, why in failures),
                          "fix the node(s) or the hostfile; 'fluidctl cluster check' shows "
                          "every node; nothing was started")
-    return agents
-
-
-def connect(hosts: Sequence[Host], targets, *, backend: str, timeout: float):
-    """Connect to every node in parallel; a node that cannot be reached is a one-line error."""
-    from fluidctl.backends.ssh import connect_all
-    connected = connect_all(hosts, targets, timeout=timeout, node_class=node_class(backend))
-    if connected.failures:
-        connected.close()
-        raise UsageError("; ".join(f"node {n}: {connected.failures[n]}" for n in
-                                   [h.name for h in hosts] if n in connected.failures),
-                         "fix the node(s) or the hostfile; 'fluidctl cluster check' shows "
-                         "every node; nothing was started")
-    return connected
+    return connected, agents
 
 
 def agent_spec(the_plan: Plan, node_index: int, *, attempt: int, max_restarts: int,
@@ -284,9 +286,9 @@ def supervise(the_plan: Plan, hosts: Sequence[Host], nodes, first_agents: List[R
                f"{len(hosts)} node(s), mode {the_plan.job.mode}, master {the_plan.master}")
 
     def start(attempt: int):
-        agents = first_agents if attempt == 0 else start_agents(
-            hosts, nodes, python=python, remote_dir=remote_dir, timeout=ssh_timeout,
-            ports_wanted={h.name: 0 for h in hosts}, launch_log=launch_log)
+        agents = first_agents if attempt == 0 else bring_up(
+            hosts, None, backend=backend, python=python, remote_dir=remote_dir,
+            timeout=ssh_timeout, ports_wanted={}, launch_log=launch_log, nodes=nodes)[1]
         handles = []
         for i, agent in enumerate(agents):
             procs = the_plan.on_node(i)
