@@ -6,8 +6,10 @@ import hashlib
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -435,3 +437,21 @@ def test_copy_across_file_systems(text, tmpfs):
     assert result.returncode == 0, result.stderr
     _, files = check_manifest_matches_files(target / "out")
     assert b"".join(f.read_bytes() for f in files) == text.read_bytes()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_run_leaves_nothing(tmp_path, sig, code):
+    data = tmp_path / "data.txt"
+    data.write_bytes(b"".join(b"record %d of the interrupted run\n" % i for i in range(1_500_000)))
+    parent = tmp_path / "outs"
+    parent.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "fluidctl", "shard-data", str(data), "-n", "2",
+                             "-o", str(parent / "out"), "--shuffle", "-q"],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not os.listdir(parent) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)            # poll for the staging directory: the work has started
+    assert proc.poll() is None, "finished before it could be interrupted"
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == code, proc.stderr.read()
+    assert os.listdir(parent) == []

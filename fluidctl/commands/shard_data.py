@@ -1,6 +1,7 @@
 """``fluidctl shard-data``: options -> ShardOptions -> fluidctl.sharding.shard()."""
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 
@@ -78,6 +79,7 @@ In the training script (reads PADDLE_TRAINER_ID / PADDLE_TRAINERS_NUM):
               help="No progress bar and no summary table. Example: -q")
 def shard_data(inputs, trainers, out_dir, by, fmt, shuffle, seed, name, suffix_length, equalize,
                checksum, force, quiet):
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)    # clean up the staging dir, as on Ctrl-C
     opts = sharding.ShardOptions(
         inputs=list(inputs), trainers=trainers, out_dir=out_dir, by=by, format=fmt,
         shuffle=shuffle, seed=seed, name=name, suffix_length=suffix_length, equalize=equalize,
@@ -91,6 +93,10 @@ def shard_data(inputs, trainers, out_dir, by, fmt, shuffle, seed, name, suffix_l
     if not quiet:
         from fluidctl.console import console
         console().print(summary_table(manifest, out_dir))
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 class RichProgress(sharding.Progress):
