@@ -36,10 +36,6 @@ In the training script (reads PADDLE_TRAINER_ID / PADDLE_TRAINERS_NUM):
   for batch in ShardReader("shards/", batch_size=32): ...
 """
 
-# TODO(issue 6): --to-hosts HOSTFILE: after the shards are built, copy shard i only to the node
-# that runs trainer i (hosts and slots from fluidctl.launch.hosts, transfer through the SSH
-# backend), verifying each copy against the manifest's sha256. Not implemented until the SSH
-# backend's file-transfer API lands; today, copy OUT_DIR to every node (or use shared storage).
 
 
 @click.command("shard-data", help=HELP, short_help="Split a data set into one shard per trainer.")
@@ -75,11 +71,53 @@ In the training script (reads PADDLE_TRAINER_ID / PADDLE_TRAINERS_NUM):
               help="Per-shard checksum in the manifest; none is faster on machines with few "
                    "cores. Example: --checksum none")
 @click.option("--force", is_flag=True, help="Replace OUT_DIR if it exists. Example: --force")
+@click.option("--to-hosts", "to_hosts", metavar="HOSTFILE", default=None,
+              help="Then send shard i only to the node of trainer i (slots= of the hostfile "
+                   "must add up to --trainers), plus the manifest to every node, verified by "
+                   "sha256. Example: --to-hosts hosts")
+@click.option("--remote-dir", default=None,
+              help="With --to-hosts: a relative OUT_DIR goes under this directory on the nodes "
+                   "[default: this directory's path]; '{host}' is the node's name. "
+                   "Example: --remote-dir /data/job")
+@click.option("--ssh-config", default=None,
+              help="With --to-hosts: ssh config to read instead of ~/.ssh/config. "
+                   "Example: --ssh-config ./ssh.cfg")
+@click.option("--accept-new-host-keys", is_flag=True,
+              help="With --to-hosts: trust host keys seen for the first time.")
 @click.option("-q", "--quiet", is_flag=True,
               help="No progress bar and no summary table. Example: -q")
 def shard_data(inputs, trainers, out_dir, by, fmt, shuffle, seed, name, suffix_length, equalize,
-               checksum, force, quiet):
+               checksum, force, to_hosts, remote_dir, ssh_config, accept_new_host_keys, quiet):
     signal.signal(signal.SIGTERM, _exit_on_sigterm)    # clean up the staging dir, as on Ctrl-C
+    targets = None
+    if to_hosts:            # every node is reachable before anything is written
+        from fluidctl.launch import distribute
+        from fluidctl.launch.hosts import parse_hostfile
+        hosts = parse_hostfile(to_hosts)
+        placed = distribute.ranks_by_node(hosts, trainers)
+        targets = distribute.connect(hosts, ssh_config=ssh_config,
+                                     accept_new=accept_new_host_keys, timeout=10.0)
+    elif remote_dir or ssh_config or accept_new_host_keys:
+        from fluidctl.errors import UsageError
+        raise UsageError("--remote-dir/--ssh-config/--accept-new-host-keys go with --to-hosts",
+                         "add --to-hosts HOSTFILE or drop them")
+    try:
+        manifest = _shard(inputs, trainers, out_dir, by, fmt, shuffle, seed, name, suffix_length,
+                          equalize, checksum, force, quiet)
+        if targets is not None:
+            resolved, connected = targets
+            sent = distribute.send_shards(manifest, out_dir, resolved, connected.nodes, placed,
+                                          remote_dir)
+            if not quiet:
+                for host, paths in sent.items():
+                    click.echo(f"{host}: {', '.join(paths)}")
+    finally:
+        if targets is not None:
+            targets[1].close()
+
+
+def _shard(inputs, trainers, out_dir, by, fmt, shuffle, seed, name, suffix_length, equalize,
+           checksum, force, quiet) -> dict:
     opts = sharding.ShardOptions(
         inputs=list(inputs), trainers=trainers, out_dir=out_dir, by=by, format=fmt,
         shuffle=shuffle, seed=seed, name=name, suffix_length=suffix_length, equalize=equalize,
@@ -93,6 +131,7 @@ def shard_data(inputs, trainers, out_dir, by, fmt, shuffle, seed, name, suffix_l
     if not quiet:
         from fluidctl.console import console
         console().print(summary_table(manifest, out_dir))
+    return manifest
 
 
 def _exit_on_sigterm(signum, frame):

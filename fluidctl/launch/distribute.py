@@ -1,0 +1,87 @@
+"""``fluidctl shard-data --to-hosts``: each shard goes only to the node that runs its trainer.
+
+Trainers are laid out over the hostfile's nodes as ``fluidctl train --hostfile`` lays them out
+(node 0 takes ranks 0..slots-1, and so on), so shard i lands where trainer i reads it. Every
+node also gets the manifest (the runtime checks the shard count against it). Files are sent
+over SFTP to a temporary name and renamed into place, then checked against the manifest's
+sha256 on the node. All nodes are connected to before anything is sharded, so an unreachable
+node costs nothing.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from fluidctl.errors import FluidctlError, UsageError
+from fluidctl.launch.hosts import Host
+
+MANIFEST = "manifest.json"
+
+
+def ranks_by_node(hosts: Sequence[Host], trainers: int) -> Dict[str, List[int]]:
+    """{node name: [trainer ranks]} as the launcher places them; slots must add up."""
+    total = sum(h.slots for h in hosts)
+    if total != trainers:
+        raise UsageError(f"the hosts hold {total} trainer slot(s) but --trainers is {trainers}",
+                         "make the hostfile's slots= add up to --trainers (one shard per "
+                         "trainer)")
+    placed, rank = {}, 0
+    for host in hosts:
+        placed[host.name] = list(range(rank, rank + host.slots))
+        rank += host.slots
+    return placed
+
+
+def remote_out_dir(out_dir: str, remote_dir: Optional[str], host: str) -> str:
+    """Where OUT_DIR is on a node: absolute stays, relative is under --remote-dir (default:
+    this directory's path); '{host}' in --remote-dir is the node's name."""
+    if os.path.isabs(out_dir):
+        return out_dir
+    base = (remote_dir or os.getcwd()).replace("{host}", host)
+    return posixpath.normpath(posixpath.join(base, out_dir))
+
+
+def connect(hosts: Sequence[Host], *, ssh_config, accept_new: bool, timeout: float):
+    from fluidctl.backends.ssh import connect_all
+    from fluidctl.launch.sshconfig import resolve_hosts
+    resolved, targets = resolve_hosts(hosts, ssh_config, accept_new)
+    connected = connect_all(resolved, targets, timeout=timeout)
+    if connected.failures:
+        connected.close()
+        raise UsageError("; ".join(f"node {n}: {r}" for n, r in connected.failures.items()),
+                         "fix the node or the hostfile; nothing was written")
+    return resolved, connected
+
+
+def send_shards(manifest: dict, out_dir: str, hosts: Sequence[Host], nodes, placed,
+                remote_dir: Optional[str], on_bytes=None) -> Dict[str, List[str]]:
+    """Send every node its shards and the manifest; verify; return {node: [remote paths]}."""
+    from fluidctl.backends.ssh import FileToSend, SyncPlan, parallel, send_files
+
+    shards = manifest["shards"]
+
+    def one(host: Host):
+        node = nodes[host.name]
+        where = remote_out_dir(out_dir, remote_dir, host.name)
+        names = [shards[r]["file"] for r in placed[host.name]] + [MANIFEST]
+        files = []
+        for name in names:
+            local = Path(out_dir) / name
+            st = local.stat()
+            files.append(FileToSend(local, posixpath.join(where, name), st.st_size,
+                                    st.st_mtime, stat.S_IMODE(st.st_mode)))
+        send_files(node, SyncPlan(where, files), on_bytes)
+        expected = {posixpath.join(where, shards[r]["file"]): shards[r].get("sha256")
+                    for r in placed[host.name]}
+        wanted = [p for p, digest in expected.items() if digest]
+        got = node.remote_sha256(wanted)
+        bad = [p for p in wanted if got.get(p) != expected[p]]
+        if bad:
+            raise FluidctlError(f"node {host.name}: {', '.join(bad)} differ from the manifest "
+                                "after the copy", "run the command again", exit_code=1)
+        return [f.remote for f in files]
+
+    return dict(zip([h.name for h in hosts], parallel(list(hosts), one)))
