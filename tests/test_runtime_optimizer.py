@@ -100,8 +100,9 @@ def test_pserver_mode_delegates_to_the_parameter_servers(tmp_path):
         opt = rt.DistributedOptimizer(params, optimizer=rt.optim.SGD(lr=0.5),
                                       strategy=rt.DistributeStrategy(min_block_size=1))
         assert type(opt._pserver).__name__ == "PServerOptimizer"
-        opt.step({"w": np.ones(3, np.float32)})
+        assert opt.step({"w": np.ones(3, np.float32)}) == 1
         assert np.allclose(params["w"], 0.5)
+        assert opt.step_count == 1                 # the pservers' step, not a stale 0
         opt.close()
     finally:
         rt.finalize()

@@ -73,7 +73,7 @@ class DistributedOptimizer:
         self.ctx = ctx
         self.optimizer = optimizer if optimizer is not None else _optim.SGD(lr=0.01)
         self.strategy = strategy if strategy is not None else DistributeStrategy()
-        self.step_count = 0
+        self._steps = 0
         self._pserver = None
         if ctx.mode == "pserver":
             from fluidctl.runtime.pserver.client import PServerOptimizer
@@ -187,8 +187,13 @@ class DistributedOptimizer:
                                          view.reshape(self.params[name].shape))
         if self.owner:
             self._broadcast_params(self.owner)
-        self.step_count += 1
-        return self.step_count
+        self._steps += 1
+        return self._steps
+
+    @property
+    def step_count(self) -> int:
+        """Steps taken (in pserver mode: the pservers' global step)."""
+        return self._pserver.step_count if self._pserver is not None else self._steps
 
     def close(self) -> None:
         if self._pserver is not None:
