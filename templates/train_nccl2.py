@@ -3,6 +3,11 @@
     fluidctl train --nproc 2 templates/train_nccl2.py --epochs 5
     python templates/train_nccl2.py                  # one process works too
 
+    # the same data from files, sharded by fluidctl shard-data (equal record counts for NCCL2)
+    python templates/train_nccl2.py --write-data train.txt
+    fluidctl shard-data train.txt --trainers 2 -o shards --equalize pad
+    fluidctl train --nproc 2 templates/train_nccl2.py --data shards
+
 The data set is generated the same way on every trainer (a fixed seed and a hidden "teacher"
 network labelling random points); each trainer then takes its own contiguous shard. Parameters
 start on trainer 0 and are broadcast by DistributedOptimizer, which also averages gradients every
@@ -26,6 +31,25 @@ def make_data(samples: int, features: int, classes: int, seed: int):
     teacher2 = rng.standard_normal((32, classes))
     y = np.argmax(np.tanh(x @ teacher1) @ teacher2, axis=1)
     return x, y
+
+
+def write_data(path: str, x, y) -> None:
+    """One record per line: ``label,x1,...,xF`` (what ``--data`` reads back)."""
+    with open(path, "w") as f:
+        for label, row in zip(y, x):
+            f.write(f"{label}," + ",".join(f"{v:.6g}" for v in row) + "\n")
+
+
+def read_shard(directory: str, ctx, dtype):
+    """This trainer's shard of a ``fluidctl shard-data`` directory, as (x, y) arrays; every
+    trainer keeps the smallest shard's count so all take the same number of steps."""
+    from fluidctl.runtime.data import iter_records, shard_path
+    rows = np.array([[float(v) for v in line.split(",")]
+                     for line in iter_records(shard_path(directory))])
+    count = np.array([len(rows)], dtype=np.int64)
+    ctx.allreduce(count, op="min")
+    rows = rows[:int(count[0])]
+    return rows[:, 1:].astype(dtype), rows[:, 0].astype(np.int64)
 
 
 def init_params(features, hidden, classes, dtype, seed):
@@ -76,15 +100,30 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                     help="parameter dtype, e.g. float64")
     ap.add_argument("--seed", type=int, default=1, help="data seed, e.g. 7")
+    ap.add_argument("--data", metavar="DIR",
+                    help="train on this trainer's shard of a fluidctl shard-data directory "
+                         "instead of generated data, e.g. --data shards")
+    ap.add_argument("--write-data", metavar="FILE",
+                    help="write the generated data set to FILE (label,x1,...) and exit")
     args = ap.parse_args(argv)
 
+    if args.write_data:
+        write_data(args.write_data, *make_data(args.samples, args.features, args.classes,
+                                               args.seed))
+        return
     ctx = rt.init()
     xp = ctx.xp
-    x_all, y_all = make_data(args.samples, args.features, args.classes, args.seed)
-    per = args.samples // ctx.world_size                      # equal shards: equal step counts
-    shard = slice(ctx.rank * per, (ctx.rank + 1) * per)
-    x = xp.asarray(x_all[shard].astype(args.dtype))
-    y = xp.asarray(y_all[shard])
+    if args.data:
+        x_np, y_np = read_shard(args.data, ctx, args.dtype)
+        args.features = x_np.shape[1]
+        args.classes = max(args.classes, int(y_np.max()) + 1)
+    else:
+        x_all, y_all = make_data(args.samples, args.features, args.classes, args.seed)
+        per = args.samples // ctx.world_size                  # equal shards: equal step counts
+        shard = slice(ctx.rank * per, (ctx.rank + 1) * per)
+        x_np, y_np = x_all[shard].astype(args.dtype), y_all[shard]
+    per = len(y_np)
+    x, y = xp.asarray(x_np), xp.asarray(y_np)
 
     # different on every rank on purpose: DistributedOptimizer broadcasts trainer 0's
     params = {k: xp.asarray(v) for k, v in

@@ -3,6 +3,11 @@
 
     fluidctl train --mode pserver --pservers 2 --nproc 2 templates/train_pserver.py --steps 500
 
+    # from files, sharded by fluidctl shard-data (pserver mode needs no equal counts)
+    python templates/train_pserver.py --write-data ctr.txt
+    fluidctl shard-data ctr.txt --trainers 2 -o ctr-shards
+    fluidctl train --mode pserver --pservers 2 --nproc 2 templates/train_pserver.py --data ctr-shards
+
 Each trainer reads its own shard of the data (by PADDLE_TRAINER_ID). Dense parameters go
 through ``rt.DistributedOptimizer`` (in pserver mode it hands them to
 ``fluidctl.runtime.pserver.client.PServerOptimizer``: push gradients, pull parameters); the
@@ -32,6 +37,28 @@ def synthetic_batch(rng, batch):
     return ids, dense, labels[:, None]
 
 
+def write_data(path: str, examples: int, seed: int = 7) -> None:
+    """``label,dense1..dense4,id1..id8`` per line (what ``--data`` reads back)."""
+    ids, dense, labels = synthetic_batch(np.random.default_rng(seed), examples)
+    with open(path, "w") as f:
+        for i in range(examples):
+            f.write(f"{int(labels[i, 0])}," + ",".join(f"{v:.6g}" for v in dense[i]) + ","
+                    + ",".join(str(v) for v in ids[i]) + "\n")
+
+
+def shard_batches(directory: str, batch: int):
+    """Endless batches from this trainer's shard (fluidctl.runtime.data.ShardReader)."""
+    from fluidctl.runtime.data import ShardReader
+    reader = ShardReader(directory, batch_size=batch, drop_last=True)
+    while True:
+        for lines in reader:
+            rows = [line.split(",") for line in lines]
+            labels = np.array([[float(r[0])] for r in rows])
+            dense = np.array([[float(v) for v in r[1:1 + DENSE]] for r in rows])
+            ids = np.array([[int(v) for v in r[1 + DENSE:]] for r in rows], dtype=np.int64)
+            yield ids, dense, labels
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=200, help="batches per trainer, e.g. 500")
@@ -41,7 +68,16 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=32, help="hidden units, e.g. 64")
     p.add_argument("--dict-size", type=int, default=100_000,
                    help="most distinct ids the embedding may hold, e.g. 1000000")
+    p.add_argument("--data", metavar="DIR",
+                   help="read batches from this trainer's shard of a fluidctl shard-data "
+                        "directory instead of generating them, e.g. --data shards")
+    p.add_argument("--write-data", metavar="FILE",
+                   help="write N generated examples (--examples) to FILE and exit")
+    p.add_argument("--examples", type=int, default=20000, help="with --write-data, e.g. 50000")
     args = p.parse_args(argv)
+    if args.write_data:
+        write_data(args.write_data, args.examples)
+        return
 
     ctx = rt.init()
     if ctx.mode != "pserver":
@@ -59,9 +95,10 @@ def main(argv=None):
     emb = opt.sparse_table("ctr.emb", dim=args.emb_dim, dict_size=args.dict_size,
                            dtype="float64", scale=0.05)
     data = np.random.default_rng(100 + env.rank)     # this trainer's shard of the data
+    from_files = shard_batches(args.data, args.batch) if args.data else None
     losses = []
     for step in range(args.steps):
-        ids, dense, y = synthetic_batch(data, args.batch)
+        ids, dense, y = next(from_files) if from_files else synthetic_batch(data, args.batch)
         e = emb.pull(ids)                                         # (B, FIELDS, emb_dim)
         x = np.concatenate([e.reshape(len(ids), -1), dense], axis=1)
         z1 = x @ params["fc1.w"] + params["fc1.b"]
