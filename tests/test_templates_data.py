@@ -1,15 +1,15 @@
 """The templates read files sharded by `fluidctl shard-data` (fluidctl.runtime.data): write the
 data set, shard it, train on it, in both modes."""
 import re
+import subprocess
 import sys
 
 from launchutil import TEMPLATES, fluidctl
-import subprocess
 
 
 def test_nccl2_template_trains_on_shards(tmp_path):
     subprocess.run([sys.executable, TEMPLATES / "train_nccl2.py", "--write-data", "train.txt",
-                    "--samples", 1000], cwd=tmp_path, check=True)
+                    "--samples", "1000"], cwd=tmp_path, check=True)
     fluidctl("shard-data", "train.txt", "--trainers", 2, "-o", "shards", "--equalize", "pad",
              "-q", cwd=tmp_path, check=0)
     res = fluidctl("train", "--nproc", 2, TEMPLATES / "train_nccl2.py", "--data", "shards",
@@ -21,7 +21,7 @@ def test_nccl2_template_trains_on_shards(tmp_path):
 
 def test_pserver_template_trains_on_shards(tmp_path):
     subprocess.run([sys.executable, TEMPLATES / "train_pserver.py", "--write-data", "ctr.txt",
-                    "--examples", 4000], cwd=tmp_path, check=True)
+                    "--examples", "4000"], cwd=tmp_path, check=True)
     fluidctl("shard-data", "ctr.txt", "--trainers", 2, "-o", "shards", "-q", cwd=tmp_path,
              check=0)
     res = fluidctl("train", "--mode", "pserver", "--pservers", 1, "--nproc", 2, "--tee", "all",
