@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-import paramiko
+from fluidctl.launch.sshlib import paramiko
 
 from fluidctl import __version__
 from fluidctl.backends.lines import LineSplitter

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import click
-import paramiko
+from fluidctl.launch.sshlib import paramiko
 
 from fluidctl.backends import ssh
 from fluidctl.backends.ssh import check_nodes  # noqa: F401  (re-exported for `train`)

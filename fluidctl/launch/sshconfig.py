@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import paramiko
+from fluidctl.launch.sshlib import enable_match_exec, paramiko
 
 from fluidctl.errors import UsageError
 from fluidctl.launch.hosts import Host
@@ -76,6 +76,7 @@ def load_config(path=None) -> paramiko.SSHConfig:
         if not path.is_file():
             return paramiko.SSHConfig()
     try:
+        enable_match_exec(path.read_text(errors="replace"))
         return paramiko.SSHConfig.from_path(str(path))
     except Exception as exc:  # paramiko raises ConfigParseError, ValueError, ...
         raise UsageError(f"cannot read ssh config {path}: {exc}",
