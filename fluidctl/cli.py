@@ -19,7 +19,6 @@ COMMANDS = {
     "shard-data": "fluidctl.commands.shard_data:shard_data",
     "worker": "fluidctl.commands.worker:worker",
     "cluster": "fluidctl.commands.cluster:cluster",
-    "node-agent": "fluidctl.commands.agent:node_agent",
 }
 
 HELP = """Launch distributed training jobs: collective (NCCL2 / gloo) or parameter-server, on this

@@ -1,7 +1,7 @@
 """Jobs over many nodes: SSH (paramiko) or Fabric connections, one node agent per node.
 
-Every node is connected to and started on in parallel; each node's ``fluidctl node-agent``
-first reports on its node (versions, disk, GPUs, free ports). If any node cannot be reached or
+Every node is connected to and started on in parallel; each node's agent
+(``python -m fluidctl.launch.agent``) first reports on its node (versions, disk, GPUs, free ports). If any node cannot be reached or
 fails the check, the launcher says which and why in one line, closes every agent's stdin (they
 exit without starting anything) and nothing runs anywhere. Otherwise each agent receives its
 share of the plan on stdin and runs it with the same supervisor as the local launcher,
@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 from fluidctl import __version__
 from fluidctl.backends.base import Failure
-from fluidctl.commands.agent import (BEAT_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, parse_line,
+from fluidctl.launch.agent import (BEAT_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, parse_line,
                                      tag_for)
 from fluidctl.errors import UsageError
 from fluidctl.launch.run import failure_reporter
@@ -64,7 +64,7 @@ class RemoteAgent:
         # agent that the launcher is gone
         self.channel = node.client.get_transport().open_session(timeout=node.timeout)
         self.channel.exec_command(shell_command(
-            [python, "-m", "fluidctl", "node-agent", "--ports", str(ports)], cwd=remote_dir,
+            [python, "-m", "fluidctl.launch.agent", "--ports", str(ports)], cwd=remote_dir,
             report_pid=True))
         self.proc = RemoteProcess(node, self.channel, self._line, capture=False, report_pid=True)
         self.pid: Optional[int] = None
@@ -109,7 +109,7 @@ class RemoteAgent:
                     "--remote-dir)")
         if code == 127:
             return f"python {python} not found there (pass --python with the remote interpreter)"
-        if "No module named fluidctl" in said or "No such command" in said:
+        if "No module named fluidctl" in said or "No module named 'fluidctl" in said:
             return (f"fluidctl {__version__} is not installed for {python} there (install the "
                     "same version on every node)")
         return f"node agent exited with code {code}: {said}"

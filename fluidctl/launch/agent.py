@@ -1,5 +1,6 @@
-"""``fluidctl node-agent``: the per-node supervisor that the SSH and Fabric backends start on
-each remote node (hidden from --help; users never type it).
+"""The node agent: the per-node supervisor that the SSH and Fabric backends start on each remote
+node as ``python -m fluidctl.launch.agent --ports N`` (users never type it; no click, so it
+starts fast).
 
 One SSH exec per node does everything, because on real clusters every exec pays for a login
 shell: the agent first reports on its node (Python and fluidctl versions, free disk, GPUs and
@@ -19,8 +20,6 @@ import signal
 import sys
 import threading
 from pathlib import Path
-
-import click
 
 from fluidctl import __version__
 from fluidctl.errors import UsageError
@@ -66,9 +65,17 @@ def _stop_when_stdin_closes(launch_log) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-@click.command("node-agent", hidden=True)
-@click.option("--ports", type=int, default=0, help="Free ports to report in the probe.")
-def node_agent(ports):
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    ports = int(argv[argv.index("--ports") + 1]) if "--ports" in argv else 0
+    try:
+        node_agent(ports)
+    except UsageError as exc:
+        print(exc.one_line(), file=sys.stderr)
+        sys.exit(exc.exit_code)
+
+
+def node_agent(ports: int) -> None:
     """Run this node's share of a job (started by fluidctl over SSH)."""
     from fluidctl.launch import run
     from fluidctl.launch.plan import ProcSpec
@@ -83,7 +90,7 @@ def node_agent(ports):
         spec = json.loads(line)
     except ValueError as exc:
         raise UsageError(f"unreadable node plan: {exc}",
-                         "node-agent is started by fluidctl train; do not run it by hand")
+                         "the node agent is started by fluidctl train; do not run it by hand")
     procs = [ProcSpec(**p) for p in spec["procs"]]
     layout = LogLayout(Path(spec["log_dir"]))
     layout.create()
@@ -113,3 +120,7 @@ def node_agent(ports):
         report=report, on_broken=lost, heartbeat=f"{MARK}{BEAT_TAG}|")
     launch_log.close()
     sys.exit(result.exit_code)
+
+
+if __name__ == "__main__":
+    main()
