@@ -14,7 +14,8 @@ from typing import List, Optional
 from fluidctl.errors import UsageError
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (SO_REUSEADDR), not yet listening."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     # SO_REUSEADDR: a port left in TIME_WAIT by a previous attempt of this job is still usable.
@@ -36,7 +37,7 @@ class PortReservation:
         try:
             if started_port is None:
                 for _ in range(count):
-                    self._socks.append(_bind(host, 0))
+                    self._socks.append(bind_socket(host, 0))
             else:
                 for port in range(started_port, started_port + count):
                     self._socks.append(self._bind_fixed(host, port, started_port, count))
@@ -51,7 +52,7 @@ class PortReservation:
             raise UsageError(f"port {port} is out of range",
                              "choose --started-port so that all ports stay below 65536")
         try:
-            return _bind(host, port)
+            return bind_socket(host, port)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise UsageError(

@@ -134,16 +134,13 @@ class StoreServer:
 
 def listen(host: str, port: int, fallback_to_any: bool = True) -> socket.socket:
     """A listening TCP socket on host:port (port 0: any free port)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    from fluidctl.launch.ports import bind_socket
     try:
-        sock.bind((host, port))
+        sock = bind_socket(host, port)
     except OSError:
         if not fallback_to_any or host in ("", "0.0.0.0"):
-            sock.close()
             raise
-        sock.bind(("", port))     # the master name may not be a local address (NAT, alias)
+        sock = bind_socket("", port)   # the master name may not be a local address (NAT, alias)
     sock.listen(256)
     return sock
 
