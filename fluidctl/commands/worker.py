@@ -92,12 +92,6 @@ def child_environment(environ: Mapping[str, str], contract: Mapping[str, str]) -
     return env
 
 
-def script_argv(script: str, args: Sequence[str]) -> List[str]:
-    if script.endswith(".py"):
-        return [sys.executable, "-u", script, *args]
-    return [script, *args]
-
-
 def _tee(pipe, log_path: str) -> None:
     """Copy the child's output to our stdout (mpirun forwards it) and to its log file."""
     out = sys.stdout.buffer
@@ -176,4 +170,5 @@ def worker(script, args):
         layout = LogLayout(Path(environ[envs.LOG_DIR]))
         layout.create()
         log_path = str(layout.worker(rank))
-    sys.exit(run_child(script_argv(script, args), env, log_path))
+    from fluidctl.launch.plan import script_argv
+    sys.exit(run_child(script_argv(script, args, sys.executable), env, log_path))
