@@ -223,3 +223,20 @@ def test_multi_node_usage_errors(tmp_path, args, message):
     res = fluidctl("train", *args, BEHAVE, cwd=tmp_path, timeout=60)
     assert res.returncode == 2 and message in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "mylog").exists()
+
+
+def test_pserver_hosts_place_pservers_on_the_named_nodes(tmp_path, sshd_nodes, hosts):
+    res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--mode", "pserver",
+                   "--pservers", 3, "--pserver-hosts", "node2", "--dry-run", "--json", BEHAVE,
+                   cwd=tmp_path, timeout=60, check=0)
+    plan = json.loads(res.stdout)
+    assert [e.split(":")[0] for e in plan["pserver_endpoints"]] == ["127.0.0.3"] * 3
+    assert len(set(plan["pserver_endpoints"])) == 3
+    trainers = [p for p in plan["procs"] if p["role"] == "trainer"]
+    assert [p["host"] for p in trainers] == ["127.0.0.2"] * 2 + ["127.0.0.3"] * 2
+    # round robin without --pserver-hosts
+    res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--mode", "pserver",
+                   "--pservers", 2, "--dry-run", "--json", BEHAVE, cwd=tmp_path, timeout=60,
+                   check=0)
+    eps = json.loads(res.stdout)["pserver_endpoints"]
+    assert [e.split(":")[0] for e in eps] == ["127.0.0.2", "127.0.0.3"]
