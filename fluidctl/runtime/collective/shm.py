@@ -1,18 +1,28 @@
-"""Collectives between the ranks of one node through one shared-memory segment.
+"""Collectives between the ranks of one node: a shared-memory segment, plus reading the peers'
+arrays directly when the kernel allows it.
 
-Layout: a control page (one 64-byte line per local rank holding its arrival counter and pid, two
+Layout: a control page (one 64-byte line per local rank: see the word names below; two
 alternating metadata tables, an abort word and message), then one input slot per local rank and
-one result area, each ``chunk`` bytes. An allreduce of a chunk is: each rank copies into its slot
-the slices the *other* ranks reduce, arrives; each rank reduces its own 1/n slice (its own data,
-read in place, plus every peer's copy) into the result area (reduce-scatter), arrives; each rank
-copies the other slices out (allgather). Per rank that moves 4.5x the message size through
-memory for two ranks, against 5.5x when every rank copies everything in. Arrival counters only
-ever grow and each rank writes only its own line, so no atomics are needed (x86's store order
-publishes the data before the counter).
+one result area, each ``chunk`` bytes. In every path each rank reduces its own 1/n of the array
+(its own data, read in place, plus every peer's copy: a reduce-scatter), then collects the parts
+the others reduced (an allgather). Three ways to move the data:
 
-Waiting spins on the counters (a 4 KiB allreduce stays far below 100 us), then yields and
-sleeps with a growing backoff; it gives up at the timeout, when a peer's pid is gone, or when
-another rank posted an abort, always with a message naming the rank.
+- direct (messages from DIRECT_MIN bytes, when every local rank may read the others' memory):
+  the peers' copies and results are read straight out of their arrays with process_vm_readv
+  (cross-memory attach, what Open MPI's shared-memory transport uses for large messages), in
+  cache-sized pieces through a reused buffer for the reduction. No segment in between: the
+  message crosses memory two times fewer per rank than copying it through shared memory.
+- pipelined (smaller messages, or no cross-memory attach): pieces of PIECE bytes flow through a
+  ring of RING slots per rank, so the segment's part of the working set stays in cache; piece
+  g + 1 is copied in while piece g is being finished. Progress counters per stage, no barriers.
+- chunked with barriers (hierarchical: the node's reduced chunk goes to the other nodes between
+  the reduce and the copy-out).
+
+Counters only ever grow and each rank writes only its own line, so no atomics are needed (x86's
+store order publishes the data before the counter). Waiting spins on the counters (a 4 KiB
+allreduce stays far below 100 us), then yields and sleeps with a growing backoff; it gives up at
+the timeout, when a peer's pid is gone, or when another rank posted an abort, always with a
+message naming the rank.
 
 Leaks: the segment is a plain file in /dev/shm (mmap, never multiprocessing's resource_tracker).
 The node leader creates it, every local rank maps it, and after one store barrier it is
@@ -34,10 +44,19 @@ from fluidctl.runtime.collective.meta import CollectiveError
 
 PREFIX = "fluidctl-"
 LINE = 64                         # bytes per rank's control line (one cache line)
+WORDS = LINE // 8
+# the words of a rank's control line: barrier arrivals (hierarchical path and the probe), pid,
+# pieces copied in / reduced / copied out (pipelined and direct paths), the direct path's array
+# address and "contributes zeros" flag, and the probe's answer
+ARRIVE, PID, IN, RED, OUT, ADDR, ZERO, CAN_READ = range(8)
 ALIGN = 4096
 ABORT_MSG = 1024
 DEFAULT_CHUNK = 4 << 20
 BLOCK = 512 << 10                 # bytes reduced at a time (a multiple of every itemsize)
+PIECE = 512 << 10                 # pipelined and direct paths: bytes per piece (fits in L2)
+RING = 2                          # pipelined path: slots per rank (2 suffice, see _pipelined)
+DIRECT_MIN = 4 << 20              # below this, the kernel's per-page cost of a direct read
+                                  # loses to copies that stay in cache
 SPIN_SECONDS = 100e-6
 YIELD_SECONDS = 5e-3
 LIVENESS_EVERY = 0.2
@@ -60,6 +79,34 @@ def _pid_alive(pid: int) -> bool:
         return False
     except OSError:
         return True
+
+
+_vm_readv = None                  # (process_vm_readv, iovec pair buffer, get_errno), on first use
+
+
+def _read_peer(pid: int, addr: int, dest: np.ndarray) -> bool:
+    """Copy ``dest.nbytes`` bytes from address ``addr`` of process ``pid`` into ``dest``
+    (process_vm_readv: the kernel copies once between the two address spaces)."""
+    global _vm_readv
+    if _vm_readv is None:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = getattr(libc, "process_vm_readv", None)
+        if fn is None:
+            return False
+        fn.restype = ctypes.c_ssize_t
+        fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p,
+                       ctypes.c_ulong, ctypes.c_ulong]
+        _vm_readv = (fn, np.zeros(4, np.uint64), ctypes.get_errno)
+    fn, iov = _vm_readv[0], _vm_readv[1]
+    size, done, local = dest.nbytes, 0, dest.ctypes.data
+    while done < size:            # the kernel may copy less than asked: go on from there
+        iov[:] = (local + done, size - done, addr + done, size - done)
+        got = fn(pid, iov.ctypes.data, 1, iov.ctypes.data + 16, 1, 0)
+        if got <= 0:
+            return False
+        done += got
+    return True
 
 
 class ShmGroup:
@@ -93,9 +140,9 @@ class ShmGroup:
             os.close(fd)
         buf = np.frombuffer(self._mm, dtype=np.uint8)
         ctl = buf[:ctl_bytes].view(np.int64)
-        self._counters = ctl[: self.n * LINE // 8: LINE // 8]            # arrival counters
-        self._pids = ctl[1: self.n * LINE // 8: LINE // 8]
-        off = self.n * LINE // 8
+        self._counters = ctl[ARRIVE: self.n * WORDS: WORDS]           # arrival counters
+        self._pids = ctl[PID: self.n * WORDS: WORDS]
+        off = self.n * WORDS
         # two metadata tables, used by alternate calls: a rank that is one call ahead must not
         # overwrite the records a slower rank is still checking
         self.tables = ctl[off: off + 2 * world_size * meta.RECORD].reshape(
@@ -106,8 +153,18 @@ class ShmGroup:
         self.slots = [buf[ctl_bytes + i * chunk: ctl_bytes + (i + 1) * chunk]
                       for i in range(self.n)]
         self.result = buf[ctl_bytes + self.n * chunk: ctl_bytes + (self.n + 1) * chunk]
+        # the control lines as words: reading one through a memoryview is a few times cheaper
+        # than through numpy, which matters in the spin loops
+        self._ctl = memoryview(self._mm)[:ctl_bytes].cast("q")
+        self._others = [j for j in range(self.n) if j != index]
+        self._lines = [[j * WORDS + word for j in self._others] for word in range(WORDS)]
+        self._mine = index * WORDS                          # + a word name: this rank's word
+        self._piece_room = chunk // RING // ALIGN * ALIGN   # bytes of one ring slot
         self._pids[index] = os.getpid()
         self._gen = int(self._counters[index])
+        self._piece = int(self._ctl[self._mine + OUT])      # pieces numbered across calls
+        self._direct: Optional[bool] = None                 # probed on the first collective
+        self._temp: Optional[np.ndarray] = None
         self.broken: Optional[str] = None
 
     @staticmethod
@@ -117,6 +174,7 @@ class ShmGroup:
     def close(self) -> None:
         mm, self._mm = getattr(self, "_mm", None), None
         if mm is not None:
+            self._ctl.release()
             self.slots = self.result = self.tables = None
             self._counters = self._pids = self._abort = self._abort_msg = None
             try:
@@ -131,19 +189,28 @@ class ShmGroup:
         self.wait_all(self._gen)
 
     def wait_all(self, gen: int) -> None:
-        counters = self._counters
-        if counters.min() >= gen:
+        self._wait(ARRIVE, gen)
+
+    def _wait(self, word: int, target: int) -> None:
+        """Until every other local rank's counter ``word`` has reached ``target``."""
+        ctl, lines = self._ctl, self._lines[word]
+        for w in lines:
+            if ctl[w] < target:
+                break
+        else:
             return
         start = time.perf_counter()
         next_check = start + LIVENESS_EVERY
         sleep = 20e-6
         while True:
             for _ in range(64):
-                if counters.min() >= gen:
+                for w in lines:
+                    if ctl[w] < target:
+                        break
+                else:
                     return
             now = time.perf_counter()
-            if self._abort[0]:
-                self._fail(bytes(self._abort_msg).rstrip(b"\0").decode(errors="replace"))
+            self._stop_if_aborted()
             if now - start > SPIN_SECONDS:
                 if now - start < YIELD_SECONDS:
                     os.sched_yield()
@@ -152,20 +219,26 @@ class ShmGroup:
                     sleep = min(sleep * 2, 1e-3)
             if now >= next_check:
                 next_check = now + LIVENESS_EVERY
-                self._check_peers(gen, now - start)
+                self._check_peers(word, target, now - start)
 
-    def _check_peers(self, gen: int, waited: float) -> None:
-        late = [i for i in range(self.n) if self._counters[i] < gen]
+    def _check_peers(self, word: int, target: int, waited: float) -> None:
+        late = [i for i in self._others if self._ctl[i * WORDS + word] < target]
         for i in late:
-            pid = int(self._pids[i])
-            if pid and not _pid_alive(pid):
-                self.abort(f"rank {self.ranks[i]} (pid {pid}, same node) died during a "
-                           "collective")
+            self._stop_if_dead(i)
         if waited > self.timeout:
             names = ", ".join(f"rank {self.ranks[i]}" for i in late)
             self.abort(f"{names} did not reach the collective within {self.timeout:g}s "
                        "(stuck, or calling a different collective? raise FLUIDCTL_TIMEOUT if "
                        "it is just slow)")
+
+    def _stop_if_aborted(self) -> None:
+        if self._abort[0]:
+            self._fail(bytes(self._abort_msg).rstrip(b"\0").decode(errors="replace"))
+
+    def _stop_if_dead(self, i: int) -> None:
+        pid = int(self._pids[i])
+        if pid and not _pid_alive(pid):
+            self.abort(f"rank {self.ranks[i]} (pid {pid}, same node) died during a collective")
 
     def abort(self, message: str) -> None:
         """Tell every local rank that the group is broken, then raise here too."""
@@ -191,19 +264,174 @@ class ShmGroup:
         """
         if self.broken:
             raise CollectiveError(f"the communicator is broken by an earlier error: {self.broken}")
+        if across is not None or self.world_size > self.n:
+            return self._hierarchical(flat, rec, op, zero_input, across)
+        if self._direct is None:
+            self._direct = self._probe_direct()
+        # ranks whose sizes differ may pick different paths here: both paths begin with the
+        # same metadata agreement (_agree), where they all fail together
+        if self._direct and flat.nbytes >= DIRECT_MIN:
+            return self._direct_allreduce(flat, rec, op, zero_input)
+        return self._pipelined(flat, rec, op, zero_input)
+
+    def _start(self, rec: np.ndarray) -> np.ndarray:
+        """Publish this rank's metadata record; returns this call's table."""
+        table = self.tables[int(rec[meta.SEQ]) % 2]
+        table[self.ranks[self.index]] = rec
+        return table
+
+    def _agree(self, table: np.ndarray, g: int) -> None:
+        """Once every rank published piece ``g`` (IN): the metadata check, the same on every
+        rank. On a mismatch every rank leaves its counters at piece ``g`` done and raises."""
+        self._wait(IN, g + 1)
+        problem = meta.check(table[self.ranks], True)
+        if problem:
+            self._ctl[self._mine + RED] = self._ctl[self._mine + OUT] = self._piece = g + 1
+            raise CollectiveError(problem)
+
+    def _probe_direct(self) -> bool:
+        """Whether every local rank can read every other's memory (process_vm_readv needs
+        ptrace rights: same user, and Yama's ptrace_scope 0, or CAP_SYS_PTRACE). Each rank
+        publishes the address of a word holding its pid and reads its peers'; the direct path
+        is used only if all succeeded, so every rank decides the same."""
+        ctl = self._ctl
+        word = np.array([os.getpid()], np.int64)
+        ctl[self._mine + ADDR] = word.ctypes.data
+        self.arrive_and_wait()
+        ok = True
+        for j in self._others:
+            got = np.zeros(1, np.int64)
+            pid = int(self._pids[j])
+            ok = ok and _read_peer(pid, ctl[j * WORDS + ADDR], got) and int(got[0]) == pid
+        ctl[self._mine + CAN_READ] = 1 if ok else 2
+        self.arrive_and_wait()              # the peers are done reading ``word``
+        return all(ctl[j * WORDS + CAN_READ] == 1 for j in range(self.n))
+
+    def _direct_allreduce(self, flat: np.ndarray, rec: np.ndarray, op: str,
+                          zero_input: bool) -> None:
+        """Reduce this rank's part reading the peers' copies out of their arrays (PIECE bytes
+        at a time through a reused buffer, so the reduction reads it from cache), then read
+        the other parts' results out of their owners' arrays. A rank stays in the call until
+        every peer has finished reading its array."""
+        table = self._start(rec)
+        ctl, me, g = self._ctl, self.index, self._piece
+        ctl[self._mine + ADDR] = flat.ctypes.data
+        ctl[self._mine + ZERO] = int(zero_input)
+        ctl[self._mine + IN] = g + 1
+        self._agree(table, g)
+        raw, dtype = flat.view(np.uint8), flat.dtype
+        cuts = [b * flat.itemsize for b in self._bounds(flat.size)]
+        ufunc = meta.reducer(op)
+        sources = [(j, ctl[j * WORDS + ADDR]) for j in self._others if not ctl[j * WORDS + ZERO]]
+        if self._temp is None:
+            self._temp = np.empty(PIECE, np.uint8)
+        piece = PIECE // flat.itemsize * flat.itemsize
+        for lo in range(cuts[me], cuts[me + 1], piece):
+            own = raw[lo:lo + min(piece, cuts[me + 1] - lo)]
+            empty = zero_input            # ``own`` holds nothing of the result yet
+            for j, addr in sources:
+                if empty:
+                    self._read(j, addr + lo, own)
+                    empty = False
+                else:
+                    temp = self._temp[:own.nbytes]
+                    self._read(j, addr + lo, temp)
+                    ufunc(own.view(dtype), temp.view(dtype), out=own.view(dtype))
+            if empty:                     # every rank contributes zeros
+                own[:] = 0
+        ctl[self._mine + RED] = g + 1
+        self._wait(RED, g + 1)
+        for j in self._others:
+            self._read(j, ctl[j * WORDS + ADDR] + cuts[j], raw[cuts[j]:cuts[j + 1]])
+        ctl[self._mine + OUT] = self._piece = g + 1
+        self._wait(OUT, g + 1)
+
+    def _read(self, j: int, addr: int, dest: np.ndarray) -> None:
+        """Read from local rank ``j``'s memory; its failure breaks the group."""
+        if dest.nbytes and not _read_peer(int(self._pids[j]), addr, dest):
+            errno = _vm_readv[2]() if _vm_readv else 0
+            self._stop_if_aborted()       # the peer gave up first (its array may be gone)
+            self._stop_if_dead(j)
+            self.abort(f"reading rank {self.ranks[j]}'s array failed: {os.strerror(errno)}")
+
+    def _pipelined(self, flat: np.ndarray, rec: np.ndarray, op: str, zero_input: bool) -> None:
+        """Pieces through the ring slots: per piece, each rank copies into its slot the parts
+        the others reduce (then counts IN), reduces its own part in place in the caller's
+        array and copies it to the result slot (RED), and copies the others' parts out (OUT);
+        piece c + 1 is copied in before piece c is copied out.
+
+        Piece g uses ring slot g % RING. Reuse needs no wait of its own with two slots: a
+        rank copies piece g + 2 into its input slot after it saw every RED reach g + 1 (the
+        readers of piece g are done), and writes result slot g + 2 after every IN reached
+        g + 3, which a peer counts only after its copy-out of piece g.
+        """
+        raw = flat.view(np.uint8)
+        total, isz, me, dtype = raw.nbytes, flat.itemsize, self.index, flat.dtype
+        piece = max(isz, min(PIECE, self._piece_room) // isz * isz)
+        count = max(1, -(-total // piece))
+        ufunc = meta.reducer(op)
+        table = self._start(rec)
+        ctl, base, room = self._ctl, self._piece, self._piece_room
+        slot, result, others = self.slots[me], self.result, self._others
+
+        def copy_in(c: int):
+            """Publish piece c's parts for the others; returns (slot offset, piece, cuts)."""
+            part = raw[c * piece:(c + 1) * piece]
+            at = (base + c) % RING * room
+            cuts = [b * isz for b in self._bounds(part.nbytes // isz)]
+            for j in others:
+                lo, hi = cuts[j], cuts[j + 1]
+                if zero_input:
+                    slot[at + lo:at + hi] = 0
+                else:
+                    slot[at + lo:at + hi] = part[lo:hi]
+            ctl[self._mine + IN] = base + c + 1
+            return at, part, cuts
+
+        nxt = copy_in(0)
+        self._agree(table, base)
+        for c in range(count):
+            g = base + c
+            at, part, cuts = nxt
+            if c:
+                self._wait(IN, g + 1)
+            lo, hi = cuts[me], cuts[me + 1]
+            own = part[lo:hi].view(dtype)
+            peers = [self.slots[j][at + lo:at + hi].view(dtype) for j in others]
+            if zero_input:
+                if peers:
+                    np.copyto(own, peers.pop(0))
+                else:
+                    own[:] = 0
+            for peer in peers:
+                ufunc(own, peer, out=own)
+            result[at + lo:at + hi] = part[lo:hi]
+            ctl[self._mine + RED] = g + 1
+            if c + 1 < count:
+                nxt = copy_in(c + 1)
+            self._wait(RED, g + 1)
+            for j in others:
+                lo, hi = cuts[j], cuts[j + 1]
+                part[lo:hi] = result[at + lo:at + hi]
+            ctl[self._mine + OUT] = g + 1
+        self._piece = base + count
+
+    def _hierarchical(self, flat: np.ndarray, rec: np.ndarray, op: str, zero_input: bool,
+                      across) -> None:
+        """Chunk by chunk with barriers: each rank copies into its slot the slices the others
+        reduce, reduces its own slice into the result area, the node leader completes the
+        chunk across nodes (``across``), then every rank copies the whole chunk out."""
         raw = flat.view(np.uint8)
         total, isz, me = raw.nbytes, flat.itemsize, self.index
         step = max(isz, self.chunk // isz * isz)
-        hierarchical = across is not None or self.world_size > self.n
         ufunc = meta.reducer(op)
-        table = self.tables[int(rec[meta.SEQ]) % 2]
-        table[self.ranks[me]] = rec
+        table = self._start(rec)
+        others = self._others
         pos, first = 0, True
         while first or pos < total:
             size = min(step, total - pos)
             part = raw[pos:pos + size]
             cuts = [b * isz for b in self._bounds(size // isz)]
-            others = [j for j in range(self.n) if j != me]
             # 1. publish the slices the other ranks reduce (this rank's own slice stays local)
             mine = self.slots[me]
             for j in others:
@@ -212,12 +440,9 @@ class ShmGroup:
                 else:
                     mine[cuts[j]:cuts[j + 1]] = part[cuts[j]:cuts[j + 1]]
             self.arrive_and_wait()
-            problem = meta.check(table[self.ranks], not hierarchical) if first else None
-            if first and problem and not hierarchical:
-                raise CollectiveError(problem)
+            problem = meta.check(table[self.ranks], False) if first else None
             # 2. reduce this rank's slice: own data + every peer's copy of that slice
             if not problem:
-                # in cache-sized blocks, so the copy back into ``own`` reads a hot ``out``
                 for lo in range(cuts[me], cuts[me + 1], BLOCK):
                     hi = min(lo + BLOCK, cuts[me + 1])
                     out = self.result[lo:hi].view(flat.dtype)
@@ -232,26 +457,19 @@ class ShmGroup:
                         out[:] = own
                     for peer in peers:
                         ufunc(out, peer, out=out)
-                    if not hierarchical:
-                        own[:] = out
             self.arrive_and_wait()
-            if hierarchical:
-                if across is not None:
-                    try:
-                        across(self.result[:size].view(flat.dtype) if not problem else None,
-                               table, first)
-                    except CollectiveError as exc:
-                        self.abort(str(exc))
-                self.arrive_and_wait()
-                if first:
-                    problem = meta.check(table)
-                    if problem:
-                        raise CollectiveError(problem)
-                part[:] = self.result[:size]
-            else:
-                # 3. collect the slices the others reduced
-                for j in others:
-                    part[cuts[j]:cuts[j + 1]] = self.result[cuts[j]:cuts[j + 1]]
+            if across is not None:
+                try:
+                    across(self.result[:size].view(flat.dtype) if not problem else None,
+                           table, first)
+                except CollectiveError as exc:
+                    self.abort(str(exc))
+            self.arrive_and_wait()
+            if first:
+                problem = meta.check(table)
+                if problem:
+                    raise CollectiveError(problem)
+            part[:] = self.result[:size]
             pos += size
             first = False
 
