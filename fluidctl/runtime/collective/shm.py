@@ -157,6 +157,7 @@ class ShmGroup:
         # than through numpy, which matters in the spin loops
         self._ctl = memoryview(self._mm)[:ctl_bytes].cast("q")
         self._others = [j for j in range(self.n) if j != index]
+        self._whole = list(ranks) == list(range(world_size))   # the table is this node's
         self._lines = [[j * WORDS + word for j in self._others] for word in range(WORDS)]
         self._mine = index * WORDS                          # + a word name: this rank's word
         self._piece_room = chunk // RING // ALIGN * ALIGN   # bytes of one ring slot
@@ -284,7 +285,7 @@ class ShmGroup:
         """Once every rank published piece ``g`` (IN): the metadata check, the same on every
         rank. On a mismatch every rank leaves its counters at piece ``g`` done and raises."""
         self._wait(IN, g + 1)
-        problem = meta.check(table[self.ranks], True)
+        problem = meta.check(table if self._whole else table[self.ranks], True)
         if problem:
             self._ctl[self._mine + RED] = self._ctl[self._mine + OUT] = self._piece = g + 1
             raise CollectiveError(problem)
