@@ -53,7 +53,8 @@ ALIGN = 4096
 ABORT_MSG = 1024
 DEFAULT_CHUNK = 4 << 20
 BLOCK = 512 << 10                 # bytes reduced at a time (a multiple of every itemsize)
-PIECE = 512 << 10                 # pipelined and direct paths: bytes per piece (fits in L2)
+PIECE = 512 << 10                 # bytes per piece (fits in L2); the pipelined path's pieces
+                                  # are PIECE x (ranks - 1), so each rank's part stays ~PIECE / 2
 RING = 2                          # pipelined path: slots per rank (2 suffice, see _pipelined)
 DIRECT_MIN = 4 << 20              # below this, the kernel's per-page cost of a direct read
                                   # loses to copies that stay in cache
@@ -164,6 +165,12 @@ class ShmGroup:
         self._pids[index] = os.getpid()
         self._gen = int(self._counters[index])
         self._piece = int(self._ctl[self._mine + OUT])      # pieces numbered across calls
+        # more local ranks than CPUs: a spinning rank holds the CPU its peer needs, so yield
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+        self._spin = SPIN_SECONDS if self.n <= cpus else 0.0
         self._direct: Optional[bool] = None                 # probed on the first collective
         self._temp: Optional[np.ndarray] = None
         self.broken: Optional[str] = None
@@ -212,7 +219,7 @@ class ShmGroup:
                     return
             now = time.perf_counter()
             self._stop_if_aborted()
-            if now - start > SPIN_SECONDS:
+            if now - start > self._spin:
                 if now - start < YIELD_SECONDS:
                     os.sched_yield()
                 else:
@@ -368,7 +375,7 @@ class ShmGroup:
         """
         raw = flat.view(np.uint8)
         total, isz, me, dtype = raw.nbytes, flat.itemsize, self.index, flat.dtype
-        piece = max(isz, min(PIECE, self._piece_room) // isz * isz)
+        piece = max(isz, min(PIECE * (self.n - 1), self._piece_room) // isz * isz)
         count = max(1, -(-total // piece))
         ufunc = meta.reducer(op)
         table = self._start(rec)
