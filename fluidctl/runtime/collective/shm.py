@@ -375,7 +375,7 @@ class ShmGroup:
         """
         raw = flat.view(np.uint8)
         total, isz, me, dtype = raw.nbytes, flat.itemsize, self.index, flat.dtype
-        piece = max(isz, min(PIECE * (self.n - 1), self._piece_room) // isz * isz)
+        piece = max(isz, min(PIECE * max(1, self.n - 1), self._piece_room) // isz * isz)
         count = max(1, -(-total // piece))
         ufunc = meta.reducer(op)
         table = self._start(rec)
