@@ -68,6 +68,7 @@ JOB_TOKEN = "FLUIDCTL_JOB_TOKEN"        # per-job secret for HMAC authentication
 SYNC_MODE = "FLUIDCTL_SYNC_MODE"        # "sync" | "async" (parameter-server mode)
 TIMEOUT = "FLUIDCTL_TIMEOUT"            # seconds a collective or rendezvous may wait
 LOG_DIR = "FLUIDCTL_LOG_DIR"
+SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process_vm_readv)
 # --- OpenMPI (read only) --------------------------------------------------------------------
 OMPI_RANK = "OMPI_COMM_WORLD_RANK"
 OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"

@@ -61,6 +61,24 @@ def ops(ctx):
     out["barrier"] = True
     # shared memory is plain mmap: nothing for multiprocessing's resource_tracker to unlink
     out["no_tracker_module"] = "multiprocessing.resource_tracker" not in sys.modules
+    shm = getattr(ctx.comm, "shm", None)
+    out["shm_direct"] = None if shm is None else shm._direct     # which path large calls took
+    result(**out)
+
+
+def switch_mismatch(ctx):
+    """Sizes on both sides of the shared-memory direct/pipelined switch (4 MiB): the same error
+    everywhere, then a good call on the direct path still works."""
+    n = (5 << 20) // 4 if ctx.rank == 0 else (3 << 20) // 4
+    out = {}
+    try:
+        ctx.allreduce(np.ones(n, np.float32))
+        out["error"] = "no error"
+    except CollectiveError as exc:
+        out["error"] = str(exc)
+    x = np.full((6 << 20) // 8, ctx.rank + 1.0)
+    ctx.allreduce(x)
+    out["still_works"] = bool(np.all(x == ctx.world_size * (ctx.world_size + 1) / 2))
     result(**out)
 
 

@@ -40,8 +40,36 @@ def test_ops_are_exact(topology, hosts, tmp_path):
     assert result.ok(), result
     for rank_result in rankspawn.results(result):
         assert rank_result.pop("transport") == topology
+        rank_result.pop("shm_direct")
         failed = [name for name, ok in rank_result.items() if ok is not True]
         assert not failed, (failed, result)
+
+
+@pytest.mark.parametrize("ranks,direct", [(2, "0"), (3, "1"), (3, "0")],
+                         ids=["2-pipelined", "3-direct", "3-pipelined"])
+def test_shared_memory_paths_are_exact(ranks, direct, tmp_path):
+    """Every op through the pipelined slots (FLUIDCTL_SHM_DIRECT=0 forces them for all sizes)
+    and through direct peer reads, with 3 ranks on one node too."""
+    result = run("ops", ["127.0.0.1"] * ranks, tmp_path, extra={"FLUIDCTL_SHM_DIRECT": direct})
+    assert result.ok(), result
+    for rank_result in rankspawn.results(result):
+        assert rank_result.pop("transport") == "shm"
+        used_direct = rank_result.pop("shm_direct")
+        if direct == "0":
+            assert used_direct is False
+        elif not used_direct:
+            pytest.skip("this kernel does not let ranks read each other's memory (ptrace_scope)")
+        failed = [name for name, ok in rank_result.items() if ok is not True]
+        assert not failed, (failed, result)
+
+
+def test_sizes_across_the_direct_switch_mismatch_cleanly(tmp_path):
+    result = run("switch_mismatch", TOPOLOGIES["shm"], tmp_path)
+    assert result.ok(), result
+    per_rank = rankspawn.results(result)
+    assert per_rank[0] == per_rank[1] and per_rank[0]["still_works"] is True
+    assert "shape mismatch: rank 0 passed shape (1310720,), rank 1 shape (786432,)" \
+        in per_rank[0]["error"]
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
