@@ -119,8 +119,11 @@ def test_silent_peer_is_detected_by_keepalive(sshd_nodes, cluster, how):
             proc.wait(TIMEOUT * 4) if how == "wait" else poll_until_done(proc, TIMEOUT * 4)
     finally:
         for server in frozen:
-            server.resume()
-            server.kill()
+            try:
+                server.resume()
+                server.kill()
+            except psutil.NoSuchProcess:    # sshd may already have reaped its frozen session
+                pass
         node.close()
         try:
             psutil.Process(pid).kill()
