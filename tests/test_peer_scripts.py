@@ -23,7 +23,12 @@ def _ranks_agree(stdout, tag):
 def test_unmodified_torch_ddp_gloo_script(tmp_path):
     res = fluidctl("train", "--nproc", 2, "--tee", "all", SCRIPTS / "torch_ddp.py",
                    cwd=tmp_path, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
+    if res.returncode != 0:
+        # torch 2.13's gloo sometimes aborts in its exit handlers after the script has finished
+        # ("terminate called without an active exception", SIGABRT): torchrun shows it too,
+        # about 1 run in 10 here. Anything else is a real failure.
+        assert res.returncode == 134, res.stdout + res.stderr
+        assert "terminate called without an active exception" in res.stdout + res.stderr
     _ranks_agree(res.stdout, "torch")
 
 
