@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from fluidctl.backends import fabric, ssh
+from fluidctl.backends import fabric, nodecheck, ssh, sync
 from fluidctl.launch.hosts import Host, parse_hostfile
 from fluidctl.launch.sshconfig import resolve, resolve_hosts, load_config
 
@@ -175,7 +175,7 @@ def test_unreachable_and_silent_nodes_get_a_clear_reason(sshd_nodes):
         hosts = [Host("node1"), Host("127.0.0.4", port=closed_port),
                  Host("127.0.0.5", port=silent.getsockname()[1])]
         started = time.monotonic()
-        checks = ssh.check_nodes(hosts, sshd_nodes.config, timeout=2.0)
+        checks = nodecheck.check_nodes(hosts, sshd_nodes.config, timeout=2.0)
         elapsed = time.monotonic() - started
     finally:
         stop.set()
@@ -195,13 +195,15 @@ def test_unreachable_and_silent_nodes_get_a_clear_reason(sshd_nodes):
 
 def test_check_nodes_reports_versions_and_a_missing_python(cluster):
     hosts, targets = cluster
-    good = ssh.check_nodes(hosts, targets=targets, timeout=TIMEOUT)
+    good = nodecheck.check_nodes(hosts, targets=targets, timeout=TIMEOUT)
     assert [c.host for c in good] == ["node1", "node2"]
     assert all(c.ok and c.python == sys.version.split()[0] and c.disk_free > 0 and c.gpus == 0
                for c in good)
-    bad = ssh.check_nodes(hosts, targets=targets, timeout=TIMEOUT, python="/nonexistent/python3")
+    bad = nodecheck.check_nodes(hosts, targets=targets, timeout=TIMEOUT,
+                                python="/nonexistent/python3")
     assert all(not c.ok and "python /nonexistent/python3 not found" in c.reason for c in bad)
-    gone = ssh.check_nodes(hosts[:1], targets=targets, timeout=TIMEOUT, remote_dir="/nonexistent/d")
+    gone = nodecheck.check_nodes(hosts[:1], targets=targets, timeout=TIMEOUT,
+                                 remote_dir="/nonexistent/d")
     assert "remote dir /nonexistent/d does not exist" in gone[0].reason
 
 
@@ -239,8 +241,8 @@ def test_sync_sends_only_changed_files(node1, tmp_path):
     (src / "big.ckpt").write_bytes(b"0" * 10)
     remote = str(tmp_path / "remote" / "ws")
     sent = []
-    excludes = (*ssh.DEFAULT_EXCLUDES, "*.ckpt")
-    plan = ssh.sync(node1, src, remote, excludes=excludes, on_bytes=sent.append)
+    excludes = (*sync.DEFAULT_EXCLUDES, "*.ckpt")
+    plan = sync.sync(node1, src, remote, excludes=excludes, on_bytes=sent.append)
     assert sorted(os.path.relpath(f.remote, remote) for f in plan.send) == [
         "data.bin", "pkg/lib.py", "train.py"]
     assert sum(sent) == plan.bytes == 300_000 + 12 + 6
@@ -248,19 +250,19 @@ def test_sync_sends_only_changed_files(node1, tmp_path):
     assert not (tmp_path / "remote/ws/.git").exists()
     assert not (tmp_path / "remote/ws/big.ckpt").exists()
     assert not [p for p in (tmp_path / "remote/ws").rglob("*.tmp")]
-    again = ssh.sync(node1, src, remote, excludes=excludes)
+    again = sync.sync(node1, src, remote, excludes=excludes)
     assert again.send == [] and again.unchanged == 3
     (src / "train.py").write_text("print('v2')\n")          # same size, new content
     os.utime(src / "train.py", (time.time() + 5, time.time() + 5))
-    third = ssh.sync(node1, src, remote, excludes=excludes)
+    third = sync.sync(node1, src, remote, excludes=excludes)
     assert [os.path.relpath(f.remote, remote) for f in third.send] == ["train.py"]
     assert (tmp_path / "remote/ws/train.py").read_text() == "print('v2')\n"
     # hash mode: a same-size change whose mtime was kept is still seen
     stamp = os.stat(src / "pkg" / "lib.py").st_mtime
     (src / "pkg" / "lib.py").write_text("X = 2\n")
     os.utime(src / "pkg" / "lib.py", (stamp, stamp))
-    assert ssh.plan_sync(node1, src, remote, excludes).send == []
-    fourth = ssh.sync(node1, src, remote, excludes, compare="hash")
+    assert sync.plan_sync(node1, src, remote, excludes).send == []
+    fourth = sync.sync(node1, src, remote, excludes, compare="hash")
     assert [os.path.relpath(f.remote, remote) for f in fourth.send] == ["pkg/lib.py"]
     assert (tmp_path / "remote/ws/pkg/lib.py").read_text() == "X = 2\n"
 

@@ -17,9 +17,9 @@ import fabric
 
 from fluidctl.backends import ssh
 from fluidctl.backends.lines import LineSplitter
+from fluidctl.backends.nodecheck import NodeCheck, parse_probe, probe_script
 from fluidctl.backends.ssh import (Command, CommandResult, ConnectionLost, LineCallback,
-                                   NodeCheck, RemoteProcess, parse_probe, probe_script,
-                                   shell_command)
+                                   RemoteProcess, shell_command)
 from fluidctl.launch.hosts import Host
 from fluidctl.launch.sshconfig import (HostKeyPolicy, SSHTarget, connect_kwargs, load_known_hosts,
                                        resolve_hosts)
@@ -168,7 +168,7 @@ def run_all(nodes: Sequence[FabricNode], command: Command,
 def check_nodes(hosts: Sequence[Host], ssh_config=None, timeout: float = ssh.DEFAULT_TIMEOUT,
                 accept_new: bool = False, python: Optional[str] = None,
                 remote_dir: Optional[str] = None, targets=None) -> List[NodeCheck]:
-    """``ssh.check_nodes`` through Fabric: connect all, then one ThreadingGroup run."""
+    """``nodecheck.check_nodes`` through Fabric: connect all, then one ThreadingGroup run."""
     python = python or sys.executable
     if targets is None:
         hosts, targets = resolve_hosts(hosts, ssh_config, accept_new)

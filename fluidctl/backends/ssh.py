@@ -1,43 +1,37 @@
 """Nodes over SSH with paramiko: connect with a timeout (through ProxyJump hops if configured),
-run commands streaming their output line by line, notice a lost connection, push files over
-SFTP (only what changed), and check many nodes in parallel.
+run commands streaming their output line by line, notice a lost connection, and connect to many
+nodes in parallel. Workspace sync lives in ``fluidctl.backends.sync``, the ``cluster check``
+probes in ``fluidctl.backends.nodecheck``; both drive the SSHNode defined here.
 
 Host settings and host-key policy come from ``fluidctl.launch.sshconfig``; this module only
 moves bytes. Every failure a user can cause ends as a short ``reason`` naming what to change.
 """
 from __future__ import annotations
 
-import fnmatch
-import hashlib
 import logging
-import os
 import posixpath
 import shlex
 import signal as signal_module
 import socket
 import stat
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from fluidctl.launch.sshlib import paramiko
 
-from fluidctl import __version__
 from fluidctl.backends.lines import LineSplitter
 from fluidctl.launch.hosts import Host
 from fluidctl.launch.sshconfig import (HostKeyError, HostKeyPolicy, SSHTarget, connect_kwargs,
-                                       load_known_hosts, resolve_hosts)
+                                       load_known_hosts)
 
 # paramiko logs every failed handshake with a traceback; the reasons below say it in one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
 
 DEFAULT_TIMEOUT = 10.0
-DEFAULT_EXCLUDES = (".git", "__pycache__", "*.pyc", ".pytest_cache")
 PID_MARK = "FLUIDCTL_PID="
 # on_line(stream, line): stream is "stdout" or "stderr"
 LineCallback = Callable[[str, str], None]
@@ -470,117 +464,6 @@ class SSHNode:
         return digests
 
 
-# --- sync -----------------------------------------------------------------------------------
-@dataclass
-class FileToSend:
-    local: Path
-    remote: str
-    size: int
-    mtime: float
-    mode: int
-
-
-@dataclass
-class SyncPlan:
-    remote_dir: str
-    send: List[FileToSend] = field(default_factory=list)
-    unchanged: int = 0
-
-    @property
-    def bytes(self) -> int:
-        return sum(f.size for f in self.send)
-
-
-def excluded(rel: str, patterns: Sequence[str]) -> bool:
-    """rsync-like: a pattern matches the relative path or any one of its components."""
-    parts = rel.split("/")
-    return any(fnmatch.fnmatch(rel, p) or any(fnmatch.fnmatch(part, p) for part in parts)
-               for p in patterns)
-
-
-def local_files(source: Path, excludes: Sequence[str]) -> List[Tuple[str, Path]]:
-    """(relative posix path, path) of every regular file under ``source`` (or source itself)."""
-    if source.is_file():
-        return [(source.name, source)]
-    files = []
-    for root, dirs, names in os.walk(source):
-        rel_root = Path(root).relative_to(source).as_posix()
-        rel_root = "" if rel_root == "." else rel_root
-        dirs[:] = sorted(d for d in dirs if not excluded(posixpath.join(rel_root, d), excludes))
-        for name in sorted(names):
-            rel = posixpath.join(rel_root, name) if rel_root else name
-            path = Path(root) / name
-            if not excluded(rel, excludes) and path.is_file():
-                files.append((rel, path))
-    return files
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def plan_sync(node: SSHNode, source: Path, remote_dir: str,
-              excludes: Sequence[str] = DEFAULT_EXCLUDES, compare: str = "mtime") -> SyncPlan:
-    """What must be sent: files missing remotely or differing in size or mtime (``compare=
-    'hash'``: in size or sha256, for trees whose mtimes are not kept)."""
-    remote = node.remote_tree(remote_dir)
-    plan = SyncPlan(remote_dir)
-    same_size: List[FileToSend] = []
-    for rel, path in local_files(source, excludes):
-        st = path.stat()
-        item = FileToSend(path, posixpath.join(remote_dir, rel), st.st_size, st.st_mtime,
-                          stat.S_IMODE(st.st_mode))
-        attrs = remote.get(rel)
-        if attrs is None or attrs.st_size != st.st_size:
-            plan.send.append(item)
-        elif compare == "hash":
-            same_size.append(item)
-        elif int(attrs.st_mtime or 0) != int(st.st_mtime):
-            plan.send.append(item)
-        else:
-            plan.unchanged += 1
-    if same_size:
-        digests = node.remote_sha256([f.remote for f in same_size])
-        for item in same_size:
-            if digests.get(item.remote) == sha256_file(item.local):
-                plan.unchanged += 1
-            else:
-                plan.send.append(item)
-    return plan
-
-
-def send_files(node: SSHNode, plan: SyncPlan,
-               on_bytes: Optional[Callable[[int], None]] = None) -> None:
-    """Write each file to a temporary name, then rename it into place (a reader never sees a
-    half-written file), keeping the local mtime and mode."""
-    known: set = set()
-    node.makedirs(plan.remote_dir, known)
-    for item in plan.send:
-        node.makedirs(posixpath.dirname(item.remote), known)
-        tmp = f"{item.remote}.fluidctl-{os.getpid()}-{threading.get_ident()}.tmp"
-        last = [0]
-
-        def progress(done, _total, last=last):
-            if on_bytes:
-                on_bytes(done - last[0])
-            last[0] = done
-        node.sftp.put(str(item.local), tmp, callback=progress, confirm=True)
-        node.sftp.chmod(tmp, item.mode)
-        node.sftp.utime(tmp, (item.mtime, item.mtime))
-        node.sftp.posix_rename(tmp, item.remote)
-
-
-def sync(node: SSHNode, source: Path, remote_dir: str, excludes=DEFAULT_EXCLUDES,
-         compare: str = "mtime", on_bytes=None) -> SyncPlan:
-    plan = plan_sync(node, Path(source), remote_dir, excludes, compare)
-    send_files(node, plan, on_bytes)
-    return plan
-
-
 # --- many nodes -----------------------------------------------------------------------------
 @dataclass
 class Connected:
@@ -619,93 +502,3 @@ def connect_all(hosts: Sequence[Host], targets: Mapping[str, SSHTarget],
         else:
             nodes[name] = node
     return Connected(nodes, failures)
-
-
-@dataclass
-class NodeCheck:
-    """What ``cluster check`` learns about one node."""
-    host: str
-    address: str = ""
-    ok: bool = False
-    reason: str = ""
-    python: str = ""
-    fluidctl: str = ""
-    disk_free: Optional[int] = None     # bytes free in the remote dir (or home)
-    gpus: Optional[int] = None
-    seconds: float = 0.0
-
-
-def probe_script(python: str, remote_dir: Optional[str]) -> str:
-    """A POSIX shell script printing key=value lines about the node."""
-    py = shlex.quote(python)
-    where = shlex.quote(remote_dir) if remote_dir else '"$HOME"'
-    return "; ".join([
-        f"if ! command -v {py} >/dev/null 2>&1; then echo python=missing; exit 0; fi",
-        f"echo python=$({py} -c 'import sys; print(sys.version.split()[0])' 2>/dev/null)",
-        f"echo fluidctl=$({py} -m fluidctl --version 2>/dev/null | tail -n 1)",
-        f"if [ -d {where} ]; then echo disk=$(df -Pk {where} | awk 'NR==2 {{print $4}}'); "
-        "else echo dir=missing; fi",
-        "if command -v nvidia-smi >/dev/null 2>&1; then "
-        "echo gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); else echo gpus=0; fi",
-    ])
-
-
-def parse_probe(check: NodeCheck, output: str, python: str, remote_dir: Optional[str]) -> None:
-    values = dict(line.partition("=")[::2] for line in output.splitlines() if "=" in line)
-    problems = []
-    if values.get("python") == "missing" or not values.get("python"):
-        problems.append(f"python {python} not found on the node (pass --python with the "
-                        "remote interpreter, or install it at the same path)")
-    else:
-        check.python = values["python"]
-        words = values.get("fluidctl", "").split()
-        check.fluidctl = words[-1] if words else ""
-        if not check.fluidctl:
-            problems.append(f"fluidctl is not installed for {python} there (pip install fluidctl "
-                            "on the node, or pass --python)")
-        elif check.fluidctl != __version__:
-            problems.append(f"fluidctl {check.fluidctl} there, {__version__} here "
-                            "(install the same version on every node)")
-    if values.get("dir") == "missing":
-        problems.append(f"remote dir {remote_dir} does not exist (run fluidctl cluster sync or "
-                        "pass --remote-dir)")
-    elif values.get("disk", "").isdigit():
-        check.disk_free = int(values["disk"]) * 1024
-    if values.get("gpus", "").isdigit():
-        check.gpus = int(values["gpus"])
-    check.reason = "; ".join(problems)
-    check.ok = not problems
-
-
-def check_nodes(hosts: Sequence[Host], ssh_config=None, timeout: float = DEFAULT_TIMEOUT,
-                accept_new: bool = False, python: Optional[str] = None,
-                remote_dir: Optional[str] = None, targets=None) -> List[NodeCheck]:
-    """Check every node in parallel: reachable, authenticated, Python and fluidctl there, free
-    disk, GPUs. One NodeCheck per host, in hostfile order; ``ok`` False says ``reason``.
-
-    ``hosts`` may be unresolved hostfile entries (resolved here through ``ssh_config``) or
-    already resolved ones with their ``targets``."""
-    python = python or sys.executable
-    if targets is None:
-        hosts, targets = resolve_hosts(hosts, ssh_config, accept_new)
-
-    def one(host: Host) -> NodeCheck:
-        started = time.monotonic()
-        check = NodeCheck(host.name, address=targets[host.name].hostname)
-        node = SSHNode(host, targets[host.name], timeout=timeout, keepalive=0)
-        try:
-            node.connect()
-            check.address = node.peer_address
-            result = node.run(probe_script(python, remote_dir), timeout=timeout)
-            parse_probe(check, result.stdout, python, remote_dir)
-        except ConnectFailed as exc:
-            check.reason = str(exc)
-        except TimeoutError:
-            check.reason = f"checks did not finish within {timeout:g}s (raise --timeout)"
-        except (ConnectionLost, paramiko.SSHException, OSError) as exc:
-            check.reason = f"connection failed during the checks: {exc}"
-        finally:
-            node.close()
-            check.seconds = time.monotonic() - started
-        return check
-    return parallel(list(hosts), one)

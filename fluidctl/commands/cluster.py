@@ -15,7 +15,8 @@ import click
 from fluidctl.launch.sshlib import paramiko
 
 from fluidctl.backends import ssh
-from fluidctl.backends.ssh import check_nodes  # noqa: F401  (re-exported for `train`)
+from fluidctl.backends.nodecheck import check_nodes
+from fluidctl.backends.sync import DEFAULT_EXCLUDES, plan_sync, send_files
 from fluidctl.errors import FluidctlError
 from fluidctl.launch.hosts import load_hosts
 from fluidctl.launch.sshconfig import resolve_hosts
@@ -194,7 +195,7 @@ def sync(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote_
     source = Path(src).resolve()
     default_dir = str(source if source.is_dir() else source.parent)
     hosts, targets = _resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
-    patterns = (*ssh.DEFAULT_EXCLUDES, *excludes)
+    patterns = (*DEFAULT_EXCLUDES, *excludes)
     connected = ssh.connect_all(hosts, targets, timeout=timeout)
     failures = dict(connected.failures)
     done: dict = {}
@@ -206,8 +207,8 @@ def sync(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote_
         def plan_one(node):
             where = (remote_dir or default_dir).replace("{host}", node.host.name)
             try:
-                return node, ssh.plan_sync(node, source, where, patterns,
-                                           "hash" if checksum else "mtime")
+                return node, plan_sync(node, source, where, patterns,
+                                       "hash" if checksum else "mtime")
             except (OSError, ssh.ConnectionLost) as exc:
                 return node, f"cannot list {where}: {exc}"
         for node, plan in ssh.parallel(nodes, plan_one):
@@ -225,7 +226,7 @@ def sync(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote_
             def send_one(item):
                 name, (node, plan) = item
                 try:
-                    ssh.send_files(node, plan, lambda n: progress.advance(tasks[name], n))
+                    send_files(node, plan, lambda n: progress.advance(tasks[name], n))
                     if not plan.bytes:
                         progress.advance(tasks[name], 1)
                     return name, None

@@ -59,7 +59,8 @@ def connect(hosts: Sequence[Host], *, ssh_config, accept_new: bool, timeout: flo
 def send_shards(manifest: dict, out_dir: str, hosts: Sequence[Host], nodes, placed,
                 remote_dir: Optional[str], on_bytes=None) -> Dict[str, List[str]]:
     """Send every node its shards and the manifest; verify; return {node: [remote paths]}."""
-    from fluidctl.backends.ssh import FileToSend, SyncPlan, parallel, send_files
+    from fluidctl.backends.ssh import parallel
+    from fluidctl.backends.sync import FileToSend, SyncPlan, send_files
 
     shards = manifest["shards"]
 

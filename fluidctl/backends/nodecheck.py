@@ -1,0 +1,112 @@
+"""Node checks for ``cluster check``: is each node reachable, with Python, the same fluidctl,
+disk space and GPUs?
+
+Its own module because it is about what a node must have to run fluidctl, not about SSH: one
+shell probe, parsed into a NodeCheck with a reason naming what to fix. The paramiko backend runs
+it below; the Fabric backend reuses the probe and the parser.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+from fluidctl.launch.sshlib import paramiko
+
+from fluidctl import __version__
+from fluidctl.backends.ssh import (DEFAULT_TIMEOUT, ConnectFailed, ConnectionLost, SSHNode,
+                                   parallel)
+from fluidctl.launch.hosts import Host
+from fluidctl.launch.sshconfig import resolve_hosts
+
+
+@dataclass
+class NodeCheck:
+    """What ``cluster check`` learns about one node."""
+    host: str
+    address: str = ""
+    ok: bool = False
+    reason: str = ""
+    python: str = ""
+    fluidctl: str = ""
+    disk_free: Optional[int] = None     # bytes free in the remote dir (or home)
+    gpus: Optional[int] = None
+    seconds: float = 0.0
+
+
+def probe_script(python: str, remote_dir: Optional[str]) -> str:
+    """A POSIX shell script printing key=value lines about the node."""
+    py = shlex.quote(python)
+    where = shlex.quote(remote_dir) if remote_dir else '"$HOME"'
+    return "; ".join([
+        f"if ! command -v {py} >/dev/null 2>&1; then echo python=missing; exit 0; fi",
+        f"echo python=$({py} -c 'import sys; print(sys.version.split()[0])' 2>/dev/null)",
+        f"echo fluidctl=$({py} -m fluidctl --version 2>/dev/null | tail -n 1)",
+        f"if [ -d {where} ]; then echo disk=$(df -Pk {where} | awk 'NR==2 {{print $4}}'); "
+        "else echo dir=missing; fi",
+        "if command -v nvidia-smi >/dev/null 2>&1; then "
+        "echo gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); else echo gpus=0; fi",
+    ])
+
+
+def parse_probe(check: NodeCheck, output: str, python: str, remote_dir: Optional[str]) -> None:
+    values = dict(line.partition("=")[::2] for line in output.splitlines() if "=" in line)
+    problems = []
+    if values.get("python") == "missing" or not values.get("python"):
+        problems.append(f"python {python} not found on the node (pass --python with the "
+                        "remote interpreter, or install it at the same path)")
+    else:
+        check.python = values["python"]
+        words = values.get("fluidctl", "").split()
+        check.fluidctl = words[-1] if words else ""
+        if not check.fluidctl:
+            problems.append(f"fluidctl is not installed for {python} there (pip install fluidctl "
+                            "on the node, or pass --python)")
+        elif check.fluidctl != __version__:
+            problems.append(f"fluidctl {check.fluidctl} there, {__version__} here "
+                            "(install the same version on every node)")
+    if values.get("dir") == "missing":
+        problems.append(f"remote dir {remote_dir} does not exist (run fluidctl cluster sync or "
+                        "pass --remote-dir)")
+    elif values.get("disk", "").isdigit():
+        check.disk_free = int(values["disk"]) * 1024
+    if values.get("gpus", "").isdigit():
+        check.gpus = int(values["gpus"])
+    check.reason = "; ".join(problems)
+    check.ok = not problems
+
+
+def check_nodes(hosts: Sequence[Host], ssh_config=None, timeout: float = DEFAULT_TIMEOUT,
+                accept_new: bool = False, python: Optional[str] = None,
+                remote_dir: Optional[str] = None, targets=None) -> List[NodeCheck]:
+    """Check every node in parallel: reachable, authenticated, Python and fluidctl there, free
+    disk, GPUs. One NodeCheck per host, in hostfile order; ``ok`` False says ``reason``.
+
+    ``hosts`` may be unresolved hostfile entries (resolved here through ``ssh_config``) or
+    already resolved ones with their ``targets``."""
+    python = python or sys.executable
+    if targets is None:
+        hosts, targets = resolve_hosts(hosts, ssh_config, accept_new)
+
+    def one(host: Host) -> NodeCheck:
+        started = time.monotonic()
+        check = NodeCheck(host.name, address=targets[host.name].hostname)
+        node = SSHNode(host, targets[host.name], timeout=timeout, keepalive=0)
+        try:
+            node.connect()
+            check.address = node.peer_address
+            result = node.run(probe_script(python, remote_dir), timeout=timeout)
+            parse_probe(check, result.stdout, python, remote_dir)
+        except ConnectFailed as exc:
+            check.reason = str(exc)
+        except TimeoutError:
+            check.reason = f"checks did not finish within {timeout:g}s (raise --timeout)"
+        except (ConnectionLost, paramiko.SSHException, OSError) as exc:
+            check.reason = f"connection failed during the checks: {exc}"
+        finally:
+            node.close()
+            check.seconds = time.monotonic() - started
+        return check
+    return parallel(list(hosts), one)
