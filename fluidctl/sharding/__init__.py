@@ -1,22 +1,65 @@
-"""The ``fluidctl shard-data`` engine, now a package; for this commit all of it is still in
-:mod:`fluidctl.sharding.engine` (moved as is, so its history follows), reached from here."""
+"""The ``fluidctl shard-data`` engine: one shard per trainer, at the speed of the disk.
+
+Pure of click and rich (the command wraps it). How it stays fast and small:
+
+* ``--by lines`` / ``--by files`` never pass the data through Python objects. Cut points are
+  found by reading only around them; every shard is then a list of byte ranges of the inputs
+  (:class:`Segment`), copied by the kernel with ``os.copy_file_range`` (falling back to
+  ``os.sendfile``, then to plain writes). Each range is also read once through a reused 1 MiB
+  buffer for the manifest's record count (numpy, GIL released) and sha256 (hashlib, GIL
+  released); shards are written by one thread per core. ``--checksum none`` skips the sha256.
+* Gzip inputs are decompressed once into a spool file inside the staging directory and then
+  take the same byte-range path; the spool is deleted before the output appears.
+* ``--shuffle`` is an external shuffle (records scattered into random bucket files, then each
+  bucket shuffled in memory; a bucket that comes out too big is scattered again), so memory
+  stays bounded whatever the input size. Shards then get equal record counts (+-1).
+* ``--equalize truncate`` counts records per shard first and cuts the ranges; ``pad`` appends
+  records re-sampled (seeded) from the shard itself after it is written, extending its sha256.
+* Output is built in a hidden staging directory next to OUT_DIR and renamed into place at the
+  end; on any error (bad input, disk full, Ctrl-C) the staging directory is removed.
+
+Modules, in the order a run meets them: options (what is asked), inputs (what is read), plan
+(where shards are cut; scan looks into files for it), copy (writing shards; parallel runs one
+per core), shuffle, equalize, manifest, staging (nothing half-written), engine (the whole run).
+tuning holds the buffer and bucket sizes.
+"""
 from __future__ import annotations
 
+import os
 import sys
 import types
 
-from fluidctl.sharding import engine
+# numpy's BLAS threads would only compete with the copy threads for cores: none is used here.
+# Set before any module of this package imports numpy.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from fluidctl.runtime.data import FORMATS
+from fluidctl.sharding import tuning
+from fluidctl.sharding.copy import Copier, ShardWriter
+from fluidctl.sharding.engine import shard
+from fluidctl.sharding.inputs import Source
+from fluidctl.sharding.options import (BY_CHOICES, CHECKSUM_CHOICES,
+                                       EQUALIZE_CHOICES, Progress, ShardOptions, ShardResult)
+from fluidctl.sharding.plan import Segment
+from fluidctl.sharding.shuffle import shuffle_shards
+
+__all__ = ["BY_CHOICES", "CHECKSUM_CHOICES", "EQUALIZE_CHOICES", "FORMATS", "Copier", "Progress",
+           "Segment", "ShardOptions", "ShardResult", "ShardWriter", "Source", "shard",
+           "shuffle_shards", *tuning.KNOBS]
 
 
 class _Package(types.ModuleType):
-    """Names of the engine read and written through the package (tests monkeypatch them)."""
+    """``fluidctl.sharding.BLOCK`` (and the other sizes in :mod:`tuning`) read and write the
+    value the engine uses, so ``monkeypatch.setattr(sharding, "BLOCK", 64)`` reaches it."""
 
     def __getattr__(self, name: str):
-        return getattr(engine, name)
+        if name in tuning.KNOBS:
+            return getattr(tuning, name)
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
 
     def __setattr__(self, name: str, value) -> None:
-        if hasattr(engine, name) and not isinstance(value, types.ModuleType):
-            setattr(engine, name, value)
+        if name in tuning.KNOBS:
+            setattr(tuning, name, value)
         else:
             super().__setattr__(name, value)
 

@@ -1,0 +1,71 @@
+"""What the caller asks for (ShardOptions), what it hears back (Progress, ShardResult), and the
+check that the options make sense before any file is touched."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from fluidctl.errors import UsageError
+from fluidctl.runtime.data import FORMATS
+
+
+BY_CHOICES = ("lines", "files")
+EQUALIZE_CHOICES = ("none", "pad", "truncate")
+CHECKSUM_CHOICES = ("sha256", "none")
+
+
+@dataclass
+class ShardOptions:
+    inputs: Sequence[str]
+    trainers: int
+    out_dir: str
+    by: str = "lines"
+    format: str = "text"
+    shuffle: bool = False
+    seed: int = 0
+    name: Optional[str] = None
+    suffix_length: int = 5
+    equalize: str = "none"
+    checksum: str = "sha256"
+    force: bool = False
+
+
+class Progress:
+    """What the engine reports; the CLI passes a rich progress bar, tests pass nothing.
+    ``advance`` is called from worker threads."""
+
+    def stage(self, description: str, total_bytes: int) -> None:
+        pass
+
+    def advance(self, nbytes: int, records: int = 0) -> None:
+        pass
+
+
+@dataclass
+class ShardResult:
+    index: int
+    file: str
+    records: int
+    bytes: int
+    sha256: Optional[str]
+
+
+def check_options(opts: ShardOptions) -> None:
+    if opts.trainers < 1:
+        raise UsageError(f"--trainers must be at least 1, not {opts.trainers}",
+                         "pass --trainers 4")
+    for value, choices, flag in ((opts.by, BY_CHOICES, "--by"), (opts.format, FORMATS, "--format"),
+                                 (opts.equalize, EQUALIZE_CHOICES, "--equalize"),
+                                 (opts.checksum, CHECKSUM_CHOICES, "--checksum")):
+        if value not in choices:
+            raise UsageError(f"{flag} {value!r} is not one of {', '.join(choices)}",
+                             f"pass {flag} {choices[0]}")
+    if opts.suffix_length < 1 or 10 ** opts.suffix_length < opts.trainers:
+        raise UsageError(f"--suffix-length {opts.suffix_length} cannot number {opts.trainers} shards",
+                         f"pass --suffix-length {max(1, len(str(opts.trainers - 1)))} or more")
+    if opts.name is not None and (not opts.name or "/" in opts.name or opts.name.startswith(".")):
+        raise UsageError(f"--name {opts.name!r} is not a plain file name",
+                         "pass a name like --name train.txt")
+    if opts.shuffle and opts.by == "files":
+        raise UsageError("--shuffle shuffles records, which --by files keeps whole",
+                         "use --by lines --shuffle")

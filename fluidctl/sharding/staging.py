@@ -1,0 +1,107 @@
+"""Nothing half-written: output is built in a hidden directory next to OUT_DIR and renamed into
+place at the end, or removed on any error; disk-space checks and OSErrors turned into one-line
+messages live here too."""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from typing import List
+
+from fluidctl.errors import FluidctlError, UsageError
+from fluidctl.sharding.inputs import _inside
+
+
+class Staging:
+    """A hidden directory next to OUT_DIR that becomes OUT_DIR at the end, or disappears."""
+
+    def __init__(self, out_dir: str):
+        self.out_dir = os.path.abspath(out_dir)
+        self.tmp = ""
+        self.created: List[str] = []
+        self.committed = False
+
+    def __enter__(self) -> "Staging":
+        parent = os.path.dirname(self.out_dir)
+        missing = []
+        p = parent
+        while not os.path.exists(p):
+            missing.append(p)
+            p = os.path.dirname(p)
+        try:
+            for d in reversed(missing):
+                os.mkdir(d)
+                self.created.append(d)
+            self.tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(self.out_dir)}.",
+                                        suffix=".partial", dir=parent)
+        except OSError as exc:
+            self._cleanup()
+            raise UsageError(f"cannot write the output {self.out_dir}: {exc.strerror}",
+                             "choose a writable -o") from None
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(self.tmp, 0o777 & ~mask)
+        self.work = os.path.join(self.tmp, ".work")
+        os.mkdir(self.work)
+        return self
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.tmp, name)
+
+    def commit(self) -> None:
+        shutil.rmtree(self.work)
+        old = None
+        if os.path.lexists(self.out_dir):
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(self.out_dir)}.", suffix=".old",
+                                   dir=os.path.dirname(self.out_dir))
+            os.rename(self.out_dir, os.path.join(old, "previous"))
+        os.rename(self.tmp, self.out_dir)
+        self.committed = True
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _cleanup(self) -> None:
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        for d in reversed(self.created):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+
+    def __exit__(self, *exc) -> None:
+        if not self.committed:
+            self._cleanup()
+
+
+def _io_error(exc: OSError, out_dir: str, staging: str) -> FluidctlError:
+    """An OSError met while sharding, as one line: disk full, unwritable output and unreadable
+    input are the user's to fix (exit 2); anything else is reported with its file (exit 1)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return UsageError(f"disk full while writing {out_dir}",
+                          "free some space or choose another -o")
+    writing = not exc.filename or _inside(str(exc.filename), staging)
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        if writing:
+            return UsageError(f"cannot write {out_dir}: {exc.strerror}", "choose a writable -o")
+        return UsageError(f"cannot read {exc.filename}: {exc.strerror}",
+                          "check the input's permissions")
+    return FluidctlError(f"{exc.filename or out_dir}: {exc.strerror or exc}",
+                         "check the disk and the inputs", exit_code=1)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _check_space(directory: str, out_dir: str, needed: int) -> None:
+    st = os.statvfs(directory)
+    if st.f_bavail * st.f_frsize < needed:
+        raise UsageError(
+            f"not enough space for {out_dir}: {_human(needed)} needed, "
+            f"{_human(st.f_bavail * st.f_frsize)} free", "free some space or choose another -o")

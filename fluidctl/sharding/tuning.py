@@ -1,0 +1,17 @@
+"""Sizes the engine's speed and memory depend on, in one place.
+
+The other modules read them as ``tuning.NAME`` at call time (never copied at import), so a test
+or benchmark can change one -- ``fluidctl.sharding.BLOCK = 64`` -- and the whole engine follows.
+"""
+
+BLOCK = 1 << 20                    # read buffer per worker thread
+SNIFF = 64 << 10                   # bytes looked at to decide "binary"; newline search step
+BUCKET_MAX_BYTES = 4 << 20         # a shuffle bucket is shuffled in memory up to this size...
+BUCKET_MAX_RECORDS = 128 << 10     # ...and this many records; beyond, it is scattered again
+MAX_BUCKETS = 512                  # bucket files per scatter level (ids fit numpy's uint16)
+SCATTER_BLOCK = 256 << 10          # input read per scatter step (Python objects: ~8x this)
+SCATTER_BUFFER = 4 << 20           # buffered bucket bytes, all buckets together
+JOIN_RECORDS = 8192                # records joined per write into a shard
+
+KNOBS = ("BLOCK", "SNIFF", "BUCKET_MAX_BYTES", "BUCKET_MAX_RECORDS", "MAX_BUCKETS",
+         "SCATTER_BLOCK", "SCATTER_BUFFER", "JOIN_RECORDS")
