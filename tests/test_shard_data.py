@@ -180,8 +180,8 @@ def test_by_files_needs_a_file_per_trainer(tmp_path):
 
 # --- shuffle and equalize --------------------------------------------------------------------
 def test_shuffle_is_a_seeded_permutation_with_equal_counts(text, tmp_path, monkeypatch):
-    monkeypatch.setattr(sharding, "BUCKET_MAX_BYTES", 4096)    # force re-scatter of buckets
-    monkeypatch.setattr(sharding, "BUCKET_MAX_RECORDS", 100)
+    monkeypatch.setattr(sharding.tuning, "BUCKET_MAX_BYTES", 4096)    # force re-scatter of buckets
+    monkeypatch.setattr(sharding.tuning, "BUCKET_MAX_RECORDS", 100)
     outs = {}
     for label, seed in (("a", 7), ("b", 7), ("c", 8)):
         out = tmp_path / label
@@ -198,7 +198,7 @@ def test_shuffle_is_a_seeded_permutation_with_equal_counts(text, tmp_path, monke
 
 @pytest.mark.parametrize("block", [1 << 20, 64])    # 64: records span the pieces pad reads
 def test_equalize_pad_resamples_from_the_shard_itself(text, tmp_path, monkeypatch, block):
-    monkeypatch.setattr(sharding, "BLOCK", block)
+    monkeypatch.setattr(sharding.tuning, "BLOCK", block)
     plain, padded = tmp_path / "plain", tmp_path / "padded"
     run([text], 3, plain)
     manifest = run([text], 3, padded, equalize="pad", seed=3)
@@ -389,7 +389,7 @@ def tmpfs(tmp_path):
 
 def test_shuffle_reaches_every_permutation(tmp_path, monkeypatch):
     """4 records through scatter + re-scatter + in-bucket shuffle: all 24 orders show up."""
-    monkeypatch.setattr(sharding, "BUCKET_MAX_RECORDS", 2)       # every level recurses
+    monkeypatch.setattr(sharding.tuning, "BUCKET_MAX_RECORDS", 2)       # every level recurses
     src = sharding.Source("r", str(write_lines(tmp_path / "r", [b"a", b"b", b"c", b"d"])), 8,
                           size=8)
     seen = Counter()

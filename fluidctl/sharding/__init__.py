@@ -26,12 +26,14 @@ tuning holds the buffer and bucket sizes.
 from __future__ import annotations
 
 import os
-import sys
-import types
 
 # numpy's BLAS threads would only compete with the copy threads for cores: none is used here.
 # Set before any module of this package imports numpy.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+# numpy loads numpy.random lazily, on first use; an import in progress swallows a Ctrl-C (the
+# run would then finish as if never interrupted), so load it now, before any work starts
+import numpy.random  # noqa: E402,F401
 
 from fluidctl.runtime.data import FORMATS
 from fluidctl.sharding import tuning
@@ -45,23 +47,4 @@ from fluidctl.sharding.shuffle import shuffle_shards
 
 __all__ = ["BY_CHOICES", "CHECKSUM_CHOICES", "EQUALIZE_CHOICES", "FORMATS", "Copier", "Progress",
            "Segment", "ShardOptions", "ShardResult", "ShardWriter", "Source", "shard",
-           "shuffle_shards", *tuning.KNOBS]
-
-
-class _Package(types.ModuleType):
-    """``fluidctl.sharding.BLOCK`` (and the other sizes in :mod:`tuning`) read and write the
-    value the engine uses, so ``monkeypatch.setattr(sharding, "BLOCK", 64)`` reaches it."""
-
-    def __getattr__(self, name: str):
-        if name in tuning.KNOBS:
-            return getattr(tuning, name)
-        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in tuning.KNOBS:
-            setattr(tuning, name, value)
-        else:
-            super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+           "shuffle_shards", "tuning"]
