@@ -8,18 +8,12 @@ alike; medians and ratios are printed. torchrun is skipped when torch is not ins
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-
-def timed(cmd, cwd, env=None):
-    start = time.perf_counter()
-    subprocess.run(cmd, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
+from wallclock import interleaved, report, timed
 
 
 def bare(nproc, script, cwd):
@@ -53,17 +47,11 @@ def main():
                         str(args.nproc), "--master-port", "0", script]
             env = dict(os.environ, OMP_NUM_THREADS="1")
             runners["torchrun"] = lambda: timed(torchrun, work, env)
-        times = {name: [] for name in runners}
-        for _ in range(args.repeat):
-            for name, run in runners.items():
-                times[name].append(run())
+        times = interleaved(runners, args.repeat)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    med = {name: statistics.median(t) for name, t in times.items()}
-    print(f"launch of a {args.nproc}-process no-op job, median of {args.repeat} runs")
-    print(f"{'launcher':<18} {'median s':>9} {'min s':>7} {'max s':>7}")
-    for name, t in times.items():
-        print(f"{name:<18} {med[name]:>9.3f} {min(t):>7.3f} {max(t):>7.3f}")
+    med = report(f"launch of a {args.nproc}-process no-op job, median of {args.repeat} runs",
+                 times)
     f = med["fluidctl train"]
     print(f"fluidctl / bare python = {f / med['bare python x N']:.2f}x")
     if "torchrun" in med:

@@ -10,26 +10,15 @@ check included), `fluidctl train --backend fabric`, and `mpirun -np 4 --hostfile
 import argparse
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from sshd import SSHNodes  # noqa: E402
-
-
-def timed(cmd, cwd, env=None):
-    start = time.perf_counter()
-    res = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True)
-    if res.returncode:
-        raise SystemExit(f"{cmd[0]} failed: {res.stderr[-2000:]}")
-    return time.perf_counter() - start
+from wallclock import interleaved, report, timed  # noqa: E402
 
 
 def main():
@@ -55,18 +44,11 @@ def main():
             "fluidctl fabric": lambda: timed(fluid + ["--backend", "fabric", str(noop)], work),
             "mpirun": lambda: timed(mpirun, work, dict(os.environ, OMPI_MCA_btl="tcp,self")),
         }
-        times = {name: [] for name in runners}
-        for _ in range(args.repeat):
-            for name, run in runners.items():
-                times[name].append(run())
+        times = interleaved(runners, args.repeat)
     finally:
         nodes.stop()
         shutil.rmtree(work, ignore_errors=True)
-    med = {name: statistics.median(t) for name, t in times.items()}
-    print(f"2 nodes x 2 ranks, no-op script, median of {args.repeat} runs")
-    print(f"{'launcher':<16} {'median s':>9} {'min s':>7} {'max s':>7}")
-    for name, t in times.items():
-        print(f"{name:<16} {med[name]:>9.3f} {min(t):>7.3f} {max(t):>7.3f}")
+    med = report(f"2 nodes x 2 ranks, no-op script, median of {args.repeat} runs", times)
     for name in ("fluidctl ssh", "fluidctl fabric"):
         print(f"{name} / mpirun = {med[name] / med['mpirun']:.2f}x  (goal <= 1.0x)")
 
