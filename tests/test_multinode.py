@@ -240,3 +240,32 @@ def test_pserver_hosts_place_pservers_on_the_named_nodes(tmp_path, sshd_nodes, h
                    check=0)
     eps = json.loads(res.stdout)["pserver_endpoints"]
     assert [e.split(":")[0] for e in eps] == ["127.0.0.2", "127.0.0.3"]
+
+
+def test_sync_then_train_in_the_remote_dir(tmp_path, sshd_nodes, hosts):
+    """The cluster habit: push the workspace with `cluster sync`, then train from there
+    (--remote-dir); the script runs in the synced copy, not in the launching directory."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "job.py").write_text("import os\nprint('rank', os.environ['PADDLE_TRAINER_ID'], "
+                               "'in', os.getcwd(), flush=True)\n")
+    remote = tmp_path / "remote"
+    res = fluidctl("cluster", "sync", "--hostfile", hosts, *ssh(sshd_nodes), "--remote-dir",
+                   remote, ".", cwd=ws, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert (remote / "job.py").exists()
+    res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--remote-dir", remote,
+                   "--tee", "all", "job.py", cwd=ws, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert sorted(re.findall(r"rank (\d) in (\S+)", res.stdout)) == [
+        (str(r), str(remote)) for r in range(4)]
+    assert (remote / "mylog" / "workerlog.0").exists()      # the node's own copy of its logs
+    assert (ws / "mylog" / "node1" / "workerlog.0").exists()  # and the launcher's
+
+
+def test_a_missing_remote_dir_is_refused_before_anything_starts(tmp_path, sshd_nodes, hosts):
+    res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--remote-dir",
+                   tmp_path / "nowhere", HELLO, cwd=tmp_path, timeout=60)
+    assert res.returncode == 2
+    assert "remote dir" in res.stderr and "does not exist" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "mylog").exists()
