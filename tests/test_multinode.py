@@ -269,3 +269,11 @@ def test_a_missing_remote_dir_is_refused_before_anything_starts(tmp_path, sshd_n
     assert res.returncode == 2
     assert "remote dir" in res.stderr and "does not exist" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "mylog").exists()
+
+
+def test_a_wrong_remote_python_is_named(tmp_path, sshd_nodes, hosts):
+    res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--python",
+                   "/nonexistent/python3", HELLO, cwd=tmp_path, timeout=60)
+    assert res.returncode == 2
+    assert "python /nonexistent/python3 not found there (pass --python" in res.stderr
+    assert "node node1" in res.stderr and "node node2" in res.stderr
