@@ -56,7 +56,7 @@ class Handle(Protocol):
     host: str
     log: str
     pid: Optional[int]
-    critical: bool      # the job fails when it dies (trainers, pservers); all are, today
+    service: bool       # a pserver: serves the trainers; its end (even exit 0) fails the job
 
     def fileno(self) -> int:
         """A descriptor that becomes readable when the handle may have ended."""

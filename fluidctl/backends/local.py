@@ -51,11 +51,9 @@ def _signal_procs(procs: List[psutil.Process], sig: int) -> None:
 class LocalProcess:
     """A worker process and its tree (the Handle protocol of backends.base)."""
 
-    critical = True
-
     def __init__(self, label: str, argv: List[str], env: Mapping[str, str], log: str,
-                 host: str = "127.0.0.1", cwd: Optional[str] = None):
-        self.label, self.host, self.log = label, host, log
+                 host: str = "127.0.0.1", cwd: Optional[str] = None, service: bool = False):
+        self.label, self.host, self.log, self.service = label, host, log, service
         with open(log, "ab", buffering=0) as out:
             self.popen = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
                                           stdout=out, stderr=subprocess.STDOUT,
@@ -96,8 +94,8 @@ class LocalProcess:
 
 
 def start(label: str, argv: List[str], env: Mapping[str, str], log: str,
-          host: str = "127.0.0.1") -> LocalProcess:
-    return LocalProcess(label, argv, env, log, host)
+          host: str = "127.0.0.1", service: bool = False) -> LocalProcess:
+    return LocalProcess(label, argv, env, log, host, service=service)
 
 
 def full_env(contract: Mapping[str, str], base: Optional[Mapping[str, str]] = None

@@ -81,9 +81,7 @@ def run(script: str, script_args: Sequence[str], *, hosts: Sequence[Host], nproc
 
     def start(attempt: int):
         env_attempt = dict(env, **{envs.RESTART_COUNT: str(attempt)})
-        handle = local.start("mpirun", argv, env_attempt, str(layout.mpirun))
-        handle.service = False
-        return [handle]
+        return [local.start("mpirun", argv, env_attempt, str(layout.mpirun))]
 
     sources = {"none": [], "rank0": [(str(layout.worker(0)), "")],
                "all": [(str(layout.mpirun), "")]}[tee]

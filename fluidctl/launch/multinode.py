@@ -43,7 +43,6 @@ def node_class(backend: str):
 class RemoteAgent:
     """One node's agent, seen by the supervisor as a handle (backends.base.Handle)."""
 
-    critical = True
     service = False
 
     def __init__(self, node, label: str, *, python: str, remote_dir: str, ports: int,

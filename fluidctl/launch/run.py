@@ -54,10 +54,9 @@ def start_local(procs: Sequence[ProcSpec], attempt: int, logs: Optional[Sequence
     handles = []
     for i, proc in enumerate(procs):
         log = logs[i] if logs else proc.log
-        handle = local.start(proc.label, proc.argv, local.full_env(with_restart(proc.env, attempt)),
-                             log, proc.host)
-        handle.service = proc.role == PSERVER
-        handles.append(handle)
+        handles.append(local.start(proc.label, proc.argv,
+                                   local.full_env(with_restart(proc.env, attempt)), log,
+                                   proc.host, service=proc.role == PSERVER))
     return handles
 
 

@@ -27,8 +27,6 @@ DEFAULT_CONFIG = "~/.ssh/config"
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 SYSTEM_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
-ACCEPT_HINT = "add it with 'ssh-keyscan -p PORT HOST >> ~/.ssh/known_hosts' after checking it, " \
-              "or pass --accept-new-host-keys"
 
 _known_hosts_lock = threading.Lock()     # parallel connects may append to the same file
 

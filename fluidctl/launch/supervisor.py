@@ -169,11 +169,11 @@ class Supervisor:
                     self.log(f"{h.label} (pid {h.pid}) ended with code {code}")
                     if code != 0:
                         return h.failure()
-                    if getattr(h, "service", False):
+                    if h.service:
                         fail = h.failure()
                         fail.detail = "exited before the trainers finished"
                         return fail
-                if not any(not getattr(h, "service", False) for h in live):
+                if not any(not h.service for h in live):
                     return None
                 if self._signal is not None:
                     return None

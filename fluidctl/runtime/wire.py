@@ -21,7 +21,7 @@ import hmac
 import os
 import socket
 import struct
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import msgpack
 
@@ -218,7 +218,3 @@ def connect(endpoint: str, token: Optional[str], timeout: float = HANDSHAKE_TIME
         sock.close()
         raise
 
-
-def array_meta(arrays: Iterable) -> list:
-    """Describe numpy arrays for a header: [[dtype, shape], ...]."""
-    return [[a.dtype.str, list(a.shape)] for a in arrays]

@@ -12,6 +12,3 @@ MAX_BUCKETS = 512                  # bucket files per scatter level (ids fit num
 SCATTER_BLOCK = 256 << 10          # input read per scatter step (Python objects: ~8x this)
 SCATTER_BUFFER = 4 << 20           # buffered bucket bytes, all buckets together
 JOIN_RECORDS = 8192                # records joined per write into a shard
-
-KNOBS = ("BLOCK", "SNIFF", "BUCKET_MAX_BYTES", "BUCKET_MAX_RECORDS", "MAX_BUCKETS",
-         "SCATTER_BLOCK", "SCATTER_BUFFER", "JOIN_RECORDS")
