@@ -8,6 +8,7 @@ import rankspawn
 from fluidctl.runtime.collective.nccl import decode_unique_id, encode_unique_id
 
 FAKE = os.path.join(rankspawn.ROOT, "tests", "fake_cupy")
+NO_CUPY = os.path.join(rankspawn.ROOT, "tests", "no_cupy")
 
 
 def test_unique_id_round_trips_in_both_forms():
@@ -35,7 +36,10 @@ def test_gpu_ranks_select_their_device_and_share_the_nccl_id(version, uid_type, 
 
 
 def test_without_cupy_a_gpu_rank_falls_back_to_cpu(tmp_path):
-    result = rankspawn.run(["tests/runtime_worker.py", "gpu"], 2, tmp_path, gpus=["0", "1"])
+    envs = rankspawn.rank_envs(2, gpus=["0", "1"])
+    for env in envs:
+        env["PYTHONPATH"] = NO_CUPY + os.pathsep + env["PYTHONPATH"]
+    result = rankspawn.Ranks(["tests/runtime_worker.py", "gpu"], envs, str(tmp_path)).wait(60)
     assert result.ok(), result
     for out, r in zip(result.outputs, rankspawn.results(result)):
         assert r["device"] == "cpu" and r["xp"] == "numpy"
