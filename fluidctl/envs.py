@@ -27,6 +27,11 @@ TORCH_LOCAL_RANK = "LOCAL_RANK"
 LOCAL_SIZE = "PADDLE_LOCAL_SIZE"
 TORCH_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 NNODES = "PADDLE_NNODES"
+# DeepSpeed's launcher names (DeepSpeed reads LOCAL_SIZE to count devices and to enable its CPU
+# shared-memory allreduce; CROSS_* are horovod's and DeepSpeed's node rank and node count)
+DS_LOCAL_SIZE = "LOCAL_SIZE"
+CROSS_RANK = "CROSS_RANK"
+CROSS_SIZE = "CROSS_SIZE"
 # --- endpoints ------------------------------------------------------------------------------
 CURRENT_ENDPOINT = "PADDLE_CURRENT_ENDPOINT"
 TRAINER_ENDPOINTS = "PADDLE_TRAINER_ENDPOINTS"
@@ -103,7 +108,8 @@ def threads_per_process(cores: int, procs_on_node: int) -> int:
 
 
 def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: int, nnodes: int,
-                   endpoints: Sequence[str], master: str, gpus_on_node: Sequence[str] = (),
+                   endpoints: Sequence[str], master: str, node_rank: Optional[int] = None,
+                   gpus_on_node: Sequence[str] = (),
                    world_device_ids: Sequence[Sequence[str]] = (), cores: int = 1,
                    user_env: Mapping[str, str] = (), restart_count: int = 0,
                    token: Optional[str] = None) -> Dict[str, str]:
@@ -112,8 +118,12 @@ def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: i
     ``gpus_on_node`` are the physical ids the job uses on this node: CUDA_VISIBLE_DEVICES lists
     all of them (so ``cuda:LOCAL_RANK`` works for torch) and FLAGS_selected_gpus is this rank's
     index into that list (Paddle's convention when CUDA_VISIBLE_DEVICES is set).
+    ``node_rank`` is this node's index among the job's nodes; it defaults to rank // local_size,
+    which is right only when every node runs the same number of ranks.
     """
     user_env = dict(user_env)
+    if node_rank is None:
+        node_rank = rank // max(1, local_size)
     master_host, master_port = split_endpoint(master)
     env = {
         TRAINER_ID: str(rank), GLOBAL_RANK: str(rank), TORCH_RANK: str(rank),
@@ -124,6 +134,7 @@ def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: i
         TORCH_LOCAL_RANK: str(local_rank),
         LOCAL_SIZE: str(local_size), TORCH_LOCAL_WORLD_SIZE: str(local_size),
         NNODES: str(nnodes),
+        DS_LOCAL_SIZE: str(local_size), CROSS_RANK: str(node_rank), CROSS_SIZE: str(nnodes),
         MASTER: master, TORCH_MASTER_ADDR: master_host, TORCH_MASTER_PORT: str(master_port),
         DISTRI_BACKEND: "nccl" if gpus_on_node else "gloo",
         TRAINING_ROLE: ROLE_TRAINER, ROLE: ROLE_TRAINER,

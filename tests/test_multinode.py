@@ -150,6 +150,18 @@ def test_dry_run_over_hosts_plans_the_node_addresses(tmp_path, sshd_nodes, hosts
     assert not (tmp_path / "mylog").exists()
 
 
+def test_uneven_nodes_get_their_own_local_size_and_node_rank(tmp_path, sshd_nodes):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node1 slots=1\nnode2 slots=3\n")
+    res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--dry-run", "--json",
+                   BEHAVE, cwd=tmp_path, timeout=60, check=0)
+    envs = [p["env"] for p in json.loads(res.stdout)["procs"]]
+    got = [(e["RANK"], e["LOCAL_RANK"], e["LOCAL_SIZE"], e["LOCAL_WORLD_SIZE"], e["CROSS_RANK"],
+            e["CROSS_SIZE"]) for e in envs]
+    assert got == [("0", "0", "1", "1", "0", "2"), ("1", "0", "3", "3", "1", "2"),
+                   ("2", "1", "3", "3", "1", "2"), ("3", "2", "3", "3", "1", "2")]
+
+
 # --- OpenMPI -----------------------------------------------------------------------------------
 
 mpi = pytest.importorskip("fluidctl.backends.mpi")

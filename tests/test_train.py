@@ -41,6 +41,8 @@ def test_every_rank_gets_the_collective_contract(tmp_path):
         for name in ("PADDLE_RANK_IN_NODE", "PADDLE_LOCAL_RANK", "LOCAL_RANK"):
             assert env[name] == str(rank)
         assert env["PADDLE_NNODES"] == "1"
+        # DeepSpeed's names: processes on this node, node rank, node count
+        assert (env["LOCAL_SIZE"], env["CROSS_RANK"], env["CROSS_SIZE"]) == ("3", "0", "1")
         assert env["PADDLE_CURRENT_ENDPOINT"] == endpoints[rank]
         assert env["PADDLE_TRAINER_ENDPOINTS"] == ",".join(endpoints)
         assert env["PADDLE_MASTER"] == master == f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"

@@ -155,13 +155,13 @@ def plan(job: JobSpec, ports: Mapping[int, Sequence[int]]) -> Plan:
                 use_gpu=bool(node.gpus), cores=job.cores,
                 procs_on_node=node.nproc + node.pservers, user_env=job.user_env,
                 token=job.token)
-            env.update(_local_names(local, node.nproc, len(job.nodes), master, node.gpus,
-                                    world_devices))
+            env.update(_local_names(local, node.nproc, node_index, len(job.nodes), master,
+                                    node.gpus, world_devices))
         else:
             env = envs.collective_env(
                 rank=rank, world_size=world, local_rank=local, local_size=node.nproc,
                 nnodes=len(job.nodes), endpoints=trainer_eps, master=master,
-                gpus_on_node=node.gpus, world_device_ids=world_devices, cores=job.cores,
+                node_rank=node_index, gpus_on_node=node.gpus, world_device_ids=world_devices, cores=job.cores,
                 user_env=job.user_env, token=job.token)
         procs.append(ProcSpec(TRAINER, rank, local, node_index, node.address, trainer_eps[rank],
                               devices, script_argv(job.script, job.script_args, job.python),
@@ -169,14 +169,16 @@ def plan(job: JobSpec, ports: Mapping[int, Sequence[int]]) -> Plan:
     return Plan(job, procs, master, trainer_eps, pserver_eps)
 
 
-def _local_names(local: int, local_size: int, nnodes: int, master: str, gpus, world_devices
-                 ) -> Dict[str, str]:
+def _local_names(local: int, local_size: int, node_rank: int, nnodes: int, master: str, gpus,
+                 world_devices) -> Dict[str, str]:
     """Node-local names a pserver-mode trainer also gets (local rank, master, devices)."""
     full = envs.collective_env(rank=0, world_size=1, local_rank=local, local_size=local_size,
-                               nnodes=nnodes, endpoints=["-"], master=master, gpus_on_node=gpus,
+                               nnodes=nnodes, endpoints=["-"], master=master,
+                               node_rank=node_rank, gpus_on_node=gpus,
                                world_device_ids=world_devices)
     keep = (envs.RANK_IN_NODE, envs.LOCAL_RANK, envs.TORCH_LOCAL_RANK, envs.LOCAL_SIZE,
-            envs.TORCH_LOCAL_WORLD_SIZE, envs.NNODES, envs.MASTER, envs.TORCH_MASTER_ADDR,
+            envs.TORCH_LOCAL_WORLD_SIZE, envs.NNODES, envs.DS_LOCAL_SIZE, envs.CROSS_RANK,
+            envs.CROSS_SIZE, envs.MASTER, envs.TORCH_MASTER_ADDR,
             envs.TORCH_MASTER_PORT, envs.SELECTED_GPUS, envs.CUDA_VISIBLE_DEVICES,
             envs.LOCAL_DEVICE_IDS, envs.WORLD_DEVICE_IDS)
     return {k: v for k, v in full.items() if k in keep}
