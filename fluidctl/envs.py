@@ -273,12 +273,12 @@ def read(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
 
 
 def from_ompi(environ: Mapping[str, str], endpoints: Sequence[str], master: str,
-              nnodes: int, cores: int = 1) -> Dict[str, str]:
+              nnodes: int, node_rank: Optional[int] = None, cores: int = 1) -> Dict[str, str]:
     """``fluidctl worker`` under mpirun: OMPI_* plus exchanged endpoints -> the full contract."""
     rank = int(environ[OMPI_RANK])
     return collective_env(
         rank=rank, world_size=int(environ[OMPI_SIZE]),
         local_rank=int(environ.get(OMPI_LOCAL_RANK, 0)),
         local_size=int(environ.get(OMPI_LOCAL_SIZE, 1)),
-        nnodes=nnodes, endpoints=endpoints, master=master, cores=cores,
+        nnodes=nnodes, endpoints=endpoints, master=master, node_rank=node_rank, cores=cores,
         restart_count=int(environ.get(RESTART_COUNT) or 0), token=environ.get(JOB_TOKEN))

@@ -91,7 +91,7 @@ def test_generated_command_runs_workers_with_the_full_contract(tmp_path):
         assert c["endpoints"] == endpoints and c["current"] == endpoints[rank]
         assert c["master"] == got[0]["master"] and c["mode"] == "collective"
         assert c["nnodes"] == 1
-        assert c["under_mpi"] is False            # OMPI_* are not passed to the script
+        assert c["under_mpi"] is True             # the script keeps mpirun's MPI world
         assert c["torch"] == [str(rank), "2", "127.0.0.1", str(master_port)]
         assert c["token"] == "s3cret" and c["mine"] == "it's here" and c["omp"]
     assert master_port not in [int(e.rsplit(":", 1)[1]) for e in endpoints]

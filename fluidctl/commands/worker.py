@@ -1,12 +1,16 @@
 """``fluidctl worker SCRIPT [ARGS]``: the per-rank entry under a foreign launcher (mpirun).
 
 Under mpirun each rank knows only OMPI_COMM_WORLD_RANK / SIZE / LOCAL_RANK / LOCAL_SIZE. The
-worker turns them into fluidctl's full environment contract: the ranks exchange (address, free
-port) with one mpi4py allgather, rank 0 picks the master port and broadcasts it, and
-``envs.from_ompi`` writes every PADDLE_* and torch name. MPI is then finalized and SCRIPT runs
-as a plain child process (without the OMPI_*/PMIX_* variables, so a script that initialises MPI
-itself does not collide with the worker's rank); the worker forwards signals to it and exits
-with its code, so mpirun sees a failing rank and stops the job.
+worker turns them into fluidctl's full environment contract: it initialises MPI (mpi4py), the
+ranks exchange (address, free port) with one allgather, rank 0 picks the master port and
+broadcasts it, and ``envs.from_ompi`` writes every PADDLE_* and torch name.
+
+A Python SCRIPT then runs IN THIS PROCESS (``runpy``), after MPI_Init and with OMPI_*/PMIX_*
+kept: a script that uses mpi4py sees exactly the world mpirun started (size, ranks,
+point-to-point, collectives), as under ``mpirun python SCRIPT``, and also has the whole contract.
+A program that is not Python cannot share the world (Open MPI lets a rank initialise once):
+it runs as a child without MPI's variables, and an MPI-linked program is refused with one line
+rather than silently starting in a world of one.
 
 Without mpirun (no OMPI_COMM_WORLD_RANK) the worker just runs SCRIPT with the environment it has.
 """
@@ -65,11 +69,13 @@ def _endpoint(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
-def exchange_endpoints(environ: Mapping[str, str]) -> Tuple[List[str], str, int]:
-    """(endpoints in rank order, master endpoint, number of nodes) agreed by all ranks.
+def exchange_endpoints(environ: Mapping[str, str]) -> Tuple[List[str], str, int, int]:
+    """(endpoints in rank order, master endpoint, number of nodes, this node's rank) agreed by
+    all ranks. MPI stays initialised: the script runs in this process, in the same world.
 
-    A node is told apart by its host name and the address ssh reached it at. When every rank
-    is on one node, endpoints are on 127.0.0.1."""
+    A node is told apart by its host name and the address ssh reached it at; nodes are
+    numbered in the order of their first rank. When every rank is on one node, endpoints are
+    on 127.0.0.1."""
     try:
         from mpi4py import MPI
     except ImportError:
@@ -80,9 +86,9 @@ def exchange_endpoints(environ: Mapping[str, str]) -> Tuple[List[str], str, int]
     address = "127.0.0.1" if len(set(nodes)) == 1 else node_address(environ)
     pairs = comm.allgather((address, free_port(address)))
     master_port = comm.bcast(free_port(address) if comm.rank == 0 else None, root=0)
-    MPI.Finalize()
     endpoints = [_endpoint(a, p) for a, p in pairs]
-    return endpoints, _endpoint(pairs[0][0], master_port), len(set(nodes))
+    order = list(dict.fromkeys(nodes))
+    return endpoints, _endpoint(pairs[0][0], master_port), len(order), order.index(node)
 
 
 def child_environment(environ: Mapping[str, str], contract: Mapping[str, str]) -> Dict[str, str]:
@@ -140,14 +146,97 @@ def run_child(argv: List[str], env: Mapping[str, str], log_path: Optional[str]) 
     return 128 - code if code < 0 else code
 
 
+def is_python(script: str) -> bool:
+    """A .py file, or a file whose #! line names python."""
+    if script.endswith(".py"):
+        return True
+    try:
+        with open(script, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first
+
+
+def links_mpi(program: str) -> bool:
+    """True when ``program`` (a path or a name on PATH) is an ELF file that names libmpi, so
+    it would call MPI_Init itself."""
+    import shutil
+    path = program if os.sep in program else (shutil.which(program) or "")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+            return head == b"\x7fELF" and b"libmpi" in f.read(8 << 20)
+    except OSError:
+        return False
+
+
+def tee_output(log_path: str) -> None:
+    """Send this process's stdout and stderr to ``log_path`` and on to mpirun: a ``tee`` in
+    its own session (a signal to the rank's group does not cut the last lines), fed through
+    fds 1 and 2. At exit, after every other atexit handler (MPI_Finalize included), the pipe
+    is closed and the tee waited for, so no line is lost."""
+    import atexit
+    tee = subprocess.Popen(["tee", "-a", log_path], stdin=subprocess.PIPE,
+                           stdout=sys.stdout.fileno(), start_new_session=True)
+    for fd in (1, 2):
+        os.dup2(tee.stdin.fileno(), fd)
+    tee.stdin.close()
+
+    def close():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        for fd in (1, 2):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        tee.wait()
+    atexit.register(close)
+
+
+def run_in_process(script: str, args: List[str], contract: Mapping[str, str]) -> int:
+    """Run a Python SCRIPT as ``__main__`` in this process (MPI already initialised), with the
+    contract added to the environment and OMPI_* kept; return its exit code."""
+    import runpy
+    import traceback
+    os.environ.update(contract)
+    sys.argv = [script, *args]
+    sys.path[0:0] = [os.path.dirname(os.path.abspath(script))]
+    sys.stdout.reconfigure(write_through=True)        # python -u, as under fluidctl train
+    sys.stderr.reconfigure(write_through=True)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        print(code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        return 128 + signal.SIGINT
+    except BaseException:                                 # noqa: B902 - as python would
+        traceback.print_exc()
+        return 1
+    return 0
+
+
 @click.command(context_settings={"ignore_unknown_options": True,
                                  "allow_interspersed_args": False},
                help="""Run SCRIPT as one rank of a job started by mpirun.
 
 Maps OpenMPI's OMPI_COMM_WORLD_* variables to the PADDLE_* contract (rank, size, endpoints,
-master), then runs SCRIPT (a .py file with this Python, else a program) with that environment,
-forwarding signals and exiting with its code. With FLUIDCTL_LOG_DIR set, the output is also
-written to FLUIDCTL_LOG_DIR/workerlog.RANK.
+master), then runs SCRIPT with that environment and exits with its code. A Python script runs
+in the worker's own process and keeps mpirun's MPI world (mpi4py sees every rank); any other
+program runs as a child without MPI's variables (MPI programs are refused: run them with
+mpirun directly). With FLUIDCTL_LOG_DIR set, the output is also written to
+FLUIDCTL_LOG_DIR/workerlog.RANK.
 
 \b
 Example:
@@ -156,19 +245,32 @@ Example:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def worker(script, args):
     environ = dict(os.environ)
-    if envs.OMPI_RANK in environ:
-        endpoints, master, nnodes = exchange_endpoints(environ)
-        contract = envs.from_ompi(environ, endpoints, master, nnodes, cores=os.cpu_count() or 1)
-        env = child_environment(environ, contract)
-        rank = int(environ[envs.OMPI_RANK])
-    else:
-        env = environ
-        rank = envs.read(environ).rank
+    under_mpi = envs.OMPI_RANK in environ
+    in_process = under_mpi and is_python(script)
+    if under_mpi and not in_process and links_mpi(script):
+        raise UsageError(f"{script} is an MPI program: under fluidctl worker it would start in "
+                         "a world of one, since the worker cannot share mpirun's world with a "
+                         "program it starts",
+                         f"run it as 'mpirun ... {script}', or wrap it in a Python script")
+    rank = int(environ[envs.OMPI_RANK]) if under_mpi else envs.read(environ).rank
     log_path = None
     if environ.get(envs.LOG_DIR):
         from fluidctl.paths import LogLayout
         layout = LogLayout(Path(environ[envs.LOG_DIR]))
         layout.create()
         log_path = str(layout.worker(rank))
+    if in_process and not os.path.isfile(script):
+        raise UsageError(f"cannot run {script}: not found", "give the path of a .py script")
+    if in_process and log_path:
+        tee_output(log_path)                  # before MPI_Init: its atexit runs after Finalize
+    env = environ
+    if under_mpi:
+        endpoints, master, nnodes, node_rank = exchange_endpoints(environ)
+        contract = envs.from_ompi(environ, endpoints, master, nnodes, node_rank=node_rank,
+                                  cores=os.cpu_count() or 1)
+        if in_process:
+            sys.exit(run_in_process(script, list(args), contract))
+        env = child_environment(environ, contract)
     from fluidctl.launch.plan import script_argv
-    sys.exit(run_child(script_argv(script, args, sys.executable), env, log_path))
+    sys.exit(run_child(script_argv(script, args, sys.executable), env,
+                       None if in_process else log_path))
