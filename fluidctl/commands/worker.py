@@ -171,11 +171,11 @@ def links_mpi(program: str) -> bool:
         return False
 
 
-def tee_output(log_path: str) -> None:
+def tee_output(log_path: str):
     """Send this process's stdout and stderr to ``log_path`` and on to mpirun: a ``tee`` in
     its own session (a signal to the rank's group does not cut the last lines), fed through
     fds 1 and 2. At exit, after every other atexit handler (MPI_Finalize included), the pipe
-    is closed and the tee waited for, so no line is lost."""
+    is closed and the tee waited for, so no line is lost. Returns that closing function."""
     import atexit
     tee = subprocess.Popen(["tee", "-a", log_path], stdin=subprocess.PIPE,
                            stdout=sys.stdout.fileno(), start_new_session=True)
@@ -184,6 +184,8 @@ def tee_output(log_path: str) -> None:
     tee.stdin.close()
 
     def close():
+        if tee.returncode is not None:
+            return
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -196,6 +198,21 @@ def tee_output(log_path: str) -> None:
                 pass
         tee.wait()
     atexit.register(close)
+    return close
+
+
+def exit_failed(code: int, close_output) -> None:
+    """Leave at once with a failing script's code, without MPI_Finalize: Open MPI's finalize
+    waits for every rank, so a failed rank would hang beside a live one instead of letting
+    mpirun see the failure and stop the job (fail fast, as before the world was kept)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if close_output:
+        close_output()
+    os._exit(code)
 
 
 def run_in_process(script: str, args: List[str], contract: Mapping[str, str]) -> int:
@@ -261,15 +278,19 @@ def worker(script, args):
         log_path = str(layout.worker(rank))
     if in_process and not os.path.isfile(script):
         raise UsageError(f"cannot run {script}: not found", "give the path of a .py script")
+    close_output = None
     if in_process and log_path:
-        tee_output(log_path)                  # before MPI_Init: its atexit runs after Finalize
+        close_output = tee_output(log_path)   # before MPI_Init: its atexit runs after Finalize
     env = environ
     if under_mpi:
         endpoints, master, nnodes, node_rank = exchange_endpoints(environ)
         contract = envs.from_ompi(environ, endpoints, master, nnodes, node_rank=node_rank,
                                   cores=os.cpu_count() or 1)
         if in_process:
-            sys.exit(run_in_process(script, list(args), contract))
+            code = run_in_process(script, list(args), contract)
+            if code != 0:
+                exit_failed(code, close_output)
+            sys.exit(0)
         env = child_environment(environ, contract)
     from fluidctl.launch.plan import script_argv
     sys.exit(run_child(script_argv(script, args, sys.executable), env,
