@@ -70,6 +70,8 @@ def test_one_node_every_path_sees_the_same_world(tmp_path):
         assert [c["PADDLE_TRAINER_ID"] for c in got] == ["0", "1", "2"]
         assert {c["PADDLE_TRAINERS_NUM"] for c in got} == {"3"}
         assert len(got[0]["PADDLE_TRAINER_ENDPOINTS"].split(",")) == 3
+        # fluidctl.runtime.init() works in the same process, beside MPI
+        assert [c["runtime"] for c in got] == [[r, 3, [6.0] * 4] for r in range(3)]
     assert contract(tmp_path / "plain", nproc)[0]["PADDLE_TRAINER_ID"] is None
 
 

@@ -65,6 +65,15 @@ for shape in shapes:
     result = {"hello": hello, "ring": ring, "pingpong": pingpong, "pi": pi}[shape]()
     with open(os.path.join(outdir, f"{shape}.{rank}.json"), "w") as f:
         json.dump(result, f)
+seen = {k: os.environ.get(k) for k in ("PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM",
+                                       "PADDLE_TRAINER_ENDPOINTS")}
+if seen["PADDLE_TRAINER_ID"] is not None:     # under fluidctl: its runtime works beside MPI
+    import numpy as np
+    import fluidctl.runtime as rt
+    ctx = rt.init()
+    x = np.full(4, float(ctx.rank + 1))
+    ctx.allreduce(x)
+    seen["runtime"] = [ctx.rank, ctx.world_size, x.tolist()]
+    rt.finalize()
 with open(os.path.join(outdir, f"contract.{rank}.json"), "w") as f:
-    json.dump({k: os.environ.get(k) for k in ("PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM",
-                                              "PADDLE_TRAINER_ENDPOINTS")}, f)
+    json.dump(seen, f)
