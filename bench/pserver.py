@@ -26,7 +26,9 @@ import time
 import numpy as np
 
 from fluidctl import envs
-from fluidctl.runtime.pserver import local
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+import pserverutil as local  # noqa: E402  (the tests' helper that starts local pservers)
 
 TOKEN = "bench-token"
 MIB = 1 << 20

@@ -1,7 +1,8 @@
 """Console output through rich: plan tables and failure reports.
 
-Colour is off when the stream is not a terminal or NO_COLOR is set (rich honours both). Only
-the CLI imports this module; training processes never pay for rich.
+The one console factory (``console()``) for every command. Colour is off when the stream is not
+a terminal or NO_COLOR is set (rich honours both). rich is imported on first use, so commands
+can import this module at the top for free; training processes never pay for rich.
 """
 from __future__ import annotations
 
@@ -9,21 +10,20 @@ import shlex
 import time
 from functools import lru_cache
 
-from rich.console import Console
-from rich.table import Table
-
-from fluidctl.backends.base import Failure
+from fluidctl.failures import Failure, log_tail
 
 
 @lru_cache(maxsize=None)
-def console(stderr: bool = False) -> Console:
+def console(stderr: bool = False) -> "Console":
+    from rich.console import Console
     out = Console(stderr=stderr, highlight=False)
     if not out.is_terminal:       # a pipe or a file: don't squeeze tables into 80 columns
         out = Console(stderr=stderr, highlight=False, width=200)
     return out
 
 
-def plan_table(the_plan) -> Table:
+def plan_table(the_plan) -> "Table":
+    from rich.table import Table
     table = Table(title=f"fluidctl plan: {the_plan.job.mode} mode, master {the_plan.master}")
     for column in ("rank", "role", "host", "endpoint", "devices", "log", "command"):
         table.add_column(column, overflow="fold")
@@ -34,7 +34,6 @@ def plan_table(the_plan) -> Table:
 
 
 def print_failure(failure: Failure, tail_lines: int) -> None:
-    from fluidctl.launch.supervisor import log_tail
     err = console(stderr=True)
     when = time.strftime("%H:%M:%S", time.localtime(failure.when))
     pid = f"pid {failure.pid}, " if failure.pid else ""

@@ -6,9 +6,9 @@ import paramiko
 import pytest
 
 from fluidctl.errors import UsageError
-from fluidctl.launch.hosts import (Host, format_hostfile, load_hosts, parse_hostfile,
+from fluidctl.backends.hosts import (Host, format_hostfile, load_hosts, parse_hostfile,
                                    parse_hostfile_text, parse_hosts_arg)
-from fluidctl.launch.sshconfig import load_config, resolve, resolve_hosts
+from fluidctl.backends.sshconfig import load_config, resolve, resolve_hosts
 
 
 def test_every_hostfile_format():

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from fluidctl.runtime import optim
-from fluidctl.runtime.pserver import local
+import pserverutil as local
 from fluidctl.runtime.pserver.client import PServerOptimizer
 
 

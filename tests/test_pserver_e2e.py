@@ -14,7 +14,7 @@ import pytest
 
 from fluidctl import envs
 from fluidctl.runtime import wire
-from fluidctl.runtime.pserver import local
+import pserverutil as local
 
 TOKEN = "e2e-token"
 

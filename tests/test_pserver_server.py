@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fluidctl.runtime import optim, wire
-from fluidctl.runtime.pserver import local
+import pserverutil as local
 from fluidctl.runtime.pserver.client import PServerOptimizer
 from fluidctl.runtime.pserver.protocol import PServerError
 from fluidctl.runtime.pserver.sparse import initial_rows

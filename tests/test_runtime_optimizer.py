@@ -84,7 +84,7 @@ def test_strategy_validation():
 
 
 def test_pserver_mode_delegates_to_the_parameter_servers(tmp_path):
-    from fluidctl.runtime.pserver import local
+    import pserverutil as local
     port, = local.free_ports(1)
     endpoint = f"127.0.0.1:{port}"
     proc = local.start_pserver(0, [endpoint], trainers=1, token="tok",

@@ -9,8 +9,8 @@ import psutil
 import pytest
 
 from fluidctl.backends import fabric, nodecheck, ssh, sync
-from fluidctl.launch.hosts import Host, parse_hostfile
-from fluidctl.launch.sshconfig import resolve, resolve_hosts, load_config
+from fluidctl.backends.hosts import Host, parse_hostfile
+from fluidctl.backends.sshconfig import resolve, resolve_hosts, load_config
 
 TIMEOUT = 5.0
 
@@ -230,6 +230,13 @@ def test_proxy_jump_through_node1(sshd_nodes, tmp_path, node_class):
         node_class(host, resolve(host, load_config(broken)), timeout=TIMEOUT).connect()
 
 
+def _sync(node, src, remote, excludes, compare="mtime", on_bytes=None):
+    """What ``fluidctl cluster sync`` does per node: plan, then send what differs."""
+    plan = sync.plan_sync(node, src, remote, excludes, compare)
+    sync.send_files(node, plan, on_bytes)
+    return plan
+
+
 def test_sync_sends_only_changed_files(node1, tmp_path):
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
@@ -242,7 +249,7 @@ def test_sync_sends_only_changed_files(node1, tmp_path):
     remote = str(tmp_path / "remote" / "ws")
     sent = []
     excludes = (*sync.DEFAULT_EXCLUDES, "*.ckpt")
-    plan = sync.sync(node1, src, remote, excludes=excludes, on_bytes=sent.append)
+    plan = _sync(node1, src, remote, excludes, on_bytes=sent.append)
     assert sorted(os.path.relpath(f.remote, remote) for f in plan.send) == [
         "data.bin", "pkg/lib.py", "train.py"]
     assert sum(sent) == plan.bytes == 300_000 + 12 + 6
@@ -250,11 +257,11 @@ def test_sync_sends_only_changed_files(node1, tmp_path):
     assert not (tmp_path / "remote/ws/.git").exists()
     assert not (tmp_path / "remote/ws/big.ckpt").exists()
     assert not [p for p in (tmp_path / "remote/ws").rglob("*.tmp")]
-    again = sync.sync(node1, src, remote, excludes=excludes)
+    again = _sync(node1, src, remote, excludes)
     assert again.send == [] and again.unchanged == 3
     (src / "train.py").write_text("print('v2')\n")          # same size, new content
     os.utime(src / "train.py", (time.time() + 5, time.time() + 5))
-    third = sync.sync(node1, src, remote, excludes=excludes)
+    third = _sync(node1, src, remote, excludes)
     assert [os.path.relpath(f.remote, remote) for f in third.send] == ["train.py"]
     assert (tmp_path / "remote/ws/train.py").read_text() == "print('v2')\n"
     # hash mode: a same-size change whose mtime was kept is still seen
@@ -262,7 +269,7 @@ def test_sync_sends_only_changed_files(node1, tmp_path):
     (src / "pkg" / "lib.py").write_text("X = 2\n")
     os.utime(src / "pkg" / "lib.py", (stamp, stamp))
     assert sync.plan_sync(node1, src, remote, excludes).send == []
-    fourth = sync.sync(node1, src, remote, excludes, compare="hash")
+    fourth = _sync(node1, src, remote, excludes, compare="hash")
     assert [os.path.relpath(f.remote, remote) for f in fourth.send] == ["pkg/lib.py"]
     assert (tmp_path / "remote/ws/pkg/lib.py").read_text() == "X = 2\n"
 
@@ -279,24 +286,20 @@ def test_connect_all_in_parallel(cluster):
         connected.close()
 
 
-def test_fabric_group_run_and_check(cluster):
+def test_fabric_nodes_run_in_parallel_with_env_and_exit_code(cluster):
     hosts, targets = cluster
-    connected = fabric.connect_all(hosts, targets, timeout=TIMEOUT)
+    connected = ssh.connect_all(hosts + [Host("127.0.0.4", port=1)], {
+        **targets, "127.0.0.4": resolve(Host("127.0.0.4", port=1))}, timeout=TIMEOUT,
+        node_class=fabric.FabricNode)
     try:
-        assert connected.failures == {}
-        results = fabric.run_all(list(connected.nodes.values()),
-                                 "echo $SSH_CONNECTION | cut -d' ' -f3; echo $X >&2; exit 4",
-                                 env={"X": "x y"})
-        assert {n: (r.exit_code, r.stdout, r.stderr) for n, r in results.items()} == {
-            "node1": (4, "127.0.0.2", "x y"), "node2": (4, "127.0.0.3", "x y")}
+        assert list(connected.failures) == ["127.0.0.4"]
+        assert "connection refused at 127.0.0.4:1" in connected.failures["127.0.0.4"]
+        results = ssh.parallel(list(connected.nodes.values()), lambda n: n.run(
+            "echo $SSH_CONNECTION | cut -d' ' -f3; echo $X >&2; exit 4", env={"X": "x y"}))
+        assert [(r.host, r.exit_code, r.stdout, r.stderr) for r in results] == [
+            ("node1", 4, "127.0.0.2", "x y"), ("node2", 4, "127.0.0.3", "x y")]
     finally:
         connected.close()
-    checks = fabric.check_nodes(hosts + [Host("127.0.0.4", port=1)], targets={
-        **targets, "127.0.0.4": resolve(Host("127.0.0.4", port=1))}, timeout=TIMEOUT)
-    assert [(c.host, c.ok) for c in checks] == [("node1", True), ("node2", True),
-                                                ("127.0.0.4", False)]
-    assert checks[0].fluidctl == "0.1.0" and checks[0].address == "127.0.0.2"
-    assert "connection refused at 127.0.0.4:1" in checks[2].reason
 
 
 def test_fabric_refuses_unknown_host_keys(sshd_nodes, tmp_path):

@@ -69,7 +69,7 @@ def test_a_dying_pserver_fails_the_job_fast(tmp_path):
 
 
 def test_trainers_use_pservers_already_running(tmp_path):
-    from fluidctl.runtime.pserver import local
+    import pserverutil as local
     token_file = tmp_path / "job.token"
     token_file.write_text("s3cret-token\n")
     endpoints = [f"127.0.0.1:{p}" for p in local.free_ports(2)]
@@ -89,7 +89,7 @@ def test_trainers_use_pservers_already_running(tmp_path):
 
 
 def test_wrong_token_against_running_pservers_fails_clearly(tmp_path):
-    from fluidctl.runtime.pserver import local
+    import pserverutil as local
     endpoints = [f"127.0.0.1:{local.free_ports(1)[0]}"]
     server = local.start_pserver(0, endpoints, trainers=1, token="right")
     try:

@@ -24,14 +24,15 @@ def _send_in_thread(fn, *args):
     return t
 
 
-def test_header_and_arrays_round_trip_into_caller_buffers(pair):
+def test_header_and_arrays_round_trip(pair):
     a, b = pair
     w = np.arange(300_000, dtype=np.float32).reshape(600, 500)   # larger than socket buffers
     ids = np.array([-5, 0, 1 << 40], dtype=np.int64)
     t = _send_in_thread(wire.send_frame, a, {"op": "x", "n": 3}, [w, ids])
-    out_w, out_ids = np.empty_like(w), np.empty_like(ids)
-    header = wire.recv_frame_into(b, [out_w, out_ids])
+    header, payload = wire.recv_frame(b)
     t.join()
+    out_w = np.frombuffer(payload[:w.nbytes], np.float32).reshape(w.shape)
+    out_ids = np.frombuffer(payload[w.nbytes:], np.int64)
     assert header == {"op": "x", "n": 3}
     assert np.array_equal(out_w, w) and np.array_equal(out_ids, ids)
 
@@ -43,13 +44,6 @@ def test_recv_frame_returns_payload_and_non_contiguous_input_is_refused(pair):
     assert header == {"k": b"\x00\x01"} and bytes(payload) == b"abcde"
     with pytest.raises(ValueError):
         wire.send_frame(a, {}, [np.zeros((4, 4))[:, 1]])
-
-
-def test_payload_size_mismatch_is_an_error_not_a_hang(pair):
-    a, b = pair
-    wire.send_frame(a, {}, [np.zeros(4, np.float32)])
-    with pytest.raises(wire.WireError, match="does not match"):
-        wire.recv_frame_into(b, [np.empty(3, np.float32)])
 
 
 @pytest.mark.parametrize("raw, match", [

@@ -1,32 +1,24 @@
 """The same node interface as ``fluidctl.backends.ssh``, through Fabric: a ``fabric.Connection``
 per node (ProxyJump hops become Fabric gateways), commands through Fabric's runners, and many
-nodes at once through ``ThreadingGroup``.
+nodes at once through ``ssh.parallel`` like the paramiko nodes.
 
 Fabric trusts unknown host keys by default (AutoAddPolicy); here every connection gets
 fluidctl's policy instead, so unknown keys are refused unless the user opted in, exactly as in
-the paramiko backend. Host settings are resolved by ``fluidctl.launch.sshconfig``, not by
+the paramiko backend. Host settings are resolved by ``fluidctl.backends.sshconfig``, not by
 Fabric's own ssh-config loading, so both backends reach the same address with the same key.
 """
 from __future__ import annotations
 
-import sys
 import time
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
 import fabric
 
 from fluidctl.backends import ssh
-from fluidctl.backends.lines import LineSplitter
-from fluidctl.backends.nodecheck import NodeCheck, parse_probe, probe_script
-from fluidctl.backends.ssh import (Command, CommandResult, ConnectionLost, LineCallback,
-                                   RemoteProcess, shell_command)
-from fluidctl.launch.hosts import Host
-from fluidctl.launch.sshconfig import (HostKeyPolicy, SSHTarget, connect_kwargs, load_known_hosts,
-                                       resolve_hosts)
-
-
-def available() -> bool:
-    return True     # fabric is a dependency of fluidctl
+from fluidctl.lines import LineSplitter
+from fluidctl.backends.ssh import (Command, ConnectionLost, LineCallback, RemoteProcess,
+                                   shell_command)
+from fluidctl.backends.sshconfig import HostKeyPolicy, SSHTarget, connect_kwargs, load_known_hosts
 
 
 class _LineStream:
@@ -89,7 +81,7 @@ class FabricProcess(RemoteProcess):
 
 
 class FabricNode(ssh.SSHNode):
-    """``ssh.SSHNode``'s interface (connect, run, start, alive, sftp, close, peer_address) over a
+    """``ssh.SSHNode``'s interface (connect, run, start, sftp, close, peer_address) over a
     ``fabric.Connection``."""
 
     conn: Optional[fabric.Connection] = None
@@ -131,66 +123,3 @@ class FabricNode(ssh.SSHNode):
         if self._sftp is None:
             self._sftp = self.conn.sftp()
         return self._sftp
-
-
-def connect_all(hosts: Sequence[Host], targets: Mapping[str, SSHTarget],
-                timeout: float = ssh.DEFAULT_TIMEOUT) -> ssh.Connected:
-    return ssh.connect_all(hosts, targets, timeout, node_class=FabricNode)
-
-
-def group(nodes: Sequence[FabricNode]) -> fabric.ThreadingGroup:
-    return fabric.ThreadingGroup.from_connections([n.conn for n in nodes])
-
-
-def run_all(nodes: Sequence[FabricNode], command: Command,
-            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-            timeout: Optional[float] = None) -> Dict[str, CommandResult]:
-    """One command on every node through ``ThreadingGroup.run``: host name -> result (a node
-    whose connection failed gets exit code 255 and the reason in stderr)."""
-    by_conn = {id(n.conn): n for n in nodes}
-    results: Dict[str, CommandResult] = {}
-    try:
-        done = group(nodes).run(shell_command(command, env, cwd), hide=True, warn=True,
-                                pty=False, in_stream=False, timeout=timeout)
-    except fabric.exceptions.GroupException as exc:
-        done = exc.result
-    for conn, result in done.items():
-        node = by_conn[id(conn)]
-        if isinstance(result, BaseException):
-            results[node.host.name] = CommandResult(node.host.name, 255, "", str(result))
-        else:
-            results[node.host.name] = CommandResult(node.host.name, result.exited,
-                                                    result.stdout.rstrip("\n"),
-                                                    result.stderr.rstrip("\n"))
-    return results
-
-
-def check_nodes(hosts: Sequence[Host], ssh_config=None, timeout: float = ssh.DEFAULT_TIMEOUT,
-                accept_new: bool = False, python: Optional[str] = None,
-                remote_dir: Optional[str] = None, targets=None) -> List[NodeCheck]:
-    """``nodecheck.check_nodes`` through Fabric: connect all, then one ThreadingGroup run."""
-    python = python or sys.executable
-    if targets is None:
-        hosts, targets = resolve_hosts(hosts, ssh_config, accept_new)
-    started = time.monotonic()
-    connected = connect_all(hosts, targets, timeout)
-    checks = {h.name: NodeCheck(h.name, address=targets[h.name].hostname) for h in hosts}
-    try:
-        for name, reason in connected.failures.items():
-            checks[name].reason = reason
-        nodes = list(connected.nodes.values())
-        if nodes:
-            results = run_all(nodes, probe_script(python, remote_dir), timeout=timeout)
-            for node in nodes:
-                check = checks[node.host.name]
-                check.address = node.peer_address
-                result = results[node.host.name]
-                if result.exit_code == 255 and not result.stdout:
-                    check.reason = f"checks failed: {result.stderr}"
-                else:
-                    parse_probe(check, result.stdout, python, remote_dir)
-    finally:
-        connected.close()
-    for check in checks.values():
-        check.seconds = time.monotonic() - started
-    return [checks[h.name] for h in hosts]

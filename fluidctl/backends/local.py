@@ -17,7 +17,7 @@ from typing import Dict, List, Mapping, Optional
 
 import psutil
 
-from fluidctl.backends.base import Failure
+from fluidctl.failures import Failure
 
 PR_SET_CHILD_SUBREAPER = 36
 

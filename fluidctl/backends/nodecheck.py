@@ -13,13 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from fluidctl.launch.sshlib import paramiko
+from fluidctl.backends.sshlib import paramiko
 
 from fluidctl import __version__
 from fluidctl.backends.ssh import (DEFAULT_TIMEOUT, ConnectFailed, ConnectionLost, SSHNode,
                                    parallel)
-from fluidctl.launch.hosts import Host
-from fluidctl.launch.sshconfig import resolve_hosts
+from fluidctl.backends.hosts import Host
+from fluidctl.backends.sshconfig import resolve_hosts
 
 
 @dataclass

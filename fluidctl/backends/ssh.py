@@ -3,7 +3,7 @@ run commands streaming their output line by line, notice a lost connection, and 
 nodes in parallel. Workspace sync lives in ``fluidctl.backends.sync``, the ``cluster check``
 probes in ``fluidctl.backends.nodecheck``; both drive the SSHNode defined here.
 
-Host settings and host-key policy come from ``fluidctl.launch.sshconfig``; this module only
+Host settings and host-key policy come from ``fluidctl.backends.sshconfig``; this module only
 moves bytes. Every failure a user can cause ends as a short ``reason`` naming what to change.
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from fluidctl.launch.sshlib import paramiko
+from fluidctl.backends.sshlib import paramiko
 
-from fluidctl.backends.lines import LineSplitter
-from fluidctl.launch.hosts import Host
-from fluidctl.launch.sshconfig import (HostKeyError, HostKeyPolicy, SSHTarget, connect_kwargs,
+from fluidctl.lines import LineSplitter
+from fluidctl.backends.hosts import Host
+from fluidctl.backends.sshconfig import (HostKeyError, HostKeyPolicy, SSHTarget, connect_kwargs,
                                        load_known_hosts)
 
 # paramiko logs every failed handshake with a traceback; the reasons below say it in one line.
@@ -46,9 +46,12 @@ class ConnectionLost(Exception):
     """The SSH connection to a node died while a command ran."""
 
 
-def describe_connect_error(exc: BaseException, target: SSHTarget, timeout: float) -> str:
-    """One sentence per failure a user meets, saying what to check."""
+def describe_connect_error(exc: BaseException, target: SSHTarget, timeout: float,
+                           timeout_option: str = "--timeout") -> str:
+    """One sentence per failure a user meets, saying what to check; ``timeout_option`` is the
+    flag of the calling command that sets ``timeout`` ("" when it has none)."""
     where = f"{target.hostname}:{target.port}"
+    slow = f"; raise {timeout_option} for slow networks" if timeout_option else ""
     if isinstance(exc, HostKeyError):
         return f"{exc} (check the key, then add it to known_hosts, or pass --accept-new-host-keys)"
     if isinstance(exc, paramiko.BadHostKeyException):
@@ -66,11 +69,11 @@ def describe_connect_error(exc: BaseException, target: SSHTarget, timeout: float
         return f"cannot resolve {target.hostname} (check the hostfile or HostName in the ssh config)"
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return (f"no answer from {where} within {timeout:g}s (is the node up and the address "
-                "right? raise --timeout for slow networks)")
+                f"right?{slow})")
     text = str(exc) or type(exc).__name__
     if any(word in text.lower() for word in ("banner", "no existing session", "negotiation")):
         return (f"no SSH handshake with {where} within {timeout:g}s (is sshd listening on that "
-                "port? raise --timeout for slow networks)")
+                f"port?{slow})")
     if isinstance(exc, OSError) and exc.strerror:
         return f"cannot connect to {where}: {exc.strerror}"
     return f"ssh to {where} failed: {text}"
@@ -256,10 +259,11 @@ class SSHNode:
     """One connected node. ``host.address`` is updated to the address actually reached."""
 
     def __init__(self, host: Host, target: SSHTarget, timeout: float = DEFAULT_TIMEOUT,
-                 keepalive: float = 5.0):
+                 keepalive: float = 5.0, timeout_option: str = "--timeout"):
         self.host = host
         self.target = target
         self.timeout = timeout
+        self.timeout_option = timeout_option    # the flag that sets timeout, for messages
         self.keepalive = keepalive
         self.client: Optional[paramiko.SSHClient] = None
         self._hops: List[paramiko.SSHClient] = []
@@ -289,7 +293,7 @@ class SSHNode:
         except Exception as exc:
             self.close()
             where = self._reaching
-            reason = describe_connect_error(exc, where, self.timeout)
+            reason = describe_connect_error(exc, where, self.timeout, self.timeout_option)
             if where is not self.target:
                 reason = f"via jump host {where.alias}: {reason}"
             raise ConnectFailed(reason) from None
@@ -338,12 +342,6 @@ class SSHNode:
         if transport is not None and transport.is_active():
             threading.Thread(target=ping, daemon=True, name=f"ssh-ping-{self.host.name}").start()
         return answered
-
-    def alive(self, timeout: float = 5.0) -> bool:
-        """True if the server answers a keepalive request within ``timeout`` (blocks)."""
-        transport = self.client.get_transport() if self.client else None
-        return bool(transport and transport.is_active() and self._ping().wait(timeout)
-                    and transport.is_active())
 
     def responsive(self) -> bool:
         """Non-blocking liveness for polling loops: a keepalive goes out every ``keepalive``
@@ -485,12 +483,14 @@ def parallel(items: Sequence, fn: Callable, workers: int = 32) -> List:
 
 
 def connect_all(hosts: Sequence[Host], targets: Mapping[str, SSHTarget],
-                timeout: float = DEFAULT_TIMEOUT, node_class=None) -> Connected:
+                timeout: float = DEFAULT_TIMEOUT, node_class=None,
+                timeout_option: str = "--timeout") -> Connected:
     """Connect to every node at once; the slowest bounds the wait (``timeout`` each)."""
     node_class = node_class or SSHNode
 
     def one(host):
-        node = node_class(host, targets[host.name], timeout=timeout)
+        node = node_class(host, targets[host.name], timeout=timeout,
+                          timeout_option=timeout_option)
         try:
             return host.name, node.connect(), None
         except ConnectFailed as exc:

@@ -122,10 +122,3 @@ def send_files(node: SSHNode, plan: SyncPlan,
         node.sftp.chmod(tmp, item.mode)
         node.sftp.utime(tmp, (item.mtime, item.mtime))
         node.sftp.posix_rename(tmp, item.remote)
-
-
-def sync(node: SSHNode, source: Path, remote_dir: str, excludes=DEFAULT_EXCLUDES,
-         compare: str = "mtime", on_bytes=None) -> SyncPlan:
-    plan = plan_sync(node, Path(source), remote_dir, excludes, compare)
-    send_files(node, plan, on_bytes)
-    return plan

@@ -12,14 +12,16 @@ import threading
 from pathlib import Path
 
 import click
-from fluidctl.launch.sshlib import paramiko
+from fluidctl.backends.sshlib import paramiko
 
 from fluidctl.backends import ssh
 from fluidctl.backends.nodecheck import check_nodes
 from fluidctl.backends.sync import DEFAULT_EXCLUDES, plan_sync, send_files
+from fluidctl.console import console
 from fluidctl.errors import FluidctlError
-from fluidctl.launch.hosts import load_hosts
-from fluidctl.launch.sshconfig import resolve_hosts
+from fluidctl.backends.hosts import load_hosts
+from fluidctl.backends.sshconfig import resolve_hosts
+from fluidctl.units import human_bytes
 
 
 def host_options(fn):
@@ -50,23 +52,9 @@ def _resolve(hostfile, hosts_arg, ssh_config, accept_new):
     return resolve_hosts(hosts, ssh_config, accept_new)
 
 
-def _console(stderr: bool = False):
-    from fluidctl.console import console
-    return console(stderr)
-
-
 def _fail_nodes(what: str, failures: dict, total: int) -> FluidctlError:
     names = "; ".join(f"{host}: {reason}" for host, reason in failures.items())
     return FluidctlError(f"{len(failures)} of {total} node(s) {what}: {names}", exit_code=1)
-
-
-def _human(size) -> str:
-    if size is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{size} B"
-        size /= 1024
 
 
 @click.group(help="""Check, fill and drive the nodes of a hostfile over SSH.
@@ -105,9 +93,9 @@ def check(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, python
     for r in results:
         status = "[green]ok[/]" if r.ok else "[bold red]FAIL[/]"
         table.add_row(r.host, r.address, status, r.python or "-", r.fluidctl or "-",
-                      _human(r.disk_free), "-" if r.gpus is None else str(r.gpus),
+                      human_bytes(r.disk_free), "-" if r.gpus is None else str(r.gpus),
                       f"{r.seconds:.2f}", r.reason)
-    _console().print(table)
+    console().print(table)
     failures = {r.host: r.reason for r in results if not r.ok}
     if failures:
         raise _fail_nodes("failed the check", failures, len(results))
@@ -128,7 +116,7 @@ def exec_(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote
     from rich.text import Text
     hosts, targets = _resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
     text = " ".join(command)       # as ssh does: the remote shell sees the words joined
-    out, err = _console(), _console(stderr=True)
+    out, err = console(), console(stderr=True)
     lock = threading.Lock()
     width = max(len(h.name) for h in hosts)
 
@@ -199,7 +187,7 @@ def sync(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote_
     connected = ssh.connect_all(hosts, targets, timeout=timeout)
     failures = dict(connected.failures)
     done: dict = {}
-    console = _console(stderr=True)
+    out = console(stderr=True)
     try:
         nodes = list(connected.nodes.values())
         plans = {}
@@ -218,8 +206,8 @@ def sync(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote_
                 plans[node.host.name] = (node, plan)
         columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                    TransferSpeedColumn())
-        with Progress(*columns, console=console, transient=not console.is_terminal,
-                      disable=not console.is_terminal) as progress:
+        with Progress(*columns, console=out, transient=not out.is_terminal,
+                      disable=not out.is_terminal) as progress:
             tasks = {name: progress.add_task(name, total=plan.bytes or 1)
                      for name, (_, plan) in plans.items()}
 
@@ -243,9 +231,9 @@ def sync(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote_
     for column in ("host", "remote dir", "sent files", "sent", "unchanged"):
         table.add_column(column, overflow="fold")
     for name, plan in done.items():
-        table.add_row(name, plan.remote_dir, str(len(plan.send)), _human(plan.bytes),
+        table.add_row(name, plan.remote_dir, str(len(plan.send)), human_bytes(plan.bytes),
                       str(plan.unchanged))
-    _console().print(table)
+    console().print(table)
     if failures:
         ordered = {h.name: failures[h.name] for h in hosts if h.name in failures}
         raise _fail_nodes("failed to sync", ordered, len(hosts))

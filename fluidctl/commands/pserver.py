@@ -21,14 +21,11 @@ from typing import List, Optional
 import click
 
 from fluidctl import envs, paths
+from fluidctl.console import console
+from fluidctl.units import human_bytes
 from fluidctl.errors import FluidctlError, UsageError
 
 START_TIMEOUT = 30.0
-
-
-def _console(stderr: bool = False):
-    from rich.console import Console
-    return Console(stderr=stderr, highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
 @click.group(name="pserver", help="""Standalone parameter servers for pserver-mode jobs.
@@ -113,10 +110,10 @@ def start(host, port, ports_num, ports_num_for_sparse, trainers, sync, pserver_i
         token_path = paths.pserver_token_file(port)
         _write_private(token_path, secrets.token_hex(32) + "\n")
         argv += ["--token-file", str(token_path)]
-        _console().print(f"job token written to {token_path} (trainers: export "
+        console().print(f"job token written to {token_path} (trainers: export "
                          f"{envs.JOB_TOKEN}=$(cat {token_path}))", markup=False)
     endpoint, pid, log = _spawn_daemon(argv, port)
-    _console().print(f"pserver started: {endpoint} (pid {pid}); log {log}; "
+    console().print(f"pserver started: {endpoint} (pid {pid}); log {log}; "
                      f"stop with: fluidctl pserver stop --port {port}", markup=False)
 
 
@@ -214,14 +211,6 @@ def records() -> List[dict]:
     return sorted(out, key=lambda r: r.get("port", 0))
 
 
-def _human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 @pserver.command("status")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the state records as JSON, e.g. fluidctl pserver status --json.")
@@ -236,9 +225,9 @@ def status(as_json):
     if as_json:
         click.echo(json.dumps(found, indent=1))
         return
-    console = _console()
+    out = console()
     if not found:
-        console.print(f"no pservers (state directory {paths.state_dir()})", markup=False)
+        out.print(f"no pservers (state directory {paths.state_dir()})", markup=False)
         return
     from rich.table import Table
     table = Table(title="fluidctl pservers")
@@ -252,9 +241,9 @@ def status(as_json):
             r["state"] if r["state"] == "running" else f"[red]{r['state']}[/]",
             str(r.get("pserver_id", "")), "sync" if r.get("sync", True) else "async",
             f"{len(connected)}/{r.get('trainers', '?')}", str(r.get("params", 0)),
-            str(r.get("sparse_rows", 0)), _human_bytes(int(r.get("bytes", 0))),
+            str(r.get("sparse_rows", 0)), human_bytes(int(r.get("bytes", 0))),
             str(r.get("step", 0)), str(r.get("applied", 0)), str(r.get("checkpoint_dir") or "-"))
-    console.print(table)
+    out.print(table)
 
 
 # --- stop ---------------------------------------------------------------------------------
@@ -280,17 +269,17 @@ def stop(port, stop_all, timeout):
         targets = [r for r in targets if r.get("port") == port]
         if not targets:
             raise UsageError(f"no pserver on port {port}", "see fluidctl pserver status")
-    console = _console()
+    out = console()
     failed = []
     for r in targets:
         if r["state"] != "running":
             _remove_record(r)
-            console.print(f"{r.get('endpoint')}: was not running (stale record removed)",
+            out.print(f"{r.get('endpoint')}: was not running (stale record removed)",
                           markup=False)
             continue
         if _terminate(r["pid"], timeout):
             _remove_record(r)
-            console.print(f"{r.get('endpoint')}: stopped (pid {r['pid']})", markup=False)
+            out.print(f"{r.get('endpoint')}: stopped (pid {r['pid']})", markup=False)
         else:
             failed.append(r)
     if failed:

@@ -173,7 +173,7 @@ def train(nproc, gpus, mode, pservers, pserver_endpoints, token_file, sync, chec
     job = JobSpec(script=script_path, script_args=list(script_args), nodes=[node],
                   python=python or sys.executable, **common)
 
-    from fluidctl.launch.ports import PortReservation
+    from fluidctl.net import PortReservation
     reservation = PortReservation(node.address, job.ports_needed(0), started_port)
     try:
         the_plan = make_plan(job, {0: reservation.ports})
@@ -191,7 +191,7 @@ def _run_multinode(script, script_args, *, backend, hosts, nproc, gpus, pservers
                    ssh_config, accept_new, remote_dir, python, ssh_timeout, started_port, layout,
                    common, grace_period, max_restarts, tee, log_tail, dry_run, as_json) -> int:
     from fluidctl.launch import multinode
-    from fluidctl.launch.sshconfig import resolve_hosts
+    from fluidctl.backends.sshconfig import resolve_hosts
     from fluidctl.launch.supervisor import LaunchLog
     opts.check_script(script)
     python = python or sys.executable
@@ -259,7 +259,7 @@ def _pserver_placement(common, pservers, pserver_hosts, names) -> List[int]:
 def load_hosts_opt(hostfile, hosts_arg):
     if not (hostfile or hosts_arg):
         return []
-    from fluidctl.launch.hosts import load_hosts
+    from fluidctl.backends.hosts import load_hosts
     return load_hosts(hostfile, hosts_arg)
 
 

@@ -29,7 +29,7 @@ import click
 
 from fluidctl import envs
 from fluidctl.errors import UsageError
-from fluidctl.launch.ports import free_port
+from fluidctl.net import free_port
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 MPI_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "OPAL_")

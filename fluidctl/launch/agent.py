@@ -51,7 +51,7 @@ def emit(tag: str, text: str) -> None:
 def probe(ports: int) -> dict:
     """What the launcher needs to know about this node before it plans."""
     from fluidctl.launch import devices
-    from fluidctl.launch.ports import free_ports
+    from fluidctl.net import free_ports
     free = free_ports(ports, "")
     return {"python": sys.version.split()[0], "fluidctl": __version__,
             "disk_free": shutil.disk_usage(".").free, "cwd": os.getcwd(),

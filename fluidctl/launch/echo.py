@@ -2,17 +2,18 @@
 
 Workers write straight to their log files, so a worker that prints a lot never waits for the
 console; this thread follows the files (like ``tail -f``) and writes whole lines to the
-console, one writer, so lines of different ranks are never split or mixed. Bytes are decoded
-incrementally (a multi-byte UTF-8 character cut between two reads stays whole) and a bare
-``\\r`` (progress bars) ends a line too.
+console, one writer, so lines of different ranks are never split or mixed. Lines are cut by
+``fluidctl.lines.LineSplitter`` (the one splitter: UTF-8 decoded incrementally, ``\\r\\n``,
+``\\n`` and a bare ``\\r`` each end one line, even when split across reads).
 """
 from __future__ import annotations
 
-import codecs
 import os
 import sys
 import threading
 from typing import BinaryIO, Callable, List, Optional, Tuple
+
+from fluidctl.lines import LineSplitter
 
 CHUNK = 1 << 20
 IDLE_WAIT = 0.02
@@ -28,8 +29,8 @@ class _Source:
                 self.offset = os.path.getsize(path)
             except OSError:
                 pass
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.pending = ""
+        self._lines: List[str] = []
+        self.splitter = LineSplitter(self._lines.append)
 
     def read_lines(self, final: bool = False) -> Tuple[List[str], bool]:
         """Complete lines available now; ``final`` flushes a last line without newline."""
@@ -40,13 +41,13 @@ class _Source:
                 return [], False
             self.file.seek(self.offset)
         data = self.file.read(CHUNK)
-        text = self.pending + self.decoder.decode(data, final=final)
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-        *lines, self.pending = text.split("\n")
-        if final and self.pending:
-            lines.append(self.pending)
-            self.pending = ""
-        return lines, len(data) == CHUNK
+        more = len(data) == CHUNK
+        self.splitter.feed(data)
+        if final and not more:
+            self.splitter.close()
+        lines = self._lines[:]
+        del self._lines[:]
+        return lines, more
 
     def close(self):
         if self.file:

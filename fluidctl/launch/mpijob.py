@@ -16,7 +16,7 @@ import click
 from fluidctl import envs
 from fluidctl.errors import UsageError
 from fluidctl.launch.run import failure_reporter
-from fluidctl.launch.hosts import Host
+from fluidctl.backends.hosts import Host
 from fluidctl.paths import LogLayout
 
 
@@ -28,8 +28,9 @@ def ranks_per_host(hosts: Sequence[Host], nproc: Optional[int]) -> List[Host]:
 
 def build(script: str, script_args: Sequence[str], *, hosts: Sequence[Host], nproc: Optional[int],
           python: Optional[str], layout: LogLayout, common: dict, ssh_config: Optional[str] = None):
-    """(mpirun argv, its environment, number of ranks). Pure: the hostfile it names is written
-    by ``run`` once the job really starts."""
+    """(mpirun argv, its environment, number of ranks). Not pure: it checks that an Open MPI
+    mpirun is there (running ``mpirun --version`` once); the hostfile it names is written by
+    ``run`` once the job really starts."""
     from fluidctl.backends import mpi
     if common["mode"] != "collective":
         raise UsageError("--backend mpi runs collective jobs only",

@@ -21,12 +21,12 @@ from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl import __version__
-from fluidctl.backends.base import Failure
+from fluidctl.failures import Failure
 from fluidctl.launch.agent import (BEAT_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, parse_line,
                                      tag_for)
 from fluidctl.errors import UsageError
 from fluidctl.launch.run import failure_reporter
-from fluidctl.launch.hosts import Host
+from fluidctl.backends.hosts import Host
 from fluidctl.launch.plan import Plan, ProcSpec
 
 MAX_UNKNOWN_PORTS = 33      # ports probed when the node's process count depends on its GPUs
@@ -207,7 +207,7 @@ def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remot
     def one(host: Host):
         node = given.get(host.name)
         if node is None:
-            node = cls(host, targets[host.name], timeout=timeout)
+            node = cls(host, targets[host.name], timeout=timeout, timeout_option="--ssh-timeout")
             try:
                 node.connect()
             except ConnectFailed as exc:

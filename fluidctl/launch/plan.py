@@ -109,17 +109,27 @@ def pserver_argv(job: JobSpec) -> List[str]:
     return [job.python, "-u", "-m", "fluidctl.runtime.pserver", *job.pserver_args]
 
 
+def place_ranks(trainers_per_node: Sequence[int]) -> List[List[int]]:
+    """The global trainer ranks of each node: node 0 takes 0..n0-1, node 1 the next n1, ...
+    (``fluidctl shard-data --to-hosts`` sends shard i where this puts trainer i)."""
+    placed, rank = [], 0
+    for count in trainers_per_node:
+        placed.append(list(range(rank, rank + count)))
+        rank += count
+    return placed
+
+
 def plan(job: JobSpec, ports: Mapping[int, Sequence[int]]) -> Plan:
     """Lay the job out. ``ports[i]`` are the ports reserved on node i (``job.ports_needed(i)``
     of them): trainers first, then pservers, then (node 0) the master's."""
     layout = LogLayout(Path(job.log_dir))
     trainer_eps: List[str] = []
     pserver_eps: List[str] = list(job.pserver_endpoints)
-    placed = []  # (node index, local rank, port) for trainers
-    pserver_slots = []  # (node index, port)
-    for i, node in enumerate(job.nodes):
+    placed = []  # (node index, local rank) for trainers, in rank order
+    pserver_slots = []  # node index of each pserver
+    for i, (node, ranks) in enumerate(zip(job.nodes, place_ranks([n.nproc for n in job.nodes]))):
         node_ports = list(ports[i])
-        for local in range(node.nproc):
+        for local in range(len(ranks)):
             trainer_eps.append(f"{node.address}:{node_ports[local]}")
             placed.append((i, local))
         if not job.pserver_endpoints:

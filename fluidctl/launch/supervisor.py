@@ -13,11 +13,13 @@ import selectors
 import signal
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
 
-from fluidctl.backends.base import Failure, Handle
+from fluidctl.failures import Failure
+
+if TYPE_CHECKING:
+    from fluidctl.backends.base import Handle
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 KILL_WAIT = 10.0        # after SIGKILL, how long to wait for the kernel to reap
@@ -120,12 +122,9 @@ class Supervisor:
             if attempt:
                 self.before_restart(attempt)
             self._stopping = False
-            self._handles = []
-            try:
-                self._handles = self.start(attempt)
-            except BaseException:
-                self._stop(self._handles)
-                raise
+            # start() either returns every handle of the attempt or raises; what it started
+            # before raising is stopped by the sweep of descendants around the supervisor
+            self._handles = self.start(attempt)
             self.log(f"attempt {attempt}: started " + ", ".join(
                 f"{h.label} pid {h.pid} on {h.host}" for h in self._handles))
             failure = self._watch()
@@ -225,16 +224,3 @@ class Supervisor:
         finally:
             selector.close()
 
-
-def log_tail(path: str, lines: int) -> List[str]:
-    """The last ``lines`` lines of a log file (reading only its end)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 64 * 1024))
-            data = f.read()
-    except OSError:
-        return []
-    text = data.decode("utf-8", errors="replace").replace("\r", "\n")
-    return list(deque((l for l in text.splitlines() if l.strip()), maxlen=lines))

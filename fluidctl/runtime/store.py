@@ -134,7 +134,7 @@ class StoreServer:
 
 def listen(host: str, port: int, fallback_to_any: bool = True) -> socket.socket:
     """A listening TCP socket on host:port (port 0: any free port)."""
-    from fluidctl.launch.ports import bind_socket
+    from fluidctl.net import bind_socket
     try:
         sock = bind_socket(host, port)
     except OSError:

@@ -121,20 +121,6 @@ def recv_frame(sock: socket.socket, max_payload: int = MAX_PAYLOAD) -> Tuple[dic
     return header, memoryview(payload)
 
 
-def recv_frame_into(sock: socket.socket, buffers: Sequence,
-                    max_payload: int = MAX_PAYLOAD) -> dict:
-    """Read one frame whose payload lands directly in ``buffers`` (sizes must add up)."""
-    header, n = recv_header(sock, max_payload)
-    views = [_as_bytes_view(b) for b in buffers]
-    if sum(v.nbytes for v in views) != n:
-        drain(sock, n)
-        raise WireError(f"payload of {n} bytes does not match the {sum(v.nbytes for v in views)} "
-                        "bytes expected")
-    for v in views:
-        recv_exact_into(sock, v)
-    return header
-
-
 def drain(sock: socket.socket, n: int) -> None:
     chunk = bytearray(min(n, 1 << 20) or 1)
     while n:

@@ -10,6 +10,7 @@ import tempfile
 from typing import List
 
 from fluidctl.errors import FluidctlError, UsageError
+from fluidctl.units import human_bytes
 from fluidctl.sharding.inputs import _inside
 
 
@@ -91,17 +92,9 @@ def _io_error(exc: OSError, out_dir: str, staging: str) -> FluidctlError:
                          "check the disk and the inputs", exit_code=1)
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _check_space(directory: str, out_dir: str, needed: int) -> None:
     st = os.statvfs(directory)
     if st.f_bavail * st.f_frsize < needed:
         raise UsageError(
-            f"not enough space for {out_dir}: {_human(needed)} needed, "
-            f"{_human(st.f_bavail * st.f_frsize)} free", "free some space or choose another -o")
+            f"not enough space for {out_dir}: {human_bytes(needed)} needed, "
+            f"{human_bytes(st.f_bavail * st.f_frsize)} free", "free some space or choose another -o")

@@ -1,7 +1,8 @@
 """Sizes the engine's speed and memory depend on, in one place.
 
 The other modules read them as ``tuning.NAME`` at call time (never copied at import), so a test
-or benchmark can change one -- ``fluidctl.sharding.BLOCK = 64`` -- and the whole engine follows.
+or benchmark can change one -- ``fluidctl.sharding.tuning.BLOCK = 64`` -- and the whole engine
+follows.
 """
 
 BLOCK = 1 << 20                    # read buffer per worker thread

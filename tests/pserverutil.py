@@ -1,6 +1,7 @@
-"""Start pservers on this machine as subprocesses, with the launcher's environment contract.
+"""Test helper: start pservers on this machine as subprocesses, with the launcher's environment
+contract.
 
-For tests, benchmarks and notebooks that need a small pserver cluster without
+For tests and benchmarks (bench/pserver.py) that need a small pserver cluster without
 ``fluidctl train --mode pserver``: free ports are found by binding port 0, each server is
 ``python -m fluidctl.runtime.pserver`` with ``fluidctl.envs.pserver_env`` and reports through
 a pipe once it listens.
@@ -15,9 +16,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl import envs
-
-
-from fluidctl.launch.ports import free_ports  # noqa: E402,F401  (tests and bench use it here)
+from fluidctl.net import free_ports  # noqa: F401  (tests and bench use it here)
 
 
 def role_env(role: str, index: int, endpoints: Sequence[str], trainers: int, sync: bool,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl.errors import FluidctlError, UsageError
-from fluidctl.launch.hosts import Host
+from fluidctl.backends.hosts import Host
 
 MANIFEST = "manifest.json"
 
@@ -28,11 +28,8 @@ def ranks_by_node(hosts: Sequence[Host], trainers: int) -> Dict[str, List[int]]:
         raise UsageError(f"the hosts hold {total} trainer slot(s) but --trainers is {trainers}",
                          "make the hostfile's slots= add up to --trainers (one shard per "
                          "trainer)")
-    placed, rank = {}, 0
-    for host in hosts:
-        placed[host.name] = list(range(rank, rank + host.slots))
-        rank += host.slots
-    return placed
+    from fluidctl.launch.plan import place_ranks
+    return dict(zip([h.name for h in hosts], place_ranks([h.slots for h in hosts])))
 
 
 def remote_out_dir(out_dir: str, remote_dir: Optional[str], host: str) -> str:
@@ -46,9 +43,9 @@ def remote_out_dir(out_dir: str, remote_dir: Optional[str], host: str) -> str:
 
 def connect(hosts: Sequence[Host], *, ssh_config, accept_new: bool, timeout: float):
     from fluidctl.backends.ssh import connect_all
-    from fluidctl.launch.sshconfig import resolve_hosts
+    from fluidctl.backends.sshconfig import resolve_hosts
     resolved, targets = resolve_hosts(hosts, ssh_config, accept_new)
-    connected = connect_all(resolved, targets, timeout=timeout)
+    connected = connect_all(resolved, targets, timeout=timeout, timeout_option="")
     if connected.failures:
         connected.close()
         raise UsageError("; ".join(f"node {n}: {r}" for n, r in connected.failures.items()),

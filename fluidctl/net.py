@@ -1,4 +1,6 @@
-"""Ports for a job's endpoints, chosen without races.
+"""Sockets and ports, shared by the launcher and the runtime (neither imports the other).
+
+Ports for a job's endpoints are chosen without races.
 
 Free ports are taken by binding port 0 and *holding* the bound sockets until the processes that
 will use them have been started (``release()`` is called right after the spawn), so two

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fluidctl.launch.sshlib import enable_match_exec, paramiko
+from fluidctl.backends.sshlib import enable_match_exec, paramiko
 
 from fluidctl.errors import UsageError
-from fluidctl.launch.hosts import Host
+from fluidctl.backends.hosts import Host
 
 DEFAULT_CONFIG = "~/.ssh/config"
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")

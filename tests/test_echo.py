@@ -1,0 +1,55 @@
+"""The console echo (launch/echo.py) cuts lines with the one LineSplitter, however the bytes
+arrive: UTF-8 characters, \\r\\n and lone \\r split across reads."""
+import io
+
+import pytest
+
+from fluidctl.launch.echo import LogEcho, _Source
+from fluidctl.lines import LineSplitter
+
+
+def feed_in_pieces(tmp_path, pieces):
+    """Append ``pieces`` to a log one at a time, reading what is complete after each."""
+    log = tmp_path / "workerlog.0"
+    log.write_bytes(b"")
+    src = _Source(str(log), "")
+    lines = []
+    for piece in pieces:
+        with open(log, "ab") as f:
+            f.write(piece)
+        lines += src.read_lines()[0]
+    lines += src.read_lines(final=True)[0]
+    src.close()
+    return lines
+
+
+@pytest.mark.parametrize("pieces, expected", [
+    ([b"a\r", b"\nb\n"], ["a", "b"]),                       # \r\n split across reads
+    ([b"a\r\n", b"b\r", b"\n"], ["a", "b"]),
+    ([b"50%\r", b"100%\rdone\n"], ["50%", "100%", "done"]),  # progress bars
+    (["é€\n".encode()[:1], "é€\n".encode()[1:4], "é€\n".encode()[4:]], ["é€"]),
+    ([b"x\n", b"no newline at the end"], ["x", "no newline at the end"]),
+    ([b"", b"\n\n"], ["", ""]),                              # empty lines stay empty lines
+])
+def test_lines_split_across_reads(tmp_path, pieces, expected):
+    assert feed_in_pieces(tmp_path, pieces) == expected
+    got = []
+    splitter = LineSplitter(got.append)        # the same cuts as the SSH output readers make
+    for piece in pieces:
+        splitter.feed(piece)
+    splitter.close()
+    assert got == expected
+
+
+def test_echo_prefixes_lines_of_each_source(tmp_path):
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_bytes(b"one\r\ntwo")
+    b.write_bytes(b"three\n")
+    out = io.StringIO()
+    echo = LogEcho([(str(a), "[trainer 0] "), (str(b), "[trainer 1] ")], out)
+    echo.start()
+    echo.finish()
+    lines = out.getvalue().splitlines()       # a last partial line comes out at the end
+    assert [l for l in lines if l.startswith("[trainer 0]")] == ["[trainer 0] one",
+                                                                "[trainer 0] two"]
+    assert [l for l in lines if l.startswith("[trainer 1]")] == ["[trainer 1] three"]

@@ -1,0 +1,51 @@
+"""The runtime is the ground floor: training scripts import it, and it imports nothing of the
+launcher (launch/, backends/, commands/) nor the CLI's heavy libraries."""
+import subprocess
+import sys
+import textwrap
+
+RUNTIME_MODULES = [
+    "fluidctl.runtime", "fluidctl.runtime.store", "fluidctl.runtime.wire",
+    "fluidctl.runtime.data", "fluidctl.runtime.optim", "fluidctl.runtime.distributed_optimizer",
+    "fluidctl.runtime.collective", "fluidctl.runtime.collective.bootstrap",
+    "fluidctl.runtime.collective.ring", "fluidctl.runtime.collective.shm",
+    "fluidctl.runtime.collective.mpi", "fluidctl.runtime.collective.nccl",
+    "fluidctl.runtime.pserver.client", "fluidctl.runtime.pserver.server",
+    "fluidctl.runtime.pserver.__main__",
+]
+BLOCKED = ["fluidctl.launch", "fluidctl.backends", "fluidctl.commands", "fluidctl.cli",
+           "fluidctl.console", "click", "rich", "paramiko", "fabric", "invoke"]
+
+
+def run_blocked(modules, blocked, calls=""):
+    code = textwrap.dedent(f"""
+        import importlib, importlib.abc, sys
+        BLOCKED = {blocked!r}
+
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+                    raise ImportError(f"layering: {{name}} imported")
+                return None
+
+        sys.meta_path.insert(0, Block())
+        for name in {modules!r}:
+            importlib.import_module(name)
+        {calls}
+        print("ok")
+    """)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_runtime_imports_nothing_from_the_launcher():
+    # the store binds its listening socket through fluidctl.net, shared with the launcher
+    calls = ("from fluidctl.runtime.store import listen; "
+             "s = listen('127.0.0.1', 0); s.close()")
+    result = run_blocked(RUNTIME_MODULES, BLOCKED, calls)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_the_blocker_really_blocks():
+    result = run_blocked(["fluidctl.runtime", "fluidctl.launch.plan"], BLOCKED)
+    assert result.returncode != 0 and "layering: fluidctl.launch imported" in result.stderr
