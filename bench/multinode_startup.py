@@ -54,7 +54,7 @@ def main():
 
 
 def _hosts(path):
-    from fluidctl.backends.hosts import parse_hostfile
+    from fluidctl.planning.hosts import parse_hostfile
     return parse_hostfile(path)
 
 

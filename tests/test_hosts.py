@@ -6,7 +6,7 @@ import paramiko
 import pytest
 
 from fluidctl.errors import UsageError
-from fluidctl.backends.hosts import (Host, format_hostfile, load_hosts, parse_hostfile,
+from fluidctl.planning.hosts import (Host, format_hostfile, load_hosts, parse_hostfile,
                                    parse_hostfile_text, parse_hosts_arg)
 from fluidctl.backends.sshconfig import load_config, resolve, resolve_hosts
 

@@ -1,5 +1,7 @@
-"""The runtime is the ground floor: training scripts import it, and it imports nothing of the
-launcher (launch/, backends/, commands/) nor the CLI's heavy libraries."""
+"""Imports run one way: commands -> launch -> backends -> planning -> the ground floor
+(envs, paths, net, failures, lines, errors), and the runtime sits on that floor: training
+scripts import it, and it imports nothing of the launcher nor the CLI's heavy libraries."""
+import pkgutil
 import subprocess
 import sys
 import textwrap
@@ -46,6 +48,25 @@ def test_runtime_imports_nothing_from_the_launcher():
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 
+def modules_of(package):
+    import importlib
+    path = importlib.import_module(package).__path__
+    return [package] + [f"{package}.{m.name}" for m in pkgutil.iter_modules(path)]
+
+
+def test_backends_import_nothing_from_launch_or_commands():
+    result = run_blocked(modules_of("fluidctl.backends"),
+                         ["fluidctl.launch", "fluidctl.commands", "fluidctl.cli"])
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_planning_imports_no_backend_nor_launch():
+    result = run_blocked(modules_of("fluidctl.planning"),
+                         ["fluidctl.launch", "fluidctl.backends", "fluidctl.commands",
+                          "fluidctl.cli", "click", "rich", "paramiko"])
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
 def test_the_blocker_really_blocks():
-    result = run_blocked(["fluidctl.runtime", "fluidctl.launch.plan"], BLOCKED)
+    result = run_blocked(["fluidctl.runtime", "fluidctl.launch.supervisor"], BLOCKED)
     assert result.returncode != 0 and "layering: fluidctl.launch imported" in result.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fluidctl.backends import mpi
-from fluidctl.launch.hosts import parse_hosts_arg
+from fluidctl.planning.hosts import parse_hosts_arg
 from launchutil import ROOT, fluidctl
 
 MPIRUN = mpi.find_mpirun()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fluidctl.backends import mpi
-from fluidctl.backends.hosts import parse_hosts_arg
+from fluidctl.planning.hosts import parse_hosts_arg
 
 MPIRUN = mpi.find_mpirun()
 FLUIDCTL = str(Path(sys.executable).parent / "fluidctl")

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from fluidctl.backends import fabric, nodecheck, ssh, sync
-from fluidctl.backends.hosts import Host, parse_hostfile
+from fluidctl.planning.hosts import Host, parse_hostfile
 from fluidctl.backends.sshconfig import resolve, resolve_hosts, load_config
 
 TIMEOUT = 5.0

@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence
 
-from fluidctl.backends.hosts import Host, format_hostfile
+from fluidctl.planning.hosts import Host, format_hostfile
 
 # what horovod exports by default: without them a remote rank may not find python or its libs
 DEFAULT_EXPORTS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")

@@ -18,7 +18,7 @@ from fluidctl.backends.sshlib import paramiko
 from fluidctl import __version__
 from fluidctl.backends.ssh import (DEFAULT_TIMEOUT, ConnectFailed, ConnectionLost, SSHNode,
                                    parallel)
-from fluidctl.backends.hosts import Host
+from fluidctl.planning.hosts import Host
 from fluidctl.backends.sshconfig import resolve_hosts
 
 

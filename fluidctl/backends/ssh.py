@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 from fluidctl.backends.sshlib import paramiko
 
 from fluidctl.lines import LineSplitter
-from fluidctl.backends.hosts import Host
+from fluidctl.planning.hosts import Host
 from fluidctl.backends.sshconfig import (HostKeyError, HostKeyPolicy, SSHTarget, connect_kwargs,
                                        load_known_hosts)
 

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from fluidctl.backends.sshlib import enable_match_exec, paramiko
 
 from fluidctl.errors import UsageError
-from fluidctl.backends.hosts import Host
+from fluidctl.planning.hosts import Host
 
 DEFAULT_CONFIG = "~/.ssh/config"
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")

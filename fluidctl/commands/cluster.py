@@ -19,7 +19,7 @@ from fluidctl.backends.nodecheck import check_nodes
 from fluidctl.backends.sync import DEFAULT_EXCLUDES, plan_sync, send_files
 from fluidctl.console import console
 from fluidctl.errors import FluidctlError
-from fluidctl.backends.hosts import load_hosts
+from fluidctl.planning.hosts import load_hosts
 from fluidctl.backends.sshconfig import resolve_hosts
 from fluidctl.units import human_bytes
 

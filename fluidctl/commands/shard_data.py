@@ -92,7 +92,7 @@ def shard_data(inputs, trainers, out_dir, by, fmt, shuffle, seed, name, suffix_l
     targets = None
     if to_hosts:            # every node is reachable before anything is written
         from fluidctl.sharding import distribute
-        from fluidctl.backends.hosts import parse_hostfile
+        from fluidctl.planning.hosts import parse_hostfile
         hosts = parse_hostfile(to_hosts)
         placed = distribute.ranks_by_node(hosts, trainers)
         targets = distribute.connect(hosts, ssh_config=ssh_config,

@@ -12,8 +12,8 @@ import click
 
 from fluidctl.errors import UsageError
 from fluidctl.launch.run import failure_reporter
-from fluidctl.launch import devices, options as opts
-from fluidctl.launch.plan import JobSpec, Node, Plan, plan as make_plan
+from fluidctl.planning import devices, options as opts
+from fluidctl.planning.plan import JobSpec, Node, Plan, plan as make_plan
 from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
 
 TEE_CHOICES = ("rank0", "all", "none")
@@ -259,7 +259,7 @@ def _pserver_placement(common, pservers, pserver_hosts, names) -> List[int]:
 def load_hosts_opt(hostfile, hosts_arg):
     if not (hostfile or hosts_arg):
         return []
-    from fluidctl.backends.hosts import load_hosts
+    from fluidctl.planning.hosts import load_hosts
     return load_hosts(hostfile, hosts_arg)
 
 

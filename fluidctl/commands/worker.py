@@ -292,6 +292,6 @@ def worker(script, args):
                 exit_failed(code, close_output)
             sys.exit(0)
         env = child_environment(environ, contract)
-    from fluidctl.launch.plan import script_argv
+    from fluidctl.planning.plan import script_argv
     sys.exit(run_child(script_argv(script, args, sys.executable), env,
                        None if in_process else log_path))

@@ -50,7 +50,7 @@ def emit(tag: str, text: str) -> None:
 
 def probe(ports: int) -> dict:
     """What the launcher needs to know about this node before it plans."""
-    from fluidctl.launch import devices
+    from fluidctl.planning import devices
     from fluidctl.net import free_ports
     free = free_ports(ports, "")
     return {"python": sys.version.split()[0], "fluidctl": __version__,
@@ -78,7 +78,7 @@ def main(argv=None) -> None:
 def node_agent(ports: int) -> None:
     """Run this node's share of a job (started by fluidctl over SSH)."""
     from fluidctl.launch import run
-    from fluidctl.launch.plan import ProcSpec
+    from fluidctl.planning.plan import ProcSpec
     from fluidctl.launch.supervisor import LaunchLog, RunOptions
     from fluidctl.paths import LogLayout
 

@@ -16,7 +16,7 @@ import click
 from fluidctl import envs
 from fluidctl.errors import UsageError
 from fluidctl.launch.run import failure_reporter
-from fluidctl.backends.hosts import Host
+from fluidctl.planning.hosts import Host
 from fluidctl.paths import LogLayout
 
 

@@ -26,8 +26,8 @@ from fluidctl.launch.agent import (BEAT_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, pa
                                      tag_for)
 from fluidctl.errors import UsageError
 from fluidctl.launch.run import failure_reporter
-from fluidctl.backends.hosts import Host
-from fluidctl.launch.plan import Plan, ProcSpec
+from fluidctl.planning.hosts import Host
+from fluidctl.planning.plan import Plan, ProcSpec
 
 MAX_UNKNOWN_PORTS = 33      # ports probed when the node's process count depends on its GPUs
 

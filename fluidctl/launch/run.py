@@ -15,7 +15,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from fluidctl.backends import local
 from fluidctl.backends.base import Handle
 from fluidctl.launch.echo import LogEcho
-from fluidctl.launch.plan import PSERVER, Plan, ProcSpec, with_restart
+from fluidctl.planning.plan import PSERVER, Plan, ProcSpec, with_restart
 from fluidctl.launch.supervisor import LaunchLog, RunOptions, RunResult, Supervisor
 from fluidctl.paths import LogLayout
 

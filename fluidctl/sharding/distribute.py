@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl.errors import FluidctlError, UsageError
-from fluidctl.backends.hosts import Host
+from fluidctl.planning.hosts import Host
 
 MANIFEST = "manifest.json"
 
@@ -28,7 +28,7 @@ def ranks_by_node(hosts: Sequence[Host], trainers: int) -> Dict[str, List[int]]:
         raise UsageError(f"the hosts hold {total} trainer slot(s) but --trainers is {trainers}",
                          "make the hostfile's slots= add up to --trainers (one shard per "
                          "trainer)")
-    from fluidctl.launch.plan import place_ranks
+    from fluidctl.planning.plan import place_ranks
     return dict(zip([h.name for h in hosts], place_ranks([h.slots for h in hosts])))
 
 
