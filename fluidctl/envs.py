@@ -1,7 +1,8 @@
 """THE environment contract between the launcher and training processes.
 
 The planner writes it (``collective_env``, ``pserver_env``), the runtime reads it (``read``), and
-``fluidctl worker`` translates OpenMPI's variables into it (``from_ompi``). Nothing else in the
+``fluidctl worker`` translates OpenMPI's variables (``from_ompi``) or Slurm's (``from_slurm``) into
+it. Nothing else in the
 project spells a ``PADDLE_*`` name: import the constant from here.
 
 The names are PaddlePaddle's, so unmodified Paddle scripts run; torch's (RANK, WORLD_SIZE,
@@ -232,8 +233,12 @@ def _int(environ: Mapping[str, str], *names: str, default: int) -> int:
 
 
 def read(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
-    """Parse the contract; OpenMPI's variables fill in what PADDLE_* leaves out."""
+    """Parse the contract; OpenMPI's variables fill in what PADDLE_* leaves out, and a task of
+    a plain ``srun`` step (no contract written by a launcher) is mapped by ``from_slurm``."""
     environ = os.environ if environ is None else environ
+    if in_slurm_step(environ) and not any(
+            name in environ for name in (TRAINER_ID, TRAINERS_NUM, TORCH_RANK, TRAINING_ROLE)):
+        environ = {**environ, **from_slurm(environ)}
     under_mpi = OMPI_RANK in environ
     pservers = [e for e in environ.get(PSERVERS_IP_PORT_LIST, "").split(",") if e]
     role = environ.get(TRAINING_ROLE, environ.get(ROLE, ROLE_TRAINER)).upper()
@@ -282,3 +287,179 @@ def from_ompi(environ: Mapping[str, str], endpoints: Sequence[str], master: str,
         local_size=int(environ.get(OMPI_LOCAL_SIZE, 1)),
         nnodes=nnodes, endpoints=endpoints, master=master, node_rank=node_rank, cores=cores,
         restart_count=int(environ.get(RESTART_COUNT) or 0), token=environ.get(JOB_TOKEN))
+
+
+# --- Slurm (read only) ----------------------------------------------------------------------
+# Under plain ``srun`` each task knows its place from these; ``from_slurm`` turns them into the
+# whole contract (``fluidctl worker`` and ``fluidctl.runtime.init()`` use it; the Slurm backend
+# plans with the same ``slurm_layout`` and ``slurm_ports``).
+SLURM_JOB_ID = "SLURM_JOB_ID"
+SLURM_STEP_ID = "SLURM_STEP_ID"
+SLURM_PROCID = "SLURM_PROCID"
+SLURM_LOCALID = "SLURM_LOCALID"
+SLURM_NODEID = "SLURM_NODEID"
+SLURM_NTASKS = "SLURM_NTASKS"
+SLURM_STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"     # set in an srun step's tasks, not in a batch script
+SLURM_JOB_NUM_NODES = "SLURM_JOB_NUM_NODES"
+SLURM_STEP_NODELIST = "SLURM_STEP_NODELIST"
+SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"
+SLURM_STEP_TASKS_PER_NODE = "SLURM_STEP_TASKS_PER_NODE"
+SLURM_TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"
+SLURM_DISTRIBUTION = "SLURM_DISTRIBUTION"
+SLURM_CPUS_ON_NODE = "SLURM_CPUS_ON_NODE"
+SLURM_RESTART_COUNT = "SLURM_RESTART_COUNT"
+SLURM_PORT_LOW, SLURM_PORT_SPAN = 20000, 12000      # derived ports: 20000-31999, below Linux's
+#                                                     ephemeral range (32768+)
+
+
+def in_slurm_step(environ: Mapping[str, str]) -> bool:
+    """A task of an ``srun`` step (a batch script or an salloc shell is not one)."""
+    return bool(environ.get(SLURM_PROCID)) and bool(environ.get(SLURM_STEP_NUM_TASKS))
+
+
+def expand_nodelist(nodelist: str) -> List[str]:
+    """Slurm's compressed node list ('gpu[001-004,7]', '127.0.0.[2-3]') in Slurm's order.
+    Parsed here (python-hostlist), never by asking ``scontrol show hostnames``, which
+    containers often lack; an unparsable list is an error, never a silent 'localhost'."""
+    from fluidctl.errors import UsageError
+    import hostlist
+    try:
+        nodes = hostlist.expand_hostlist(nodelist)
+    except hostlist.BadHostlist as exc:
+        raise UsageError(f"cannot parse Slurm node list {nodelist!r}: {exc}",
+                         "check SLURM_JOB_NODELIST") from None
+    if not nodes:
+        raise UsageError("empty Slurm node list", "run inside a Slurm job (salloc, sbatch, srun)")
+    return nodes
+
+
+def parse_tasks_per_node(value: str) -> List[int]:
+    """'2(x3),1' -> [2, 2, 2, 1] (SLURM_TASKS_PER_NODE's syntax)."""
+    from fluidctl.errors import UsageError
+    import hostlist
+    try:
+        return [int(n) for n in hostlist.parse_slurm_tasks_per_node(value)]
+    except (ValueError, hostlist.BadHostlist):
+        raise UsageError(f"cannot parse Slurm tasks per node {value!r}",
+                         "check SLURM_TASKS_PER_NODE") from None
+
+
+@dataclass(frozen=True)
+class SlurmLayout:
+    """Where every rank of a Slurm step runs: ``node_of[rank]`` (index into ``nodes``) and
+    ``local_of[rank]``; block distribution (Slurm's default) or cyclic."""
+    nodes: List[str]
+    tasks_per_node: List[int]
+    node_of: List[int]
+    local_of: List[int]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.node_of)
+
+
+def slurm_layout(nodes: Sequence[str], tasks_per_node: Sequence[int],
+                 distribution: str = "block") -> SlurmLayout:
+    from fluidctl.errors import UsageError
+    if len(tasks_per_node) != len(nodes):
+        raise UsageError(f"Slurm lists {len(nodes)} node(s) but tasks for "
+                         f"{len(tasks_per_node)}", "check SLURM_TASKS_PER_NODE")
+    node_of: List[int] = []
+    if distribution.split(":")[0].split(",")[0] == "cyclic":
+        left = list(tasks_per_node)
+        while any(left):
+            for i, n in enumerate(left):
+                if n:
+                    node_of.append(i)
+                    left[i] -= 1
+    else:
+        for i, n in enumerate(tasks_per_node):
+            node_of += [i] * n
+    seen = [0] * len(nodes)
+    local_of = []
+    for i in node_of:
+        local_of.append(seen[i])
+        seen[i] += 1
+    return SlurmLayout(list(nodes), list(tasks_per_node), node_of, local_of)
+
+
+def slurm_ports(job_id: int, step_id: int, local_size: int) -> int:
+    """The first of a block of ports derived from the job and step ids: the master port, then
+    one per local rank (rank endpoints are base+1+local_rank). Deterministic, so every task
+    computes the same ports without talking to the others; the first 4 steps of a job, and
+    hundreds of consecutive jobs (12000 / 4 / block size), get disjoint blocks. MASTER_PORT set
+    by the user wins for the master."""
+    stride = (local_size + 1 + 3) // 4 * 4
+    slots = SLURM_PORT_SPAN // stride
+    return SLURM_PORT_LOW + ((job_id * 4 + step_id) % slots) * stride
+
+
+def _endpoint_of(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def slurm_visible_gpus(environ: Mapping[str, str]) -> List[str]:
+    """CUDA_VISIBLE_DEVICES as Slurm set it for this task ([] without GPUs)."""
+    value = environ.get(CUDA_VISIBLE_DEVICES, "").strip()
+    if not value or value == "NoDevFiles":
+        return []
+    return [g for g in value.split(",") if g]
+
+
+def from_slurm(environ: Mapping[str, str], cores: Optional[int] = None) -> Dict[str, str]:
+    """A task of ``srun``: SLURM_* -> the whole contract, as ``from_ompi`` does under mpirun.
+
+    Ranks, sizes and the node of every rank come from SLURM_PROCID / LOCALID / NODEID /
+    NTASKS and the step's node list and tasks per node; MASTER_ADDR is the step's first node
+    (never SLURM_LAUNCH_NODE_IPADDR, the host srun ran on); ports from ``slurm_ports`` (or
+    MASTER_PORT when set); GPUs are Slurm's binding: CUDA_VISIBLE_DEVICES is kept as Slurm set
+    it, and this rank uses the device at index LOCALID (node-wide binding) or 0 (one GPU bound
+    per task)."""
+    from fluidctl.errors import UsageError
+
+    def number(name: str, *fallbacks: str) -> int:
+        for key in (name,) + fallbacks:
+            value = environ.get(key, "")
+            if value:
+                try:
+                    return int(value)
+                except ValueError:
+                    raise UsageError(f"{key}={value!r} is not a number",
+                                     "run under srun, which sets it") from None
+        raise UsageError(f"{name} is not set", "run each rank with srun inside a Slurm job")
+
+    rank, local_rank = number(SLURM_PROCID), number(SLURM_LOCALID)
+    node_rank = number(SLURM_NODEID)
+    world = number(SLURM_STEP_NUM_TASKS, SLURM_NTASKS)
+    nodes = expand_nodelist(environ.get(SLURM_STEP_NODELIST) or environ.get(SLURM_JOB_NODELIST)
+                            or environ.get("SLURM_NODELIST", ""))
+    tpn = parse_tasks_per_node(environ.get(SLURM_STEP_TASKS_PER_NODE)
+                               or environ.get(SLURM_TASKS_PER_NODE) or "")
+    layout = slurm_layout(nodes, tpn, environ.get(SLURM_DISTRIBUTION, "block"))
+    if (layout.world_size != world or rank >= world or layout.node_of[rank] != node_rank
+            or layout.local_of[rank] != local_rank):
+        raise UsageError(
+            f"Slurm task {rank} is task {local_rank} of node {node_rank}, which the node list "
+            f"and tasks per node ({', '.join(map(str, tpn))}) do not give",
+            "use srun's default block (or cyclic) distribution")
+    job_id = number(SLURM_JOB_ID, "SLURM_JOBID")
+    step = environ.get(SLURM_STEP_ID, "0")
+    base = slurm_ports(job_id, int(step) if step.isdigit() else 0, max(tpn))
+    endpoints = [_endpoint_of(nodes[n], base + 1 + local)
+                 for n, local in zip(layout.node_of, layout.local_of)]
+    master_port = int(environ.get(TORCH_MASTER_PORT) or base)
+    gpus = slurm_visible_gpus(environ)
+    local_size = tpn[node_rank]
+    if cores is None:
+        cores = int(environ.get(SLURM_CPUS_ON_NODE) or os.cpu_count() or 1)
+    env = collective_env(
+        rank=rank, world_size=world, local_rank=local_rank, local_size=local_size,
+        nnodes=len(nodes), node_rank=node_rank, endpoints=endpoints,
+        master=_endpoint_of(nodes[0], master_port), gpus_on_node=gpus,
+        world_device_ids=[gpus] * len(nodes), cores=cores,
+        restart_count=int(environ.get(RESTART_COUNT) or environ.get(SLURM_RESTART_COUNT) or 0),
+        token=environ.get(JOB_TOKEN))
+    if gpus:
+        index = str(local_rank % len(gpus) if len(gpus) > 1 else 0)
+        env[SELECTED_GPUS] = env[LOCAL_DEVICE_IDS] = index
+    return env

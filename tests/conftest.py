@@ -1,4 +1,4 @@
-"""Generic fixtures shared by the test files: real sshd nodes on loopback."""
+"""Generic fixtures shared by the test files: real sshd nodes on loopback, a real Slurm."""
 import sys
 from pathlib import Path
 
@@ -7,6 +7,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from sshd import SSHNodes  # noqa: E402
+from slurm import SlurmCluster  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +22,25 @@ def sshd_nodes(tmp_path_factory):
         yield nodes
     finally:
         nodes.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real Slurm 22.05: munged, slurmctld and two slurmd (nodes named 127.0.0.2 and
+    127.0.0.3, see tests/slurm.py), stopped by pid at the end of the session."""
+    why_not = SlurmCluster.available()
+    if why_not:
+        pytest.skip(why_not)
+    cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def slurm(slurm_cluster):
+    """The session's Slurm, idle before the test, and every job of the test cancelled after."""
+    slurm_cluster.wait_idle()
+    yield slurm_cluster
+    slurm_cluster.cancel_all()

@@ -1,4 +1,8 @@
-"""``fluidctl worker SCRIPT [ARGS]``: the per-rank entry under a foreign launcher (mpirun).
+"""``fluidctl worker SCRIPT [ARGS]``: the per-rank entry under a foreign launcher (mpirun, srun).
+
+Under srun each task's SLURM_* variables are mapped by ``envs.from_slurm`` (no exchange needed:
+node list, tasks per node and the job id decide every endpoint); rank 0 checks the master port,
+and SCRIPT runs as a child with the contract added (SLURM_* kept).
 
 Under mpirun each rank knows only OMPI_COMM_WORLD_RANK / SIZE / LOCAL_RANK / LOCAL_SIZE. The
 worker turns them into fluidctl's full environment contract: it initialises MPI (mpi4py), the
@@ -96,6 +100,25 @@ def child_environment(environ: Mapping[str, str], contract: Mapping[str, str]) -
     env = {k: v for k, v in environ.items() if not k.startswith(MPI_PREFIXES)}
     env.update(contract)
     return env
+
+
+def check_master_port(master: str) -> None:
+    """Rank 0 under srun: the derived master endpoint must be an address of this node with a
+    free port, else every rank would wait for a rendezvous that never comes."""
+    host, port = envs.split_endpoint(master)
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        raise UsageError(f"master node {host} does not resolve",
+                         "node names must resolve on every node (DNS or /etc/hosts)") from None
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError as exc:
+            raise UsageError(f"master port {port} on {host} ({address}) is not usable: "
+                             f"{exc.strerror}", "set MASTER_PORT to a free port for the job, "
+                             "e.g. srun --export=ALL,MASTER_PORT=29500 ...") from None
 
 
 def _tee(pipe, log_path: str) -> None:
@@ -246,10 +269,11 @@ def run_in_process(script: str, args: List[str], contract: Mapping[str, str]) ->
 
 @click.command(context_settings={"ignore_unknown_options": True,
                                  "allow_interspersed_args": False},
-               help="""Run SCRIPT as one rank of a job started by mpirun.
+               help="""Run SCRIPT as one rank of a job started by mpirun or srun.
 
-Maps OpenMPI's OMPI_COMM_WORLD_* variables to the PADDLE_* contract (rank, size, endpoints,
-master), then runs SCRIPT with that environment and exits with its code. A Python script runs
+Maps OpenMPI's OMPI_COMM_WORLD_* variables, or Slurm's SLURM_PROCID / LOCALID / NODEID /
+NTASKS / JOB_NODELIST, to the PADDLE_* contract (rank, size, endpoints, master), then runs
+SCRIPT with that environment and exits with its code. A Python script runs
 in the worker's own process and keeps mpirun's MPI world (mpi4py sees every rank); any other
 program runs as a child without MPI's variables (MPI programs are refused: run them with
 mpirun directly). With FLUIDCTL_LOG_DIR set, the output is also written to
@@ -257,7 +281,8 @@ FLUIDCTL_LOG_DIR/workerlog.RANK.
 
 \b
 Example:
-  mpirun -np 4 -hostfile machines fluidctl worker train.py --epochs 3""")
+  mpirun -np 4 -hostfile machines fluidctl worker train.py --epochs 3
+  srun -N 2 --ntasks-per-node=4 fluidctl worker train.py --epochs 3""")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def worker(script, args):
@@ -270,18 +295,24 @@ def worker(script, args):
                          "program it starts",
                          f"run it as 'mpirun ... {script}', or wrap it in a Python script")
     rank = int(environ[envs.OMPI_RANK]) if under_mpi else envs.read(environ).rank
+    env = environ
+    if not under_mpi and envs.in_slurm_step(environ):
+        contract = envs.from_slurm(environ)
+        rank = int(environ[envs.SLURM_PROCID])
+        if rank == 0 and envs.MASTER in contract:
+            check_master_port(contract[envs.MASTER])
+        env = {**environ, **contract}
     log_path = None
     if environ.get(envs.LOG_DIR):
         from fluidctl.paths import LogLayout
         layout = LogLayout(Path(environ[envs.LOG_DIR]))
         layout.create()
-        log_path = str(layout.worker(rank))
+        log_path = str(layout.for_role(env.get(envs.TRAINING_ROLE, envs.ROLE_TRAINER), rank))
     if in_process and not os.path.isfile(script):
         raise UsageError(f"cannot run {script}: not found", "give the path of a .py script")
     close_output = None
     if in_process and log_path:
         close_output = tee_output(log_path)   # before MPI_Init: its atexit runs after Finalize
-    env = environ
     if under_mpi:
         endpoints, master, nnodes, node_rank = exchange_endpoints(environ)
         contract = envs.from_ompi(environ, endpoints, master, nnodes, node_rank=node_rank,
