@@ -19,6 +19,7 @@ COMMANDS = {
     "shard-data": "fluidctl.commands.shard_data:shard_data",
     "worker": "fluidctl.commands.worker:worker",
     "cluster": "fluidctl.commands.cluster:cluster",
+    "job": "fluidctl.commands.job:job",
 }
 
 HELP = """Launch distributed training jobs: collective (NCCL2 / gloo) or parameter-server, on this

@@ -1,8 +1,9 @@
 """Every file name fluidctl writes, decided in one place.
 
 ``LogLayout`` owns a job's log directory (workerlog.N, serverlog.N, endpoints.log, launch.log,
-one sub-directory per remote host); ``state_dir`` owns where daemons (standalone pservers) leave
-their pid files and state records. No other module assembles these paths.
+one sub-directory per remote host, the Slurm batch script and outputs); ``state_dir`` owns where
+daemons (standalone pservers) leave their pid files and state records, ``jobs_dir`` where
+submitted Slurm jobs are recorded. No other module assembles these paths.
 """
 from __future__ import annotations
 
@@ -60,6 +61,29 @@ class LogLayout:
         """The hostfile handed to mpirun under ``--backend mpi``."""
         return self.root / "mpi.hostfile"
 
+    @property
+    def sbatch_script(self) -> Path:
+        """The batch script ``--backend slurm`` writes and submits from a login node."""
+        return self.root / "job.sbatch"
+
+    @property
+    def slurm_output(self) -> Path:
+        """The batch script's own stdout/stderr (sbatch --output; %j is the job id)."""
+        return self.root / "slurm-%j.out"
+
+    def slurm_output_of(self, job_id: str) -> Path:
+        return self.root / f"slurm-{job_id}.out"
+
+    @property
+    def srun(self) -> Path:
+        """srun's own messages under ``--backend slurm`` (ranks still get workerlog.N)."""
+        return self.root / "srun.log"
+
+    def job_exit(self, job_id: str) -> Path:
+        """The exit code the batch script of job ``job_id`` leaves when it ends (read without
+        sacct); ``job_exit("%j")`` is the pattern the script is written with."""
+        return self.root / f"slurm-{job_id}.exitcode"
+
     def create(self) -> None:
         """Make the directory; a path that exists as a file is the user's mistake."""
         for path in (self.root, self.dir):
@@ -101,3 +125,15 @@ def pserver_log_file(port: int) -> Path:
 def pserver_token_file(port: int) -> Path:
     """The job token `fluidctl pserver start --daemon` generates when none is given."""
     return state_dir() / f"pserver-{port}.token"
+
+
+def jobs_dir() -> Path:
+    """Records of submitted Slurm jobs (one JSON file per job id): $FLUIDCTL_STATE_DIR/jobs,
+    else ~/.fluidctl/jobs (kept across logins, unlike $XDG_RUNTIME_DIR)."""
+    if os.environ.get(STATE_ENV):
+        return Path(os.environ[STATE_ENV]) / "jobs"
+    return Path.home() / ".fluidctl" / "jobs"
+
+
+def job_record(job_id: str) -> Path:
+    return jobs_dir() / f"slurm-{job_id}.json"

@@ -1,0 +1,333 @@
+"""Slurm from the outside: its client commands, the batch script, and the records of submitted
+jobs (what ``fluidctl train --backend slurm`` writes from a login node and ``fluidctl job``
+reads).
+
+Nothing here needs Slurm's accounting database: a job's state comes from ``squeue`` while it is
+queued or running, then from ``scontrol show job`` (slurmctld remembers finished jobs for
+MinJobAge, 300 s by default), then from the exit-code file the batch script itself leaves in
+LOG_DIR. ``squeue --json`` is avoided on purpose: its shape changes across Slurm versions; the
+``-o`` format letters used here have not changed in a decade.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence
+
+from fluidctl import paths
+from fluidctl.errors import FluidctlError, UsageError
+
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+            "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+POLL = 0.5                     # seconds between state queries while following a job
+
+
+# --- the client commands -------------------------------------------------------------------
+def find(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise UsageError(f"Slurm's {tool} is not installed or not on PATH",
+                         "run on a Slurm login or compute node; Debian: apt-get install "
+                         "slurm-client")
+    return path
+
+
+def client(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run one Slurm client command (text output); a missing tool is a UsageError."""
+    try:
+        return subprocess.run([find(argv[0]), *argv[1:]], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise FluidctlError(f"{argv[0]} did not answer within {timeout:g}s",
+                            "is slurmctld reachable? try 'scontrol ping'", exit_code=1) from None
+
+
+def first_error_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return (errors or lines or ["no output"])[0]
+
+
+# --- the batch script ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class SbatchSpec:
+    """What the batch script asks for and runs. ``command`` runs inside the allocation (one
+    ``fluidctl train --backend slurm`` there, which starts the srun step)."""
+    job_name: str
+    nodes: int
+    ntasks_per_node: int
+    command: Sequence[str]
+    workdir: str
+    output: str                 # may hold %j (the job id), as sbatch --output does
+    exit_file: str              # may hold %j too
+    gpus_per_node: int = 0
+    partition: Optional[str] = None
+    time: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    exclude: Optional[str] = None
+    extra: Sequence[str] = ()   # --slurm-arg values, each one #SBATCH line, verbatim
+    header: str = ""
+
+
+def _job_path(template: str) -> str:
+    """A path for the shell with %j replaced by the running job's id."""
+    parts = template.split("%j")
+    return '"$SLURM_JOB_ID"'.join(shlex.quote(p) if p else "" for p in parts)
+
+
+def sbatch_script(spec: SbatchSpec) -> str:
+    """The batch script, as text (pure: golden-tested)."""
+    lines = ["#!/bin/bash"]
+    if spec.header:
+        lines += [f"# {line}" if line else "#" for line in spec.header.splitlines()]
+    directives = [("job-name", spec.job_name), ("nodes", str(spec.nodes)),
+                  ("ntasks-per-node", str(spec.ntasks_per_node))]
+    if spec.gpus_per_node:
+        directives.append(("gpus-per-node", str(spec.gpus_per_node)))
+    for name in ("partition", "time", "account", "qos", "constraint", "exclude"):
+        value = getattr(spec, name)
+        if value:
+            directives.append((name, value))
+    directives += [("output", spec.output), ("open-mode", "append"),
+                   ("chdir", spec.workdir)]
+    lines += [f"#SBATCH --{name}={value}" for name, value in directives]
+    lines += [f"#SBATCH {arg}" for arg in spec.extra]
+    exit_file = _job_path(spec.exit_file)
+    lines += [
+        "",
+        " ".join(shlex.quote(word) for word in spec.command),
+        "code=$?",
+        f'echo "$code" > {exit_file}.tmp && mv -f {exit_file}.tmp {exit_file}',
+        'exit "$code"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+# --- records of submitted jobs -------------------------------------------------------------
+@dataclass
+class JobRecord:
+    job_id: str
+    name: str
+    script: str
+    log_dir: str
+    workdir: str
+    nodes: int
+    ntasks_per_node: int
+    submitted: float = field(default_factory=time.time)
+    command: List[str] = field(default_factory=list)
+    cluster: str = ""
+
+    def save(self) -> Path:
+        path = paths.job_record(self.job_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(asdict(self), indent=1) + "\n")
+        return path
+
+    @property
+    def layout(self) -> paths.LogLayout:
+        return paths.LogLayout(Path(self.log_dir))
+
+
+def load_record(job_id: str) -> JobRecord:
+    path = paths.job_record(job_id)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"no job {job_id} was submitted by fluidctl (no {path})",
+                         "'fluidctl job list' shows the recorded jobs") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read the record {path}: {exc}",
+                         "remove it if it is damaged") from None
+    return JobRecord(**{k: v for k, v in data.items() if k in JobRecord.__dataclass_fields__})
+
+
+def list_records() -> List[JobRecord]:
+    records = []
+    for path in paths.jobs_dir().glob("slurm-*.json"):
+        try:
+            records.append(load_record(path.stem.split("-", 1)[1]))
+        except UsageError:
+            continue
+    return sorted(records, key=lambda r: r.submitted, reverse=True)
+
+
+def submit(spec: SbatchSpec, script_path: Path, log_dir: Path, cluster: str = ""
+           ) -> JobRecord:
+    """Write the script, ``sbatch --parsable`` it, record the job. A refusal (no such
+    partition, bad --time, ...) is a UsageError carrying sbatch's own reason."""
+    write_atomic(script_path, sbatch_script(spec), 0o755)
+    res = client("sbatch", "--parsable", str(script_path))
+    if res.returncode != 0:
+        raise UsageError(f"sbatch refused the job: {first_error_line(res.stderr + res.stdout)}",
+                         "check --partition, --time, --account, --qos, --constraint and "
+                         "--slurm-arg; 'sinfo' lists partitions")
+    job_id = res.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise FluidctlError(f"sbatch answered {res.stdout.strip()!r}, not a job id",
+                            "is this sbatch Slurm's?", exit_code=1)
+    record = JobRecord(job_id=job_id, name=spec.job_name, script=str(script_path),
+                       log_dir=str(log_dir), workdir=spec.workdir, nodes=spec.nodes,
+                       ntasks_per_node=spec.ntasks_per_node, command=list(spec.command),
+                       cluster=cluster)
+    record.save()
+    return record
+
+
+# --- job state without sacct ---------------------------------------------------------------
+@dataclass
+class JobState:
+    job_id: str
+    state: str                   # Slurm's JobState, or UNKNOWN
+    exit_code: Optional[int] = None
+    nodes: str = ""
+    reason: str = ""
+    source: str = ""             # squeue | scontrol | exit-file | none
+
+    @property
+    def done(self) -> bool:
+        return self.state in FINISHED or self.state == "UNKNOWN"
+
+
+_SQUEUE_FORMAT = "%i|%T|%r|%N"
+
+
+def _squeue(job_ids: Iterable[str]) -> Dict[str, JobState]:
+    """One squeue call for every job still queued or running (unknown ids are just absent)."""
+    wanted = set(job_ids)
+    if not wanted:
+        return {}
+    res = client("squeue", "-h", "-a", "-o", _SQUEUE_FORMAT)
+    if res.returncode != 0:
+        raise FluidctlError(f"squeue failed: {first_error_line(res.stderr)}",
+                            "is slurmctld reachable? try 'scontrol ping'", exit_code=1)
+    found = {}
+    for line in res.stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and parts[0] in wanted:
+            reason = "" if parts[2] in ("None", "(null)") else parts[2]
+            found[parts[0]] = JobState(parts[0], parts[1], None, parts[3], reason, "squeue")
+    return found
+
+
+_KEY_VALUE = re.compile(r"(\w[\w/:]*)=(\S*)")
+
+
+def parse_scontrol(text: str) -> Dict[str, str]:
+    """``scontrol show job -o`` -> {key: value} (values with spaces keep their first word)."""
+    return {k: v for k, v in _KEY_VALUE.findall(text)}
+
+
+def exit_code_of(state: str, exit_field: str) -> int:
+    """scontrol's ExitCode=N:S -> a shell exit code (128+S for a signal)."""
+    code, _, sig = exit_field.partition(":")
+    code_i, sig_i = int(code or 0), int(sig or 0)
+    if code_i:
+        return code_i
+    if sig_i:
+        return 128 + sig_i
+    return 0 if state == "COMPLETED" else 1
+
+
+def _scontrol(job_id: str) -> Optional[JobState]:
+    res = client("scontrol", "show", "job", "-o", job_id)
+    if res.returncode != 0:
+        return None          # slurmctld forgot it (MinJobAge) or never knew it
+    fields = parse_scontrol(res.stdout)
+    state = fields.get("JobState", "UNKNOWN")
+    code = exit_code_of(state, fields.get("ExitCode", "0:0")) if state in FINISHED else None
+    reason = fields.get("Reason", "")
+    return JobState(job_id, state, code, fields.get("NodeList", "").replace("(null)", ""),
+                    "" if reason == "None" else reason, "scontrol")
+
+
+def _from_exit_file(record: JobRecord) -> Optional[JobState]:
+    try:
+        code = int(record.layout.job_exit(record.job_id).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return JobState(record.job_id, "COMPLETED" if code == 0 else "FAILED", code, "", "",
+                    "exit-file")
+
+
+def states(records: Sequence[JobRecord]) -> Dict[str, JobState]:
+    """The state of every recorded job: squeue, then scontrol, then the exit file."""
+    found = _squeue(r.job_id for r in records)
+    for record in records:
+        if record.job_id in found:
+            continue
+        state = _scontrol(record.job_id) or _from_exit_file(record)
+        found[record.job_id] = state or JobState(record.job_id, "UNKNOWN", None, "", "",
+                                                 "none")
+    return found
+
+
+def state(record: JobRecord) -> JobState:
+    """One job: scontrol first (it has the exit code), then the exit file."""
+    return (_scontrol(record.job_id) or _from_exit_file(record)
+            or JobState(record.job_id, "UNKNOWN", None, "", "", "none"))
+
+
+def final_state(record: JobRecord) -> JobState:
+    """Once a job has finished, the batch script's own exit file is the most precise code
+    (scontrol may still show COMPLETING); wait briefly for slurmctld to agree."""
+    st = state(record)
+    from_file = _from_exit_file(record)
+    if from_file is not None and st.state not in ("CANCELLED", "TIMEOUT", "NODE_FAIL",
+                                                  "PREEMPTED", "OUT_OF_MEMORY"):
+        return from_file
+    return st
+
+
+def cancel(record: JobRecord) -> None:
+    res = client("scancel", record.job_id)
+    if res.returncode != 0:
+        raise FluidctlError(f"scancel {record.job_id} failed: {first_error_line(res.stderr)}",
+                            "'fluidctl job status' shows whether it still runs", exit_code=1)
+
+
+# --- following a job -----------------------------------------------------------------------
+def wait_done(record: JobRecord, poll: float = POLL, on_state=None) -> JobState:
+    """Poll until the job has finished (no ``sbatch --wait``: it polls every 2-10 s)."""
+    last = None
+    while True:
+        st = state(record)
+        if on_state is not None and st.state != last:
+            on_state(st)
+        last = st.state
+        if st.done:
+            return final_state(record) if st.state != "UNKNOWN" else st
+        time.sleep(poll)
+
+
+def follow(record: JobRecord, sources: Sequence[tuple], out=None, on_state=None) -> JobState:
+    """Echo ``sources`` ([(log path, prefix)]) while the job runs; its final state at the end.
+    A KeyboardInterrupt leaves the job running (the caller prints how to follow again)."""
+    from fluidctl.launch.echo import LogEcho
+    echo = LogEcho([(str(p), prefix) for p, prefix in sources], out=out)
+    echo.start()
+    try:
+        return wait_done(record, on_state=on_state)
+    finally:
+        echo.finish()
+
+
+def how_to_follow(job_id: str) -> str:
+    return (f"job {job_id} keeps running: 'fluidctl job logs {job_id} -f' follows it, "
+            f"'fluidctl job cancel {job_id}' cancels it")
