@@ -24,11 +24,13 @@ def console(stderr: bool = False) -> "Console":
 
 def plan_table(the_plan) -> "Table":
     from rich.table import Table
-    table = Table(title=f"fluidctl plan: {the_plan.job.mode} mode, master {the_plan.master}")
+    master = the_plan.master or "chosen by rank 0 at start"
+    table = Table(title=f"fluidctl plan: {the_plan.job.mode} mode over {the_plan.backend}, "
+                        f"master {master}")
     for column in ("rank", "role", "host", "endpoint", "devices", "log", "command"):
         table.add_column(column, overflow="fold")
     for p in the_plan.procs:
-        table.add_row(str(p.rank), p.role, p.host, p.endpoint, ",".join(p.devices) or "cpu",
+        table.add_row(str(p.rank), p.role, p.host, p.endpoint or "-", ",".join(p.devices) or "cpu",
                       p.log, shlex.join(p.argv))
     return table
 

@@ -1,0 +1,27 @@
+"""Backends: how a planned job's processes are started (local, ssh, fabric, mpi, ...).
+
+``LAUNCHERS`` is the registry: --backend name -> "module:LauncherClass" (imported only when
+used, so ``fluidctl train`` on one machine never imports paramiko). A new backend is one module
+implementing ``fluidctl.backends.base.Launcher`` and one line here.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable, List, Optional
+
+LAUNCHERS = {
+    "local": "fluidctl.backends.local:LocalLauncher",
+    "ssh": "fluidctl.backends.agent:SSHLauncher",
+    "fabric": "fluidctl.backends.agent:FabricLauncher",
+    "mpi": "fluidctl.backends.mpi:MPILauncher",
+}
+
+
+def names() -> List[str]:
+    return list(LAUNCHERS)
+
+
+def launcher(name: str, log: Optional[Callable[[str], None]] = None):
+    """A new Launcher for ``--backend name``; ``log`` receives its launch.log lines."""
+    module, _, cls = LAUNCHERS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)(log)

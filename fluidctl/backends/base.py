@@ -1,24 +1,42 @@
-"""What the supervisor needs from anything it watches: a local process, or a remote node's own
-supervisor reached over SSH or mpirun.
+"""The two shapes every backend has: a ``Launcher`` (turns a LaunchConfig into a Plan, then
+starts that plan's processes) and the ``Handle``s it starts (what the supervisor watches: a
+local process, a remote node's agent, mpirun, a Slurm step).
 
-A backend starts handles; it decides nothing about ranks or environment (the plan did that).
+A backend starts, watches and stops processes and moves files; it never decides ranks, ports,
+devices or environment: it gathers facts (GPUs, free ports, addresses) and lets
+``fluidctl.planning.plan`` decide. Adding a backend is one module with a Launcher class and
+one line in ``fluidctl.backends.LAUNCHERS``::
+
+    class SlurmLauncher(BaseLauncher):
+        name = "slurm"
+        def prepare(self, config): ...      # -> Plan (nothing started, nothing written)
+        def start(self, plan, attempt): ... # -> [Handle]
+
+``fluidctl.launch.execute`` does the rest for every backend: fresh logs, endpoints.log,
+launch.log, the console echo, supervision (fail fast, restarts, signals), the sweep of
+leftover processes and the one failure report.
 """
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import TYPE_CHECKING, Callable, List, Optional, Protocol, Tuple
 
 from fluidctl.failures import Failure
 
+if TYPE_CHECKING:
+    from fluidctl.planning.config import LaunchConfig
+    from fluidctl.planning.plan import Plan
+
 
 class Handle(Protocol):
-    label: str
+    label: str          # "trainer 1", "node n2", "mpirun": names it in logs and reports
     host: str
-    log: str
+    log: str            # the log its failure report quotes
     pid: Optional[int]
     service: bool       # a pserver: serves the trainers; its end (even exit 0) fails the job
 
     def fileno(self) -> int:
-        """A descriptor that becomes readable when the handle may have ended."""
+        """A descriptor that becomes readable when the handle may have ended (-1: none, the
+        supervisor then polls)."""
 
     def poll(self) -> Optional[int]:
         """The Popen-style return code once ended, else None (reaps)."""
@@ -34,3 +52,62 @@ class Handle(Protocol):
 
     def close(self) -> None:
         """Release descriptors once ended."""
+
+
+class Launcher(Protocol):
+    """One backend. Used as: ``plan = prepare(config)``; then (unless --dry-run) for each
+    attempt ``start(plan, attempt)``; always ``close()`` at the end."""
+    name: str           # the --backend value
+
+    def prepare(self, config: "LaunchConfig") -> "Plan":
+        """Check what this backend needs (hosts, mpirun, connections), gather the facts the
+        planner needs and return ``fluidctl.planning.plan.plan(...)``'s Plan (``backend`` set
+        to ``name``; ``commands``: what the backend runs itself, for --dry-run). A mistake is
+        a ``UsageError``. Nothing is started for the job and nothing is written under the log
+        dir (a dry run stops here); held resources (connections, reserved ports) are released
+        by ``close``."""
+
+    def start(self, plan: "Plan", attempt: int) -> List[Handle]:
+        """Start every process of ``plan`` for attempt ``attempt`` (0 first, then each
+        restart; each process's environment gets PADDLE_RESTART_COUNT=attempt) and return one
+        Handle per thing to watch. Return only when all started; on an error, stop what this
+        call started and raise."""
+
+    def logs(self, plan: "Plan") -> List[str]:
+        """The log files of one attempt: emptied when the job starts, a header before each
+        restart."""
+
+    def echo_sources(self, plan: "Plan", tee: str) -> List[Tuple[str, str]]:
+        """[(log path, line prefix)] that the console echo follows for --tee rank0|all|none."""
+
+    def close(self) -> None:
+        """Release whatever prepare or start still holds (idempotent)."""
+
+
+class BaseLauncher:
+    """Defaults for a Launcher: logs and echo come from the plan's processes; ``log`` is
+    fluidctl's launch.log (lines are kept until the log dir exists)."""
+    name = ""
+
+    def __init__(self, log: Optional[Callable[[str], None]] = None):
+        self.log: Callable[[str], None] = log or (lambda message: None)
+
+    def prepare(self, config: "LaunchConfig") -> "Plan":
+        raise NotImplementedError
+
+    def start(self, plan: "Plan", attempt: int) -> List[Handle]:
+        raise NotImplementedError
+
+    def logs(self, plan: "Plan") -> List[str]:
+        return [p.log for p in plan.procs]
+
+    def echo_sources(self, plan: "Plan", tee: str) -> List[Tuple[str, str]]:
+        from fluidctl.planning.plan import PSERVER
+        if tee == "none":
+            return []
+        if tee == "rank0":
+            return [(p.log, "") for p in plan.procs if p.role != PSERVER and p.rank == 0]
+        return [(p.log, f"[{p.role} {p.rank}] ") for p in plan.procs]
+
+    def close(self) -> None:
+        pass

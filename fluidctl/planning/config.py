@@ -1,0 +1,142 @@
+"""``LaunchConfig``: everything ``fluidctl train`` was asked, checked once and frozen.
+
+``commands/train.py`` builds it from the options (``LaunchConfig.from_options``); a launcher's
+``prepare(config)`` turns it into a Plan and ``launch.execute`` runs that plan with the
+config's supervision settings. Nothing downstream reads an option again or re-checks it.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Iterable, Mapping, Optional, Sequence, Tuple
+
+from fluidctl import envs
+from fluidctl.errors import UsageError
+from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
+from fluidctl.planning import options as opts
+from fluidctl.planning.hosts import Host, load_hosts
+from fluidctl.planning.plan import JobSpec, Node
+
+TEE_CHOICES = ("rank0", "all", "none")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """One ``fluidctl train`` request. ``hosts`` are the nodes of --hostfile/--hosts (empty:
+    this machine); ``python`` is the interpreter on the nodes (None: this one)."""
+    script: str                                 # checked; absolute for files
+    script_args: Tuple[str, ...] = ()
+    backend: str = "local"
+    mode: str = "collective"                    # "collective" | "pserver"
+    nproc: Optional[int] = None                 # trainers per node (None: one per GPU, else 1)
+    gpus: Optional[str] = None                  # --gpus as given: a count or ids
+    hosts: Tuple[Host, ...] = ()
+    pservers: Optional[int] = None              # pservers to start (pserver mode; None: 1)
+    pserver_endpoints: Tuple[str, ...] = ()     # pservers already running
+    pserver_hosts: Tuple[str, ...] = ()         # nodes that run the started pservers
+    pserver_args: Tuple[str, ...] = ()          # extra flags for the pserver processes
+    sync: bool = True
+    token: str = ""                             # the job's HMAC key
+    user_env: Mapping[str, str] = field(default_factory=dict)
+    python: Optional[str] = None
+    remote_dir: Optional[str] = None
+    ssh_config: Optional[str] = None
+    accept_new_host_keys: bool = False
+    ssh_timeout: float = 10.0
+    started_port: Optional[int] = None
+    log_dir: str = DEFAULT_LOG_DIR
+    grace_period: float = 5.0
+    max_restarts: int = 0
+    tee: str = "rank0"
+    log_tail: int = 20
+
+    @property
+    def layout(self) -> LogLayout:
+        return LogLayout(Path(self.log_dir))
+
+    @property
+    def interpreter(self) -> str:
+        return self.python or sys.executable
+
+    def job(self, nodes: Sequence[Node], script: Optional[str] = None,
+            multi_node_logs: bool = False) -> JobSpec:
+        """The planner's input for these nodes (``script``: as the nodes must name it)."""
+        return JobSpec(script=script or self.script, script_args=list(self.script_args),
+                       nodes=list(nodes), mode=self.mode,
+                       pserver_endpoints=list(self.pserver_endpoints), sync=self.sync,
+                       pserver_args=list(self.pserver_args), log_dir=self.log_dir,
+                       user_env=self.user_env, python=self.interpreter, token=self.token,
+                       multi_node_logs=multi_node_logs)
+
+    @classmethod
+    def from_options(cls, *, script: str, script_args: Sequence[str] = (),
+                     backend: Optional[str] = None, hostfile: Optional[str] = None,
+                     hosts_arg: Optional[str] = None, env_pairs: Iterable[str] = (),
+                     env_file: Optional[str] = None, exports: Iterable[str] = (),
+                     token_file: Optional[str] = None, pserver_endpoints: Optional[str] = None,
+                     pserver_hosts: Optional[str] = None, checkpoint_dir: Optional[str] = None,
+                     checkpoint_every: Optional[int] = None, mode: str = "collective",
+                     pservers: Optional[int] = None, grace_period: float = 5.0,
+                     log_dir: str = DEFAULT_LOG_DIR, **settings) -> "LaunchConfig":
+        """Check the options of ``fluidctl train`` (a UsageError for the first mistake, before
+        anything is started or written) and freeze them; ``settings`` are taken as they are."""
+        if grace_period < 0:
+            raise UsageError(f"--grace-period {grace_period} is negative",
+                             "use 0 or more seconds")
+        script_path = opts.check_script(script)
+        user_env = opts.read_env_file(env_file)
+        user_env.update(opts.parse_env_pairs(env_pairs))
+        user_env = {**opts.exported(exports), **user_env}
+        layout = LogLayout(Path(log_dir))
+        if layout.root.exists() and not layout.root.is_dir():
+            raise UsageError(f"log dir {log_dir} is a file", "pass --log-dir with a directory path")
+        if mode != "pserver" and (pservers or pserver_endpoints or pserver_hosts):
+            raise UsageError("--pservers/--pserver-endpoints/--pserver-hosts need --mode pserver",
+                             "add --mode pserver")
+        if pservers and pserver_endpoints:
+            raise UsageError("--pservers and --pserver-endpoints both given",
+                             "start pservers here (--pservers N) or use running ones, not both")
+        backend = backend or ("ssh" if hostfile or hosts_arg else "local")
+        endpoints = split_endpoints(pserver_endpoints)
+        token = job_token(token_file)
+        hosts = tuple(load_hosts(hostfile, hosts_arg)) if hostfile or hosts_arg else ()
+        return cls(
+            script=script_path, script_args=tuple(script_args), backend=backend, mode=mode,
+            hosts=hosts, pservers=pservers, pserver_endpoints=tuple(endpoints),
+            pserver_hosts=tuple(h.strip() for h in (pserver_hosts or "").split(",")
+                                if h.strip()),
+            pserver_args=tuple(pserver_args(checkpoint_dir, checkpoint_every)),
+            token=token, user_env=MappingProxyType(user_env), grace_period=grace_period,
+            log_dir=log_dir, **settings)
+
+
+def job_token(token_file: Optional[str]) -> str:
+    """--token-file, else $FLUIDCTL_JOB_TOKEN, else a fresh random token."""
+    if token_file:
+        return envs.read_token_file(token_file)
+    return os.environ.get(envs.JOB_TOKEN) or secrets.token_hex(16)
+
+
+def split_endpoints(text: Optional[str]) -> Tuple[str, ...]:
+    if not text:
+        return ()
+    eps = [e.strip() for e in text.split(",") if e.strip()]
+    for ep in eps:
+        host, _, port = ep.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"malformed pserver endpoint {ep!r}",
+                             "write IP:PORT,IP:PORT, e.g. 127.0.0.1:7164")
+    return tuple(eps)
+
+
+def pserver_args(checkpoint_dir: Optional[str], checkpoint_every: Optional[int]) -> Tuple[str, ...]:
+    args = []
+    if checkpoint_dir:
+        args += ["--checkpoint-dir", os.path.abspath(checkpoint_dir)]
+    if checkpoint_every:
+        args += ["--checkpoint-every", str(checkpoint_every)]
+    return tuple(args)
