@@ -1,0 +1,43 @@
+"""A backend is one module with a Launcher and one line in fluidctl.backends.LAUNCHERS: a
+launcher defined here, registered by that one line, plans through launch.execute like the
+built-in ones (and each built-in one is a Launcher)."""
+import json
+
+from fluidctl import backends
+from fluidctl.backends.base import BaseLauncher
+from fluidctl.launch.execute import launch
+from fluidctl.planning import plan as planning
+from fluidctl.planning.config import LaunchConfig
+
+CLOSED = []
+
+
+class OneNodeLauncher(BaseLauncher):
+    name = "one-node"
+
+    def prepare(self, config):
+        self.log("prepared")
+        node = planning.local_node(config.nproc, None, config.mode, None, (), [])
+        return planning.plan(config.job([node]), {0: [7000, 7001, 7002]}, backend=self.name)
+
+    def close(self):
+        CLOSED.append(self.name)
+
+
+def test_a_registered_launcher_plans_like_the_others(monkeypatch, capsys):
+    monkeypatch.setitem(backends.LAUNCHERS, "one-node", f"{__name__}:OneNodeLauncher")
+    config = LaunchConfig(script="train.py", backend="one-node", nproc=2, token="t")
+    assert launch(config, dry_run=True, as_json=True) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["backend"] == "one-node"
+    assert plan["trainer_endpoints"] == ["127.0.0.1:7000", "127.0.0.1:7001"]
+    assert CLOSED == ["one-node"]                     # close() always runs
+
+
+def test_every_registered_backend_is_a_launcher():
+    for name in backends.names():
+        launcher = backends.launcher(name)
+        assert launcher.name == name
+        for method in ("prepare", "start", "logs", "echo_sources", "close"):
+            assert callable(getattr(launcher, method))
+        launcher.close()

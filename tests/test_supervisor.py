@@ -1,0 +1,165 @@
+"""The Supervisor in-process, with fake Handles (torch elastic's TestAgent style): fail fast,
+the first observed failure, restarts, a pserver that exits, signals and the grace period.
+No process is started: each fake ends when told to, or when the supervisor signals it."""
+import os
+import signal
+import threading
+
+import pytest
+
+from fluidctl.failures import Failure
+from fluidctl.launch.supervisor import RunOptions, Supervisor
+
+
+class FakeHandle:
+    """A Handle whose end the test decides; ``fileno`` turns readable when it ends."""
+
+    def __init__(self, label, code=None, service=False, obeys_term=True):
+        self.label, self.host, self.log, self.pid = label, "127.0.0.1", f"/logs/{label}", 1000
+        self.service, self.obeys_term = service, obeys_term
+        self.code = None
+        self.signals = []
+        self.closed = False
+        self.terminated = threading.Event()
+        self._r, self._w = os.pipe()
+        if code is not None:
+            self.end(code)
+
+    def end(self, code):
+        if self.code is None:
+            self.code = code
+            os.write(self._w, b"x")
+
+    def fileno(self):
+        return self._r
+
+    def poll(self):
+        return self.code
+
+    def terminate(self):
+        self.signals.append("TERM")
+        self.terminated.set()
+        if self.obeys_term:
+            self.end(-signal.SIGTERM)
+
+    def kill(self):
+        self.signals.append("KILL")
+        self.end(-signal.SIGKILL)
+
+    def failure(self):
+        return Failure(self.label, self.host, self.code, self.log, self.pid)
+
+    def close(self):
+        self.closed = True
+        for fd in (self._r, self._w):
+            os.close(fd)
+
+
+def supervise(attempts, max_restarts=0, grace=5.0, then=None):
+    """Run a Supervisor over ``attempts`` (a list of handle lists, one per attempt); ``then``
+    runs on a thread once the first attempt started (the signal handlers are in place)."""
+    log, said, restarts = [], [], []
+    threads = []
+
+    def start(attempt):
+        if then and attempt == 0:
+            threads.append(threading.Thread(target=then))
+            threads[-1].start()
+        return attempts[attempt]
+
+    sup = Supervisor(start, RunOptions(grace, max_restarts), log=log.append, say=said.append,
+                     before_restart=restarts.append)
+    result = sup.run()
+    for thread in threads:
+        thread.join()
+    return result, log, said, restarts
+
+
+def test_all_trainers_succeed():
+    handles = [FakeHandle("trainer 0", 0), FakeHandle("trainer 1", 0)]
+    result, log, _, _ = supervise([handles])
+    assert (result.exit_code, result.failure, result.attempts) == (0, None, 1)
+    assert "attempt 0: all trainers finished" in log
+    assert all(h.closed for h in handles)
+
+
+def test_one_failure_stops_the_others_at_once():
+    running = [FakeHandle("trainer 0"), FakeHandle("trainer 2")]
+    failing = FakeHandle("trainer 1", 3)
+    result, log, _, _ = supervise([[running[0], failing, running[1]]])
+    assert result.exit_code == 3 and result.failure.label == "trainer 1"
+    assert all(h.signals == ["TERM"] for h in running) and failing.signals == []
+    assert "sent SIGTERM to trainer 0, trainer 2" in log
+
+
+def test_the_first_observed_failure_is_reported():
+    first = FakeHandle("trainer 1", -signal.SIGKILL)
+    late = FakeHandle("trainer 0", obeys_term=False)
+    late.terminate = lambda: (late.signals.append("TERM"), late.end(7))   # dies of the stop
+    result, _, _, _ = supervise([[late, first]])
+    assert result.failure.label == "trainer 1" and result.exit_code == 128 + signal.SIGKILL
+    assert result.failure.reason == "signal SIGKILL"
+
+
+def test_restarts_until_an_attempt_succeeds():
+    attempts = [[FakeHandle("trainer 0", 1), FakeHandle("trainer 1")],
+                [FakeHandle("trainer 0"), FakeHandle("trainer 1", 2)],
+                [FakeHandle("trainer 0", 0), FakeHandle("trainer 1", 0)]]
+    result, _, said, restarts = supervise(attempts, max_restarts=2)
+    assert (result.exit_code, result.attempts) == (0, 3)
+    assert restarts == [1, 2]
+    assert "restarting the job (restart 1 of 2)" in said[0]
+    assert attempts[0][1].signals == ["TERM"] and attempts[1][0].signals == ["TERM"]
+
+
+def test_restarts_exhausted_reports_the_last_failure():
+    attempts = [[FakeHandle("trainer 0", 4)], [FakeHandle("trainer 0", 5)]]
+    result, _, _, restarts = supervise(attempts, max_restarts=1)
+    assert (result.exit_code, result.attempts, restarts) == (5, 2, [1])
+
+
+def test_a_pserver_exiting_fails_the_job_even_with_code_0():
+    trainer = FakeHandle("trainer 0")
+    pserver = FakeHandle("pserver 0", 0, service=True)
+    result, _, _, _ = supervise([[pserver, trainer]])
+    assert result.failure.label == "pserver 0"
+    assert result.failure.reason == "exited before the trainers finished"
+    assert result.exit_code == 1 and trainer.signals == ["TERM"]
+
+
+def test_pservers_are_stopped_once_every_trainer_succeeded():
+    pserver = FakeHandle("pserver 0", service=True)
+    result, _, _, _ = supervise([[pserver, FakeHandle("trainer 0", 0)]])
+    assert result.exit_code == 0 and pserver.signals == ["TERM"]
+
+
+def test_ranks_ignoring_sigterm_are_killed_after_the_grace_period():
+    stubborn = FakeHandle("trainer 0", obeys_term=False)
+    result, log, _, _ = supervise([[stubborn, FakeHandle("trainer 1", 9)]], grace=0.05)
+    assert result.exit_code == 9 and stubborn.signals == ["TERM", "KILL"]
+    assert "grace period of 0.05s over: SIGKILL to trainer 0" in log
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_stops_the_job_with_128_plus_n(sig):
+    handles = [FakeHandle("trainer 0"), FakeHandle("trainer 1")]
+    before = signal.getsignal(sig)
+
+    result, log, said, _ = supervise([handles], then=lambda: os.kill(os.getpid(), sig))
+    assert (result.exit_code, result.signal, result.failure) == (128 + sig, sig, None)
+    assert all(h.signals == ["TERM"] for h in handles)
+    assert f"fluidctl: {signal.Signals(sig).name} received, stopping all processes" in said
+    assert signal.getsignal(sig) == before            # the handlers are put back
+
+
+def test_a_second_ctrl_c_kills_at_once():
+    stubborn = FakeHandle("trainer 0", obeys_term=False)
+
+    def ctrl_c_twice():
+        os.kill(os.getpid(), signal.SIGINT)
+        stubborn.terminated.wait(10)                   # the supervisor is in its grace period
+        os.kill(os.getpid(), signal.SIGINT)
+    result, log, _, _ = supervise([[stubborn]], grace=600,   # would wait 600 s otherwise
+                                  then=ctrl_c_twice)
+    assert result.exit_code == 130 and stubborn.signals == ["TERM", "KILL"]
+    assert "second SIGINT: killing every process now" in log
