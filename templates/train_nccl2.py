@@ -103,6 +103,8 @@ def main(argv=None):
     ap.add_argument("--data", metavar="DIR",
                     help="train on this trainer's shard of a fluidctl shard-data directory "
                          "instead of generated data, e.g. --data shards")
+    ap.add_argument("--save-params", metavar="FILE",
+                    help="rank 0 writes the trained parameters to FILE (.npz), e.g. w.npz")
     ap.add_argument("--write-data", metavar="FILE",
                     help="write the generated data set to FILE (label,x1,...) and exit")
     args = ap.parse_args(argv)
@@ -157,7 +159,17 @@ def main(argv=None):
             print(f"epoch {epoch}: loss {totals[0] / totals[2]:.4f} "
                   f"accuracy {totals[1] / totals[2]:.3f} ({time.perf_counter() - start:.2f}s)",
                   flush=True)
+    if args.save_params and ctx.rank == 0:
+        save_params(args.save_params, params)
     rt.finalize()
+
+
+def save_params(path: str, params) -> None:
+    """An .npz of the parameters (CuPy arrays copied to the host), renamed into place."""
+    import os
+    tmp = f"{path}.tmp{os.getpid()}.npz"
+    np.savez(tmp, **{k: v.get() if hasattr(v, "get") else v for k, v in params.items()})
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -193,15 +193,6 @@ def single(ctx):
            mode=ctx.mode, transport=ctx.transport)
 
 
-def gpu(ctx):
-    comm = ctx.comm.nccl.comm if ctx.comm.nccl is not None else None
-    result(device=ctx.device, xp=ctx.xp.__name__,
-           uid=list(comm.uid) if comm is not None else None,
-           uid_type=type(comm.uid).__name__ if comm is not None else None,
-           nccl_rank=comm.rank if comm is not None else None,
-           current_device=ctx.xp.cuda.current_device if ctx.xp.__name__ == "cupy" else None)
-
-
 def main():
     scenario = sys.argv[1]
     transport = sys.argv[2] if len(sys.argv) > 2 else "auto"

@@ -1,5 +1,6 @@
 """The paramiko backend against two real sshd nodes on 127.0.0.2 and 127.0.0.3."""
 import os
+import re
 import socket
 import sys
 import threading
@@ -199,6 +200,9 @@ def test_check_nodes_reports_versions_and_a_missing_python(cluster):
     assert [c.host for c in good] == ["node1", "node2"]
     assert all(c.ok and c.python == sys.version.split()[0] and c.disk_free > 0 and c.gpus == 0
                for c in good)
+    # what a GPU rank would get there; the test extra installs the real CuPy and NCCL
+    assert all(re.fullmatch(r"CuPy 1\d\.\d+\.\d+, NCCL 2\.\d+\.\d+, no usable GPU( \(\w+\))?",
+                            c.gpu_stack) for c in good), [c.gpu_stack for c in good]
     bad = nodecheck.check_nodes(hosts, targets=targets, timeout=TIMEOUT,
                                 python="/nonexistent/python3")
     assert all(not c.ok and "python /nonexistent/python3 not found" in c.reason for c in bad)

@@ -33,6 +33,7 @@ class NodeCheck:
     fluidctl: str = ""
     disk_free: Optional[int] = None     # bytes free in the remote dir (or home)
     gpus: Optional[int] = None
+    gpu_stack: str = ""                 # CuPy / NCCL versions and usable GPUs, as the node sees
     seconds: float = 0.0
 
 
@@ -48,7 +49,12 @@ def probe_script(python: str, remote_dir: Optional[str]) -> str:
         "else echo dir=missing; fi",
         "if command -v nvidia-smi >/dev/null 2>&1; then "
         "echo gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); else echo gpus=0; fi",
+        f"echo gpu_stack=$({py} -c {shlex.quote(GPU_STACK)} 2>/dev/null | tail -n 1)",
     ])
+
+
+GPU_STACK = ("from fluidctl.runtime.collective.nccl import describe_stack; "
+             "print(describe_stack())")
 
 
 def parse_probe(check: NodeCheck, output: str, python: str, remote_dir: Optional[str]) -> None:
@@ -74,6 +80,7 @@ def parse_probe(check: NodeCheck, output: str, python: str, remote_dir: Optional
         check.disk_free = int(values["disk"]) * 1024
     if values.get("gpus", "").isdigit():
         check.gpus = int(values["gpus"])
+    check.gpu_stack = values.get("gpu_stack", "").strip()
     check.reason = "; ".join(problems)
     check.ok = not problems
 

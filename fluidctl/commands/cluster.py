@@ -69,7 +69,9 @@ def cluster():
 
 
 @cluster.command(help="""Check every node in parallel: reachable, authenticated, Python and
-fluidctl there (same version as here), free disk, GPUs. Exit 1 naming each failing node.
+fluidctl there (same version as here), free disk, GPUs, and the CuPy / NCCL versions a GPU
+rank would get there ("CuPy 14.2.0, NCCL 2.32.3, no usable GPU"). Exit 1 naming each failing
+node.
 
 \b
 Example:
@@ -88,13 +90,13 @@ def check(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, python
                           remote_dir=remote_dir)
     table = Table(title=f"fluidctl cluster check: {len(hosts)} node(s)")
     for column in ("host", "address", "status", "python", "fluidctl", "free disk", "gpus",
-                   "seconds", "reason"):
+                   "CuPy / NCCL", "seconds", "reason"):
         table.add_column(column, overflow="fold")
     for r in results:
         status = "[green]ok[/]" if r.ok else "[bold red]FAIL[/]"
         table.add_row(r.host, r.address, status, r.python or "-", r.fluidctl or "-",
                       human_bytes(r.disk_free), "-" if r.gpus is None else str(r.gpus),
-                      f"{r.seconds:.2f}", r.reason)
+                      r.gpu_stack or "-", f"{r.seconds:.2f}", r.reason)
     console().print(table)
     failures = {r.host: r.reason for r in results if not r.ok}
     if failures:

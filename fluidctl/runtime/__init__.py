@@ -33,6 +33,7 @@ class Context:
         self.local_rank, self.local_size, self.nnodes = env.local_rank, env.local_size, env.nnodes
         self.role, self.mode = env.role, env.mode
         self.device = "cpu"
+        self.device_id: Optional[int] = None     # the CUDA device (index) of a GPU rank
         import numpy
         self.xp = numpy
         self.store = None
@@ -95,7 +96,7 @@ class Context:
 
 
 def _broken(comm) -> bool:
-    return any(getattr(part, "broken", None) for part in (comm.shm, comm.ring))
+    return any(getattr(part, "broken", None) for part in (comm.shm, comm.ring, comm.nccl))
 
 
 def init(timeout: Optional[float] = None, transport: str = "auto",
@@ -123,27 +124,31 @@ def init(timeout: Optional[float] = None, transport: str = "auto",
                 raise
         else:
             ctx.comm = Communicator(0, 1)
-        _select_device(ctx)
+        try:
+            _select_device(ctx)
+        except BaseException:
+            ctx.close(wait=False)
+            raise
     _ctx = ctx
     return ctx
 
 
 def _select_device(ctx: Context) -> None:
-    """GPU ranks (FLAGS_selected_gpus set, NCCL backend): CuPy on that device, NCCL comm."""
+    """GPU ranks (FLAGS_selected_gpus set, NCCL backend): CuPy on that device and an NCCL
+    communicator, or the same clear error on every rank (see collective/nccl.py)."""
     env = ctx.env
     if env.selected_gpu is None or env.backend != "nccl":
         return
-    try:
-        import cupy
-    except ImportError:
+    from fluidctl.runtime.collective import nccl
+    transport = nccl.setup(ctx, env.selected_gpu)
+    if transport is None:
         print(f"fluidctl: rank {ctx.rank}: {envs.SELECTED_GPUS}={env.selected_gpu} but CuPy is "
-              "not installed; running on CPU (pip install cupy-cuda12x)", file=sys.stderr)
+              "not installed on any rank; running on CPU (pip install 'fluidctl[gpu]')",
+              file=sys.stderr)
         return
-    cupy.cuda.Device(env.selected_gpu).use()
-    ctx.device, ctx.xp = f"gpu:{env.selected_gpu}", cupy
-    if ctx.store is not None:
-        from fluidctl.runtime.collective.nccl import NcclTransport
-        ctx.comm.nccl = NcclTransport(ctx.store, ctx.rank, ctx.world_size, ctx.timeout)
+    ctx.device, ctx.device_id, ctx.xp = f"gpu:{env.selected_gpu}", env.selected_gpu, \
+        transport.cupy
+    ctx.comm.nccl = transport
 
 
 def get_context() -> Optional[Context]:

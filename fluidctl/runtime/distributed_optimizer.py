@@ -86,7 +86,9 @@ class DistributedOptimizer:
             if getattr(p, "dtype", None) is None or p.dtype.kind != "f":
                 raise TypeError(f"parameter {name!r} must be a floating-point array, "
                                 f"got {type(p).__name__} {getattr(p, 'dtype', '')}")
-            if not (p.flags.c_contiguous and p.flags.writeable):
+            # CuPy's Flags has only c_contiguous, f_contiguous and owndata (device memory is
+            # always writeable); numpy's also says whether the array may be written
+            if not (p.flags.c_contiguous and getattr(p.flags, "writeable", True)):
                 raise TypeError(f"parameter {name!r} must be a writeable C-contiguous array "
                                 "(it is updated in place)")
             self.params[name] = p

@@ -83,6 +83,12 @@ class Communicator:
             rec = self._records[key] = meta.record(0, kind, op, dtype, shape, root, problem)
         rec[meta.SEQ] = self._seq
         reduce_op = "sum" if op == "mean" else op
+        self._exchange(flat, rec, reduce_op, zero_input)
+        if op == "mean":
+            flat /= flat.dtype.type(self.world_size)
+
+    def _exchange(self, flat, rec, reduce_op: str, zero_input: bool) -> None:
+        """Agree on ``rec`` with every rank, then allreduce ``flat`` in place."""
         if self.transport == "single":
             message = meta.check(rec[None])
             if message:
@@ -110,8 +116,13 @@ class Communicator:
                 if self.ring is not None and self.shm.broken:
                     self.ring.close()        # let the other nodes hear about it now
                 raise
-        if op == "mean":
-            flat /= flat.dtype.type(self.world_size)
+
+    def agree(self, rec) -> None:
+        """Only the metadata agreement (the GPU path moves its data with NCCL): every rank
+        checks the same table and raises the same CollectiveError on a mismatch."""
+        self._seq += 1
+        rec[meta.SEQ] = self._seq
+        self._exchange(np.zeros(0, np.uint8), rec, "sum", False)
 
     def _across(self, chunk, table, first: bool) -> None:
         """Hierarchical step on a node leader: agree metadata and reduce between nodes."""
@@ -130,8 +141,9 @@ class Communicator:
         return x
 
     def reduce(self, x, root: int = 0, op: str = "sum"):
-        """Reduce to ``root``; other ranks' ``x`` end up holding the same result (it is an
-        allreduce underneath), so do not rely on them keeping their input."""
+        """Reduce to ``root``: only root's ``x`` is defined to hold the result afterwards.
+        Elsewhere: on CPU transports (an allreduce underneath) the same result, on NCCL the
+        rank's own input, untouched (never divided for ``mean``)."""
         if _is_cupy(x):
             return self._gpu("reduce", x, op=op, root=root)
         self._run(x, "reduce", op, getattr(x, "shape", ()), getattr(x, "dtype", np.uint8), root)
@@ -177,8 +189,7 @@ class Communicator:
     # --- GPU -------------------------------------------------------------------------
     def _gpu(self, kind: str, x, **kw):
         if self.nccl is not None:
-            self._seq += 1
-            return self.nccl.run(kind, x, self._seq, **kw)
+            return self.nccl.run(kind, x, **kw)
         host = x.get()                          # no NCCL: stage through host memory
         result = getattr(self, kind)(host, **kw)
         if kind in ("allgather", "reduce_scatter"):

@@ -19,8 +19,15 @@ MAX_DIMS = CRC - DIM0
 KINDS = ["allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "reduce"]
 OPS = ["sum", "mean", "max", "min"]
 SUPPORTED = "efdbhilqBHILQ?"     # dtype.char: float16/32/64, (u)int8..64, bool
-NOT_AN_ARRAY, NOT_CONTIGUOUS, READ_ONLY = -1, -2, -3     # dtype codes for unusable inputs
+NOT_AN_ARRAY, NOT_CONTIGUOUS, READ_ONLY, WRONG_DEVICE = -1, -2, -3, -4  # unusable inputs
+# GPU (NCCL) path: bfloat16 has no numpy char of its own; dtypes NCCL lacks get their own codes
+BFLOAT16 = 0x10000 + ord("E")
+GPU_UNSUPPORTED = 0x20000                 # -(GPU_UNSUPPORTED + ord(char)): not an NCCL type
+GPU_DTYPES = "float16/32/64, bfloat16, int8, uint8, int32, uint32, int64 or uint64"
 _PROBLEMS = {NOT_AN_ARRAY: "something that is not a numpy/cupy array",
+             WRONG_DEVICE: "a CuPy array on another GPU than its own (make arrays after "
+                           "rt.init(), in the thread that called it, or inside "
+                           "`with cupy.cuda.Device(ctx.device_id):`)",
              NOT_CONTIGUOUS: "a non-contiguous array (collectives work in place: pass a "
                              "contiguous one, e.g. np.ascontiguousarray)",
              READ_ONLY: "a read-only array (collectives work in place)"}
@@ -40,6 +47,10 @@ def dtype_code(dtype: np.dtype) -> int:
 def dtype_name(code: int) -> str:
     if code in _PROBLEMS:
         return _PROBLEMS[code]
+    if code == BFLOAT16:
+        return "bfloat16"
+    if code <= -GPU_UNSUPPORTED:
+        code = -(-code - GPU_UNSUPPORTED)
     try:
         return np.dtype(chr(abs(code))).name
     except (TypeError, ValueError):
@@ -82,6 +93,9 @@ def check(table: np.ndarray, whole_world: bool = True) -> Optional[str]:
         if rec[DTYPE] <= 0:
             if int(rec[DTYPE]) in _PROBLEMS:
                 return f"rank {r} passed {dtype_name(int(rec[DTYPE]))}"
+            if rec[DTYPE] <= -GPU_UNSUPPORTED:
+                return (f"rank {r} passed a CuPy {dtype_name(int(rec[DTYPE]))} array, which NCCL "
+                        f"collectives do not support (on GPUs use {GPU_DTYPES})")
             return (f"rank {r} passed {dtype_name(int(rec[DTYPE]))}, which collectives do not "
                     "support (use float16/32/64, int8-64, uint8-64 or bool)")
         if rec[OP] < 0:
@@ -107,7 +121,8 @@ def check(table: np.ndarray, whole_world: bool = True) -> Optional[str]:
                     f"{r} passed {dtype_name(int(rec[DTYPE]))}")
         if rec[CRC] != ref[CRC] or rec[NBYTES] != ref[NBYTES] or rec[NDIM] != ref[NDIM]:
             return f"{what}: shape mismatch: rank 0 passed {_shape(ref)}, rank {r} {_shape(rec)}"
-    if OPS[int(ref[OP])] == "mean" and chr(int(ref[DTYPE])) not in "efd":
+    if OPS[int(ref[OP])] == "mean" and int(ref[DTYPE]) != BFLOAT16 \
+            and chr(int(ref[DTYPE])) not in "efd":
         return (f"{what}: op 'mean' needs a floating dtype, got {dtype_name(int(ref[DTYPE]))} "
                 "(use op='sum' and divide yourself)")
     if whole_world and not 0 <= ref[ROOT] < len(table):

@@ -1,0 +1,113 @@
+"""State of the CuPy/NCCL double that real CuPy keeps in the driver: device memory (host memory
+here, registered by address so NCCL calls can be checked and served by pointer), the current
+device and stream per thread, streams that run queued work in order, and the bookkeeping the
+tests read (host waits). Nothing in fluidctl may import this module (a contract test checks)."""
+import bisect
+import os
+import queue
+import threading
+import weakref
+
+import numpy as np
+
+_local = threading.local()
+_lock = threading.Lock()
+_starts = []                 # sorted allocation start addresses
+_allocs = {}                 # start -> (end, device id)
+host_waits = {"count": 0, "by_stream": {}}
+
+
+def device_count() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    total = int(os.environ.get("CUPY_DOUBLE_GPUS", "8"))
+    if visible is None:
+        return total
+    items = [v for v in visible.split(",") if v.strip()]
+    return min(len(items), total)
+
+
+def current_device() -> int:
+    return getattr(_local, "device", 0)
+
+
+def set_device(index: int) -> None:
+    _local.device = index
+
+
+def register(arr: np.ndarray, device: int) -> None:
+    """Record a fresh buffer as device memory of ``device``; forgotten when it is freed."""
+    start = arr.__array_interface__["data"][0]
+    if arr.nbytes == 0:
+        return
+    with _lock:
+        bisect.insort(_starts, start)
+        _allocs[start] = (start + arr.nbytes, device)
+    weakref.finalize(arr, _forget, start)
+
+
+def _forget(start: int) -> None:
+    with _lock:
+        _allocs.pop(start, None)
+        i = bisect.bisect_left(_starts, start)
+        if i < len(_starts) and _starts[i] == start:
+            _starts.pop(i)
+
+
+def lookup(ptr: int, nbytes: int):
+    """The device of the allocation holding [ptr, ptr+nbytes), or None."""
+    with _lock:
+        i = bisect.bisect_right(_starts, ptr) - 1
+        if i < 0:
+            return None
+        end, device = _allocs[_starts[i]]
+    return device if ptr + nbytes <= end else None
+
+
+def memory(ptr: int, nbytes: int) -> np.ndarray:
+    """A uint8 view of registered memory (callers checked it with ``lookup``)."""
+    import ctypes
+    if nbytes == 0:
+        return np.zeros(0, np.uint8)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
+
+
+def waited(stream_ptr: int) -> None:
+    with _lock:
+        host_waits["count"] += 1
+        by = host_waits["by_stream"]
+        by[stream_ptr] = by.get(stream_ptr, 0) + 1
+
+
+class Worker:
+    """One stream's queue: work runs in order on a thread of its own, as a GPU would run it."""
+
+    def __init__(self):
+        self.q = queue.Queue()
+        self.pending = 0
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def put(self, fn) -> None:
+        with self.cond:
+            self.pending += 1
+        self.q.put(fn)
+
+    def _run(self):
+        while True:
+            fn = self.q.get()
+            try:
+                fn()
+            finally:
+                with self.cond:
+                    self.pending -= 1
+                    self.cond.notify_all()
+
+    def idle(self) -> bool:
+        with self.cond:
+            return self.pending == 0
+
+    def drain(self) -> None:
+        with self.cond:
+            while self.pending:
+                self.cond.wait()

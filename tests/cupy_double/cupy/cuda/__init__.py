@@ -1,0 +1,172 @@
+"""cupy.cuda of the double: Device (current device per thread, as CUDA's runtime keeps it),
+Stream / Event (queued work runs in order on a thread per stream), runtime, nccl."""
+import itertools
+import threading
+
+from cupy import _double
+
+_ptrs = itertools.count(0x7000)
+_streams = {}                 # ptr -> Stream (for NCCL calls, which get the raw handle)
+
+
+class _Runtime:
+    class CUDARuntimeError(RuntimeError):
+        def __init__(self, status, message):
+            self.status = status
+            super().__init__(message)
+
+    def getDeviceCount(self):
+        return _double.device_count()
+
+    def getDevice(self):
+        return _double.current_device()
+
+    def setDevice(self, index):
+        if not 0 <= index < _double.device_count():
+            raise self.CUDARuntimeError(101, "cudaErrorInvalidDevice: invalid device ordinal")
+        _double.set_device(index)
+
+    def deviceSynchronize(self):
+        for s in list(_streams.values()):
+            s.synchronize()
+
+
+runtime = _Runtime()
+CUDARuntimeError = _Runtime.CUDARuntimeError
+
+
+class Device:
+    def __init__(self, device=None):
+        self.id = _double.current_device() if device is None else int(device)
+        self._before = []
+
+    def use(self):
+        runtime.setDevice(self.id)
+
+    def __enter__(self):
+        self._before.append(_double.current_device())
+        self.use()
+        return self
+
+    def __exit__(self, *exc):
+        _double.set_device(self._before.pop())
+
+    def __int__(self):
+        return self.id
+
+    def __eq__(self, other):
+        return isinstance(other, Device) and other.id == self.id
+
+    def __hash__(self):
+        return hash(self.id)
+
+    def __repr__(self):
+        return "<CUDA Device %d>" % self.id
+
+    def synchronize(self):
+        runtime.deviceSynchronize()
+
+
+def get_device_id():
+    return _double.current_device()
+
+
+_tls = threading.local()
+
+
+class Event:
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.ptr = next(_ptrs)
+        self._done = threading.Event()
+        self._done.set()
+
+    @property
+    def done(self):
+        return self._done.is_set()
+
+    def record(self, stream=None):
+        stream = stream or get_current_stream()
+        self._done = threading.Event()
+        stream._enqueue(self._done.set)
+
+    def synchronize(self):
+        _double.waited(self.ptr)
+        self._done.wait()
+
+
+class Stream:
+    null = None
+
+    def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+        self.ptr = 0 if null else next(_ptrs)
+        self.device_id = -1 if null else _double.current_device()
+        self.non_blocking = bool(non_blocking)
+        self._worker = None
+        self._lock = threading.Lock()
+        _streams[self.ptr] = self
+
+    def _enqueue(self, fn):
+        """Queue device work; with nothing queued before, it runs at once."""
+        with self._lock:
+            if self._worker is not None and not self._worker.idle():
+                self._worker.put(fn)
+                return
+        fn()
+
+    def _enqueue_async(self, fn):
+        """Work that may block (NCCL): always through this stream's worker thread."""
+        with self._lock:
+            if self._worker is None:
+                self._worker = _double.Worker()
+        self._worker.put(fn)
+
+    def _order(self):
+        """Host-side array work on this stream runs after what is queued (stream order)."""
+        if self._worker is not None and not self._worker.idle():
+            self._worker.drain()
+
+    @property
+    def done(self):
+        return self._worker is None or self._worker.idle()
+
+    def synchronize(self):
+        _double.waited(self.ptr)
+        if self._worker is not None:
+            self._worker.drain()
+
+    def record(self, event=None):
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def wait_event(self, event):
+        if not event.done:
+            done = event._done
+            self._enqueue_async(done.wait)
+
+    def use(self):
+        _tls.stream = self
+        return self
+
+    def __enter__(self):
+        _tls.stack = getattr(_tls, "stack", [])
+        _tls.stack.append(get_current_stream())
+        return self.use()
+
+    def __exit__(self, *exc):
+        _tls.stream = _tls.stack.pop()
+
+
+Stream.null = Stream(null=True)
+
+
+def get_current_stream(device_id=-1):
+    return getattr(_tls, "stream", Stream.null)
+
+
+def stream_of(ptr):
+    """The Stream behind a raw handle (the double's own lookup, used by its NCCL)."""
+    return _streams.get(ptr)
+
+
+from cupy.cuda import nccl  # noqa: E402,F401

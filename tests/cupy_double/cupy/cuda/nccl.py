@@ -1,0 +1,407 @@
+"""cupy.cuda.nccl of the double, from cupy_backends/cuda/libs/nccl.pyx (v13.6.0 and v14.2.0).
+
+The signatures, constants, NcclError texts and id rules are the real ones: CuPy <= 13 hands out
+the id as a tuple of C ``char`` values (signed on x86: -128..127) and its constructor takes
+``tuple`` (length 128, each value must fit a C char, else OverflowError); CuPy 14 uses ``bytes``
+of exactly 128 (ValueError otherwise, TypeError for anything but bytes).
+
+The collectives really happen between processes: ``get_unique_id`` starts a small hub (a TCP
+socket on 127.0.0.1 in the calling process, its port written into the id), every communicator
+connects to it, and each call ships the send buffer's bytes, read from its device pointer, to
+the hub, which reduces them with numpy and sends each rank what NCCL would write into its
+receive buffer. Calls are queued on the given stream and run in order on that stream's thread,
+as on a GPU. Like NCCL, a communicator whose peer died reports ``ncclRemoteError`` through
+``check_async_error`` while its queued call never finishes, until ``abort()``; calls that
+disagree between ranks (count, type, op, root) hang, as NCCL's would.
+"""
+import os
+import platform
+import socket
+import struct
+import threading
+
+import numpy as np
+
+from cupy import _double
+
+available = os.environ.get("CUPY_DOUBLE_NCCL", "1") != "0"
+_V14 = int(__import__("cupy").__version__.split(".")[0]) >= 14
+_ID_BYTES = 128
+_CHAR_SIGNED = platform.machine().lower() not in ("aarch64", "arm64", "ppc64le", "s390x")
+
+_ERROR2 = {0: "NCCL_ERROR_SUCCESS", 1: "NCCL_ERROR_UNHANDLED_CUDA_ERROR",
+           2: "NCCL_ERROR_SYSTEM_ERROR", 3: "NCCL_ERROR_INTERNAL_ERROR",
+           4: "NCCL_ERROR_INVALID_ARGUMENT", 5: "NCCL_ERROR_INVALID_USAGE",
+           6: "NCCL_ERROR_REMOTE_ERROR"}
+_TEXT = {1: "unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+         2: "unhandled system error (run with NCCL_DEBUG=INFO for details)",
+         3: "internal error - please report this issue to the NCCL developers",
+         4: "invalid argument (run with NCCL_DEBUG=WARN for details)",
+         5: "invalid usage (run with NCCL_DEBUG=WARN for details)",
+         6: "remote process exited or there was a network error"}
+
+_MAGIC = b"NCCLDBL1"
+_VERSION = 23203
+
+
+def _define():
+    names = dict(
+        NCCL_SUM=0, NCCL_PROD=1, NCCL_MAX=2, NCCL_MIN=3, NCCL_AVG=4,
+        NCCL_INT8=0, NCCL_CHAR=0, NCCL_UINT8=1, NCCL_INT32=2, NCCL_INT=2, NCCL_UINT32=3,
+        NCCL_INT64=4, NCCL_UINT64=5, NCCL_FLOAT16=6, NCCL_HALF=6, NCCL_FLOAT32=7, NCCL_FLOAT=7,
+        NCCL_FLOAT64=8, NCCL_DOUBLE=8, NCCL_BFLOAT16=9)
+    globals().update(names)
+
+
+def _numpy_dtype(code):
+    if code == 9:
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype({0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64,
+                     5: np.uint64, 6: np.float16, 7: np.float32, 8: np.float64}[code])
+
+
+class NcclError(RuntimeError):
+    def __init__(self, status):
+        self.status = status
+        super().__init__("%s: %s" % (_ERROR2[status], _TEXT[status]))
+
+    def __reduce__(self):
+        return (type(self), (self.status,))
+
+
+def check_status(status):
+    if status != 0:
+        raise NcclError(status)
+
+
+def get_build_version():
+    return 22501
+
+
+def get_version():
+    return _VERSION
+
+
+# --- the hub: where the ranks' buffers meet ---------------------------------------------
+def _send(sock, header: bytes, payload: bytes = b""):
+    sock.sendall(struct.pack("!II", len(header), len(payload)) + header + payload)
+
+
+def _recv_exact(sock, n):
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise ConnectionError("closed")
+        got += k
+    return bytes(buf)
+
+
+def _recv(sock):
+    hl, pl = struct.unpack("!II", _recv_exact(sock, 8))
+    return _recv_exact(sock, hl), _recv_exact(sock, pl)
+
+
+class _Hub:
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.lock = threading.Lock()
+        self.groups = {}         # uid -> {"n", "members": {rank: sock}, "calls": {seq: {...}}}
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            conn, _ = self.sock.accept()
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        group = rank = None
+        try:
+            header, _ = _recv(conn)
+            uid, n, rank = header[:128], *struct.unpack("!ii", header[128:136])
+            with self.lock:
+                group = self.groups.setdefault(uid, {"n": n, "members": {}, "calls": {},
+                                                     "broken": False})
+                if rank in group["members"] or not 0 <= rank < n or group["n"] != n:
+                    _send(conn, b"invalid")
+                    return
+                group["members"][rank] = conn
+                if len(group["members"]) == n:
+                    for s in group["members"].values():
+                        _send(s, b"ready")
+            while True:
+                header, payload = _recv(conn)
+                self._arrive(group, rank, header, payload)
+        except (ConnectionError, OSError, struct.error):
+            pass
+        if group is not None:
+            with self.lock:
+                if group["members"].get(rank) is conn:
+                    group["broken"] = True
+                    for r, s in group["members"].items():
+                        if r != rank:
+                            try:
+                                _send(s, b"remote")
+                            except OSError:
+                                pass
+
+    def _arrive(self, group, rank, header, payload):
+        seq, kind, count, dtype, op, root = struct.unpack("!qiqiii", header)
+        with self.lock:
+            call = group["calls"].setdefault(seq, {})
+            call[rank] = ((kind, count, dtype, op, root), payload)
+            if len(call) < group["n"]:
+                return
+            del group["calls"][seq]
+            sigs = {sig for sig, _ in call.values()}
+            if len(sigs) != 1:
+                return                       # NCCL would hang on mismatched calls: so do we
+            (kind, count, dtype, op, root), = sigs
+            dt = _numpy_dtype(dtype)
+            parts = [np.frombuffer(call[r][1], dtype=dt) for r in range(group["n"])]
+            out = _compute(kind, parts, op, root, group["n"])
+            for r, s in group["members"].items():
+                _send(s, b"done", out[r].tobytes() if out[r] is not None else b"")
+
+
+def _reduce(parts, op, n):
+    fn = {0: np.add, 1: np.multiply, 2: np.maximum, 3: np.minimum, 4: np.add}[op]
+    acc = parts[0].copy()
+    for p in parts[1:]:
+        acc = fn(acc, p)
+    if op == 4:
+        acc = (acc / n).astype(parts[0].dtype)
+    return acc
+
+
+def _compute(kind, parts, op, root, n):
+    if kind == 0:                                           # allReduce
+        red = _reduce(parts, op, n)
+        return [red] * n
+    if kind == 1:                                           # reduce: only root's recvbuf
+        return [_reduce(parts, op, n) if r == root else None for r in range(n)]
+    if kind == 2:                                           # broadcast
+        return [parts[root]] * n
+    if kind == 3:                                           # allGather
+        return [np.concatenate(parts)] * n
+    red = _reduce(parts, op, n)                             # reduceScatter
+    k = len(red) // n
+    return [red[r * k:(r + 1) * k] for r in range(n)]
+
+
+_hub = None
+_hub_lock = threading.Lock()
+
+
+def get_unique_id():
+    global _hub
+    with _hub_lock:
+        if _hub is None:
+            _hub = _Hub()
+    raw = _MAGIC + struct.pack("!H", _hub.port) + os.urandom(_ID_BYTES - 10)
+    if _V14:
+        return raw
+    # CuPy <= 13: tuple([<char>uniqueId.internal[i] ...]): C char's signedness
+    return tuple((b - 256 if b > 127 else b) if _CHAR_SIGNED else b for b in raw)
+
+
+def _id_bytes(commId):
+    if _V14:
+        if not isinstance(commId, bytes):
+            raise TypeError("Argument 'commId' has incorrect type (expected bytes, got %s)"
+                            % type(commId).__name__)
+        if len(commId) != _ID_BYTES:
+            raise ValueError(f"commId length {len(commId)} != {_ID_BYTES}.")
+        return commId
+    if not isinstance(commId, tuple):
+        raise TypeError("Argument 'commId' has incorrect type (expected tuple, got %s)"
+                        % type(commId).__name__)
+    assert len(commId) == _ID_BYTES
+    lo, hi = (-128, 127) if _CHAR_SIGNED else (0, 255)
+    out = bytearray()
+    for v in commId:
+        v = int(v)
+        if not lo <= v <= hi:
+            raise OverflowError("value too large to convert to char" if v > hi else
+                                "can't convert negative value to char")
+        out.append(v & 0xFF)
+    return bytes(out)
+
+
+_KINDS = {"allReduce": 0, "reduce": 1, "broadcast": 2, "allGather": 3, "reduceScatter": 4}
+
+
+class NcclCommunicator:
+    if _V14:
+        def __init__(self, ndev, commId, rank, config=None):
+            self._init(ndev, commId, rank)
+    else:
+        def __init__(self, ndev, commId, rank):
+            self._init(ndev, commId, rank)
+
+    def _init(self, ndev, commId, rank):
+        ndev, rank = int(ndev), int(rank)
+        uid = _id_bytes(commId)
+        self._comm = 0
+        self._device = _double.current_device()
+        if not 0 <= self._device < _double.device_count():
+            raise NcclError(1)
+        if uid[:8] != _MAGIC or not 0 <= rank < ndev:
+            raise NcclError(4)
+        port, = struct.unpack("!H", uid[8:10])
+        self._sock = socket.create_connection(("127.0.0.1", port))
+        _send(self._sock, uid + struct.pack("!ii", ndev, rank))
+        answer, _ = _recv(self._sock)            # ncclCommInitRank blocks until all joined
+        if answer != b"ready":
+            self._sock.close()
+            raise NcclError(5)
+        self._n, self._rank = ndev, rank
+        self._comm = id(self)
+        self._seq = 0
+        self._error = 0
+        self._aborted = threading.Event()
+        self._io = threading.Lock()
+
+    def __del__(self):
+        self.destroy()
+
+    @property
+    def comm(self):
+        return self._comm
+
+    def destroy(self):
+        if getattr(self, "_comm", 0):
+            self._comm = 0
+            self._sock.close()
+
+    def abort(self):
+        if self._comm:
+            self._comm = 0
+            self._aborted.set()
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+
+    def device_id(self):
+        self._need()
+        return self._device
+
+    def rank_id(self):
+        self._need()
+        return self._rank
+
+    def size(self):
+        self._need()
+        return self._n
+
+    def check_async_error(self):
+        check_status(self._error)
+        if not self._comm and not self._aborted.is_set():
+            raise NcclError(4)
+
+    def _need(self):
+        if not self._comm:
+            raise NcclError(4)
+
+    # --- collectives (positional signatures as in nccl.pyx) -------------------------------
+    def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):
+        self._call("allReduce", sendbuf, recvbuf, count, count, datatype, op, 0, stream)
+
+    def reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
+        self._call("reduce", sendbuf, recvbuf, count, count, datatype, op, root, stream)
+
+    def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
+        self._call("broadcast", sendbuff, recvbuff, count, count, datatype, 0, root, stream)
+
+    def bcast(self, buff, count, datatype, root, stream):
+        self._call("broadcast", buff, buff, count, count, datatype, 0, root, stream)
+
+    def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):
+        self._call("reduceScatter", sendbuf, recvbuf, recvcount * self._n if self._comm else 0,
+                   recvcount, datatype, op, 0, stream)
+
+    def allGather(self, sendbuf, recvbuf, count, datatype, stream):
+        self._call("allGather", sendbuf, recvbuf, count, count * self._n if self._comm else 0,
+                   datatype, 0, 0, stream)
+
+    def _call(self, kind, send, recv, send_count, recv_count, datatype, op, root, stream):
+        for v in (send, recv, send_count, recv_count, datatype, op, root, stream):
+            if not isinstance(v, (int, np.integer)):      # Cython's intptr_t / size_t / int
+                raise TypeError("an integer is required")
+        if send_count < 0 or recv_count < 0:
+            raise OverflowError("can't convert negative value to size_t")
+        self._need()
+        if not 0 <= datatype <= 9 or not 0 <= op <= 4 or not 0 <= root < self._n:
+            raise NcclError(4)
+        dt = _numpy_dtype(datatype)
+        if op == 4 and dt.kind not in "f" and dt.name != "bfloat16":
+            raise NcclError(4)
+        size = dt.itemsize
+        # NCCL's pointer check: device memory of this communicator's device
+        needs_send = kind != "broadcast" or self._rank == root
+        needs_recv = kind != "reduce" or self._rank == root
+        for ptr, nbytes, needed in ((send, send_count * size, needs_send),
+                                    (recv, recv_count * size, needs_recv)):
+            if needed and nbytes and _double.lookup(int(ptr), nbytes) != self._device:
+                raise NcclError(4)
+        from cupy.cuda import stream_of
+        s = stream_of(int(stream))
+        if s is None or (s.device_id not in (-1, self._device)):
+            raise NcclError(4)
+        self._seq += 1
+        header = struct.pack("!qiqiii", self._seq, _KINDS[kind], send_count, datatype, op, root)
+        args = (int(send), int(recv), send_count * size if needs_send else 0, recv_count * size,
+                needs_recv)
+        s._enqueue_async(lambda: self._run(header, *args))
+
+    def _run(self, header, send, recv, send_bytes, recv_bytes, needs_recv):
+        if self._aborted.is_set():
+            return
+        try:
+            payload = _double.memory(send, send_bytes).tobytes()
+            with self._io:
+                _send(self._sock, header, payload)
+                answer, data = _recv(self._sock)
+        except OSError:
+            answer, data = b"remote", b""
+        if answer != b"done":
+            self._error = 6
+            self._aborted.wait()              # NCCL's kernel spins until the comm is aborted
+            return
+        if needs_recv and len(data) == recv_bytes:
+            _double.memory(recv, recv_bytes)[:] = np.frombuffer(data, np.uint8)
+
+    @staticmethod
+    def initAll(devices):
+        raise NotImplementedError("the double serves one device per process")
+
+
+if _V14:
+    class NcclConfig:
+        def __init__(self, split_share=0):
+            self.split_share = split_share
+
+
+def groupStart():
+    pass
+
+
+def groupEnd():
+    pass
+
+
+if available:
+    _define()
+else:            # cupy/cuda/nccl.py when libnccl is missing: only `available` is defined
+    for _name in [n for n in dir() if not n.startswith("_") and n not in ("available", "os",
+                                                                          "np", "platform",
+                                                                          "socket", "struct",
+                                                                          "threading")]:
+        del globals()[_name]

@@ -1,0 +1,238 @@
+"""GPU scenarios for tests/test_runtime_gpu.py (the CuPy/NCCL double) and tests/gpu (a real
+GPU): ``python tests/gpu_worker.py SCENARIO``; each rank prints one RESULT line of JSON."""
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+import fluidctl.runtime as rt
+from fluidctl.runtime import CollectiveError
+
+TIMEOUT = float(os.environ.get("FLUIDCTL_TIMEOUT", "60"))
+
+
+def result(**kw):
+    print("RESULT " + json.dumps(kw), flush=True)
+
+
+def dtypes():
+    out = ["float16", "float32", "float64", "int8", "uint8", "int32", "uint32", "int64",
+           "uint64"]
+    try:
+        import ml_dtypes
+        out.append(ml_dtypes.bfloat16)
+    except ImportError:
+        pass
+    return out
+
+
+def inputs(rank, dtype, shape=(4, 3)):
+    """Small per-rank values every dtype holds exactly (sums of a few ranks too)."""
+    base = (np.arange(np.prod(shape)).reshape(shape) % 5) + 1
+    return (base * (rank + 1)).astype(dtype)
+
+
+def check_ops(ctx, cp, errors):
+    n, r = ctx.world_size, ctx.rank
+    for dt in dtypes():
+        name = np.dtype(dt).name
+        per = [inputs(k, dt) for k in range(n)]
+        wide = [p.astype(np.float64) for p in per]
+        cases = [("allreduce", "sum", sum(wide)), ("allreduce", "max", np.maximum.reduce(wide)),
+                 ("allreduce", "min", np.minimum.reduce(wide))]
+        if np.dtype(dt).kind == "f" or name == "bfloat16":
+            cases.append(("allreduce", "mean", sum(wide) / n))
+        for kind, op, want in cases:
+            x = cp.asarray(per[r])
+            got = getattr(ctx, kind)(x, op=op)
+            if not np.allclose(got.get().astype(np.float64), want, rtol=1e-2):
+                errors.append(f"{kind} {op} {name}: {got.get().tolist()}")
+        root = n - 1
+        x = cp.asarray(per[r])
+        ctx.broadcast(x, root=root)
+        if not np.array_equal(x.get().astype(np.float64), wide[root]):
+            errors.append(f"broadcast {name}")
+        for op, want in (("sum", sum(wide)), ("mean", sum(wide) / n)):
+            if op == "mean" and not (np.dtype(dt).kind == "f" or name == "bfloat16"):
+                continue
+            x = cp.asarray(per[r])
+            ctx.reduce(x, root=root, op=op)
+            expect = want if r == root else wide[r]       # non-roots keep their input
+            if not np.allclose(x.get().astype(np.float64), expect, rtol=1e-2):
+                errors.append(f"reduce {op} {name} on rank {r}: {x.get().tolist()}")
+        g = ctx.allgather(cp.asarray(per[r]))
+        if g.shape != (n, 4, 3) or not np.array_equal(g.get().astype(np.float64),
+                                                      np.stack(wide)):
+            errors.append(f"allgather {name}")
+        big = cp.asarray(np.concatenate([inputs(r, dt)] * n))   # (4n, 3)
+        part = ctx.reduce_scatter(big)
+        want = sum(np.concatenate([inputs(k, dt)] * n).astype(np.float64) for k in range(n))
+        if not np.array_equal(part.get().astype(np.float64), want[r * 4:(r + 1) * 4]):
+            errors.append(f"reduce_scatter {name}")
+
+
+def ops(ctx):
+    import cupy as cp
+    errors = []
+    check_ops(ctx, cp, errors)
+    result(errors=errors, device=ctx.device, device_id=ctx.device_id)
+
+
+def reduce_mean(ctx):
+    """reduce(op='mean') to the last rank: root gets the mean, the others keep their input."""
+    import cupy as cp
+    root = ctx.world_size - 1
+    x = cp.asarray(inputs(ctx.rank, "float32"))
+    ctx.reduce(x, root=root, op="mean")
+    result(x=x.get().tolist(), root=root)
+
+
+def thread_stream(ctx):
+    """A collective from another thread (whose current device is its own, 0) on arrays of the
+    rank's device, and one inside a non-blocking stream of the rank's device."""
+    import cupy as cp
+    errors = []
+    x = cp.asarray(inputs(ctx.rank, "float32"))     # made in the thread that called init()
+    want = sum(inputs(k, "float32") for k in range(ctx.world_size))
+
+    def other():
+        try:
+            ctx.allreduce(x)
+            if cp.cuda.Device().id != 0:
+                errors.append("the collective changed the calling thread's device")
+            with cp.cuda.Device(ctx.device_id):
+                s = cp.cuda.Stream(non_blocking=True)
+                with s:                              # produced and consumed on that stream
+                    y = cp.asarray(inputs(ctx.rank, "float32")) * 1
+                    ctx.allreduce(y)
+                    z = y + 0
+            if not np.array_equal(x.get(), want) or not np.array_equal(z.get(), want):
+                errors.append("thread/stream allreduce gave wrong numbers")
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    result(errors=errors)
+
+
+def pci(ctx):
+    import cupy
+    result(device_id=ctx.device_id, pci_bus_id=cupy.cuda.Device(ctx.device_id).pci_bus_id,
+           visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def where(ctx):
+    result(device=ctx.device, xp=ctx.xp.__name__)
+
+
+def host(a):
+    return a.get() if hasattr(a, "get") else a
+
+
+def optimizer(ctx):
+    """DistributedOptimizer on ctx.xp parameters (CuPy on GPU ranks; Reduce or AllReduce)."""
+    cp = ctx.xp
+    strategy = sys.argv[2] if len(sys.argv) > 2 else "AllReduce"
+    rng = np.random.default_rng(ctx.rank)
+    params = {"w": cp.asarray(rng.standard_normal((8, 3)).astype(np.float32)),
+              "b": cp.asarray(np.zeros(3, np.float64))}
+    opt = rt.DistributedOptimizer(params, optimizer=rt.optim.Momentum(lr=0.1),
+                                  strategy=rt.DistributeStrategy(reduce_strategy=strategy))
+    for step in range(3):
+        grads = {"w": cp.asarray(np.full((8, 3), ctx.rank + step, np.float32)),
+                 "b": cp.asarray(np.full(3, 2.0 * ctx.rank, np.float64))}
+        opt.step(grads)
+    result(w=host(params["w"]).tolist(), b=host(params["b"]).tolist(),
+           types=[type(p).__module__.split(".")[0] for p in params.values()])
+
+
+def die(ctx):
+    """Rank 1 dies; the others are in an allreduce and must get a CollectiveError."""
+    import cupy as cp
+    x = cp.ones(16, cp.float32)
+    ctx.allreduce(x)
+    if ctx.rank == 1:
+        os.kill(os.getpid(), 9)
+    start = time.monotonic()
+    try:
+        for _ in range(3):
+            ctx.allreduce(x)
+        result(error=None)
+    except CollectiveError as exc:
+        result(error=str(exc), seconds=time.monotonic() - start)
+        sys.exit(1)
+
+
+def stuck(ctx):
+    """Rank 1 stays alive but never calls: the others' collective ends at the timeout."""
+    import cupy as cp
+    x = cp.ones(16, cp.float32)
+    if ctx.rank == 1:
+        time.sleep(3 * TIMEOUT)
+        return
+    start = time.monotonic()
+    try:
+        ctx.allreduce(x)
+        result(error=None)
+    except CollectiveError as exc:
+        result(error=str(exc), seconds=time.monotonic() - start)
+        sys.exit(1)
+
+
+def launch_error(ctx):
+    """One rank's NCCL call fails at launch (a buffer NCCL refuses): all ranks fail alike."""
+    import cupy as cp
+    x = cp.ones(16, cp.float32)
+    if ctx.rank == 1:
+        real = ctx.comm.nccl.comm.allReduce
+
+        def bad(send, recv, count, dtype, op, stream):
+            return real(send, recv, count, dtype, op, 12345)     # not a stream
+        ctx.comm.nccl.comm.allReduce = bad
+    try:
+        ctx.allreduce(x)
+        result(error=None)
+    except CollectiveError as exc:
+        result(error=str(exc))
+        sys.exit(1)
+
+
+def wrong_device(ctx):
+    """An array made on the default device 0 (as before init()) on every rank."""
+    import cupy as cp
+    with cp.cuda.Device(0):
+        x = cp.ones(4, cp.float32)
+    try:
+        ctx.allreduce(x)
+        result(error=None)
+    except CollectiveError as exc:
+        result(error=str(exc))
+
+
+def bad_dtype(ctx):
+    import cupy as cp
+    try:
+        ctx.allreduce(cp.ones(4, cp.int16))
+        result(error=None)
+    except CollectiveError as exc:
+        result(error=str(exc))
+
+
+def main():
+    scenario = sys.argv[1]
+    try:
+        ctx = rt.init(timeout=TIMEOUT)
+    except CollectiveError as exc:
+        result(init_error=str(exc))
+        sys.exit(3)
+    globals()[scenario](ctx)
+    if scenario not in ("die", "stuck", "launch_error"):
+        rt.finalize()
+
+
+if __name__ == "__main__":
+    main()
