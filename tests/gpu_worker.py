@@ -119,6 +119,31 @@ def thread_stream(ctx):
     result(errors=errors)
 
 
+def handshake(ctx):
+    import cupy
+    comm = ctx.comm.nccl.comm if ctx.comm.nccl is not None else None
+    result(device=ctx.device, xp=ctx.xp.__name__, cupy=cupy.__version__,
+           current_device=cupy.cuda.Device().id,
+           nccl_rank=comm.rank_id() if comm is not None else None,
+           nccl_size=comm.size() if comm is not None else None,
+           nccl_device=comm.device_id() if comm is not None else None)
+
+
+def host_waits(ctx):
+    """How often one allreduce makes the host wait, and on which stream (the double counts)."""
+    import cupy as cp
+    from cupy import _double
+    x = cp.ones(1 << 12, cp.float32)
+    ctx.allreduce(x)                                   # warm up
+    caller = cp.cuda.get_current_stream().ptr
+    before = dict(_double.host_waits["by_stream"]), _double.host_waits["count"]
+    ctx.allreduce(x)
+    after = dict(_double.host_waits["by_stream"]), _double.host_waits["count"]
+    result(total=after[1] - before[1],
+           caller=after[0].get(caller, 0) - before[0].get(caller, 0),
+           ok=bool((x.get() == ctx.world_size ** 2).all()))
+
+
 def pci(ctx):
     import cupy
     result(device_id=ctx.device_id, pci_bus_id=cupy.cuda.Device(ctx.device_id).pci_bus_id,

@@ -125,9 +125,8 @@ def test_one_host_wait_per_collective_and_none_on_the_callers_stream(tmp_path):
     stream (the old code synced it twice: a pageable copy in and asnumpy out)."""
     res = gpu_ranks(2, tmp_path, ["host_waits"])
     assert res.ok(), res
-    for out in results(res):
-        assert out == {"total": 1, "caller": 0, "ok": True} or \
-            (out["caller"] == 0 and out["total"] <= 1 and out["ok"]), out
+    for out in results(res):        # fluidctl polls its event: at most one blocking wait
+        assert out["caller"] == 0 and out["total"] <= 1 and out["ok"], out
 
 
 def test_arrays_on_another_device_fail_every_rank_alike(tmp_path):
