@@ -7,6 +7,7 @@ name)."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -146,3 +147,17 @@ def test_real_handshake_ends_every_rank_with_the_same_clear_error(tmp_path):
     assert error.startswith("GPU set-up failed, so no rank starts NCCL: rank 0: cannot use "
                             "GPU 0 (cudaErrorInsufficientDriver"), error
     assert "rank 1: cannot use GPU 1" in error
+
+
+def test_gpu_stack_line_from_the_real_packages():
+    """What cluster check shows per node: from package metadata without GPUs listed, from the
+    imported CuPy/NCCL and CUDA when nvidia-smi lists some."""
+    from fluidctl.gpustack import nccl_version_text
+    assert [nccl_version_text(c) for c in (23203, 21805, 2708)] == ["2.32.3", "2.18.5", "2.7.8"]
+    cheap = _python("import fluidctl.gpustack as g; print(g.describe(0))")
+    assert cheap.returncode == 0, cheap.stderr
+    assert re.fullmatch(r"CuPy 1\d\.\d+\.\d+, NCCL 2\.\d+\.\d+, no usable GPU\n", cheap.stdout)
+    if not _real_gpu():
+        full = _python("import fluidctl.gpustack as g; print(g.describe(2))")
+        assert re.fullmatch(r"CuPy 1\d\.\d+\.\d+, NCCL 2\.\d+\.\d+, no usable GPU "
+                            r"\(cudaErrorInsufficientDriver\)\n", full.stdout), full.stdout

@@ -44,17 +44,14 @@ def probe_script(python: str, remote_dir: Optional[str]) -> str:
     return "; ".join([
         f"if ! command -v {py} >/dev/null 2>&1; then echo python=missing; exit 0; fi",
         f"echo python=$({py} -c 'import sys; print(sys.version.split()[0])' 2>/dev/null)",
-        f"echo fluidctl=$({py} -m fluidctl --version 2>/dev/null | tail -n 1)",
         f"if [ -d {where} ]; then echo disk=$(df -Pk {where} | awk 'NR==2 {{print $4}}'); "
         "else echo dir=missing; fi",
         "if command -v nvidia-smi >/dev/null 2>&1; then "
-        "echo gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); else echo gpus=0; fi",
-        f"echo gpu_stack=$({py} -c {shlex.quote(GPU_STACK)} 2>/dev/null | tail -n 1)",
+        "g=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); else g=0; fi; echo gpus=$g",
+        # fluidctl's version and the CuPy/NCCL line in one light interpreter start
+        f"{py} -m fluidctl.gpustack --probe $g 2>/dev/null || "
+        f"echo fluidctl=$({py} -m fluidctl --version 2>/dev/null | tail -n 1)",
     ])
-
-
-GPU_STACK = ("from fluidctl.runtime.collective.nccl import describe_stack; "
-             "print(describe_stack())")
 
 
 def parse_probe(check: NodeCheck, output: str, python: str, remote_dir: Optional[str]) -> None:

@@ -115,37 +115,6 @@ def nccl_type(nccl, dtype) -> int:
     return getattr(nccl, _NCCL_TYPE[dtype.char])
 
 
-def nccl_version_text(code: int) -> str:
-    """ncclGetVersion's integer as x.y.z (2.9+ encode X*10000+Y*100+Z, older X*1000+Y*100+Z)."""
-    if code >= 10000:
-        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
-    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
-
-
-def describe_stack() -> str:
-    """One line on what a GPU rank would get here: 'CuPy 14.2.0, NCCL 2.32.3, 2 usable GPU(s)'
-    or '..., no usable GPU (cudaErrorInsufficientDriver)'; what ``cluster check`` shows."""
-    try:
-        import cupy
-    except ImportError:
-        return "no CuPy (pip install 'fluidctl[gpu]')"
-    except Exception as exc:                    # a broken install says why
-        return f"CuPy does not import ({type(exc).__name__}: {exc})"
-    parts = [f"CuPy {cupy.__version__}"]
-    try:
-        from cupy.cuda import nccl
-        parts.append(f"NCCL {nccl_version_text(nccl.get_version())}" if nccl.available
-                     else "no NCCL (pip install nvidia-nccl-cu12)")
-    except Exception as exc:
-        parts.append(f"no NCCL ({exc})")
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-        parts.append(f"{count} usable GPU(s)" if count else "no usable GPU")
-    except Exception as exc:
-        parts.append(f"no usable GPU ({str(exc).split(':')[0]})")
-    return ", ".join(parts)
-
-
 # --- set-up -------------------------------------------------------------------------------
 def _probe(gpu: int, need_nccl: bool):
     """(status, detail, cupy module or None): what this rank can do, without waiting for

@@ -1,0 +1,75 @@
+"""One line on what a GPU rank would get on this node: ``python -m fluidctl.gpustack GPUS``
+prints e.g. ``CuPy 14.2.0, NCCL 2.32.3, no usable GPU`` (what ``cluster check`` shows).
+
+Cheap where it can be: versions come from the installed distributions' metadata; CuPy and NCCL
+are only imported (and the devices counted through CUDA) when nvidia-smi listed GPUs
+(``GPUS`` > 0), since importing CuPy costs seconds on a loaded node.
+"""
+from __future__ import annotations
+
+import sys
+
+CUPY_DISTS = ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy")
+NCCL_DISTS = ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")
+
+
+def _version(names) -> str:
+    from importlib import metadata
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
+def nccl_version_text(code: int) -> str:
+    """ncclGetVersion's integer as x.y.z (2.9+ encode X*10000+Y*100+Z, older X*1000+Y*100+Z)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
+def describe(gpus_listed: int) -> str:
+    if gpus_listed <= 0:
+        cupy, nccl = _version(CUPY_DISTS), _version(NCCL_DISTS)
+        return ", ".join([f"CuPy {cupy}" if cupy else "no CuPy (pip install 'fluidctl[gpu]')",
+                          f"NCCL {nccl}" if nccl else "no NCCL (pip install nvidia-nccl-cu12)",
+                          "no usable GPU"])
+    try:
+        import cupy
+    except ImportError:
+        return "no CuPy (pip install 'fluidctl[gpu]')"
+    except Exception as exc:                    # a broken install says why
+        return f"CuPy does not import ({type(exc).__name__}: {exc})"
+    parts = [f"CuPy {cupy.__version__}"]
+    try:
+        from cupy.cuda import nccl
+        parts.append(f"NCCL {nccl_version_text(nccl.get_version())}" if nccl.available
+                     else "no NCCL (pip install nvidia-nccl-cu12)")
+    except Exception as exc:
+        parts.append(f"no NCCL ({exc})")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+        parts.append(f"{count} usable GPU(s)" if count else "no usable GPU")
+    except Exception as exc:
+        parts.append(f"no usable GPU ({str(exc).split(':')[0]})")
+    return ", ".join(parts)
+
+
+def main(argv) -> None:
+    """``[--probe] GPUS``: the line; with --probe, as cluster check's key=value lines (with
+    fluidctl's version, so the node check starts one interpreter for both)."""
+    probe = "--probe" in argv
+    words = [a for a in argv if a != "--probe"]
+    gpus = int(words[0]) if words and words[0].isdigit() else 0
+    if probe:
+        from fluidctl import __version__
+        print(f"fluidctl={__version__}", flush=True)
+        print(f"gpu_stack={describe(gpus)}")
+    else:
+        print(describe(gpus))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
