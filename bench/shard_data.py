@@ -1,15 +1,22 @@
-"""Benchmark: `fluidctl shard-data` against GNU `split -n l/N` in the same run.
+"""Benchmark: `fluidctl shard-data` against GNU `split -n l/N` in the same run, and its start-up
+against `python -c pass`.
 
-Generates a line file (default 1 GiB) in /tmp, then alternates runs of split and of each
-fluidctl variant, printing median wall times, the ratio to split, and fluidctl's peak RSS
-(from wait4's rusage of that very child). The file and outputs are deleted at the end.
+For each size (default 256 MiB and 1 GiB) it generates a line file in /tmp, warms the page
+cache with one untimed run of each contender, then alternates split and each fluidctl variant
+round by round (a fresh process each time, `-q`), and prints medians, minimums, the ratio of
+medians to split and fluidctl's peak RSS (from wait4's rusage of that very child). Then it
+times `python -c pass`, `fluidctl --version` and `fluidctl shard-data` of a 1-line file the same
+way. fluidctl's modules are byte-compiled first, as pip does when it installs them (this matters
+where PYTHONDONTWRITEBYTECODE is set). Files and outputs are deleted at the end.
 
-    python bench/shard_data.py                 # 1 GiB, 4 shards, 5 runs each
-    python bench/shard_data.py --size-mib 256 --runs 3
+    python bench/shard_data.py                      # 256 MiB and 1 GiB, 7 rounds; ~1 minute
+    python bench/shard_data.py --sizes 1024 --runs 5 --only default --only "--checksum sha256"
+    python bench/shard_data.py --variants all      # adds pad, none, shuffle (slow)
 """
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import random
 import shutil
@@ -19,13 +26,17 @@ import sys
 import tempfile
 import time
 
-VARIANTS = {
-    "lines (sha256)": [],
-    "lines --checksum none": ["--checksum", "none"],
-    "lines --equalize pad": ["--equalize", "pad"],
-    "lines --equalize pad --checksum none": ["--equalize", "pad", "--checksum", "none"],
-    "lines --shuffle": ["--shuffle", "--seed", "1"],
+import fluidctl
+
+VARIANTS = {                     # label -> extra arguments
+    "default": [],
+    "--checksum blake3": ["--checksum", "blake3"],
+    "--checksum sha256": ["--checksum", "sha256"],
+    "--checksum none": ["--checksum", "none"],
+    "--equalize pad": ["--equalize", "pad"],
+    "--shuffle": ["--shuffle", "--seed", "1"],
 }
+QUICK = ["default", "--checksum blake3", "--checksum sha256"]
 
 
 def make_file(path: str, size: int) -> int:
@@ -48,55 +59,103 @@ def run(argv) -> tuple:
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        sys.exit(f"bench: {argv[:3]} failed with exit code {proc.returncode}")
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        sys.exit(f"bench: {argv[:4]} failed with exit code {code}")
     return wall, usage.ru_maxrss / 1024
+
+
+def table(title: str, times: dict, base_label: str, rss: dict) -> None:
+    base = statistics.median(times[base_label])
+    print(title)
+    print(f"  {'command':34s} {'median s':>9s} {'min s':>7s} {'ratio':>6s} {'peak RSS':>9s}")
+    for label, values in times.items():
+        med = statistics.median(values)
+        peak = f"{rss[label]:.0f} MiB" if label in rss else "-"
+        print(f"  {label:34s} {med:9.3f} {min(values):7.3f} {med / base:6.2f} {peak:>9s}")
+    print(flush=True)
+
+
+def bench_size(work: str, mib: int, args, variants: dict, fluidctl_cmd: list) -> None:
+    data = os.path.join(work, f"train-{mib}.txt")
+    size = make_file(data, mib << 20)
+    split_label = f"split -n l/{args.trainers}"
+    times = {split_label: [], **{f"fluidctl {k}": [] for k in variants}}
+    rss: dict = {}
+    out = os.path.join(work, "out")
+
+    def one_split():
+        os.mkdir(out)
+        wall, _ = run(["split", "-n", f"l/{args.trainers}", data, out + "/x"])
+        shutil.rmtree(out)
+        return wall
+
+    def one_fluidctl(extra):
+        wall, peak = run(fluidctl_cmd + [data, "-n", str(args.trainers), "-o", out, "-q"] + extra)
+        shutil.rmtree(out)
+        return wall, peak
+
+    one_split()                                   # warm the page cache, untimed
+    for extra in variants.values():
+        one_fluidctl(extra)
+    for _ in range(args.runs):
+        times[split_label].append(one_split())
+        for label, extra in variants.items():
+            wall, peak = one_fluidctl(extra)
+            times[f"fluidctl {label}"].append(wall)
+            rss[f"fluidctl {label}"] = max(rss.get(f"fluidctl {label}", 0), peak)
+    os.unlink(data)
+    table(f"{size / 2**20:.0f} MiB into {args.trainers} shards, {args.runs} interleaved rounds "
+          f"(ratio: median / split's median)", times, split_label, rss)
+
+
+def bench_startup(work: str, args, fluidctl_cmd: list) -> None:
+    tiny = os.path.join(work, "tiny.txt")
+    with open(tiny, "w") as f:
+        f.write("one record\n")
+    out = os.path.join(work, "tiny-out")
+    contenders = {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "fluidctl --version": fluidctl_cmd[:-1] + ["--version"],
+        "fluidctl shard-data (1 line, -q)": fluidctl_cmd + [tiny, "-n", "1", "-o", out, "-q",
+                                                              "--force"],
+        "fluidctl shard-data (1 line)": fluidctl_cmd + [tiny, "-n", "1", "-o", out, "--force"],
+    }
+    times = {k: [] for k in contenders}
+    for _ in range(args.startup_runs):
+        for label, argv in contenders.items():
+            times[label].append(run(argv)[0])
+    table(f"start-up, {args.startup_runs} interleaved rounds (ratio: median / python -c pass)",
+          times, "python -c pass", {})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024], metavar="MIB")
     parser.add_argument("--trainers", type=int, default=4)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--startup-runs", type=int, default=21)
+    parser.add_argument("--variants", choices=["quick", "all"], default="quick")
     parser.add_argument("--only", action="append", choices=sorted(VARIANTS),
                         help="run only these fluidctl variants (repeatable)")
     args = parser.parse_args()
     if not shutil.which("split"):
         sys.exit("bench: GNU split not found")
+    names = args.only or (QUICK if args.variants == "quick" else list(VARIANTS))
+    variants = {k: VARIANTS[k] for k in names}
+    compileall.compile_dir(os.path.dirname(fluidctl.__file__), quiet=1)
+    fluidctl_cmd = [sys.executable, "-m", "fluidctl", "shard-data"]
+    load = os.getloadavg()[0]
+    print(f"{os.cpu_count()} cores, load average {load:.2f} at the start; fluidctl from "
+          f"{os.path.dirname(fluidctl.__file__)}\n", flush=True)
     work = tempfile.mkdtemp(prefix="fluidctl-bench-", dir="/tmp")
     try:
-        data = os.path.join(work, "train.txt")
-        size = make_file(data, args.size_mib << 20)
-        print(f"input: {size / 2**30:.2f} GiB, {args.trainers} shards, {args.runs} runs each, "
-              f"{os.cpu_count()} cores", flush=True)
-        fluidctl = [sys.executable, "-m", "fluidctl", "shard-data", data, "-n",
-                    str(args.trainers), "-q", "--force"]
-        variants = {k: v for k, v in VARIANTS.items() if not args.only or k in args.only}
-        times = {"split -n l/%d" % args.trainers: []}
-        rss = {}
-        times.update({k: [] for k in variants})
-        for _ in range(args.runs):
-            out = os.path.join(work, "split")
-            shutil.rmtree(out, ignore_errors=True)
-            os.mkdir(out)
-            wall, _ = run(["split", "-n", f"l/{args.trainers}", data, out + "/x"])
-            times["split -n l/%d" % args.trainers].append(wall)
-            shutil.rmtree(out)
-            for label, extra in variants.items():
-                out = os.path.join(work, "shards")
-                wall, peak = run(fluidctl + ["-o", out] + extra)
-                times[label].append(wall)
-                rss[label] = max(rss.get(label, 0), peak)
-                shutil.rmtree(out)
-        base = statistics.median(times["split -n l/%d" % args.trainers])
-        print(f"{'command':38s} {'median s':>9s} {'min s':>7s} {'x split':>8s} {'peak RSS':>9s}")
-        for label, values in times.items():
-            med = statistics.median(values)
-            peak = f"{rss[label]:.0f} MiB" if label in rss else "-"
-            print(f"{label:38s} {med:9.3f} {min(values):7.3f} {med / base:8.2f} {peak:>9s}")
+        for mib in args.sizes:
+            bench_size(work, mib, args, variants, fluidctl_cmd)
+        bench_startup(work, args, fluidctl_cmd)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
 if __name__ == "__main__":

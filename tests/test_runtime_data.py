@@ -105,11 +105,24 @@ def test_verify_detects_a_changed_shard(shards):
     path = data.shard_path(str(shards), environ=env_of(1, 4), verify=True)
     content = Path(path).read_bytes()
     Path(path).write_bytes(content.replace(b"line", b"LINE", 1))
-    with pytest.raises(UsageError, match="does not match the sha256"):
+    with pytest.raises(UsageError, match="does not match the xxh3-128 digest"):
         data.shard_path(str(shards), environ=env_of(1, 4), verify=True)
     Path(path).write_bytes(content + b"more\n")
     with pytest.raises(UsageError, match="the manifest says"):
         data.verify_shard(path)
+
+
+def test_shard_reader_verify_names_a_flipped_byte(shards):
+    assert len(data.ShardReader(str(shards), 4, environ=env_of(2, 4), verify=True)) > 0
+    path = shards / "train.txt-00002"
+    content = bytearray(path.read_bytes())
+    content[5] ^= 0x20                      # same size: only the digest can tell
+    path.write_bytes(bytes(content))
+    with pytest.raises(UsageError) as err:
+        data.ShardReader(str(shards), 4, environ=env_of(2, 4), verify=True)
+    assert f"shard {path} does not match the xxh3-128 digest" in err.value.one_line()
+    data.ShardReader(str(shards), 4, environ=env_of(1, 4), verify=True)    # others are fine
+    data.ShardReader(str(shards), 4, environ=env_of(2, 4))                 # not asked: no read
 
 
 def test_trainers_read_disjoint_shards_as_real_processes(shards):

@@ -18,6 +18,7 @@ import pytest
 
 from fluidctl import sharding
 from fluidctl.errors import UsageError
+from fluidctl.runtime import digest
 from fluidctl.sharding import ShardOptions
 
 
@@ -50,7 +51,10 @@ def check_manifest_matches_files(out):
     for entry, path in zip(manifest["shards"], files):
         data = path.read_bytes()
         assert entry["bytes"] == len(data)
-        assert entry["sha256"] == hashlib.sha256(data).hexdigest()
+        if entry["checksum"] is not None:
+            hasher = digest.new(entry["checksum"])
+            hasher.update(data)
+            assert entry["digest"] == hasher.hexdigest()
         header = 1 if manifest["format"] == "csv" else 0
         assert entry["records"] == len(data.splitlines()) - header
     assert manifest["records"] == sum(s["records"] for s in manifest["shards"])
@@ -239,7 +243,109 @@ def test_name_suffix_length_and_checksum_none(text, tmp_path):
     out = tmp_path / "out"
     manifest = run([text], 2, out, name="part", suffix_length=3, checksum="none")
     assert [s["file"] for s in manifest["shards"]] == ["part-000", "part-001"]
-    assert all(s["sha256"] is None for s in manifest["shards"])
+    assert all(s["digest"] is None and s["checksum"] is None for s in manifest["shards"])
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3-128", "blake3", "sha256"])
+def test_manifest_names_the_algorithm_of_every_digest(text, tmp_path, algorithm):
+    manifest = run([text], 3, tmp_path / "out", checksum=algorithm)
+    assert manifest["options"]["checksum"] == algorithm
+    assert {s["checksum"] for s in manifest["shards"]} == {algorithm}
+    check_manifest_matches_files(tmp_path / "out")
+    if algorithm == "sha256":       # what sha256sum checks, byte for byte
+        for s in manifest["shards"]:
+            data = (tmp_path / "out" / s["file"]).read_bytes()
+            assert s["digest"] == hashlib.sha256(data).hexdigest()
+
+
+def test_default_digest_is_xxh3_128(text, tmp_path):
+    manifest = run([text], 2, tmp_path / "out")
+    assert [s["checksum"] for s in manifest["shards"]] == ["xxh3-128", "xxh3-128"]
+    assert all(len(s["digest"]) == 32 for s in manifest["shards"])
+
+
+def test_large_shards_count_and_hash_like_small_ones(tmp_path, monkeypatch):
+    """Buffers from tuning.NUMPY_FROM up are counted with numpy, smaller ones with bytes.count:
+    both must give the manifest the same records and digest."""
+    lines = [b"r%d %s" % (i, b"z" * (i % 97)) for i in range(20000)]
+    path = write_lines(tmp_path / "t.txt", lines)
+    big = run([path], 3, tmp_path / "big")
+    monkeypatch.setattr(sharding.tuning, "NUMPY_FROM", 1 << 40)
+    small = run([path], 3, tmp_path / "small")
+    assert big["shards"] == small["shards"]
+    check_manifest_matches_files(tmp_path / "big")
+
+
+# --- --verify --------------------------------------------------------------------------------
+def flip_byte(path, offset):
+    data = bytearray(Path(path).read_bytes())
+    data[offset] ^= 0x01
+    Path(path).write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3-128", "blake3", "sha256"])
+def test_verify_finds_and_names_a_flipped_byte(text, tmp_path, algorithm):
+    out = tmp_path / "out"
+    result = cli(text, "-n", "3", "-o", out, "-q", "--checksum", algorithm)
+    assert result.returncode == 0, result.stderr
+    ok = cli("--verify", out)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout == f"ok: 3 shard(s) in {out} match the manifest ({algorithm})\n"
+    _, files = shard_files(out)
+    flip_byte(files[1], 17)             # same size: only the digest can tell
+    bad = cli("--verify", out)
+    assert bad.returncode == 1, bad
+    assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: "), bad.stderr
+    assert f"shard {files[1]} does not match the {algorithm} digest" in bad.stderr
+    assert str(files[0]) not in bad.stderr and str(files[2]) not in bad.stderr
+    assert "Traceback" not in bad.stderr and bad.stdout == ""
+
+
+def test_verify_names_every_bad_shard_on_one_line(text, tmp_path):
+    out = tmp_path / "out"
+    run([text], 4, out)
+    _, files = shard_files(out)
+    flip_byte(files[0], 0)
+    files[2].write_bytes(files[2].read_bytes()[:-1])          # truncated
+    files[3].unlink()
+    bad = cli("--verify", out)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "3 shard(s) differ" in bad.stderr
+    assert f"shard {files[0]} does not match the xxh3-128 digest" in bad.stderr
+    assert f"shard {files[2]} has " in bad.stderr and "the manifest says" in bad.stderr
+    assert f"shard {files[3]} is missing" in bad.stderr
+    assert str(files[1]) not in bad.stderr
+
+
+def test_verify_reads_version_1_manifests(text, tmp_path):
+    """Shards made before the digest became per-algorithm: "sha256": hex is still checked."""
+    out = tmp_path / "out"
+    run([text], 2, out, checksum="sha256")
+    manifest, files = shard_files(out)
+    manifest["manifest_version"] = 1
+    for s in manifest["shards"]:
+        s["sha256"] = s.pop("digest")
+        del s["checksum"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert cli("--verify", out).returncode == 0
+    flip_byte(files[0], 3)
+    bad = cli("--verify", out)
+    assert bad.returncode == 1 and "does not match the sha256 digest" in bad.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--verify", "{out}", "-n", "2"], ["--verify DIR checks existing shards"]),
+    (["--verify", "{tmp}/nope"], ["is not a directory"]),
+    (["--verify", "{tmp}"], ["has no manifest.json"]),
+    (["-n", "2", "-o", "{out}"], ["missing INPUT"]),
+    (["{text}", "-o", "{out}"], ["missing option --trainers"]),
+    (["{text}", "-n", "2"], ["missing option -o/--output"]),
+])
+def test_verify_and_missing_arguments_are_usage_errors(text, tmp_path, args, words):
+    out = tmp_path / "out"
+    run([text], 2, out)
+    argv = [a.format(out=out, tmp=tmp_path, text=text) for a in args]
+    assert_one_line_error(cli(*argv), *words)
 
 
 def test_force_replaces_and_refusal_keeps_old(text, tmp_path):

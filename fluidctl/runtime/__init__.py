@@ -7,7 +7,8 @@ one script serves one process and many. In parameter-server mode it only describ
 ``DistributedOptimizer`` then talks to the parameter servers.
 
 Kept light on purpose: numpy and the standard library only; mpi4py and cupy are imported when
-used, and ``optim``/``DistributedOptimizer`` load on first access.
+used, and ``optim``/``DistributedOptimizer``/``CollectiveError`` (with the collectives and numpy)
+load on first access.
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import sys
 from typing import Optional
 
 from fluidctl import envs
-from fluidctl.runtime.collective.meta import CollectiveError
 
 __all__ = ["init", "finalize", "Context", "CollectiveError", "DistributedOptimizer",
            "DistributeStrategy", "optim", "get_context"]
@@ -50,6 +50,7 @@ class Context:
 
     def _need_comm(self):
         if self.comm is None:
+            from fluidctl.runtime.collective.meta import CollectiveError
             raise CollectiveError(
                 f"collectives are not available in {self.mode} mode (role {self.role}); use "
                 "DistributedOptimizer, or start the job with --mode collective")
@@ -164,7 +165,12 @@ def finalize() -> None:
 
 
 def __getattr__(name):
+    # loaded on first access: fluidctl.runtime.data (imported by shard-data's command, whose
+    # start-up is most of a small run) must not pay for numpy through the collectives
     import importlib
+    if name == "CollectiveError":
+        from fluidctl.runtime.collective.meta import CollectiveError
+        return CollectiveError
     if name == "optim":
         return importlib.import_module("fluidctl.runtime.optim")
     if name in ("DistributedOptimizer", "DistributeStrategy"):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import glob
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -25,7 +24,7 @@ from fluidctl import envs
 from fluidctl.errors import UsageError
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2          # 2: per shard "checksum" (algorithm) + "digest"; 1: "sha256"
 FORMATS = ("text", "csv", "jsonl")
 _NUMBERED = re.compile(r"^(?P<name>.+)-(?P<index>\d+)$")
 
@@ -108,8 +107,8 @@ def shard_path(pattern_or_dir: str = "shards", *, rank: Optional[int] = None,
 
     The shard count must equal PADDLE_TRAINERS_NUM (the manifest's count when there is one).
     ``pattern_or_dir`` may also hold ``{rank}`` (``"data/part-{rank:05d}"``): then that one file
-    is returned and no count can be checked. ``verify=True`` re-computes the shard's sha256
-    against the manifest (reads the whole file).
+    is returned and no count can be checked. ``verify=True`` re-computes the shard's digest
+    against the manifest, with the algorithm the manifest names (reads the whole file).
     """
     rank, world = _rank_world(rank, world, environ)
     target = os.fspath(pattern_or_dir)
@@ -143,23 +142,67 @@ def shard_info(path: str) -> Optional[dict]:
     return None
 
 
+def shard_digest(entry: Mapping[str, Any]) -> tuple:
+    """(algorithm, hex digest) of a manifest's shard entry; (None, None) when it has none.
+    Version 1 manifests hold ``"sha256": hex``; version 2 ``"checksum": alg, "digest": hex``."""
+    if entry.get("digest"):
+        return entry.get("checksum"), entry["digest"]
+    if entry.get("sha256"):
+        return "sha256", entry["sha256"]
+    return None, None
+
+
+def check_shard(path: str, entry: Mapping[str, Any]) -> Optional[str]:
+    """What is wrong with one shard file against its manifest entry, or None: missing, size,
+    then digest (with the algorithm that made it)."""
+    from fluidctl.runtime import digest
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return f"shard {path} is missing"
+    if "bytes" in entry and size != entry["bytes"]:
+        return f"shard {path} has {size} bytes, the manifest says {entry['bytes']}"
+    algorithm, expected = shard_digest(entry)
+    if algorithm is None:
+        return None
+    try:
+        got = digest.file_digest(path, algorithm)
+    except digest.UnknownAlgorithm as exc:
+        return f"cannot check shard {path}: {exc}"
+    if got != expected:
+        return f"shard {path} does not match the {algorithm} digest in its manifest"
+    return None
+
+
+_FIX = "copy the shard again or re-run fluidctl shard-data"
+
+
 def verify_shard(path: str) -> None:
-    """Compare a shard's size and sha256 with its manifest entry (when it has one)."""
+    """Compare a shard's size and digest with its manifest entry (when it has one)."""
     info = shard_info(path)
     if info is None:
         return
-    size = os.path.getsize(path)
-    if size != info.get("bytes", size):
-        raise UsageError(f"shard {path} has {size} bytes, the manifest says {info['bytes']}",
-                         "copy the shard again or re-run fluidctl shard-data")
-    if info.get("sha256"):
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        if digest.hexdigest() != info["sha256"]:
-            raise UsageError(f"shard {path} does not match the sha256 in its manifest",
-                             "copy the shard again or re-run fluidctl shard-data")
+    problem = check_shard(path, info)
+    if problem:
+        raise UsageError(problem, _FIX)
+
+
+def verify_dir(directory: str, workers: int = 0) -> List[str]:
+    """Check every shard of a shard-data directory against its manifest (shards in parallel
+    threads: the hashes release the GIL); returns one message per bad shard, in shard order."""
+    from concurrent.futures import ThreadPoolExecutor
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise UsageError(f"{directory} has no {MANIFEST_NAME}",
+                         "pass the -o directory of fluidctl shard-data")
+    entries = manifest["shards"]
+    if not entries:
+        return []
+    workers = workers or min(len(entries), os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        problems = pool.map(lambda e: check_shard(os.path.join(directory, e["file"]), e),
+                            entries)
+        return [p for p in problems if p]
 
 
 def _open_binary(path: str):
@@ -213,12 +256,14 @@ class ShardReader:
 
     ``len(reader)`` is the number of batches, from the manifest's record count when there is one
     (so NCCL2 jobs can check every trainer runs the same number of steps before starting).
+    ``verify=True`` checks this trainer's shard against the manifest's size and digest first
+    (one read of the file) and raises ``UsageError`` naming it when it differs.
     """
 
     def __init__(self, pattern_or_dir: str = "shards", batch_size: int = 32, *,
                  drop_last: bool = False, format: Optional[str] = None, decode: bool = True,
-                 environ: Optional[Mapping[str, str]] = None):
-        self.path = shard_path(pattern_or_dir, environ=environ)
+                 environ: Optional[Mapping[str, str]] = None, verify: bool = False):
+        self.path = shard_path(pattern_or_dir, environ=environ, verify=verify)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.format = format

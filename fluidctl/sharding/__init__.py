@@ -6,15 +6,16 @@ Pure of click and rich (the command wraps it). How it stays fast and small:
   found by reading only around them; every shard is then a list of byte ranges of the inputs
   (:class:`Segment`), copied by the kernel with ``os.copy_file_range`` (falling back to
   ``os.sendfile``, then to plain writes). Each range is also read once through a reused 1 MiB
-  buffer for the manifest's record count (numpy, GIL released) and sha256 (hashlib, GIL
-  released); shards are written by one thread per core. ``--checksum none`` skips the sha256.
+  buffer for the manifest's record count (numpy, GIL released) and digest (xxh3-128 by default,
+  or blake3 / sha256; GIL released); shards are written by one thread per core.
+  ``--checksum none`` skips the digest.
 * Gzip inputs are decompressed once into a spool file inside the staging directory and then
   take the same byte-range path; the spool is deleted before the output appears.
 * ``--shuffle`` is an external shuffle (records scattered into random bucket files, then each
   bucket shuffled in memory; a bucket that comes out too big is scattered again), so memory
   stays bounded whatever the input size. Shards then get equal record counts (+-1).
 * ``--equalize truncate`` counts records per shard first and cuts the ranges; ``pad`` appends
-  records re-sampled (seeded) from the shard itself after it is written, extending its sha256.
+  records re-sampled (seeded) from the shard itself after it is written, extending its digest.
 * Output is built in a hidden staging directory next to OUT_DIR and renamed into place at the
   end; on any error (bad input, disk full, Ctrl-C) the staging directory is removed.
 
@@ -28,12 +29,9 @@ from __future__ import annotations
 import os
 
 # numpy's BLAS threads would only compete with the copy threads for cores: none is used here.
-# Set before any module of this package imports numpy.
+# Set before any module of this package imports numpy (numpy itself is imported only by the
+# paths that need it: start-up is most of a small run).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-# numpy loads numpy.random lazily, on first use; an import in progress swallows a Ctrl-C (the
-# run would then finish as if never interrupted), so load it now, before any work starts
-import numpy.random  # noqa: E402,F401
 
 from fluidctl.runtime.data import FORMATS
 from fluidctl.sharding import tuning
@@ -43,8 +41,14 @@ from fluidctl.sharding.inputs import Source
 from fluidctl.sharding.options import (BY_CHOICES, CHECKSUM_CHOICES,
                                        EQUALIZE_CHOICES, Progress, ShardOptions, ShardResult)
 from fluidctl.sharding.plan import Segment
-from fluidctl.sharding.shuffle import shuffle_shards
 
 __all__ = ["BY_CHOICES", "CHECKSUM_CHOICES", "EQUALIZE_CHOICES", "FORMATS", "Copier", "Progress",
            "Segment", "ShardOptions", "ShardResult", "ShardWriter", "Source", "shard",
            "shuffle_shards", "tuning"]
+
+
+def __getattr__(name: str):
+    if name == "shuffle_shards":        # imports numpy: only when asked for
+        from fluidctl.sharding.shuffle import shuffle_shards
+        return shuffle_shards
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

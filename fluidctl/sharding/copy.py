@@ -1,20 +1,18 @@
 """Writing a shard: byte ranges copied by the kernel (copy_file_range, then sendfile, then plain
-writes), each range read once through a reused buffer for the record count and sha256."""
+writes), each range read once through a reused buffer for the record count and the digest."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import threading
 from typing import List, Optional, Tuple
 
-import numpy as np
-
 from fluidctl.errors import UsageError
+from fluidctl.runtime import digest
 from fluidctl.sharding import tuning
 from fluidctl.sharding.options import Progress
 from fluidctl.sharding.parallel import _Stopped
-from fluidctl.sharding.scan import NEWLINE
+from fluidctl.sharding.scan import NEWLINE, count_newlines
 
 
 _FALLBACK_ERRNOS = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF,
@@ -67,12 +65,14 @@ class Copier:
 
 
 class ShardWriter:
-    """One output shard: bytes appended through here are counted (records) and hashed."""
+    """One output shard: bytes appended through here are counted (records) and hashed with
+    ``checksum`` (a :mod:`fluidctl.runtime.digest` algorithm, or "none")."""
 
     def __init__(self, path: str, checksum: str, progress: Progress):
         self.path = path
+        self.algorithm = None if checksum == "none" else checksum
+        self.hasher = digest.new(checksum) if self.algorithm else None
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        self.hasher = hashlib.sha256() if checksum == "sha256" else None
         self.progress = progress
         self.bytes = 0
         self.newlines = 0
@@ -81,14 +81,13 @@ class ShardWriter:
         # these counts and reads only the pieces its picks fall in.
         self.pieces: List[Tuple[int, int, int]] = []
 
-    def _account(self, data: memoryview, arr: Optional[np.ndarray]) -> None:
+    def _account(self, data: memoryview) -> None:
         n = len(data)
         if not n:
             return
         if self.hasher is not None:
             self.hasher.update(data)
-        arr = np.frombuffer(data, np.uint8) if arr is None else arr
-        new = int(np.count_nonzero(arr == NEWLINE))
+        new = count_newlines(data)
         self.newlines += new
         self.last_byte = data[n - 1]
         self.pieces.append((self.bytes, self.bytes + n, new))
@@ -97,16 +96,15 @@ class ShardWriter:
 
     def write(self, data) -> None:
         view = memoryview(data).cast("B")
-        self._account(view, None)
+        self._account(view)
         while view:
             view = view[os.write(self.fd, view):]
 
     def copy_range(self, copier: Copier, path: str, start: int, end: int,
                    stop: threading.Event) -> None:
         """Append bytes [start, end) of ``path``: each 1 MiB is read once for the count and
-        sha256 (from the page cache) and copied by the kernel."""
-        buf = bytearray(tuning.BLOCK)
-        arr = np.frombuffer(buf, np.uint8)
+        digest (from the page cache) and copied by the kernel."""
+        buf = bytearray(min(tuning.BLOCK, max(1, end - start)))
         fin = os.open(path, os.O_RDONLY)
         try:
             pos = start
@@ -118,7 +116,7 @@ class ShardWriter:
                     raise UsageError(f"input {path} shrank while being sharded",
                                      "do not modify the inputs while shard-data runs")
                 view = memoryview(buf)[:n]
-                self._account(view, arr[:n])
+                self._account(view)
                 copier.copy(fin, self.fd, pos, n, view)
                 pos += n
         finally:
@@ -134,5 +132,5 @@ class ShardWriter:
             self.fd = -1
 
     @property
-    def sha256(self) -> Optional[str]:
+    def digest(self) -> Optional[str]:
         return self.hasher.hexdigest() if self.hasher is not None else None

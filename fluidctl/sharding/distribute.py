@@ -4,7 +4,8 @@ Trainers are laid out over the hostfile's nodes as ``fluidctl train --hostfile``
 (node 0 takes ranks 0..slots-1, and so on), so shard i lands where trainer i reads it. Every
 node also gets the manifest (the runtime checks the shard count against it). Files are sent
 over SFTP to a temporary name and renamed into place, then checked against the manifest's
-sha256 on the node. All nodes are connected to before anything is sharded, so an unreachable
+digest on the node (``sha256sum`` for sha256; for xxh3-128 and blake3 the node's Python, the
+one at this interpreter's path, with fluidctl installed as it must be to train there). All nodes are connected to before anything is sharded, so an unreachable
 node costs nothing.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -19,6 +21,23 @@ from fluidctl.errors import FluidctlError, UsageError
 from fluidctl.planning.hosts import Host
 
 MANIFEST = "manifest.json"
+# prints "<hex digest>  <path>" per path, as sha256sum does
+_DIGEST_SNIPPET = ("import sys\nfrom fluidctl.runtime.digest import file_digest\n"
+                   "for p in sys.argv[2:]:\n    print(file_digest(p, sys.argv[1]) + '  ' + p)")
+
+
+def remote_digests(node, algorithm: str, paths: Sequence[str]) -> Dict[str, str]:
+    """{path: hex digest} of files on a node (absent for a file that could not be read)."""
+    if not paths:
+        return {}
+    if algorithm == "sha256":
+        return node.remote_sha256(list(paths))
+    result = node.run([sys.executable, "-c", _DIGEST_SNIPPET, algorithm, *paths])
+    digests = {}
+    for line in result.stdout.splitlines():
+        value, _, name = line.partition("  ")
+        digests[name] = value
+    return digests
 
 
 def ranks_by_node(hosts: Sequence[Host], trainers: int) -> Dict[str, List[int]]:
@@ -58,6 +77,7 @@ def send_shards(manifest: dict, out_dir: str, hosts: Sequence[Host], nodes, plac
     """Send every node its shards and the manifest; verify; return {node: [remote paths]}."""
     from fluidctl.backends.ssh import parallel
     from fluidctl.backends.sync import FileToSend, SyncPlan, send_files
+    from fluidctl.runtime.data import shard_digest
 
     shards = manifest["shards"]
 
@@ -72,11 +92,13 @@ def send_shards(manifest: dict, out_dir: str, hosts: Sequence[Host], nodes, plac
             files.append(FileToSend(local, posixpath.join(where, name), st.st_size,
                                     st.st_mtime, stat.S_IMODE(st.st_mode)))
         send_files(node, SyncPlan(where, files), on_bytes)
-        expected = {posixpath.join(where, shards[r]["file"]): shards[r].get("sha256")
+        expected = {posixpath.join(where, shards[r]["file"]): shard_digest(shards[r])
                     for r in placed[host.name]}
-        wanted = [p for p, digest in expected.items() if digest]
-        got = node.remote_sha256(wanted)
-        bad = [p for p in wanted if got.get(p) != expected[p]]
+        bad = []
+        for algorithm in {alg for alg, _ in expected.values() if alg}:
+            wanted = [p for p, (alg, _) in expected.items() if alg == algorithm]
+            got = remote_digests(node, algorithm, wanted)
+            bad += [p for p in wanted if got.get(p) != expected[p][1]]
         if bad:
             raise FluidctlError(f"node {host.name}: {', '.join(bad)} differ from the manifest "
                                 "after the copy", "run the command again", exit_code=1)

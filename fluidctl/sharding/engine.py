@@ -7,25 +7,33 @@ import os
 import threading
 from typing import Callable, List, Optional, Sequence, Tuple
 
-import numpy as np
-
 from fluidctl.runtime.data import MANIFEST_NAME, shard_name
+from fluidctl.sharding import tuning
 from fluidctl.sharding.copy import Copier, ShardWriter
-from fluidctl.sharding.equalize import count_plan, pad_shard, truncate_plan
 from fluidctl.sharding.inputs import (Source, check_out_dir, default_name, open_sources,
                                       resolve_inputs, validate_jsonl)
 from fluidctl.sharding.manifest import _manifest
 from fluidctl.sharding.options import Progress, ShardOptions, ShardResult, check_options
 from fluidctl.sharding.parallel import _parallel
 from fluidctl.sharding.plan import Segment, Stream, make_spans, plan_files, plan_lines
-from fluidctl.sharding.shuffle import shuffle_shards
 from fluidctl.sharding.staging import Staging, _check_space, _io_error
+
+
+def _load_numpy(opts: ShardOptions) -> None:
+    """numpy (and numpy.random, which numpy loads lazily) for the paths that need it, imported
+    before any work starts: an import in progress swallows a Ctrl-C (the run would then finish
+    as if never interrupted), and the default path on small inputs should not pay for it."""
+    if opts.shuffle or opts.equalize != "none":
+        # numpy's BLAS threads would only compete with the copy threads for cores
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        import numpy.random  # noqa: F401
 
 
 def shard(opts: ShardOptions, progress: Optional[Progress] = None) -> dict:
     """Run shard-data; returns the manifest (also written to OUT_DIR/manifest.json)."""
     progress = progress or Progress()
     check_options(opts)
+    _load_numpy(opts)
     files, dirs = resolve_inputs(opts.inputs)
     check_out_dir(opts.out_dir, files, dirs, opts.force)
     name = opts.name or default_name(files[0])
@@ -48,8 +56,6 @@ def _build(opts: ShardOptions, files: List[str], name: str, stage: Staging,
     if opts.format == "jsonl":
         validate_jsonl(sources, progress)
     header = sources[0].header if opts.format == "csv" else b""
-    seeds = np.random.SeedSequence(opts.seed).spawn(2)
-    pad_rngs = [np.random.default_rng(s) for s in seeds[1].spawn(opts.trainers)]
     file_names = [shard_name(name, i, opts.suffix_length) for i in range(opts.trainers)]
 
     def make_writer(i: int) -> ShardWriter:
@@ -58,7 +64,11 @@ def _build(opts: ShardOptions, files: List[str], name: str, stage: Staging,
             writer.write(header)
         return writer
 
+    if opts.shuffle or opts.equalize == "pad":
+        import numpy as np
+        seeds = np.random.SeedSequence(opts.seed).spawn(2)
     if opts.shuffle:
+        from fluidctl.sharding.shuffle import shuffle_shards
         total = sum(s.data_bytes for s in sources)
         _check_space(stage.tmp, opts.out_dir, 2 * total)
         writers = shuffle_shards(sources, opts, stage.work, make_writer, progress,
@@ -70,6 +80,7 @@ def _build(opts: ShardOptions, files: List[str], name: str, stage: Staging,
         else:
             plans = plan_files(stream, sources, opts.trainers)
         if opts.equalize == "truncate":
+            from fluidctl.sharding.equalize import count_plan, truncate_plan
             progress.stage("counting records", stream.length)
             counts = [count_plan(sources, p) for p in plans]
             keep = min(counts)
@@ -80,6 +91,8 @@ def _build(opts: ShardOptions, files: List[str], name: str, stage: Staging,
         writers = _write_plans(plans, sources, make_writer, progress, size)
     header_lines = 1 if header else 0
     if opts.equalize == "pad":
+        from fluidctl.sharding.equalize import pad_shard
+        pad_rngs = [np.random.default_rng(s) for s in seeds[1].spawn(opts.trainers)]
         most = max(w.records for w in writers)
         progress.stage("padding", sum(w.bytes for w in writers if w.records < most))
 
@@ -94,7 +107,7 @@ def _build(opts: ShardOptions, files: List[str], name: str, stage: Staging,
                     w.close()
 
         _parallel(pad, len(writers))
-    return sources, [ShardResult(i, file_names[i], w.records - header_lines, w.bytes, w.sha256)
+    return sources, [ShardResult(i, file_names[i], w.records - header_lines, w.bytes, w.digest)
                      for i, w in enumerate(writers)]
 
 
@@ -103,6 +116,8 @@ def _write_plans(plans: List[List[Segment]], sources: Sequence[Source],
                  size: int) -> List[ShardWriter]:
     """Write every shard from its byte ranges, in parallel."""
     progress.stage("writing shards", size)
+    if size >= tuning.NUMPY_FROM:       # the record count will use it: import it here, not
+        import numpy  # noqa: F401      # in a worker thread (see _load_numpy)
     copier = Copier()
 
     def work(i: int, stop: threading.Event) -> ShardWriter:

@@ -25,8 +25,10 @@ def _manifest(opts: ShardOptions, name: str, results: List[ShardResult],
                     "suffix_length": opts.suffix_length, "checksum": opts.checksum},
         "records": sum(r.records for r in results),
         "bytes": sum(r.bytes for r in results),
+        # the algorithm beside every digest: a shard is verified with what made its digest
         "shards": [{"index": r.index, "file": r.file, "records": r.records, "bytes": r.bytes,
-                    "sha256": r.sha256} for r in results],
+                    "checksum": None if r.digest is None else opts.checksum,
+                    "digest": r.digest} for r in results],
     }
     if opts.format == "csv":
         manifest["header"] = _short(sources[0].header, 10_000)

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from fluidctl.errors import UsageError
+from fluidctl.runtime import digest
 from fluidctl.runtime.data import FORMATS
 
 
 BY_CHOICES = ("lines", "files")
 EQUALIZE_CHOICES = ("none", "pad", "truncate")
-CHECKSUM_CHOICES = ("sha256", "none")
+CHECKSUM_CHOICES = (*digest.ALGORITHMS, "none")   # the default, digest.DEFAULT, first
 
 
 @dataclass
@@ -26,7 +27,7 @@ class ShardOptions:
     name: Optional[str] = None
     suffix_length: int = 5
     equalize: str = "none"
-    checksum: str = "sha256"
+    checksum: str = digest.DEFAULT
     force: bool = False
 
 
@@ -47,7 +48,7 @@ class ShardResult:
     file: str
     records: int
     bytes: int
-    sha256: Optional[str]
+    digest: Optional[str]           # hex, made by ShardOptions.checksum (None with "none")
 
 
 def check_options(opts: ShardOptions) -> None:
@@ -66,6 +67,12 @@ def check_options(opts: ShardOptions) -> None:
     if opts.name is not None and (not opts.name or "/" in opts.name or opts.name.startswith(".")):
         raise UsageError(f"--name {opts.name!r} is not a plain file name",
                          "pass a name like --name train.txt")
+    if opts.checksum != "none":
+        try:
+            digest.new(opts.checksum)
+        except digest.UnknownAlgorithm as exc:
+            raise UsageError(f"--checksum {opts.checksum}: {exc}",
+                             f"pass --checksum {digest.DEFAULT}") from None
     if opts.shuffle and opts.by == "files":
         raise UsageError("--shuffle shuffles records, which --by files keeps whole",
                          "use --by lines --shuffle")

