@@ -24,9 +24,11 @@ def hostfile(sshd_nodes):
 
 
 def table_row(out, first_cell):
-    """The cells of the rich table row that starts with ``first_cell``."""
+    """The cells of the table row that starts with ``first_cell`` (rich's box, or the plain
+    " | " columns cluster sync prints off a terminal)."""
     for line in out.splitlines():
-        cells = [c.strip() for c in line.strip("│ ").split("│")]
+        sep = "│" if "│" in line else "|"
+        cells = [c.strip() for c in line.strip("│ ").split(sep)]
         if cells and cells[0] == first_cell:
             return cells
     raise AssertionError(f"no row {first_cell!r} in:\n{out}")

@@ -1,5 +1,9 @@
 """Workspace sync over SFTP: send a local tree to a node, only the files that changed.
 
+``cluster sync`` goes through ``fluidctl.backends.push`` (OpenSSH, one stream) and comes here
+only when that cannot reach a node; ``shard-data --to-hosts`` sends its shards with
+``send_files``. ``local_files`` and ``excluded`` (what a sync sends) serve both.
+
 Its own module because it is a policy over a connection (what to exclude, how to decide a file
 changed, how to write it atomically), not part of connecting or running commands: ``cluster
 sync`` and shard distribution use it; the SFTP primitives it needs are on ``SSHNode``.
@@ -10,13 +14,15 @@ import fnmatch
 import hashlib
 import os
 import posixpath
+import re
 import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
-from fluidctl.backends.ssh import SSHNode
+if TYPE_CHECKING:       # paramiko is heavy to import; cluster sync lists files without it
+    from fluidctl.backends.ssh import SSHNode
 
 DEFAULT_EXCLUDES = (".git", "__pycache__", "*.pyc", ".pytest_cache")
 
@@ -41,28 +47,52 @@ class SyncPlan:
         return sum(f.size for f in self.send)
 
 
+def _matcher(patterns: Sequence[str]):
+    """One compiled regex for every glob (fnmatch's own translation)."""
+    if not patterns:
+        return lambda text: False
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns)).match
+
+
 def excluded(rel: str, patterns: Sequence[str]) -> bool:
     """rsync-like: a pattern matches the relative path or any one of its components."""
-    parts = rel.split("/")
-    return any(fnmatch.fnmatch(rel, p) or any(fnmatch.fnmatch(part, p) for part in parts)
-               for p in patterns)
+    match = _matcher(patterns)
+    return bool(match(rel)) or any(match(part) for part in rel.split("/"))
+
+
+def walk(source: Path, excludes: Sequence[str]) -> List[Tuple[str, str, os.stat_result]]:
+    """(relative posix path, path, stat) of every regular file under ``source`` (or source
+    itself), sorted, skipping what ``excludes`` matches. A directory that matches is not
+    entered, so a file's path and its own name are all that is left to check for it."""
+    source = Path(source)
+    if source.is_file():
+        return [(source.name, str(source), source.stat())]
+    match = _matcher(excludes)
+    files: List[Tuple[str, str, os.stat_result]] = []
+
+    def visit(directory: str, rel_dir: str) -> None:
+        with os.scandir(directory) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            if match(rel) or match(entry.name):
+                continue
+            try:
+                if entry.is_dir():          # follows symlinks, as os.walk's listing does
+                    if not entry.is_symlink():
+                        visit(entry.path, rel)
+                elif entry.is_file():
+                    files.append((rel, entry.path, entry.stat()))
+            except FileNotFoundError:       # vanished while listed
+                continue
+
+    visit(str(source), "")
+    return files
 
 
 def local_files(source: Path, excludes: Sequence[str]) -> List[Tuple[str, Path]]:
     """(relative posix path, path) of every regular file under ``source`` (or source itself)."""
-    if source.is_file():
-        return [(source.name, source)]
-    files = []
-    for root, dirs, names in os.walk(source):
-        rel_root = Path(root).relative_to(source).as_posix()
-        rel_root = "" if rel_root == "." else rel_root
-        dirs[:] = sorted(d for d in dirs if not excluded(posixpath.join(rel_root, d), excludes))
-        for name in sorted(names):
-            rel = posixpath.join(rel_root, name) if rel_root else name
-            path = Path(root) / name
-            if not excluded(rel, excludes) and path.is_file():
-                files.append((rel, path))
-    return files
+    return [(rel, Path(path)) for rel, path, _ in walk(source, excludes)]
 
 
 def sha256_file(path: Path) -> str:

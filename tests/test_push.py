@@ -1,0 +1,164 @@
+"""cluster sync's transport (fluidctl.backends.push): one OpenSSH process per node and a
+standard-library receiver, against real sshd nodes on loopback; and the SFTP fallback."""
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fluidctl.backends import push
+from fluidctl.backends.sync import DEFAULT_EXCLUDES, walk
+from fluidctl.commands import cluster as cluster_cmd
+
+
+def argv_for(sshd_nodes, alias="node1"):
+    return push.ssh_command(alias, ssh_config=str(sshd_nodes.config), timeout=10)
+
+
+def files_of(src, *extra):
+    return push.scan(walk(src, (*DEFAULT_EXCLUDES, *extra)))
+
+
+def no_temporaries(root):
+    return not [p for p in Path(root).rglob("*") if ".fluidctl-" in p.name]
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    src = tmp_path / "src"
+    (src / "pkg" / "sub").mkdir(parents=True)
+    (src / "train.py").write_text("print('v1')\n")
+    (src / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (src / "run.sh").chmod(0o750)
+    (src / "pkg" / "sub" / "lib.py").write_text("X = 1\n")
+    (src / "weights.bin").write_bytes(os.urandom(3 << 20))          # through sendfile
+    (src / "empty.txt").write_bytes(b"")
+    (src / "__pycache__").mkdir()
+    (src / "__pycache__" / "x.pyc").write_bytes(b"skip")
+    (src / "big.ckpt").write_bytes(b"0" * 10)
+    return src
+
+
+def test_push_copies_contents_modes_and_mtimes_then_only_changes(sshd_nodes, workspace,
+                                                                 tmp_path):
+    remote = tmp_path / "remote" / "ws"
+    argv = argv_for(sshd_nodes)
+    sent = []
+    first = push.push(argv, files_of(workspace, "*.ckpt"), str(remote), on_bytes=sent.append)
+    assert sorted(first.sent) == ["empty.txt", "pkg/sub/lib.py", "run.sh", "train.py",
+                                  "weights.bin"]
+    sizes = sum((workspace / rel).stat().st_size for rel in first.sent)
+    assert first.unchanged == 0 and sum(sent) == first.sent_bytes == sizes > 3 << 20
+    for rel in first.sent:
+        here, there = workspace / rel, remote / rel
+        assert there.read_bytes() == here.read_bytes()
+        assert stat.S_IMODE(there.stat().st_mode) == stat.S_IMODE(here.stat().st_mode)
+        assert there.stat().st_mtime_ns == here.stat().st_mtime_ns
+    assert not (remote / "big.ckpt").exists() and not (remote / "__pycache__").exists()
+    assert no_temporaries(remote)
+
+    again = push.push(argv, files_of(workspace, "*.ckpt"), str(remote))
+    assert again.sent == [] and again.unchanged == 5
+
+    (workspace / "train.py").write_text("print('v2')\n")           # same size, new mtime
+    later = time.time() + 5
+    os.utime(workspace / "train.py", (later, later))
+    third = push.push(argv, files_of(workspace, "*.ckpt"), str(remote))
+    assert third.sent == ["train.py"] and third.unchanged == 4
+    assert (remote / "train.py").read_text() == "print('v2')\n"
+
+    # same size and mtime kept: only compare="hash" sees the change
+    stamp = (workspace / "pkg/sub/lib.py").stat().st_mtime_ns
+    (workspace / "pkg/sub/lib.py").write_text("X = 2\n")
+    os.utime(workspace / "pkg/sub/lib.py", ns=(stamp, stamp))
+    assert push.push(argv, files_of(workspace, "*.ckpt"), str(remote)).sent == []
+    fourth = push.push(argv, files_of(workspace, "*.ckpt"), str(remote), compare="hash")
+    assert fourth.sent == ["pkg/sub/lib.py"]
+    assert (remote / "pkg/sub/lib.py").read_text() == "X = 2\n"
+
+
+def test_push_names_the_files_it_could_not_write(sshd_nodes, workspace, tmp_path):
+    blocker = tmp_path / "remote"
+    blocker.write_text("a file where a directory should be")
+    with pytest.raises(push.PushFailed, match="file\\(s\\) not written: .*Not a directory"):
+        push.push(argv_for(sshd_nodes), files_of(workspace), str(blocker / "ws"))
+    assert blocker.read_text() == "a file where a directory should be"
+
+
+def test_push_reports_ssh_failures_with_ssh_s_own_words(sshd_nodes, workspace, tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text(sshd_nodes.config.read_text()
+                      + "Host closed\n    HostName 127.0.0.4\n    Port 1\n")
+    argv = push.ssh_command("closed", ssh_config=str(config), timeout=5)
+    with pytest.raises(push.PushFailed, match="127.0.0.4 port 1: Connection refused"):
+        push.push(argv, files_of(workspace), str(tmp_path / "never"))
+
+
+def test_no_python3_on_the_node_means_fall_back(workspace, tmp_path):
+    """A node whose shell cannot find python3 exits 127: the caller falls back to SFTP."""
+    fake_ssh = ["sh", "-c", "echo 'sh: 1: python3: not found' >&2; exit 127", "fake-node"]
+    with pytest.raises(push.PushUnavailable, match="no python3 on the node"):
+        push.push(fake_ssh, files_of(workspace), str(tmp_path / "never"))
+    assert not (tmp_path / "never").exists()
+
+
+def test_ssh_command_follows_the_user_s_choices():
+    argv = push.ssh_command("node1", user="bob", port=2222, ssh_config="/c", accept_new=True,
+                            timeout=7)
+    assert argv[0] == "ssh" and argv[-2:] == ["--", "node1"]
+    joined = " ".join(argv)
+    for part in ("-o BatchMode=yes", "-o ConnectTimeout=7", "-F /c",
+                 "-o StrictHostKeyChecking=accept-new", "-l bob", "-p 2222"):
+        assert part in joined
+    assert "-F" not in push.ssh_command("node1") and "-l" not in push.ssh_command("node1")
+
+
+def test_cluster_timeout_default_is_the_ssh_backend_s():
+    from fluidctl.backends import ssh
+    assert cluster_cmd.SSH_TIMEOUT == ssh.DEFAULT_TIMEOUT
+
+
+def test_sync_without_an_ssh_client_goes_over_sftp(sshd_nodes, workspace, tmp_path):
+    """No `ssh` on PATH: the same result through paramiko's SFTP."""
+    hostfile = sshd_nodes.hostfile("hosts-fallback.txt")
+    remote = tmp_path / "remote" / "{host}"
+    env = {"PATH": str(tmp_path / "empty-bin"), "NO_COLOR": "1", "HOME": str(Path.home())}
+    argv = [sys.executable, "-m", "fluidctl", "cluster", "sync", "--hostfile", str(hostfile),
+            "--ssh-config", str(sshd_nodes.config), "--remote-dir", str(remote),
+            "--exclude", "*.ckpt", str(workspace)]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    for node in ("node1", "node2"):
+        there = tmp_path / "remote" / node
+        assert (there / "weights.bin").read_bytes() == (workspace / "weights.bin").read_bytes()
+        assert (there / "pkg/sub/lib.py").read_text() == "X = 1\n"
+        assert not (there / "big.ckpt").exists()
+    # then OpenSSH finds the SFTP-synced tree up to date (mtimes compared in whole seconds)
+    env["PATH"] = "/usr/bin:/bin"
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    rows = [[c.strip() for c in line.split("|")] for line in r.stdout.splitlines()
+            if line.startswith("node")]
+    assert [row[0] for row in rows] == ["node1", "node2"], r.stdout
+    assert all(row[2] == "0" and row[4] == "5" for row in rows), r.stdout    # sent, unchanged
+
+
+def test_sync_names_each_failing_node_on_one_line(sshd_nodes, workspace, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1\nclosed\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(sshd_nodes.config.read_text()
+                      + "Host closed\n    HostName 127.0.0.4\n    Port 1\n")
+    r = subprocess.run([sys.executable, "-m", "fluidctl", "cluster", "sync", "--hostfile",
+                        str(hostfile), "--ssh-config", str(config), "--timeout", "5",
+                        "--remote-dir", str(tmp_path / "remote" / "{host}"), str(workspace)],
+                       capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "HOME": str(Path.home())})
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: 1 of 2 node(s) failed to "
+                                                             "sync: closed: "), r.stderr
+    assert "Connection refused" in r.stderr
+    assert (tmp_path / "remote" / "node1" / "train.py").read_text() == "print('v1')\n"
