@@ -218,29 +218,11 @@ def sync(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote_
     failures = {name: o for name, o in outcomes.items() if isinstance(o, str)}
     rows = [(name, o[0], str(o[1]), human_bytes(o[2]), str(o[3]))
             for name, o in outcomes.items() if not isinstance(o, str)]
-    _print_table(f"fluidctl cluster sync: {source}",
+    from fluidctl.tables import print_table
+    print_table(f"fluidctl cluster sync: {source}",
                  ("host", "remote dir", "sent files", "sent", "unchanged"), rows)
     if failures:
         raise _fail_nodes("failed to sync", failures, len(hosts))
-
-
-def _print_table(title: str, columns, rows) -> None:
-    """A rich table on a terminal; elsewhere (scripts, CI logs) the same cells as plain
-    columns separated by " | ", without loading rich (a third of a quick sync's start-up)."""
-    import sys
-    if sys.stdout.isatty():
-        from rich.table import Table
-        table = Table(title=title)
-        for column in columns:
-            table.add_column(column, overflow="fold")
-        for row in rows:
-            table.add_row(*row)
-        console().print(table)
-        return
-    widths = [max(len(c) for c in cells) for cells in zip(columns, *rows)]
-    lines = [title] + [" | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
-                       for cells in (columns, *rows)]
-    print("\n".join(lines), flush=True)
 
 
 class _SyncProgress:

@@ -152,8 +152,7 @@ def _shard(inputs, trainers, out_dir, by, fmt, shuffle, seed, name, suffix_lengt
         with RichProgress(console(stderr=True)) as progress:
             manifest = sharding.shard(opts, progress)
     if not quiet:
-        from fluidctl.console import console
-        console().print(summary_table(manifest, out_dir))
+        print_summary(manifest, out_dir)
     return manifest
 
 
@@ -216,14 +215,12 @@ class RichProgress(sharding.Progress):
             self._bar.update(self._task, advance=nbytes, records=self._records)
 
 
-def summary_table(manifest: dict, out_dir: str):
-    from rich.table import Table
-    table = Table(title=f"{len(manifest['shards'])} shards in {out_dir} "
-                        f"({manifest['records']:,} records, {manifest['bytes']:,} bytes)")
-    for column, justify in (("shard", "left"), ("records", "right"), ("bytes", "right"),
-                            ("digest", "left")):
-        table.add_column(column, justify=justify)
-    for s in manifest["shards"]:
-        table.add_row(s["file"], f"{s['records']:,}", f"{s['bytes']:,}",
-                      f"{s['checksum']} {s['digest'][:16]}" if s["digest"] else "-")
-    return table
+def print_summary(manifest: dict, out_dir: str) -> None:
+    from fluidctl.tables import print_table
+    rows = [(s["file"], f"{s['records']:,}", f"{s['bytes']:,}",
+             f"{s['checksum']} {s['digest'][:16]}" if s["digest"] else "-")
+            for s in manifest["shards"]]
+    print_table(f"{len(manifest['shards'])} shards in {out_dir} "
+                f"({manifest['records']:,} records, {manifest['bytes']:,} bytes)",
+                ("shard", "records", "bytes", "digest"), rows,
+                justify=("left", "right", "right", "left"))

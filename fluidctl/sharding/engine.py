@@ -27,6 +27,8 @@ def _load_numpy(opts: ShardOptions) -> None:
         # numpy's BLAS threads would only compete with the copy threads for cores
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         import numpy.random  # noqa: F401
+        import fluidctl.sharding.equalize  # noqa: F401
+        import fluidctl.sharding.shuffle  # noqa: F401
 
 
 def shard(opts: ShardOptions, progress: Optional[Progress] = None) -> dict:

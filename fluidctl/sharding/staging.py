@@ -40,11 +40,15 @@ class Staging:
             self._cleanup()
             raise UsageError(f"cannot write the output {self.out_dir}: {exc.strerror}",
                              "choose a writable -o") from None
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(self.tmp, 0o777 & ~mask)
-        self.work = os.path.join(self.tmp, ".work")
-        os.mkdir(self.work)
+        try:        # a signal here (the directory exists, __exit__ will not run) removes it
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(self.tmp, 0o777 & ~mask)
+            self.work = os.path.join(self.tmp, ".work")
+            os.mkdir(self.work)
+        except BaseException:
+            self._cleanup()
+            raise
         return self
 
     def path(self, name: str) -> str:
