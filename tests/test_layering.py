@@ -1,10 +1,14 @@
 """Imports run one way: commands -> launch -> backends -> planning -> the ground floor
 (envs, paths, net, failures, lines, errors), and the runtime sits on that floor: training
 scripts import it, and it imports nothing of the launcher nor the CLI's heavy libraries."""
+import ast
 import pkgutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import fluidctl
 
 RUNTIME_MODULES = [
     "fluidctl.runtime", "fluidctl.runtime.store", "fluidctl.runtime.wire",
@@ -70,3 +74,27 @@ def test_planning_imports_no_backend_nor_launch():
 def test_the_blocker_really_blocks():
     result = run_blocked(["fluidctl.runtime", "fluidctl.launch.supervisor"], BLOCKED)
     assert result.returncode != 0 and "layering: fluidctl.launch imported" in result.stderr
+
+
+def imported_names(package_dir):
+    """Every module named by an import statement in the package, at any depth (lazy imports
+    inside functions included), as (file, module)."""
+    for path in sorted(Path(package_dir).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                yield path.name, node.module
+                for alias in node.names:
+                    yield path.name, f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield path.name, alias.name
+
+
+def test_no_lazy_import_climbs_the_layers_either():
+    root = Path(fluidctl.__file__).parent
+    above = ("fluidctl.launch", "fluidctl.backends", "fluidctl.commands", "fluidctl.cli",
+             "fluidctl.console")
+    for package in ("runtime", "planning"):
+        wrong = [(f, m) for f, m in imported_names(root / package)
+                 if any(m == a or m.startswith(a + ".") for a in above)]
+        assert wrong == [], f"fluidctl/{package} imports from above it: {wrong}"

@@ -7,7 +7,8 @@ nodes through its own ssh launcher); each rank's worker maps OMPI_* to the PADDL
 and writes LOG_DIR/workerlog.N. fluidctl supervises mpirun itself (fail fast and restarts apply
 to the whole mpirun) and keeps mpirun's own output in LOG_DIR/mpirun.log.
 
-``command()`` is pure (``mpirun`` given) so tests can compare it to a golden string.
+``command()`` runs nothing (it reads the mpirun path, the core count and the uid) so tests can
+compare it to a golden string; ``available()`` runs ``mpirun --version`` once.
 Each rank is started as ``fluidctl worker SCRIPT``, which turns OMPI_* into the PADDLE_*
 contract. Environment values travel as ``-x NAME`` (mpirun copies this process's value), so
 secrets such as the job token never appear in ``ps``.

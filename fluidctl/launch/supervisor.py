@@ -122,8 +122,8 @@ class Supervisor:
             if attempt:
                 self.before_restart(attempt)
             self._stopping = False
-            # start() either returns every handle of the attempt or raises; what it started
-            # before raising is stopped by the sweep of descendants around the supervisor
+            # start() returns every handle of the attempt, or stops what it started and
+            # raises (the Launcher protocol); nothing is ours to stop then
             self._handles = self.start(attempt)
             self.log(f"attempt {attempt}: started " + ", ".join(
                 f"{h.label} pid {h.pid} on {h.host}" for h in self._handles))
