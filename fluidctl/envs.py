@@ -75,6 +75,7 @@ SYNC_MODE = "FLUIDCTL_SYNC_MODE"        # "sync" | "async" (parameter-server mod
 TIMEOUT = "FLUIDCTL_TIMEOUT"            # seconds a collective or rendezvous may wait
 LOG_DIR = "FLUIDCTL_LOG_DIR"
 SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process_vm_readv)
+WORKER_ECHO = "FLUIDCTL_WORKER_ECHO"    # "0": fluidctl worker writes its log only, not stdout
 # --- OpenMPI (read only) --------------------------------------------------------------------
 OMPI_RANK = "OMPI_COMM_WORLD_RANK"
 OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"
@@ -299,7 +300,7 @@ SLURM_PROCID = "SLURM_PROCID"
 SLURM_LOCALID = "SLURM_LOCALID"
 SLURM_NODEID = "SLURM_NODEID"
 SLURM_NTASKS = "SLURM_NTASKS"
-SLURM_STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"     # set in an srun step's tasks, not in a batch script
+SLURM_STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"   # in an srun step's tasks, not in a batch script
 SLURM_JOB_NUM_NODES = "SLURM_JOB_NUM_NODES"
 SLURM_STEP_NODELIST = "SLURM_STEP_NODELIST"
 SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"
@@ -394,6 +395,19 @@ def slurm_ports(job_id: int, step_id: int, local_size: int) -> int:
     return SLURM_PORT_LOW + ((job_id * 4 + step_id) % slots) * stride
 
 
+def slurm_pserver_port(job_id: int) -> int:
+    """The port of a job's parameter servers under the Slurm backend (one per node):
+    32000-32767, from the job id."""
+    return 32000 + (job_id * 4) % 768
+
+
+# what a pserver-mode trainer takes from the collective contract (its place on the node)
+NODE_LOCAL_NAMES = (RANK_IN_NODE, LOCAL_RANK, TORCH_LOCAL_RANK, LOCAL_SIZE,
+                    TORCH_LOCAL_WORLD_SIZE, NNODES, DS_LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, MASTER,
+                    TORCH_MASTER_ADDR, TORCH_MASTER_PORT, SELECTED_GPUS, CUDA_VISIBLE_DEVICES,
+                    LOCAL_DEVICE_IDS, WORLD_DEVICE_IDS)
+
+
 def _endpoint_of(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -462,4 +476,17 @@ def from_slurm(environ: Mapping[str, str], cores: Optional[int] = None) -> Dict[
     if gpus:
         index = str(local_rank % len(gpus) if len(gpus) > 1 else 0)
         env[SELECTED_GPUS] = env[LOCAL_DEVICE_IDS] = index
-    return env
+    pservers = [e for e in environ.get(PSERVERS_IP_PORT_LIST, "").split(",") if e]
+    if not pservers:
+        return env
+    # pserver mode (the Slurm backend's two steps): the step's role is in TRAINING_ROLE
+    common = dict(pserver_endpoints=pservers, sync=environ.get(SYNC_MODE, "sync") != "async",
+                  use_gpu=bool(gpus), cores=cores, procs_on_node=local_size,
+                  restart_count=int(env[RESTART_COUNT]), token=environ.get(JOB_TOKEN))
+    if environ.get(TRAINING_ROLE, ROLE_TRAINER).upper() == ROLE_PSERVER:
+        return pserver_env(role=ROLE_PSERVER, index=rank,
+                           trainers=int(environ.get(TRAINERS_NUM) or 1), **common)
+    trainer = pserver_env(role=ROLE_TRAINER, index=rank, trainers=world,
+                          trainer_endpoints=endpoints, **common)
+    trainer.update({k: env[k] for k in NODE_LOCAL_NAMES if k in env})
+    return trainer

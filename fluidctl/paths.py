@@ -79,6 +79,11 @@ class LogLayout:
         """srun's own messages under ``--backend slurm`` (ranks still get workerlog.N)."""
         return self.root / "srun.log"
 
+    @property
+    def srun_pserver(self) -> Path:
+        """srun's own messages for the pservers' step (pserver mode under --backend slurm)."""
+        return self.root / "srun.pserver.log"
+
     def job_exit(self, job_id: str) -> Path:
         """The exit code the batch script of job ``job_id`` leaves when it ends (read without
         sacct); ``job_exit("%j")`` is the pattern the script is written with."""

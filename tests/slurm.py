@@ -19,6 +19,7 @@ SLURM_* variable (a test itself may run inside an allocation), plus SLURM_CONF.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -124,6 +125,27 @@ class SlurmCluster:
         kw.setdefault("env", self.env())
         return subprocess.run(list(argv), capture_output=True, text=True, check=check,
                               timeout=timeout, **kw)
+
+    def allocate(self, nodes: int = 2, ntasks_per_node: int = 2) -> Dict[str, str]:
+        """``salloc --no-shell``: a granted allocation, as the variables salloc's shell would
+        have (add them to an environment to be "inside" it). Cancelled by ``cancel_all``."""
+        res = self.run("salloc", "--no-shell", "-J", "alloc", f"--nodes={nodes}",
+                       f"--ntasks-per-node={ntasks_per_node}", check=False)
+        found = re.search(r"Granted job allocation (\d+)", res.stderr)
+        if not found:
+            raise RuntimeError(f"salloc failed: {res.stderr}\n{self.logs()}")
+        job_id = found.group(1)
+        info = self.run("scontrol", "show", "job", "-o", job_id).stdout
+        nodelist = re.search(r"\bNodeList=(\S+)", info).group(1)
+        return {"SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_JOB_NODELIST": nodelist,
+                "SLURM_NODELIST": nodelist, "SLURM_JOB_NUM_NODES": str(nodes),
+                "SLURM_NNODES": str(nodes), "SLURM_NTASKS_PER_NODE": str(ntasks_per_node),
+                "SLURM_NTASKS": str(nodes * ntasks_per_node)}
+
+    def steps(self, job_id: str) -> List[str]:
+        """The steps Slurm still lists for a job."""
+        out = self.run("squeue", "-h", "-s", "-j", job_id, "-o", "%i", check=False).stdout
+        return out.split()
 
     def cancel_all(self) -> None:
         self.run("scancel", "--full", "--user", "root", check=False)

@@ -5,10 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from fluidctl import paths
 from fluidctl.backends import slurmctl
+from fluidctl.planning.slurm import SlurmOptions
 
 from launchutil import wait_for
 
@@ -40,10 +39,11 @@ exit "$code"
 
 def test_golden_sbatch_script():
     layout = paths.LogLayout(Path("/logs/my run"))
+    options = SlurmOptions(partition="gpu", time="01:30:00", account="proj 1", qos="high",
+                           constraint="a100&ib", exclude="gpu[003-004]",
+                           slurm_args=("--mail-type=END", "--signal=B:USR2@120"))
     spec = slurmctl.SbatchSpec(
-        job_name="train", nodes=2, ntasks_per_node=4, gpus_per_node=4, partition="gpu",
-        time="01:30:00", account="proj 1", qos="high", constraint="a100&ib",
-        exclude="gpu[003-004]", extra=["--mail-type=END", "--signal=B:USR2@120"],
+        job_name="train", nodes=2, ntasks_per_node=4, gpus_per_node=4, options=options,
         command=["/opt/py/bin/python", "-m", "fluidctl", "train", "--backend", "slurm",
                  "--log-dir", "/logs/my run", "train.py", "--lr", "0.1 0.2"],
         workdir="/home/u/proj", output=str(layout.slurm_output),

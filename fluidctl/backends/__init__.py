@@ -14,6 +14,7 @@ LAUNCHERS = {
     "ssh": "fluidctl.backends.agent:SSHLauncher",
     "fabric": "fluidctl.backends.agent:FabricLauncher",
     "mpi": "fluidctl.backends.mpi:MPILauncher",
+    "slurm": "fluidctl.backends.slurm:SlurmLauncher",
 }
 
 

@@ -109,5 +109,9 @@ class BaseLauncher:
             return [(p.log, "") for p in plan.procs if p.role != PSERVER and p.rank == 0]
         return [(p.log, f"[{p.role} {p.rank}] ") for p in plan.procs]
 
+    def describe(self, plan: "Plan") -> str:
+        """Text --dry-run prints after the plan (e.g. the batch script Slurm would get)."""
+        return ""
+
     def close(self) -> None:
         pass

@@ -23,6 +23,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 from fluidctl import paths
 from fluidctl.errors import FluidctlError, UsageError
+from fluidctl.planning.slurm import SlurmOptions
 
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
@@ -68,13 +69,7 @@ class SbatchSpec:
     output: str                 # may hold %j (the job id), as sbatch --output does
     exit_file: str              # may hold %j too
     gpus_per_node: int = 0
-    partition: Optional[str] = None
-    time: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    constraint: Optional[str] = None
-    exclude: Optional[str] = None
-    extra: Sequence[str] = ()   # --slurm-arg values, each one #SBATCH line, verbatim
+    options: SlurmOptions = SlurmOptions()   # partition, time, ...; slurm_args: #SBATCH lines
     header: str = ""
 
 
@@ -94,13 +89,13 @@ def sbatch_script(spec: SbatchSpec) -> str:
     if spec.gpus_per_node:
         directives.append(("gpus-per-node", str(spec.gpus_per_node)))
     for name in ("partition", "time", "account", "qos", "constraint", "exclude"):
-        value = getattr(spec, name)
+        value = getattr(spec.options, name)
         if value:
             directives.append((name, value))
     directives += [("output", spec.output), ("open-mode", "append"),
                    ("chdir", spec.workdir)]
     lines += [f"#SBATCH --{name}={value}" for name, value in directives]
-    lines += [f"#SBATCH {arg}" for arg in spec.extra]
+    lines += [f"#SBATCH {arg}" for arg in spec.options.slurm_args]
     exit_file = _job_path(spec.exit_file)
     lines += [
         "",
@@ -166,6 +161,23 @@ def list_records() -> List[JobRecord]:
         except UsageError:
             continue
     return sorted(records, key=lambda r: r.submitted, reverse=True)
+
+
+def test_only(spec: SbatchSpec) -> None:
+    """``sbatch --test-only`` the script (read from stdin): Slurm checks the partition, time
+    limit, account, QOS and constraints without submitting. A refusal is a UsageError with
+    sbatch's own reason, before anything is written."""
+    find("sbatch")
+    try:
+        res = subprocess.run([find("sbatch"), "--test-only"], input=sbatch_script(spec),
+                             capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise FluidctlError("sbatch --test-only did not answer within 60s",
+                            "is slurmctld reachable? try 'scontrol ping'", exit_code=1) from None
+    if res.returncode != 0:
+        raise UsageError(f"sbatch refused the job: {first_error_line(res.stderr + res.stdout)}",
+                         "check --partition, --time, --account, --qos, --constraint and "
+                         "--slurm-arg; 'sinfo' lists partitions")
 
 
 def submit(spec: SbatchSpec, script_path: Path, log_dir: Path, cluster: str = ""
@@ -314,18 +326,6 @@ def wait_done(record: JobRecord, poll: float = POLL, on_state=None) -> JobState:
         if st.done:
             return final_state(record) if st.state != "UNKNOWN" else st
         time.sleep(poll)
-
-
-def follow(record: JobRecord, sources: Sequence[tuple], out=None, on_state=None) -> JobState:
-    """Echo ``sources`` ([(log path, prefix)]) while the job runs; its final state at the end.
-    A KeyboardInterrupt leaves the job running (the caller prints how to follow again)."""
-    from fluidctl.launch.echo import LogEcho
-    echo = LogEcho([(str(p), prefix) for p, prefix in sources], out=out)
-    echo.start()
-    try:
-        return wait_done(record, on_state=on_state)
-    finally:
-        echo.finish()
 
 
 def how_to_follow(job_id: str) -> str:

@@ -24,6 +24,17 @@ def _row(record: slurmctl.JobRecord, st: slurmctl.JobState) -> dict:
             "ntasks_per_node": record.ntasks_per_node}
 
 
+def follow_job(record: slurmctl.JobRecord, sources, out=None) -> slurmctl.JobState:
+    """Echo ``sources`` ([(log path, prefix)]) while the job runs; its final state at the end."""
+    from fluidctl.launch.echo import LogEcho
+    echo = LogEcho([(str(p), prefix) for p, prefix in sources], out=out)
+    echo.start()
+    try:
+        return slurmctl.wait_done(record)
+    finally:
+        echo.finish()
+
+
 def _console():
     from fluidctl.console import console
     return console()
@@ -137,7 +148,7 @@ def logs(job_id, rank, batch, follow):
                              "rank, --batch the batch script's output") from None
         return
     try:
-        st = slurmctl.follow(record, [(path, "")])
+        st = follow_job(record, [(path, "")])
     except KeyboardInterrupt:
         click.echo(slurmctl.how_to_follow(job_id), err=True)
         sys.exit(130)

@@ -11,6 +11,7 @@ import sys
 import click
 
 from fluidctl import backends
+from fluidctl.commands.slurm_options import collect as collect_slurm, slurm_options
 from fluidctl.errors import UsageError
 from fluidctl.paths import DEFAULT_LOG_DIR
 from fluidctl.planning.config import TEE_CHOICES, LaunchConfig
@@ -74,7 +75,9 @@ def _non_negative(name: str):
               help="Nodes on the command line, e.g. --hosts node1:2,node2:2.")
 @click.option("--backend", type=click.Choice(backends.names()), default=None,
               help="How processes start: local (default without hosts), ssh (paramiko; default "
-                   "with hosts), fabric, or mpi (mpirun + fluidctl worker), e.g. --backend mpi.")
+                   "with hosts), fabric, mpi (mpirun + fluidctl worker), or slurm (one srun step "
+                   "in an allocation, else sbatch: docs/slurm.md), e.g. --backend mpi.")
+@slurm_options
 @click.option("--ssh-config", type=str, default=None,
               help="ssh config file to read instead of ~/.ssh/config, e.g. --ssh-config ./ssh.cfg.")
 @click.option("--accept-new-host-keys", is_flag=True,
@@ -120,7 +123,8 @@ def train(nproc, gpus, mode, pservers, pserver_endpoints, token_file, sync, chec
           checkpoint_every,
           hostfile, hosts_arg, backend, ssh_config, accept_new_host_keys, remote_dir, python,
           exports, pserver_hosts, ssh_timeout, started_port, log_dir, env_pairs, env_file,
-          grace_period, max_restarts, tee, log_tail, dry_run, as_json, script, script_args):
+          grace_period, max_restarts, tee, log_tail, dry_run, as_json, script, script_args,
+          **slurm_kw):
     """Run SCRIPT as a distributed training job.
 
     SCRIPT ending in .py runs with fluidctl's own Python (-u); anything else is executed.
@@ -128,6 +132,10 @@ def train(nproc, gpus, mode, pservers, pserver_endpoints, token_file, sync, chec
     """
     if as_json and not dry_run:
         raise UsageError("--json only works with --dry-run", "add --dry-run")
+    slurm, slurm_given = collect_slurm(slurm_kw)
+    if slurm_given and backend != "slurm":
+        raise UsageError("--nodes, --partition, --time, ... are Slurm options",
+                         "add --backend slurm")
     config = LaunchConfig.from_options(
         script=script, script_args=script_args, backend=backend, hostfile=hostfile,
         hosts_arg=hosts_arg, env_pairs=env_pairs, env_file=env_file, exports=exports,
@@ -136,6 +144,7 @@ def train(nproc, gpus, mode, pservers, pserver_endpoints, token_file, sync, chec
         pservers=pservers, grace_period=grace_period, log_dir=log_dir, nproc=nproc, gpus=gpus,
         sync=sync, python=python, remote_dir=remote_dir, ssh_config=ssh_config,
         accept_new_host_keys=accept_new_host_keys, ssh_timeout=ssh_timeout,
-        started_port=started_port, max_restarts=max_restarts, tee=tee, log_tail=log_tail)
+        started_port=started_port, max_restarts=max_restarts, tee=tee, log_tail=log_tail,
+        slurm=slurm)
     from fluidctl.launch.execute import launch
     sys.exit(launch(config, dry_run=dry_run, as_json=as_json))

@@ -121,13 +121,16 @@ def check_master_port(master: str) -> None:
                              "e.g. srun --export=ALL,MASTER_PORT=29500 ...") from None
 
 
-def _tee(pipe, log_path: str) -> None:
-    """Copy the child's output to our stdout (mpirun forwards it) and to its log file."""
+def _tee(pipe, log_path: str, echo: bool = True) -> None:
+    """Copy the child's output to its log file and (``echo``) to our stdout, which mpirun or
+    srun forwards; the Slurm backend turns the echo off (FLUIDCTL_WORKER_ECHO=0)."""
     out = sys.stdout.buffer
     with open(log_path, "ab") as log:
         for chunk in iter(lambda: pipe.read1(65536), b""):
             log.write(chunk)
             log.flush()
+            if not echo:
+                continue
             try:
                 out.write(chunk)
                 out.flush()
@@ -157,7 +160,8 @@ def run_child(argv: List[str], env: Mapping[str, str], log_path: Optional[str]) 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     tee = None
     if log_path:
-        tee = threading.Thread(target=_tee, args=(child.stdout, log_path), daemon=True)
+        tee = threading.Thread(target=_tee, daemon=True, args=(
+            child.stdout, log_path, os.environ.get(envs.WORKER_ECHO, "1") != "0"))
         tee.start()
     try:
         code = child.wait()

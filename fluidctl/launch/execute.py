@@ -32,6 +32,8 @@ def launch(config: "LaunchConfig", launcher_name: Optional[str] = None, *,
         plan = launcher.prepare(config)
         if dry_run:
             print_plan(plan, as_json)
+            if not as_json and getattr(launcher, "describe", None):
+                print(launcher.describe(plan), end="")
             return 0
         return execute(plan, launcher, config, launch_log).exit_code
     finally:

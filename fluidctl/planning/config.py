@@ -20,6 +20,7 @@ from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
 from fluidctl.planning import options as opts
 from fluidctl.planning.hosts import Host, load_hosts
 from fluidctl.planning.plan import JobSpec, Node
+from fluidctl.planning.slurm import SlurmOptions
 
 TEE_CHOICES = ("rank0", "all", "none")
 
@@ -53,6 +54,7 @@ class LaunchConfig:
     max_restarts: int = 0
     tee: str = "rank0"
     log_tail: int = 20
+    slurm: SlurmOptions = SlurmOptions()        # --backend slurm's own options
 
     @property
     def layout(self) -> LogLayout:

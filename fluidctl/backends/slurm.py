@@ -1,0 +1,325 @@
+"""Slurm as a backend: ``fluidctl train --backend slurm`` (``SlurmLauncher``).
+
+Inside an allocation (SLURM_JOB_ID set: under salloc, or in a batch script) the job is ONE
+``srun`` step over the allocation's nodes, each task ``fluidctl worker SCRIPT``, which maps
+SLURM_* to the contract (``envs.from_slurm``) and writes LOG_DIR/workerlog.N. The step runs
+with ``--kill-on-bad-exit=1``: when a rank fails, Slurm ends the whole step (fail fast, no
+rank left waiting on a dead peer); srun's own report (LOG_DIR/srun.log) names the first task
+that failed, its node and its exit code, and that is what fluidctl reports and exits with.
+Ctrl-C and SIGTERM stop srun, which cancels the step on every node; a step that outlives a
+killed srun is cancelled with scancel. In pserver mode a second step (``--overlap``) runs one
+parameter server on each of the first ``--pservers`` nodes, a service of the trainers' step.
+
+Outside an allocation the job is submitted: a batch script written to LOG_DIR/job.sbatch
+(checked with ``sbatch --test-only`` while planning, shown by ``--dry-run``) whose body is this
+same command inside the allocation, then ``sbatch --parsable``, a record under fluidctl's state
+dir, and the job is followed as one handle until it ends; Ctrl-C detaches, ``--detach``
+returns at once. ``backends/slurmctl.py`` has the batch script, records and job states.
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+from fluidctl import envs
+from fluidctl.backends import slurmctl
+from fluidctl.backends.base import BaseLauncher
+from fluidctl.backends.local import LocalProcess
+from fluidctl.errors import UsageError
+from fluidctl.failures import Failure
+from fluidctl.paths import LogLayout
+from fluidctl.planning import slurm as planning
+
+STEP_PREFIX = "fluidctl"
+
+
+# --- the srun step -------------------------------------------------------------------------
+def step_name() -> str:
+    """A name to find this launcher's step by (squeue -s) if srun itself is gone."""
+    return f"{STEP_PREFIX}-{secrets.token_hex(4)}"
+
+
+def srun_argv(*, nodes: int, ntasks_per_node: int, name: str, command: Sequence[str],
+              nodelist: Sequence[str] = (), overlap: bool = False,
+              extra: Sequence[str] = ()) -> List[str]:
+    """One srun step (pure: golden-tested). --kill-on-bad-exit=1 makes one failing rank end
+    the whole step; tasks' stdout stays on the nodes (each worker writes workerlog.N)."""
+    argv = ["srun", "--kill-on-bad-exit=1", f"--nodes={nodes}",
+            f"--ntasks={nodes * ntasks_per_node}", f"--ntasks-per-node={ntasks_per_node}",
+            f"--job-name={name}"]
+    if nodelist:
+        argv.append(f"--nodelist={','.join(nodelist)}")
+    if overlap:
+        argv.append("--overlap")
+    argv += list(extra)
+    return argv + list(command)
+
+
+def worker_command(python: str, script: str, script_args: Sequence[str]) -> List[str]:
+    return [python, "-m", "fluidctl", "worker", script, *script_args]
+
+
+_TASK_LINE = re.compile(r"srun: error: (\S+): tasks? ([0-9][0-9,\-]*): (.+?)\s*$")
+_EXITED = re.compile(r"Exited with exit code (\d+)")
+_SIGNAL_WORDS = {"Killed": signal.SIGKILL, "Terminated": signal.SIGTERM,
+                 "Aborted": signal.SIGABRT, "Segmentation fault": signal.SIGSEGV,
+                 "Bus error": signal.SIGBUS, "Interrupt": signal.SIGINT, "Hangup": signal.SIGHUP,
+                 "Floating point exception": signal.SIGFPE}
+
+
+def first_failed_task(srun_output: str) -> Optional[Tuple[int, str, int]]:
+    """(task, node, Popen-style return code) of the first failure srun reported, e.g. from
+    'srun: error: node2: task 3: Exited with exit code 7' or '...: tasks 0-1: Killed'."""
+    for line in srun_output.splitlines():
+        m = _TASK_LINE.search(line)
+        if not m:
+            continue
+        host, tasks, what = m.groups()
+        task = int(re.match(r"\d+", tasks).group())
+        exited = _EXITED.search(what)
+        if exited:
+            code = int(exited.group(1))
+            if code:
+                return task, host, code
+            continue
+        for word, sig in _SIGNAL_WORDS.items():
+            if what.startswith(word):
+                return task, host, -int(sig)
+        return task, host, 1
+    return None
+
+
+class SrunStep(LocalProcess):
+    """The srun of one step, as a Handle: its failure is the first failing task's (rank, node,
+    exit code, workerlog), read from srun's own report; killing it also cancels the step."""
+
+    def __init__(self, argv: List[str], env: Mapping[str, str], layout: LogLayout, *,
+                 job_id: str, name: str, role: str = "trainer", service: bool = False):
+        self.layout, self.job_id, self.step, self.role = layout, job_id, name, role
+        log = layout.srun if role == "trainer" else layout.srun_pserver
+        super().__init__(role + "s" if role == "trainer" else "pservers", argv, env, str(log),
+                         host="slurm", service=service)
+
+    def failure(self) -> Failure:
+        try:
+            text = Path(self.log).read_text(errors="replace")
+        except OSError:
+            text = ""
+        found = first_failed_task(text)
+        if found is None:
+            return Failure(f"srun ({self.role}s)", self.host, self.popen.returncode, self.log,
+                           self.pid)
+        task, host, code = found
+        log = self.layout.for_role("PSERVER" if self.role == "pserver" else "TRAINER", task)
+        return Failure(f"{self.role} {task}", host, code, str(log))
+
+    def kill(self) -> None:
+        super().kill()
+        cancel_step(self.job_id, self.step)
+
+
+def cancel_step(job_id: str, name: str) -> None:
+    """scancel the step of this job named ``name``, if Slurm still lists it."""
+    try:
+        res = slurmctl.client("squeue", "-h", "-s", "-j", job_id, "-o", "%i %j", timeout=20)
+    except Exception:      # noqa: BLE001 - best effort while stopping
+        return
+    for line in res.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1] == name:
+            slurmctl.client("scancel", parts[0], timeout=20)
+
+
+# --- outside an allocation: the submitted job as one handle ---------------------------------
+class SubmittedJob:
+    """A batch job, watched from the login node: ``poll`` asks Slurm (at most every POLL
+    seconds) and prints each change of state; ``terminate``/``kill`` (Ctrl-C, SIGTERM) detach,
+    leaving the job running; a failure is the failing rank's, from the srun.log the job's own
+    fluidctl wrote."""
+    service = False
+
+    def __init__(self, record: slurmctl.JobRecord, layout: LogLayout, detached: bool = False):
+        self.record, self.layout = record, layout
+        self.label, self.host, self.pid = f"slurm job {record.job_id}", "slurm", None
+        self.log = str(layout.slurm_output_of(record.job_id))
+        self._code: Optional[int] = 0 if detached else None
+        self._state: Optional[slurmctl.JobState] = None
+        self._last_poll = 0.0
+
+    def fileno(self) -> int:
+        return -1
+
+    def _say(self, text: str) -> None:
+        print(f"fluidctl: {text}", file=sys.stderr, flush=True)
+
+    def poll(self) -> Optional[int]:
+        if self._code is not None:
+            return self._code
+        if time.monotonic() - self._last_poll < slurmctl.POLL:
+            return None
+        self._last_poll = time.monotonic()
+        st = slurmctl.state(self.record)
+        if self._state is None or st.state != self._state.state:
+            if not st.done:
+                where = f" on {st.nodes}" if st.nodes and st.state == "RUNNING" else ""
+                why = f" ({st.reason})" if st.reason else ""
+                self._say(f"job {self.record.job_id} {st.state}{why}{where}")
+        self._state = st
+        if st.done:
+            st = slurmctl.final_state(self.record) if st.state != "UNKNOWN" else st
+            self._state = st
+            self._code = st.exit_code if st.exit_code is not None else 1
+            self._say(f"job {self.record.job_id} {st.state}, exit code {self._code}")
+        return self._code
+
+    def terminate(self) -> None:
+        if self._code is None:
+            self._code = 128 + signal.SIGINT
+            self._say(slurmctl.how_to_follow(self.record.job_id))
+
+    kill = terminate
+
+    def failure(self) -> Failure:
+        try:
+            found = first_failed_task(self.layout.srun.read_text(errors="replace"))
+        except OSError:
+            found = None
+        if found is not None:
+            task, host, code = found
+            return Failure(f"trainer {task}", host, code, str(self.layout.worker(task)))
+        state = self._state.state if self._state else "UNKNOWN"
+        return Failure(self.label, self.host, self._code or 1, self.log,
+                       detail=f"{state}, exit code {self._code}")
+
+    def close(self) -> None:
+        pass
+
+
+# --- the launcher ---------------------------------------------------------------------------
+class SlurmLauncher(BaseLauncher):
+    """``--backend slurm``: one srun step inside an allocation, else sbatch + follow."""
+    name = "slurm"
+
+    def __init__(self, log=None):
+        super().__init__(log)
+        self.config = None
+        self.alloc: Optional[planning.Allocation] = None
+        self.steps: List[dict] = []
+        self.spec: Optional[slurmctl.SbatchSpec] = None
+
+    def prepare(self, config):
+        self.config = config
+        options = config.slurm
+        if config.hosts or config.pserver_endpoints:
+            raise UsageError("--backend slurm takes its nodes from Slurm",
+                             "drop --hostfile/--hosts/--pserver-endpoints; use --nodes")
+        alloc = planning.allocation(os.environ)
+        if options.detach:
+            alloc = None                      # --detach always submits a new job
+        self.alloc = alloc
+        nodes = planning.job_nodes(options, alloc)
+        per_node = planning.ranks_per_node(config.nproc, config.gpus, alloc)
+        pservers = planning.pserver_count(config.mode, config.pservers, len(nodes))
+        job = config.job([])
+        python = config.interpreter
+        rank_argv = worker_command(python, config.script, config.script_args)
+        pserver_argv = worker_command(python, python, ["-u", "-m", "fluidctl.runtime.pserver",
+                                                       "--no-state", *config.pserver_args])
+        layout = LogLayout(config.layout.root.resolve())
+        env = planning.step_env(log_dir=layout.root, token=config.token,
+                                user_env=config.user_env)
+        from fluidctl.planning.plan import LaunchCommand, Node
+        job.nodes = [Node(n, per_node, (), n, 1 if i < pservers else 0)
+                     for i, n in enumerate(nodes)]
+        if alloc is None:
+            self.spec = self._batch_spec(options, layout, len(nodes), per_node)
+            slurmctl.test_only(self.spec)
+            commands = [LaunchCommand("login node", ["sbatch", "--parsable",
+                                                     str(layout.sbatch_script)])]
+            return planning.plan_slurm(job, nodes, per_node, pservers, rank_argv, pserver_argv,
+                                       env, [f"{n}:?" for n in nodes[:pservers]], commands)
+        slurmctl.find("srun")
+        eps = planning.pserver_endpoints(alloc.job_id, nodes, pservers)
+        self.steps = self._steps(nodes, per_node, pservers, eps, rank_argv, pserver_argv)
+        commands = [LaunchCommand(f"allocation {alloc.job_id}", step["argv"])
+                    for step in self.steps]
+        return planning.plan_slurm(job, nodes, per_node, pservers, rank_argv, pserver_argv, env,
+                                   eps, commands)
+
+    def _steps(self, nodes, per_node, pservers, eps, rank_argv, pserver_argv) -> List[dict]:
+        extra = self.config.slurm.slurm_args
+        subset = nodes if len(nodes) < len(self.alloc.nodes) else ()
+        steps = []
+        trainer_env = {}
+        if pservers:
+            common = {envs.PSERVERS_IP_PORT_LIST: ",".join(eps),
+                      envs.SYNC_MODE: "sync" if self.config.sync else "async"}
+            steps.append({"role": "pserver", "name": step_name(), "env": {
+                **common, envs.TRAINING_ROLE: envs.ROLE_PSERVER,
+                envs.TRAINERS_NUM: str(len(nodes) * per_node)},
+                "argv": None, "nodes": pservers, "per_node": 1, "nodelist": nodes[:pservers],
+                "overlap": True, "command": pserver_argv})
+            trainer_env = {**common, envs.TRAINING_ROLE: envs.ROLE_TRAINER}
+        steps.append({"role": "trainer", "name": step_name(), "env": trainer_env,
+                      "nodes": len(nodes), "per_node": per_node, "nodelist": subset,
+                      "overlap": False, "command": rank_argv})
+        for step in steps:
+            step["argv"] = srun_argv(nodes=step["nodes"], ntasks_per_node=step["per_node"],
+                                     name=step["name"], command=step["command"],
+                                     nodelist=step["nodelist"], overlap=step["overlap"],
+                                     extra=extra)
+        return steps
+
+    def _batch_spec(self, options, layout: LogLayout, nodes: int, per_node: int):
+        from fluidctl import __version__
+        config = self.config
+        return slurmctl.SbatchSpec(
+            job_name=options.job_name or (Path(config.script).stem or "fluidctl"),
+            nodes=nodes, ntasks_per_node=per_node,
+            command=planning.inner_train_argv(config, layout.root), workdir=os.getcwd(),
+            output=str(layout.slurm_output), exit_file=str(layout.job_exit("%j")),
+            gpus_per_node=per_node if config.gpus is not None else 0, options=options,
+            header=f"written by fluidctl {__version__} (fluidctl train --backend slurm); "
+                   "submitted with sbatch --parsable")
+
+    def describe(self, plan) -> str:
+        """--dry-run shows the batch script it would submit."""
+        return slurmctl.sbatch_script(self.spec) if self.spec is not None else ""
+
+    def start(self, plan, attempt: int):
+        layout = LogLayout(self.config.layout.root.resolve())
+        base_env = {**os.environ, **plan.procs[-1].env, envs.RESTART_COUNT: str(attempt)}
+        if self.alloc is None:
+            record = slurmctl.submit(self.spec, layout.sbatch_script, layout.root)
+            say = f"submitted Slurm job {record.job_id} ({self.spec.nodes} node(s) x " \
+                  f"{self.spec.ntasks_per_node}); script {record.script}, logs {record.log_dir}"
+            print(f"fluidctl: {say}", file=sys.stderr, flush=True)
+            self.log(say)
+            if self.config.slurm.detach:
+                print(f"fluidctl: {slurmctl.how_to_follow(record.job_id)}", file=sys.stderr,
+                      flush=True)
+            return [SubmittedJob(record, layout, detached=self.config.slurm.detach)]
+        handles = []
+        try:
+            for step in self.steps:
+                handles.append(SrunStep(step["argv"], {**base_env, **step["env"]}, layout,
+                                        job_id=self.alloc.job_id, name=step["name"],
+                                        role=step["role"], service=step["role"] == "pserver"))
+        except BaseException:
+            for h in handles:
+                h.kill()
+            raise
+        return handles
+
+    def logs(self, plan) -> List[str]:
+        layout = self.config.layout
+        if self.alloc is None:
+            return [p.log for p in plan.procs]
+        extra = [str(layout.srun)] + ([str(layout.srun_pserver)] if len(self.steps) > 1 else [])
+        return [p.log for p in plan.procs] + extra

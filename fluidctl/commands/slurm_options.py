@@ -1,0 +1,47 @@
+"""The Slurm-only options of ``fluidctl train`` (``--backend slurm``), as one decorator, so the
+train command carries them in one line and the backend receives them as one ``SlurmOptions``."""
+from __future__ import annotations
+
+import click
+
+OPTIONS = (
+    click.option("--nodes", type=click.IntRange(1), default=None,
+                 help="slurm: nodes to run on (default inside an allocation: all of its nodes; "
+                      "required to submit from a login node), e.g. --nodes 2."),
+    click.option("--partition", default=None,
+                 help="slurm: the partition to submit to, e.g. --partition gpu."),
+    click.option("--time", "time_limit", default=None,
+                 help="slurm: the job's time limit, e.g. --time 04:00:00."),
+    click.option("--account", default=None, help="slurm: account to charge, e.g. --account proj1."),
+    click.option("--qos", default=None, help="slurm: quality of service, e.g. --qos high."),
+    click.option("--constraint", default=None,
+                 help="slurm: node features required, e.g. --constraint 'a100&ib'."),
+    click.option("--exclude", default=None,
+                 help="slurm: nodes not to use, e.g. --exclude 'gpu[003-004]'."),
+    click.option("--slurm-arg", "slurm_args", multiple=True, metavar="ARG",
+                 help="slurm: passed as it is (repeatable): an #SBATCH line when submitting, an "
+                      "srun option inside an allocation, e.g. --slurm-arg=--mail-type=END."),
+    click.option("--job-name", default=None,
+                 help="slurm: the job's name (default: the script's name), e.g. --job-name bert."),
+    click.option("--detach", is_flag=True,
+                 help="slurm, from a login node: return once submitted instead of following "
+                      "the job (then: fluidctl job logs JOB -f)."),
+)
+NAMES = ("nodes", "partition", "time_limit", "account", "qos", "constraint", "exclude",
+         "slurm_args", "job_name", "detach")
+
+
+def slurm_options(f):
+    for option in reversed(OPTIONS):
+        f = option(f)
+    return f
+
+
+def collect(kwargs: dict):
+    """Pop the Slurm options out of a command's keyword arguments: (SlurmOptions, any given?)."""
+    from fluidctl.planning.slurm import SlurmOptions
+    values = {name: kwargs.pop(name) for name in NAMES}
+    given = any(values.values())
+    values["time"] = values.pop("time_limit")
+    values["slurm_args"] = tuple(values["slurm_args"])
+    return SlurmOptions(**values), given

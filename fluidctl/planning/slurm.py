@@ -1,0 +1,171 @@
+"""Planning for Slurm (pure): the Slurm options of ``fluidctl train``, the facts of the
+allocation this process runs in, and the Plan of a job that Slurm places.
+
+Slurm decides where each task runs (block distribution over the step's nodes) and each task's
+``fluidctl worker`` derives its whole contract from SLURM_* (``fluidctl.envs.from_slurm``). So,
+as for mpirun, a process's ``env`` in the plan is what srun exports to every task; the rank,
+node and log of each process are what Slurm and the worker will give it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+from fluidctl import envs
+from fluidctl.errors import UsageError
+from fluidctl.paths import LogLayout
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """The Slurm-only options of ``fluidctl train`` (declared in commands/slurm_options.py)."""
+    nodes: Optional[int] = None
+    partition: Optional[str] = None
+    time: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    exclude: Optional[str] = None
+    slurm_args: Tuple[str, ...] = ()
+    detach: bool = False
+    job_name: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The allocation this process runs in (from the variables salloc/sbatch set)."""
+    job_id: str
+    nodes: Tuple[str, ...]
+    tasks_per_node: Optional[int] = None
+    gpus_per_node: int = 0
+
+
+def allocation(environ: Mapping[str, str]) -> Optional[Allocation]:
+    """The allocation SLURM_JOB_ID names, or None outside one."""
+    job_id = environ.get(envs.SLURM_JOB_ID) or environ.get("SLURM_JOBID")
+    if not job_id:
+        return None
+    nodes = envs.expand_nodelist(environ.get(envs.SLURM_JOB_NODELIST)
+                                 or environ.get("SLURM_NODELIST", ""))
+    tpn = environ.get("SLURM_NTASKS_PER_NODE", "")
+    gpus = environ.get("SLURM_GPUS_ON_NODE", "") or environ.get("SLURM_GPUS_PER_NODE", "")
+    return Allocation(job_id, tuple(nodes), int(tpn) if tpn.isdigit() else None,
+                      int(gpus) if gpus.isdigit() else 0)
+
+
+def ranks_per_node(nproc: Optional[int], gpus: Optional[str],
+                   alloc: Optional[Allocation]) -> int:
+    """--gpus (a count, or ids: one rank per id), else --nproc, else what the allocation
+    asked for per node (tasks, else GPUs), else 1."""
+    if gpus is not None:
+        ids = [g for g in gpus.split(",") if g.strip()]
+        count = int(gpus) if gpus.strip().isdigit() and "," not in gpus else len(ids)
+        if count <= 0:
+            raise UsageError(f"--gpus {gpus} selects no GPU", "give a count or ids, e.g. --gpus 4")
+        if nproc is not None and nproc != count:
+            raise UsageError(f"--nproc {nproc} and --gpus {gpus} disagree",
+                             "give only one of them: --gpus starts one rank per GPU")
+        return count
+    if nproc:
+        return nproc
+    if alloc is not None:
+        return alloc.tasks_per_node or alloc.gpus_per_node or 1
+    return 1
+
+
+def job_nodes(options: SlurmOptions, alloc: Optional[Allocation]) -> List[str]:
+    """The nodes the job runs on: the first --nodes of the allocation (all by default); outside
+    an allocation Slurm has not chosen them yet, so they are named node0, node1, ..."""
+    if alloc is None:
+        if options.nodes is None:
+            raise UsageError("not in a Slurm allocation and no --nodes given",
+                             "pass --nodes N to submit the job with sbatch, or run inside "
+                             "salloc or a batch script")
+        return [f"node{i}" for i in range(options.nodes)]
+    count = options.nodes or len(alloc.nodes)
+    if count > len(alloc.nodes):
+        raise UsageError(f"--nodes {count} but allocation {alloc.job_id} has "
+                         f"{len(alloc.nodes)} node(s)",
+                         f"pass --nodes {len(alloc.nodes)} or less, or allocate more nodes")
+    return list(alloc.nodes[:count])
+
+
+def pserver_count(mode: str, pservers: Optional[int], nodes: int) -> int:
+    """Parameter servers: one on each of the first --pservers nodes (default 1)."""
+    if mode != "pserver":
+        return 0
+    count = pservers or 1
+    if count > nodes:
+        raise UsageError(f"--pservers {count} but the job runs on {nodes} node(s)",
+                         "run at most one pserver per node under Slurm")
+    return count
+
+
+def pserver_endpoints(job_id: str, nodes: Sequence[str], count: int) -> List[str]:
+    port = envs.slurm_pserver_port(int(job_id))
+    return [f"{node}:{port}" for node in nodes[:count]]
+
+
+def step_env(*, log_dir: Path, token: str, user_env: Mapping[str, str]) -> dict:
+    """What every task of the job's steps gets from srun beside SLURM_*: the user's additions,
+    the log dir, the job token (never on a command line), and no echo from the workers (each
+    writes its workerlog.N; nothing is forwarded through srun)."""
+    env = dict(user_env)
+    env.update({envs.LOG_DIR: str(log_dir.resolve()), envs.JOB_TOKEN: token,
+                envs.WORKER_ECHO: "0", envs.RESTART_COUNT: "0"})
+    return env
+
+
+def inner_train_argv(config, log_dir: Path) -> List[str]:
+    """What the batch script runs: this same job inside its allocation. Paths are absolute
+    (the job may start elsewhere); the batch output gets fluidctl's own messages and the
+    failure report, the ranks' output stays in workerlog.N (--tee none). --slurm-arg values
+    became #SBATCH lines and are not repeated for the srun step; restarts are fluidctl's on the
+    login node (each one a new submission), so --max-restarts is not repeated either."""
+    argv = [config.interpreter, "-m", "fluidctl", "train", "--backend", "slurm",
+            "--log-dir", str(log_dir), "--tee", "none"]
+    if config.gpus is not None:
+        argv += ["--gpus", config.gpus]
+    elif config.nproc is not None:
+        argv += ["--nproc", str(config.nproc)]
+    if config.mode != "collective":
+        argv += ["--mode", config.mode]
+    if config.pservers:
+        argv += ["--pservers", str(config.pservers)]
+    if not config.sync:
+        argv.append("--async")
+    pserver_args = list(config.pserver_args)
+    for flag in ("--checkpoint-dir", "--checkpoint-every"):
+        if flag in pserver_args:
+            argv += [flag, pserver_args[pserver_args.index(flag) + 1]]
+    for name, value in sorted(config.user_env.items()):
+        argv += ["--env", f"{name}={value}"]
+    if config.grace_period != 5.0:
+        argv += ["--grace-period", f"{config.grace_period:g}"]
+    if config.log_tail != 20:
+        argv += ["--log-tail", str(config.log_tail)]
+    script = config.script
+    if script.endswith(".py") or os.sep in script:
+        script = os.path.abspath(script)
+    return argv + [script, *config.script_args]
+
+
+def plan_slurm(job, nodes: Sequence[str], ntasks_per_node: int, pservers: int,
+               rank_argv: Sequence[str], pserver_argv: Sequence[str], env: Mapping[str, str],
+               pserver_eps: Sequence[str] = (), commands=()):
+    """The Plan of a Slurm job: ``ntasks_per_node`` trainers on each node in block order (what
+    srun does), pservers on the first nodes; ``env`` is what srun exports (the worker derives
+    the rest of the contract from SLURM_*), so endpoints and master are left to the ranks."""
+    from fluidctl.planning.plan import PSERVER, TRAINER, Plan, ProcSpec
+    layout = LogLayout(Path(job.log_dir))
+    procs = []
+    for index in range(pservers):
+        procs.append(ProcSpec(PSERVER, index, 0, index, nodes[index], pserver_eps[index], [],
+                              list(pserver_argv), dict(env), str(layout.server(index))))
+    placement = envs.slurm_layout(list(nodes), [ntasks_per_node] * len(nodes))
+    for rank, (node, local) in enumerate(zip(placement.node_of, placement.local_of)):
+        procs.append(ProcSpec(TRAINER, rank, local, node, nodes[node], "", [], list(rank_argv),
+                              dict(env), str(layout.worker(rank))))
+    return Plan(job, procs, "", [], list(pserver_eps), "slurm", list(commands))
