@@ -1,8 +1,10 @@
 """``fluidctl worker SCRIPT [ARGS]``: the per-rank entry under a foreign launcher (mpirun, srun).
 
 Under srun each task's SLURM_* variables are mapped by ``envs.from_slurm`` (no exchange needed:
-node list, tasks per node and the job id decide every endpoint); rank 0 checks the master port,
-and SCRIPT runs as a child with the contract added (SLURM_* kept).
+node list, tasks per node and the job id decide every endpoint); rank 0 checks the master port.
+SCRIPT then gets the contract added to the environment (SLURM_* kept) and, unless its output
+must be both logged and echoed, no second process: a Python script runs in the worker's own
+process and a program replaces it (exec), its output appended to workerlog.N.
 
 Under mpirun each rank knows only OMPI_COMM_WORLD_RANK / SIZE / LOCAL_RANK / LOCAL_SIZE. The
 worker turns them into fluidctl's full environment contract: it initialises MPI (mpi4py), the
@@ -100,6 +102,32 @@ def child_environment(environ: Mapping[str, str], contract: Mapping[str, str]) -
     env = {k: v for k, v in environ.items() if not k.startswith(MPI_PREFIXES)}
     env.update(contract)
     return env
+
+
+def redirect_output(log_path: Optional[str]) -> None:
+    """Under srun with nothing to echo: stdout and stderr append to the rank's log."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if log_path:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
+def exec_in_place(argv: List[str], env: Mapping[str, str], log_path: Optional[str]) -> None:
+    """Under srun: become the program (no second process per rank; Slurm signals and waits
+    for it itself), its output appended to ``log_path``."""
+    import shutil
+    program = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
+    if not program or not os.path.isfile(program):
+        raise UsageError(f"cannot run {argv[0]}: not found",
+                         "give a .py script or a program on PATH")
+    if not os.access(program, os.X_OK):
+        raise UsageError(f"cannot run {argv[0]}: not executable",
+                         "chmod +x it, or name a .py script")
+    redirect_output(log_path)
+    os.execve(program, argv, dict(env))
 
 
 def check_master_port(master: str) -> None:
@@ -300,7 +328,8 @@ def worker(script, args):
                          f"run it as 'mpirun ... {script}', or wrap it in a Python script")
     rank = int(environ[envs.OMPI_RANK]) if under_mpi else envs.read(environ).rank
     env = environ
-    if not under_mpi and envs.in_slurm_step(environ):
+    under_slurm = not under_mpi and envs.in_slurm_step(environ)
+    if under_slurm:
         contract = envs.from_slurm(environ)
         rank = int(environ[envs.SLURM_PROCID])
         if rank == 0 and envs.MASTER in contract:
@@ -328,5 +357,11 @@ def worker(script, args):
             sys.exit(0)
         env = child_environment(environ, contract)
     from fluidctl.planning.plan import script_argv
-    sys.exit(run_child(script_argv(script, args, sys.executable), env,
-                       None if in_process else log_path))
+    argv = script_argv(script, args, sys.executable)
+    if under_slurm and (log_path is None or environ.get(envs.WORKER_ECHO) == "0"):
+        if is_python(script) and os.path.isfile(script):
+            # one interpreter per rank, as under plain srun: the script runs here
+            redirect_output(log_path)
+            sys.exit(run_in_process(script, list(args), contract))
+        exec_in_place(argv, env, log_path)
+    sys.exit(run_child(argv, env, None if in_process else log_path))
