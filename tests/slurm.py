@@ -13,6 +13,9 @@ here without touching /etc/hosts, the test nodes are *named* by their loopback a
 ``NodeName=127.0.0.2`` and ``NodeName=127.0.0.3``. Slurm's hostlist syntax handles them
 (``127.0.0.[2-3]``), and so does fluidctl's parser.
 
+Job ids start at a random FirstJobId, so that two test clusters on one machine (several
+suites at once) do not derive the same rank ports from the same job ids.
+
 Every client call goes through ``env()``: the caller's environment without any inherited
 SLURM_* variable (a test itself may run inside an allocation), plus SLURM_CONF.
 """
@@ -56,6 +59,7 @@ def clean_env(base: Optional[Mapping[str, str]] = None, conf: Optional[Path] = N
 
 SLURM_CONF = """\
 ClusterName=fluidtest
+FirstJobId={first_job_id}
 SlurmctldHost={hostname}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmUser=root
@@ -201,7 +205,8 @@ class SlurmCluster:
         conf = dirs["etc"] / "slurm.conf"
         (dirs["etc"] / "plugstack.conf").write_text("")
         conf.write_text(SLURM_CONF.format(
-            hostname=socket.gethostname(), ctld_port=free_port(), munge_socket=munge_socket,
+            hostname=socket.gethostname(), ctld_port=free_port(),
+            first_job_id=1000 + secrets.randbelow(1_000_000), munge_socket=munge_socket,
             state=dirs["state"], spool=dirs["spool"], run=dirs["run"], log=dirs["log"],
             etc=dirs["etc"], nodes="\n".join(nodes), partition=PARTITION,
             nodelist=",".join(NODES)))

@@ -132,8 +132,8 @@ def test_state_after_slurmctld_forgot_the_job(slurm, tmp_path, monkeypatch):
     record = submit(slurm, tmp_path, monkeypatch, code=0)
     slurm.wait_gone(record.job_id)
     wait_for(lambda: record.layout.job_exit(record.job_id).exists(), what="exit file")
-    record.job_id, real = "999999", record.job_id      # an id slurmctld never had
-    record.layout.job_exit(real).rename(record.layout.job_exit("999999"))
+    record.job_id, real = "99999999", record.job_id      # an id slurmctld never had
+    record.layout.job_exit(real).rename(record.layout.job_exit("99999999"))
     st = slurmctl.state(record)
     assert (st.state, st.exit_code, st.source) == ("COMPLETED", 0, "exit-file")
 
