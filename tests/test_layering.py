@@ -98,3 +98,7 @@ def test_no_lazy_import_climbs_the_layers_either():
         wrong = [(f, m) for f, m in imported_names(root / package)
                  if any(m == a or m.startswith(a + ".") for a in above)]
         assert wrong == [], f"fluidctl/{package} imports from above it: {wrong}"
+    above_backends = ("fluidctl.launch", "fluidctl.commands", "fluidctl.cli")
+    wrong = [(f, m) for f, m in imported_names(root / "backends")
+             if any(m == a or m.startswith(a + ".") for a in above_backends)]
+    assert wrong == [], f"fluidctl/backends imports from above it: {wrong}"
