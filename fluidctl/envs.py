@@ -42,6 +42,7 @@ TORCH_MASTER_PORT = "MASTER_PORT"
 # --- devices --------------------------------------------------------------------------------
 SELECTED_GPUS = "FLAGS_selected_gpus"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"   # PCI_BUS_ID: CUDA numbers GPUs as nvidia-smi does
 LOCAL_DEVICE_IDS = "PADDLE_LOCAL_DEVICE_IDS"
 WORLD_DEVICE_IDS = "PADDLE_WORLD_DEVICE_IDS"
 DISTRI_BACKEND = "PADDLE_DISTRI_BACKEND"
@@ -74,6 +75,8 @@ JOB_TOKEN = "FLUIDCTL_JOB_TOKEN"        # per-job secret for HMAC authentication
 SYNC_MODE = "FLUIDCTL_SYNC_MODE"        # "sync" | "async" (parameter-server mode)
 TIMEOUT = "FLUIDCTL_TIMEOUT"            # seconds a collective or rendezvous may wait
 LOG_DIR = "FLUIDCTL_LOG_DIR"
+GPUS = "FLUIDCTL_GPUS"                  # "all" or a --gpus value: ranks started by mpirun or
+                                        # torchrun take the node's GPUs by local rank
 SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process_vm_readv)
 WORKER_ECHO = "FLUIDCTL_WORKER_ECHO"    # "0": fluidctl worker writes its log only, not stdout
 # --- OpenMPI (read only) --------------------------------------------------------------------
@@ -109,6 +112,19 @@ def threads_per_process(cores: int, procs_on_node: int) -> int:
     return max(1, cores // max(1, procs_on_node))
 
 
+def is_mig(device: str) -> bool:
+    return device.startswith("MIG-")
+
+
+def world_device_list(world_device_ids: Sequence[Sequence[str]]) -> str:
+    """PADDLE_WORLD_DEVICE_IDS as Paddle writes it (fleet/launch_utils.py,
+    start_local_trainers): one entry per trainer in rank order, comma-separated, each the
+    trainer's device index relative to its own CUDA_VISIBLE_DEVICES ("0,1,0,1" for two nodes
+    of two GPUs). ``world_device_ids`` holds each node's GPUs, one trainer per GPU."""
+    return ",".join("0" if is_mig(gpu) else str(local)
+                    for ids in world_device_ids for local, gpu in enumerate(ids))
+
+
 def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: int, nnodes: int,
                    endpoints: Sequence[str], master: str, node_rank: Optional[int] = None,
                    gpus_on_node: Sequence[str] = (),
@@ -119,7 +135,10 @@ def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: i
 
     ``gpus_on_node`` are the physical ids the job uses on this node: CUDA_VISIBLE_DEVICES lists
     all of them (so ``cuda:LOCAL_RANK`` works for torch) and FLAGS_selected_gpus is this rank's
-    index into that list (Paddle's convention when CUDA_VISIBLE_DEVICES is set).
+    index into that list (Paddle's convention when CUDA_VISIBLE_DEVICES is set), with
+    CUDA_DEVICE_ORDER=PCI_BUS_ID so that CUDA's numbering is nvidia-smi's. MIG instances
+    (``MIG-<uuid>``) are different: CUDA shows a process one of them only, so each rank's
+    CUDA_VISIBLE_DEVICES is its own instance and its index is 0.
     ``node_rank`` is this node's index among the job's nodes; it defaults to rank // local_size,
     which is right only when every node runs the same number of ranks.
     """
@@ -144,10 +163,15 @@ def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: i
         PYTHONUNBUFFERED: "1",
     }
     if gpus_on_node:
-        env[CUDA_VISIBLE_DEVICES] = ",".join(gpus_on_node)
-        env[SELECTED_GPUS] = str(local_rank)
-        env[LOCAL_DEVICE_IDS] = str(local_rank)
-        env[WORLD_DEVICE_IDS] = ":".join(",".join(ids) for ids in world_device_ids)
+        if is_mig(gpus_on_node[0]):
+            env[CUDA_VISIBLE_DEVICES] = gpus_on_node[local_rank % len(gpus_on_node)]
+            env[SELECTED_GPUS] = env[LOCAL_DEVICE_IDS] = "0"
+        else:
+            env[CUDA_VISIBLE_DEVICES] = ",".join(gpus_on_node)
+            env[SELECTED_GPUS] = env[LOCAL_DEVICE_IDS] = str(local_rank)
+        env[WORLD_DEVICE_IDS] = world_device_list(world_device_ids or [gpus_on_node])
+        if CUDA_DEVICE_ORDER not in os.environ:
+            env[CUDA_DEVICE_ORDER] = "PCI_BUS_ID"
     threads = str(threads_per_process(cores, local_size))
     for name in (CPU_NUM, OMP_NUM_THREADS):
         if name not in user_env and name not in os.environ:
@@ -252,6 +276,10 @@ def read(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     else:
         mode = "single"
     gpu = environ.get(SELECTED_GPUS, "")
+    if not gpu and environ.get(GPUS):
+        # started by torchrun / mpirun with FLUIDCTL_GPUS: one GPU per local rank
+        gpu = str(_int(environ, LOCAL_RANK, RANK_IN_NODE, TORCH_LOCAL_RANK, OMPI_LOCAL_RANK,
+                       default=0))
     return DistEnv(
         rank=_int(environ, TRAINER_ID, GLOBAL_RANK, TORCH_RANK, OMPI_RANK, default=0),
         world_size=world,
@@ -279,10 +307,13 @@ def read(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
 
 
 def from_ompi(environ: Mapping[str, str], endpoints: Sequence[str], master: str,
-              nnodes: int, node_rank: Optional[int] = None, cores: int = 1) -> Dict[str, str]:
-    """``fluidctl worker`` under mpirun: OMPI_* plus exchanged endpoints -> the full contract."""
+              nnodes: int, node_rank: Optional[int] = None, cores: int = 1,
+              gpus_on_node: Sequence[str] = ()) -> Dict[str, str]:
+    """``fluidctl worker`` under mpirun: OMPI_* plus exchanged endpoints -> the full contract.
+    ``gpus_on_node``: the node's GPUs for the job (FLUIDCTL_GPUS), one per local rank."""
     rank = int(environ[OMPI_RANK])
     return collective_env(
+        gpus_on_node=gpus_on_node, world_device_ids=[gpus_on_node] * nnodes,
         rank=rank, world_size=int(environ[OMPI_SIZE]),
         local_rank=int(environ.get(OMPI_LOCAL_RANK, 0)),
         local_size=int(environ.get(OMPI_LOCAL_SIZE, 1)),
@@ -405,7 +436,7 @@ def slurm_pserver_port(job_id: int) -> int:
 NODE_LOCAL_NAMES = (RANK_IN_NODE, LOCAL_RANK, TORCH_LOCAL_RANK, LOCAL_SIZE,
                     TORCH_LOCAL_WORLD_SIZE, NNODES, DS_LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, MASTER,
                     TORCH_MASTER_ADDR, TORCH_MASTER_PORT, SELECTED_GPUS, CUDA_VISIBLE_DEVICES,
-                    LOCAL_DEVICE_IDS, WORLD_DEVICE_IDS)
+                    LOCAL_DEVICE_IDS, WORLD_DEVICE_IDS, CUDA_DEVICE_ORDER)
 
 
 def _endpoint_of(host: str, port: int) -> str:
@@ -474,8 +505,11 @@ def from_slurm(environ: Mapping[str, str], cores: Optional[int] = None) -> Dict[
         restart_count=int(environ.get(RESTART_COUNT) or environ.get(SLURM_RESTART_COUNT) or 0),
         token=environ.get(JOB_TOKEN))
     if gpus:
-        index = str(local_rank % len(gpus) if len(gpus) > 1 else 0)
-        env[SELECTED_GPUS] = env[LOCAL_DEVICE_IDS] = index
+        def index(local: int) -> str:
+            return str(local % len(gpus) if len(gpus) > 1 else 0)
+        env[CUDA_VISIBLE_DEVICES] = ",".join(gpus)          # Slurm's binding, MIG or not
+        env[SELECTED_GPUS] = env[LOCAL_DEVICE_IDS] = index(local_rank)
+        env[WORLD_DEVICE_IDS] = ",".join(index(local) for local in layout.local_of)
     pservers = [e for e in environ.get(PSERVERS_IP_PORT_LIST, "").split(",") if e]
     if not pservers:
         return env

@@ -24,7 +24,7 @@ PY = "/opt/py/bin/python3"
 @pytest.fixture(autouse=True)
 def clean_environ(monkeypatch):
     """The contract leaves CPU_NUM/OMP_NUM_THREADS alone when this environment sets them."""
-    for name in (envs.CPU_NUM, envs.OMP_NUM_THREADS):
+    for name in (envs.CPU_NUM, envs.OMP_NUM_THREADS, envs.CUDA_DEVICE_ORDER):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -58,8 +58,8 @@ def test_local_collective_two_gpus():
 
 def test_multi_node_uneven_slots():
     cfg = config(backend="ssh", hosts=tuple(parse_hostfile_text("n1 slots=1\nn2 slots=2\n")))
-    nodes = [planning.remote_node("n1", "10.0.0.1", 1, None, None, 0, 0),
-             planning.remote_node("n2", "10.0.0.2", 2, None, None, 0, 0)]
+    nodes = [planning.remote_node("n1", "10.0.0.1", 1, None, None, [], 0),
+             planning.remote_node("n2", "10.0.0.2", 2, None, None, [], 0)]
     spec = job(cfg, nodes, multi_node_logs=True)
     ports = {0: [7000, 7001], 1: [7100, 7101]}
     commands = [LaunchCommand("n1", [PY, "-m", "fluidctl.launch.agent", "--ports", "2"]),
@@ -73,7 +73,7 @@ def test_pserver_mode_two_nodes_pservers_round_robin():
     counts = planning.pserver_counts(cfg.mode, cfg.pserver_endpoints, cfg.pservers,
                                      cfg.pserver_hosts, ["n1", "n2"])
     assert counts == [2, 1]
-    nodes = [planning.remote_node(n, a, 1, None, None, 0, k)
+    nodes = [planning.remote_node(n, a, 1, None, None, [], k)
              for n, a, k in (("n1", "10.0.0.1", 2), ("n2", "10.0.0.2", 1))]
     ports = {0: [7000, 7001, 7002, 7003], 1: [7100, 7101]}
     check("pserver_two_nodes", planning.plan(job(cfg, nodes, multi_node_logs=True), ports,

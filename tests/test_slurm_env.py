@@ -79,7 +79,7 @@ def test_gpus_from_slurm_binding():
     # node-wide binding: every task sees the node's GPUs and uses index LOCALID
     env = envs.from_slurm(task(1, 1, 0, CUDA_VISIBLE_DEVICES="2,3"))
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["FLAGS_selected_gpus"] == "1"
-    assert env["PADDLE_DISTRI_BACKEND"] == "nccl" and env["PADDLE_WORLD_DEVICE_IDS"] == "2,3:2,3"
+    assert env["PADDLE_DISTRI_BACKEND"] == "nccl" and env["PADDLE_WORLD_DEVICE_IDS"] == "0,1,0,1"
     # one GPU bound per task (--gpus-per-task=1): index 0 of what Slurm left visible
     env = envs.from_slurm(task(3, 1, 1, CUDA_VISIBLE_DEVICES="3"))
     assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["FLAGS_selected_gpus"] == "0"

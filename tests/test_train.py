@@ -134,7 +134,9 @@ def test_gpu_ids_assign_one_device_per_process(tmp_path, fake_gpus):
     assert all(e["CUDA_VISIBLE_DEVICES"] == "0,2,3" for e in envs)
     assert [e["FLAGS_selected_gpus"] for e in envs] == ["0", "1", "2"]
     assert all(e["PADDLE_DISTRI_BACKEND"] == "nccl" for e in envs)
-    assert envs[0]["PADDLE_WORLD_DEVICE_IDS"] == "0,2,3"
+    # Paddle's format: one entry per trainer, its index into its CUDA_VISIBLE_DEVICES (10)
+    assert envs[0]["PADDLE_WORLD_DEVICE_IDS"] == "0,1,2"
+    assert all(e["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" for e in envs)   # nvidia-smi's order (13)
 
 
 def test_gpu_default_is_one_process_per_visible_gpu(tmp_path, fake_gpus):

@@ -304,7 +304,7 @@ class SSHLauncher(BaseLauncher):
             remote_dir=self.remote_dir, timeout=config.ssh_timeout, ports_wanted=wanted,
             launch_log=self.log)
         nodes = [planning.remote_node(h.name, self.connected[h.name].peer_address or h.address,
-                                      n, config.nproc, config.gpus, agent.probe["gpus"], k)
+                                      n, config.nproc, config.gpus, agent.probe["gpu_ids"], k)
                  for h, n, agent, k in zip(resolved, slots, self.agents, on_pservers)]
         job = config.job(nodes, planning.relative_script(config.script, os.getcwd()),
                          multi_node_logs=True)

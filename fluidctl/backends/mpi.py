@@ -176,7 +176,11 @@ class MPILauncher(BaseLauncher):
     def prepare(self, config):
         from fluidctl.planning import plan as planning
         self.config = config
-        nodes = planning.mpi_nodes(config.hosts, config.nproc)
+        nproc = config.nproc
+        if config.gpus is not None and nproc is None:        # --gpus: one rank per GPU
+            nproc = len([g for g in config.gpus.split(",") if g]) \
+                if "," in config.gpus else int(config.gpus)
+        nodes = planning.mpi_nodes(config.hosts, nproc)
         job = config.job(nodes)
         rank_argv = worker_argv(job.script, job.script_args, config.interpreter)
         if config.mode == "collective" and not available():
@@ -187,6 +191,10 @@ class MPILauncher(BaseLauncher):
         self.hosts = [replace(h, slots=n.nproc) for h, n in zip(config.hosts, nodes)]
         hostfile = str(config.layout.mpi_hostfile) if self.hosts else None
         env = the_plan.procs[0].env
+        if config.gpus is not None:
+            # each node's worker picks its GPUs by local rank (planning cannot see remote GPUs)
+            for proc in the_plan.procs:
+                proc.env[envs.GPUS] = config.gpus
         self.argv = command(rank_argv, len(the_plan.procs), hosts=self.hosts, hostfile=hostfile,
                             env_names=export_names(env), ssh_config=config.ssh_config)
         the_plan.commands = [planning.LaunchCommand("127.0.0.1", self.argv)]

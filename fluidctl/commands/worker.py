@@ -201,6 +201,23 @@ def run_child(argv: List[str], env: Mapping[str, str], log_path: Optional[str]) 
     return 128 - code if code < 0 else code
 
 
+def node_gpus(environ: Mapping[str, str]) -> List[str]:
+    """With FLUIDCTL_GPUS ("all", a count or ids, as --gpus): this node's GPUs for the job, one
+    per local rank (so rank i of the node uses the i-th); [] without it (CPU)."""
+    spec = environ.get(envs.GPUS, "").strip()
+    if not spec:
+        return []
+    from fluidctl.planning import devices
+    found = devices.select_gpus(None if spec == "all" else spec,
+                                devices.discover_gpus(environ))
+    local_size = int(environ.get(envs.OMPI_LOCAL_SIZE, 1))
+    if len(found) < local_size:
+        raise UsageError(f"{envs.GPUS}={spec}: {local_size} rank(s) on this node but "
+                         f"{len(found)} GPU(s) ({','.join(found) or 'none'})",
+                         "start one rank per GPU (mpirun -npernode N), or use fewer ranks")
+    return found[:local_size]
+
+
 def is_python(script: str) -> bool:
     """A .py file, or a file whose #! line names python."""
     if script.endswith(".py"):
@@ -309,7 +326,8 @@ SCRIPT with that environment and exits with its code. A Python script runs
 in the worker's own process and keeps mpirun's MPI world (mpi4py sees every rank); any other
 program runs as a child without MPI's variables (MPI programs are refused: run them with
 mpirun directly). With FLUIDCTL_LOG_DIR set, the output is also written to
-FLUIDCTL_LOG_DIR/workerlog.RANK.
+FLUIDCTL_LOG_DIR/workerlog.RANK. With FLUIDCTL_GPUS=all (or a --gpus value such as 4 or 0,2),
+local rank i runs on the node's i-th GPU.
 
 \b
 Example:
@@ -349,7 +367,7 @@ def worker(script, args):
     if under_mpi:
         endpoints, master, nnodes, node_rank = exchange_endpoints(environ)
         contract = envs.from_ompi(environ, endpoints, master, nnodes, node_rank=node_rank,
-                                  cores=os.cpu_count() or 1)
+                                  cores=os.cpu_count() or 1, gpus_on_node=node_gpus(environ))
         if in_process:
             code = run_in_process(script, list(args), contract)
             if code != 0:

@@ -37,9 +37,10 @@ def probe(ports: int) -> dict:
     from fluidctl.planning import devices
     from fluidctl.net import free_ports
     free = free_ports(ports, "")
+    gpus = devices.discover_gpus(os.environ)       # ids as this node's CUDA_VISIBLE_DEVICES
     return {"python": sys.version.split()[0], "fluidctl": __version__,
             "disk_free": shutil.disk_usage(".").free, "cwd": os.getcwd(),
-            "gpus": len(devices.discover_gpus(os.environ)), "ports": free}
+            "gpus": len(gpus), "gpu_ids": gpus, "ports": free}
 
 
 def _stop_when_stdin_closes(launch_log) -> None:

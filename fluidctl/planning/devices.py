@@ -1,7 +1,10 @@
 """Which GPUs a node has and which of them a job uses.
 
-GPUs are listed by ``nvidia-smi -L`` and narrowed by CUDA_VISIBLE_DEVICES (ids or GPU-UUIDs),
-as CUDA itself would narrow them. ``--gpus 4`` is a count (the first 4 visible), ``--gpus 0,2,3``
+GPUs are listed by ``nvidia-smi -L`` and narrowed by CUDA_VISIBLE_DEVICES (ids, GPU-UUIDs or
+MIG-UUIDs, whole or a unique prefix), as CUDA itself would narrow them. A GPU split into MIG
+instances is not usable whole: its instances (``MIG-<uuid>``, the lines nvidia-smi indents under
+it) are the devices instead. The launcher sets CUDA_DEVICE_ORDER=PCI_BUS_ID (see envs), so the
+ids here, nvidia-smi's, are CUDA's too. ``--gpus 4`` is a count (the first 4 visible), ``--gpus 0,2,3``
 (or ``--gpus 3,`` for a single id) names ids.
 """
 from __future__ import annotations
@@ -14,10 +17,31 @@ from typing import List, Mapping, Optional
 from fluidctl.errors import UsageError
 
 _LINE = re.compile(r"^GPU\s+(\d+):.*?(?:\(UUID:\s*(\S+?)\))?\s*$")
+_MIG = re.compile(r"^MIG\b.*\(UUID:\s*(MIG-\S+?)\)\s*$")
+
+
+def parse_smi(out: str) -> List[tuple]:
+    """``nvidia-smi -L`` as [(gpu id, gpu uuid, [mig uuids])]."""
+    found = []
+    for line in out.splitlines():
+        m = _LINE.match(line.strip())
+        if m:
+            found.append((m.group(1), m.group(2) or "", []))
+            continue
+        mig = _MIG.match(line.strip())
+        if mig and found:
+            found[-1][2].append(mig.group(1))
+    return found
+
+
+def _devices(gpu) -> List[str]:
+    gid, _, migs = gpu
+    return list(migs) if migs else [gid]
 
 
 def discover_gpus(environ: Mapping[str, str]) -> List[str]:
-    """Physical ids of the GPUs this process may use (empty without nvidia-smi or GPUs)."""
+    """The devices this process may use, as CUDA_VISIBLE_DEVICES entries: physical GPU ids,
+    or MIG-UUIDs of MIG instances (empty without nvidia-smi or GPUs)."""
     smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
     if not smi:
         return []
@@ -25,22 +49,22 @@ def discover_gpus(environ: Mapping[str, str]) -> List[str]:
         out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    found = []  # (id, uuid)
-    for line in out.splitlines():
-        m = _LINE.match(line.strip())
-        if m:
-            found.append((m.group(1), m.group(2) or ""))
+    found = parse_smi(out)
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
-        return [gid for gid, _ in found]
-    by_uuid = {uuid: gid for gid, uuid in found if uuid}
-    ids = {gid for gid, _ in found}
+        return [d for gpu in found for d in _devices(gpu)]
     narrowed = []
     for item in (v.strip() for v in visible.split(",") if v.strip()):
-        gid = item if item in ids else by_uuid.get(item)
-        if gid is None:
-            break  # CUDA stops at the first invalid entry
-        narrowed.append(gid)
+        match = [gpu for gpu in found if item == gpu[0]]
+        if match:
+            narrowed += _devices(match[0])
+            continue
+        named = [d for gpu in found for d in ([gpu[1]] if gpu[1] else []) + gpu[2]
+                 if d.startswith(item) and item.startswith(("GPU-", "MIG-"))]
+        if len(named) != 1:
+            break  # CUDA stops at the first invalid (or ambiguous) entry
+        gpu = next(g for g in found if named[0] in (g[1], *g[2]))
+        narrowed += [named[0]] if named[0].startswith("MIG-") else _devices(gpu)
     return narrowed
 
 

@@ -168,10 +168,11 @@ def local_node(nproc: Optional[int], gpus: Optional[str], mode: str, pservers: O
 
 
 def remote_node(name: str, address: str, slots: Optional[int], nproc: Optional[int],
-                gpus: Optional[str], gpu_count: int, pservers: int) -> Node:
+                gpus: Optional[str], gpu_ids: Sequence[str], pservers: int) -> Node:
     """One node of a multi-node job: its hostfile slots (None when not given), the address it
-    was reached at and the number of GPUs its agent found."""
-    found = node_gpus(nproc, gpus, [str(i) for i in range(gpu_count)])
+    was reached at and the GPUs its agent found (ids as CUDA_VISIBLE_DEVICES names them there:
+    a node whose CUDA_VISIBLE_DEVICES is 2,3 runs on 2 and 3, not 0 and 1)."""
+    found = node_gpus(nproc, gpus, list(gpu_ids))
     count = slots if slots is not None else (len(found) if found else (nproc or 1))
     if found and len(found) != count:
         raise UsageError(f"node {name} has {count} slots but {len(found)} GPUs selected",

@@ -130,6 +130,8 @@ def init(timeout: Optional[float] = None, transport: str = "auto",
         except BaseException:
             ctx.close(wait=False)
             raise
+    elif env.role == envs.ROLE_TRAINER and env.selected_gpu is not None:
+        _use_device(ctx)               # pserver trainers: their own GPU, no NCCL between them
     _ctx = ctx
     return ctx
 
@@ -150,6 +152,22 @@ def _select_device(ctx: Context) -> None:
     ctx.device, ctx.device_id, ctx.xp = f"gpu:{env.selected_gpu}", env.selected_gpu, \
         transport.cupy
     ctx.comm.nccl = transport
+
+
+def _use_device(ctx: Context) -> None:
+    """A GPU for a rank that needs no communicator (a pserver-mode trainer)."""
+    gpu = ctx.env.selected_gpu
+    try:
+        import cupy
+    except ImportError:
+        print(f"fluidctl: rank {ctx.rank}: {envs.SELECTED_GPUS}={gpu} but CuPy is not "
+              "installed; running on CPU (pip install 'fluidctl[gpu]')", file=sys.stderr)
+        return
+    try:
+        cupy.cuda.Device(gpu).use()
+    except Exception as exc:
+        raise CollectiveError(f"rank {ctx.rank}: cannot use GPU {gpu} ({exc})") from None
+    ctx.device, ctx.device_id, ctx.xp = f"gpu:{gpu}", gpu, cupy
 
 
 def get_context() -> Optional[Context]:
