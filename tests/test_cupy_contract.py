@@ -161,3 +161,13 @@ def test_gpu_stack_line_from_the_real_packages():
         full = _python("import fluidctl.gpustack as g; print(g.describe(2))")
         assert re.fullmatch(r"CuPy 1\d\.\d+\.\d+, NCCL 2\.\d+\.\d+, no usable GPU "
                             r"\(cudaErrorInsufficientDriver\)\n", full.stdout), full.stdout
+
+
+def test_gpu_extra_installs_cupy_with_nccl():
+    """2: cupy-cuda12x alone leaves cupy.cuda.nccl.available False; the extra is the pair."""
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    extra = {line.strip() for line in cfg["options.extras_require"]["gpu"].splitlines()
+             if line.strip()}
+    assert extra == {"cupy-cuda12x>=13", "nvidia-nccl-cu12"}
