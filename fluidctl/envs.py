@@ -77,6 +77,7 @@ TIMEOUT = "FLUIDCTL_TIMEOUT"            # seconds a collective or rendezvous may
 LOG_DIR = "FLUIDCTL_LOG_DIR"
 GPUS = "FLUIDCTL_GPUS"                  # "all" or a --gpus value: ranks started by mpirun or
                                         # torchrun take the node's GPUs by local rank
+VENV = "FLUIDCTL_VENV"                  # the nodes' environment (cluster setup, train, check)
 SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process_vm_readv)
 WORKER_ECHO = "FLUIDCTL_WORKER_ECHO"    # "0": fluidctl worker writes its log only, not stdout
 # --- OpenMPI (read only) --------------------------------------------------------------------

@@ -115,6 +115,27 @@ def state_dir() -> Path:
     return Path.home() / ".fluidctl" / "run"
 
 
+# the environment ``fluidctl cluster setup`` makes on every node (relative paths are from the
+# remote home; '{host}' becomes the node's name); ``--venv`` or $FLUIDCTL_VENV change it
+NODE_VENV = "~/.fluidctl/venv"
+NODE_WHEELHOUSE = "wheelhouse"                 # inside the node's venv
+NODE_ENV_RECORD = "fluidctl-env.json"          # inside the node's venv: what setup installed
+
+
+def node_venv(venv: str, host: str) -> str:
+    """The node's venv path as given ('{host}' replaced); '~/' and relative paths are from the
+    remote home, which is where SFTP and a command without a working directory start."""
+    path = venv.replace("{host}", host)
+    return path[2:] if path.startswith("~/") else path
+
+
+def wheelhouse_dir() -> Path:
+    """Where ``cluster setup`` builds its wheelhouse here: $XDG_CACHE_HOME/fluidctl/wheelhouse,
+    else ~/.cache/fluidctl/wheelhouse."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "fluidctl" / "wheelhouse"
+
+
 def pserver_pid_file(port: int) -> Path:
     return state_dir() / f"pserver-{port}.pid"
 

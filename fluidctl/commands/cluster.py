@@ -279,3 +279,109 @@ def _sync_sftp(host, source, where, excludes, compare, ssh_config, accept_new, t
         return where, len(plan.send), plan.bytes, plan.unchanged
     finally:
         connected.close()
+
+
+@cluster.command(help="""Make a ready Python environment on every node: build a wheelhouse here
+once (fluidctl from this checkout or its installed version, the requirements and what they
+depend on), push to each node only the wheels it lacks (by sha256, all nodes at once), create or
+update a venv there with pip install --no-index --find-links, and verify it (fluidctl --version,
+python -c "import ..." per requirement). A second run on a ready cluster changes nothing.
+train --hostfile and cluster check then use that venv on the nodes. Exit code: how many nodes
+failed (each named with pip's own error line); the others are still set up.
+
+\b
+Examples:
+  fluidctl cluster setup --hostfile hosts.txt --requirements requirements.txt
+  fluidctl cluster setup --hostfile hosts.txt --python python3.11 --venv /opt/job-env
+  fluidctl cluster setup --hostfile hosts.txt -r requirements.txt --dry-run""")
+@host_options
+@click.option("-r", "--requirements", type=click.Path(dir_okay=False),
+              help="pip requirements file to install on every node besides fluidctl "
+                   "(e.g. --requirements requirements.txt).")
+@click.option("--python", "python", metavar="PYTHON", default=None,
+              help="Interpreter on the nodes that creates the venv (default: this one's "
+                   "version, e.g. python3.11; e.g. --python /usr/bin/python3).")
+@click.option("--venv", metavar="DIR", envvar="FLUIDCTL_VENV", default=None,
+              help="The venv on the nodes; '{host}' is replaced by the node's name, relative "
+                   "paths are from the remote home (default: $FLUIDCTL_VENV, else "
+                   "~/.fluidctl/venv; e.g. --venv /opt/job-env).")
+@click.option("--system-site-packages", is_flag=True,
+              help="Let the venv see the node Python's own packages (e.g. a CUDA build of "
+                   "torch installed there), as python -m venv --system-site-packages.")
+@click.option("--no-deps", is_flag=True,
+              help="Put only fluidctl and the listed requirements in the wheelhouse, not their "
+                   "dependencies (for nodes that have them; pair with --system-site-packages).")
+@click.option("--wheelhouse", type=click.Path(file_okay=False), default=None,
+              help="Where the wheelhouse is built here (default: ~/.cache/fluidctl/wheelhouse; "
+                   "e.g. --wheelhouse ./wheels).")
+@click.option("--dry-run", is_flag=True,
+              help="Build the wheelhouse here, then print per node what would be pushed and "
+                   "installed; change nothing on the nodes.")
+def setup(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, requirements, python,
+          venv, system_site_packages, no_deps, wheelhouse, dry_run):
+    import sys
+    from rich.table import Table
+    from fluidctl import wheelhouse as wheels
+    from fluidctl.backends import provision, ssh
+    from fluidctl.backends.sshlib import paramiko
+    from fluidctl.paths import NODE_VENV, wheelhouse_dir
+    hosts, targets = _resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
+    venv = venv or NODE_VENV
+    python = python or f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    err = console(stderr=True)
+    house = wheels.build(Path(wheelhouse) if wheelhouse else wheelhouse_dir(),
+                         Path(requirements) if requirements else None, no_deps,
+                         echo=err.print)
+    connected = ssh.connect_all(hosts, targets, timeout=timeout)
+    failures = dict(connected.failures)
+
+    def one(node):
+        try:
+            return provision.setup_node(node, house, venv, python, system_site_packages,
+                                        dry_run)
+        except (OSError, ssh.ConnectionLost, paramiko.SSHException) as exc:
+            return provision.NodeSetup(node.host.name, reason=f"connection failed: {exc}")
+    try:
+        results = {r.host: r for r in ssh.parallel(list(connected.nodes.values()), one)}
+    finally:
+        connected.close()
+    for r in results.values():
+        if r.reason:
+            failures[r.host] = r.reason
+    what = "would push" if dry_run else "pushed"
+    table = Table(title=f"fluidctl cluster setup{' --dry-run' if dry_run else ''}: "
+                        f"{len(house.wheels)} wheel(s), {human_bytes(house.bytes)}")
+    for column in ("host", "venv", "action", what, "install", "status"):
+        table.add_column(column, overflow="fold")
+    details = []
+    for host in hosts:
+        r = results.get(host.name)
+        if r is None:
+            continue
+        pushed = f"{len(r.push)} ({human_bytes(r.push_bytes)})" if r.push else "nothing"
+        if dry_run:
+            status = "-"
+        elif r.ok:
+            status = f"[green]ready[/] fluidctl {r.fluidctl}, {r.seconds:.1f}s"
+        else:
+            status = "[bold red]FAIL[/]"
+        table.add_row(host.name, r.venv, r.action, pushed, str(len(r.install)) if r.install
+                      else "-", status)
+        if dry_run:
+            steps = [f"create the venv with {python}" if r.action == "create" else
+                     "use the venv there"]
+            steps.append("push " + ", ".join(f"{w.file} ({human_bytes(w.size)})" for w in r.push)
+                         if r.push else "push nothing")
+            if r.remove:
+                steps.append("remove " + ", ".join(r.remove))
+            steps.append("install " + ", ".join(r.install) if r.install else "install nothing")
+            details.append(f"{host.name}: {r.venv}: " + "; ".join(steps))
+    out = console()
+    out.print(table)
+    for line in details:
+        out.print(line, soft_wrap=True, markup=False)
+    if failures:
+        ordered = {h.name: failures[h.name] for h in hosts if h.name in failures}
+        error = _fail_nodes("failed the setup", ordered, len(hosts))
+        error.exit_code = len(ordered)
+        raise error

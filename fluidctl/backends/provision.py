@@ -1,0 +1,338 @@
+"""Ready Python environments on the nodes: ``fluidctl cluster setup`` and what uses them.
+
+Per node (every node at once, each on its own thread and connection):
+
+1. read what the node has: ``VENV/fluidctl-env.json`` (the wheels' sha256 it installed, the
+   wheelhouse key) and the sizes in ``VENV/wheelhouse``;
+2. push only the wheels whose content (sha256) it lacks, through ``sync.send_files`` (the
+   transport ``cluster sync`` uses: a temporary name renamed into place), check their sha256
+   there, and drop wheels the wheelhouse no longer has;
+3. create the venv if it is missing, then ``pip install --no-index --find-links`` every wheel
+   (wheels whose content changed under the same version are reinstalled first);
+4. verify: ``VENV/bin/fluidctl --version`` and ``python -c "import ..."`` of each requirement's
+   modules, fluidctl imported from the venv; then record what was installed.
+
+A node whose wheelhouse key and wheels match its record only runs the verification (the
+no-op re-run). ``inspect`` reads a node's environment for ``cluster check`` and the launchers;
+``prefer_venv`` makes a remote command use the venv's interpreter where it exists.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import posixpath
+import shlex
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from fluidctl import __version__
+from fluidctl.backends.ssh import ConnectionLost, SSHNode
+from fluidctl.backends.sync import FileToSend, SyncPlan, send_files
+from fluidctl.paths import NODE_ENV_RECORD, NODE_WHEELHOUSE, node_venv
+from fluidctl.wheelhouse import Wheel, Wheelhouse, pip_error
+
+ENV_MARK = "FLUIDCTL_ENV="
+
+# run by the venv's python on the node: imports every requirement's modules, reports versions
+VERIFY = """
+import importlib, importlib.metadata as md, json, sys
+imports = json.loads(sys.argv[1])
+for dist, modules in imports.items():
+    for module in modules:
+        importlib.import_module(module)
+import fluidctl
+print("FLUIDCTL_ENV=" + json.dumps({
+    "executable": sys.executable, "prefix": sys.prefix, "python": sys.version.split()[0],
+    "fluidctl": fluidctl.__version__, "fluidctl_file": fluidctl.__file__,
+    "versions": {dist: md.version(dist) for dist in imports}}))
+"""
+
+# run by the venv's python for cluster check and the launchers: standard library only
+INSPECT = """
+import importlib.metadata as md, json, sys
+try:
+    record = json.load(open(sys.argv[1]))
+except Exception:
+    record = {}
+def version(name):
+    try:
+        return md.version(name)
+    except Exception:
+        return None
+print("FLUIDCTL_ENV=" + json.dumps({
+    "executable": sys.executable, "python": sys.version.split()[0],
+    "fluidctl": version("fluidctl"), "recorded": record.get("versions", {}),
+    "versions": {name: version(name) for name in record.get("versions", {})}}))
+"""
+
+
+@dataclass
+class NodeSetup:
+    """What ``cluster setup`` did (or, with --dry-run, would do) on one node."""
+    host: str
+    venv: str = ""
+    action: str = ""                    # create | update | ready
+    push: List[Wheel] = field(default_factory=list)
+    remove: List[str] = field(default_factory=list)
+    install: List[str] = field(default_factory=list)    # wheel files pip installs
+    ok: bool = False
+    reason: str = ""
+    fluidctl: str = ""
+    versions: Dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def push_bytes(self) -> int:
+        return sum(w.size for w in self.push)
+
+
+def _marked(output: str) -> Optional[dict]:
+    for line in output.splitlines():
+        if line.startswith(ENV_MARK):
+            return json.loads(line[len(ENV_MARK):])
+    return None
+
+
+def _read_record(node: SSHNode, venv: str) -> Optional[dict]:
+    try:
+        with node.sftp.open(posixpath.join(venv, NODE_ENV_RECORD), "r") as f:
+            return json.loads(f.read().decode())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_record(node: SSHNode, venv: str, record: dict) -> None:
+    path = posixpath.join(venv, NODE_ENV_RECORD)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with node.sftp.open(tmp, "w") as f:
+        f.write(json.dumps(record, indent=1).encode())
+    node.sftp.posix_rename(tmp, path)
+
+
+def _exists(node: SSHNode, path: str) -> bool:
+    try:
+        node.sftp.stat(path)
+        return True
+    except OSError:
+        return False
+
+
+def absolute(node: SSHNode, venv: str) -> str:
+    """The venv path on the node made absolute (relative ones are from the remote home)."""
+    return venv if venv.startswith("/") else posixpath.join(node.sftp.normalize("."), venv)
+
+
+def plan_node(node: SSHNode, house: Wheelhouse, venv_spec: str) -> tuple:
+    """(NodeSetup with venv, action, push, remove and install decided; the node's record)."""
+    result = NodeSetup(node.host.name)
+    venv = result.venv = absolute(node, node_venv(venv_spec, node.host.name))
+    wheelhouse = posixpath.join(venv, NODE_WHEELHOUSE)
+    record = _read_record(node, venv) or {}
+    try:
+        there = {e.filename: e.st_size for e in node.sftp.listdir_attr(wheelhouse)
+                 if stat.S_ISREG(e.st_mode or 0)}
+    except FileNotFoundError:
+        there = {}
+    recorded = record.get("wheels", {})
+    result.push = [w for w in house.wheels
+                   if recorded.get(w.file) != w.sha256 or there.get(w.file) != w.size]
+    wanted = {w.file for w in house.wheels}
+    result.remove = sorted(f for f in there if f not in wanted)
+    has_python = _exists(node, posixpath.join(venv, "bin", "python"))
+    if not has_python:
+        result.action = "create"
+    elif record.get("key") != house.key or result.push:
+        result.action = "update"
+    else:
+        result.action = "ready"
+    if result.action != "ready":
+        result.install = [w.file for w in house.wheels]
+    return result, record
+
+
+def install_script(venv: str, python: str, system_site: bool, reinstall: Sequence[str],
+                   install: Sequence[str]) -> str:
+    """The shell script that creates the venv if missing and installs from its wheelhouse."""
+    v = shlex.quote(venv)
+    py = shlex.quote(python)
+    wheelhouse = shlex.quote(posixpath.join(venv, NODE_WHEELHOUSE))
+    venv_args = "--system-site-packages" if system_site else ""
+    lines = [
+        f"if [ ! -x {v}/bin/python ]; then",
+        f"  command -v {py} >/dev/null 2>&1 || {{ echo 'ERROR: python {python} not found on "
+        "the node (pass --python with an interpreter there)' >&2; exit 3; }",
+        # with the system's packages visible, the system's pip serves the venv: no ensurepip
+        f"  if [ -n '{venv_args}' ] && {py} -m pip --version >/dev/null 2>&1; then "
+        f"{py} -m venv {venv_args} --without-pip {v} || exit 3;",
+        f"  else {py} -m venv {venv_args} {v} || exit 3; fi",
+        "fi",
+    ]
+    pip = (f"{v}/bin/python -m pip install --disable-pip-version-check --no-input -q "
+           f"--no-index --find-links {wheelhouse}")
+    files = lambda names: " ".join(shlex.quote(posixpath.join(venv, NODE_WHEELHOUSE, n))
+                                   for n in names)
+    if reinstall:
+        lines.append(f"{pip} --force-reinstall --no-deps {files(reinstall)} || exit 4")
+    lines.append(f"{pip} {files(install)} || exit 4")
+    return "\n".join(lines)
+
+
+def verify_node(node: SSHNode, venv: str, house: Wheelhouse):
+    """(report, '') when the venv's fluidctl runs and every requirement imports, else
+    (None, the failing line)."""
+    v = shlex.quote(venv)
+    command = (f"{v}/bin/fluidctl --version && {v}/bin/python -c {shlex.quote(VERIFY)} "
+               f"{shlex.quote(json.dumps(house.imports))}")
+    result = node.run(command)
+    report = _marked(result.stdout) if result.exit_code == 0 else None
+    if report is None:
+        return None, pip_error(result.stderr + "\n" + result.stdout)
+    if not report["fluidctl_file"].startswith(report["prefix"].rstrip("/") + "/"):
+        return None, (f"fluidctl is imported from {report['fluidctl_file']}, not from the "
+                      f"environment {venv}")
+    return report, ""
+
+
+def setup_node(node: SSHNode, house: Wheelhouse, venv_spec: str, python: str,
+               system_site: bool, dry_run: bool = False) -> NodeSetup:
+    started = time.monotonic()
+    result, record = plan_node(node, house, venv_spec)
+    try:
+        if not dry_run:
+            _apply(node, house, result, record, python, system_site)
+    finally:
+        result.seconds = time.monotonic() - started
+    return result
+
+
+def _apply(node: SSHNode, house: Wheelhouse, result: NodeSetup, record: dict, python: str,
+           system_site: bool) -> None:
+    venv = result.venv
+    wheelhouse = posixpath.join(venv, NODE_WHEELHOUSE)
+    if result.push:
+        send_files(node, SyncPlan(wheelhouse, [
+            FileToSend(house.path / w.file, posixpath.join(wheelhouse, w.file), w.size,
+                       (house.path / w.file).stat().st_mtime, 0o644) for w in result.push]))
+        digests = node.remote_sha256([posixpath.join(wheelhouse, w.file) for w in result.push])
+        bad = [w.file for w in result.push
+               if digests.get(posixpath.join(wheelhouse, w.file)) != w.sha256]
+        if bad:
+            result.reason = f"wheel(s) arrived with another sha256: {', '.join(bad)}"
+            return
+    for name in result.remove:
+        node.sftp.remove(posixpath.join(wheelhouse, name))
+    report = None
+    if result.action == "ready":
+        report, _ = verify_node(node, venv, house)
+        if report is None:              # recorded as ready but broken since: install again
+            result.action = "update"
+            result.install = [w.file for w in house.wheels]
+    if report is None:
+        installed = record.get("installed", {})
+        reinstall = [w.file for w in house.wheels
+                     if installed.get(w.project) not in (None, w.sha256)]
+        done = node.run(install_script(venv, python, system_site, reinstall, result.install))
+        if done.exit_code != 0:
+            step = "venv creation" if done.exit_code == 3 else "pip install"
+            result.reason = f"{step} failed: {pip_error(done.stderr + chr(10) + done.stdout)}"
+            return
+        report, why = verify_node(node, venv, house)
+        if report is None:
+            result.reason = f"verification failed: {why}"
+            return
+    result.fluidctl = report["fluidctl"]
+    result.versions = report["versions"]
+    if result.action != "ready" or result.remove:
+        _write_record(node, venv, {
+            "key": house.key, "wheels": {w.file: w.sha256 for w in house.wheels},
+            "installed": {w.project: w.sha256 for w in house.wheels},
+            "imports": house.imports, "versions": report["versions"],
+            "fluidctl": report["fluidctl"], "python": report["python"],
+            "executable": report["executable"], "time": time.time()})
+    result.ok = True
+
+
+# --- reading a node's environment (cluster check, launchers) --------------------------------
+@dataclass
+class EnvStatus:
+    host: str
+    present: bool = False
+    executable: str = ""                # the venv's python on the node
+    python: str = ""
+    fluidctl: str = ""
+    versions: Dict[str, Optional[str]] = field(default_factory=dict)   # on the node
+    recorded: Dict[str, str] = field(default_factory=dict)    # what setup installed
+    error: str = ""
+
+    def differences(self) -> List[str]:
+        """How the node differs from this machine: fluidctl, and each requirement against the
+        version installed here (else the one setup installed)."""
+        if not self.present:
+            return []
+        out = []
+        if self.fluidctl != __version__:
+            out.append(f"fluidctl {self.fluidctl or 'missing'} there, {__version__} here")
+        for name, there in self.versions.items():
+            try:
+                here = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                here = self.recorded.get(name)
+            if there != here:
+                out.append(f"{name} {there or 'missing'} there, {here} here")
+        return out
+
+
+def inspect_command(venv: str) -> str:
+    v = shlex.quote(venv)
+    record = shlex.quote(posixpath.join(venv, NODE_ENV_RECORD))
+    return (f"if [ -x {v}/bin/python ]; then {v}/bin/python -c {shlex.quote(INSPECT)} {record}; "
+            f"else echo {ENV_MARK}none; fi")
+
+
+def inspect(node: SSHNode, venv_spec: str, timeout: Optional[float] = None) -> EnvStatus:
+    """The environment ``cluster setup`` made on a connected node (``present`` False if none)."""
+    status = EnvStatus(node.host.name)
+    try:
+        result = node.run(inspect_command(node_venv(venv_spec, node.host.name)),
+                          timeout=timeout)
+    except (ConnectionLost, TimeoutError, OSError) as exc:
+        status.error = f"cannot read the environment: {exc}"
+        return status
+    line = next((l for l in result.stdout.splitlines() if l.startswith(ENV_MARK)), "")
+    if line and line != ENV_MARK + "none":
+        data = json.loads(line[len(ENV_MARK):])
+        status.present = True
+        status.executable = data["executable"]
+        status.python = data["python"]
+        status.fluidctl = data["fluidctl"] or ""
+        status.versions = data["versions"]
+        status.recorded = data["recorded"]
+    elif not line:
+        status.error = f"cannot read the environment: {pip_error(result.stderr)}"
+    return status
+
+
+# --- launchers ------------------------------------------------------------------------------
+PREFER = ('case "$1" in /*) v="$1";; *) v="$HOME/$1";; esac; '
+          'if [ -x "$v/bin/python" ]; then p="$v/bin/python"; else p="$2"; fi; '
+          'shift 2; exec "$p" "$@"')
+
+
+def prefer_venv(argv: Sequence[str], venv: str, host: str) -> List[str]:
+    """``argv`` (an interpreter, then its arguments) run by the node's venv python if the venv
+    exists there, else as it is; decided by the node's shell, so no extra round trip."""
+    return ["/bin/sh", "-c", PREFER, "sh", node_venv(venv, host), *argv]
+
+
+def use_node_interpreters(plan, executables: Sequence[str]):
+    """The plan with each node's processes started by the interpreter that node's agent runs
+    with (``executables[i]`` for node i) where they would have used the job's python."""
+    from dataclasses import replace
+    python = plan.job.python
+    procs = [replace(p, argv=[executables[p.node], *p.argv[1:]])
+             if p.argv and p.argv[0] == python and executables[p.node] else p
+             for p in plan.procs]
+    return replace(plan, procs=procs)

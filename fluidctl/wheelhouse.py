@@ -1,0 +1,239 @@
+"""The wheelhouse ``fluidctl cluster setup`` builds on this machine, once, for every node.
+
+It holds fluidctl itself (built from this checkout with ``pip wheel --no-deps``, or the
+installed version downloaded), the user's requirements and, unless ``no_deps``, everything
+they depend on (``pip wheel``, so sdists are built here and nodes need no compiler and no
+index). ``fluidctl-wheelhouse.json`` beside the wheels records a key of what it was built from
+(fluidctl's sources, the requirements file, the options) and every wheel's sha256: a second
+build with the same key is a no-op, and nodes compare those hashes to decide what to receive.
+
+No SSH here: pushing and installing on the nodes is ``fluidctl.backends.provision``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from fluidctl import __version__
+from fluidctl.errors import FluidctlError, UsageError
+
+MANIFEST = "fluidctl-wheelhouse.json"
+SOURCE_FILES = ("setup.cfg", "setup.py", "pyproject.toml", "MANIFEST.in")
+
+
+@dataclass
+class Wheel:
+    file: str            # file name in the wheelhouse
+    sha256: str
+    size: int
+    project: str         # canonical project name (from the file name)
+    version: str
+
+
+@dataclass
+class Wheelhouse:
+    path: Path
+    key: str
+    wheels: List[Wheel]
+    # canonical requirement name -> the modules `python -c "import ..."` checks on a node
+    imports: Dict[str, List[str]] = field(default_factory=dict)
+    built: bool = False                  # False: reused as it was
+
+    def wheel(self, project: str) -> Optional[Wheel]:
+        return next((w for w in self.wheels if w.project == project), None)
+
+    @property
+    def bytes(self) -> int:
+        return sum(w.size for w in self.wheels)
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "imports": self.imports,
+                "wheels": [w.__dict__ for w in self.wheels]}
+
+
+def canonical(name: str) -> str:
+    """PEP 503 normalised project name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_name(file: str):
+    """(canonical project, version) from a wheel file name."""
+    parts = file[:-len(".whl")].split("-")
+    return canonical(parts[0]), parts[1]
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def source_root() -> Optional[Path]:
+    """The checkout fluidctl runs from (editable or source tree), None for a wheel install."""
+    root = Path(__file__).resolve().parent.parent
+    return root if any((root / name).is_file() for name in SOURCE_FILES) else None
+
+
+def _source_digest(root: Path) -> str:
+    """Content of every file a wheel of the checkout is built from."""
+    digest = hashlib.sha256()
+    files = [root / n for n in SOURCE_FILES if (root / n).is_file()]
+    for dirpath, dirs, names in os.walk(root / "fluidctl"):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        files += [Path(dirpath) / n for n in sorted(names) if not n.endswith(".pyc")]
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def requirement_names(requirements: Optional[Path]) -> List[str]:
+    """Canonical names of the requirements a file lists (options and includes skipped)."""
+    if requirements is None:
+        return []
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:                                   # pragma: no cover - pip vendors it
+        from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
+    names = []
+    for number, raw in enumerate(requirements.read_text().splitlines(), 1):
+        line = raw.split(" #")[0].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        try:
+            names.append(canonical(Requirement(line).name))
+        except InvalidRequirement as exc:
+            raise UsageError(f"requirements file {requirements} line {number}: {exc}",
+                             "write one requirement per line, e.g. 'numpy==1.26.4'") from None
+    return names
+
+
+def import_names(wheel: Path) -> List[str]:
+    """The top-level modules a wheel installs (top_level.txt, else its RECORD's top entries)."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        top = [n for n in names if n.endswith(".dist-info/top_level.txt")]
+        if top:
+            found = [m.strip() for m in zf.read(top[0]).decode().splitlines() if m.strip()]
+        else:
+            found = []
+            for name in names:
+                parts = name.split("/")
+                if parts[0].endswith((".dist-info", ".data")):
+                    continue
+                if len(parts) == 1 and name.endswith(".py"):
+                    module = name[:-3]
+                elif len(parts) == 2 and parts[1] == "__init__.py":
+                    module = parts[0]
+                else:
+                    continue
+                if module not in found:
+                    found.append(module)
+    return [m for m in found if m.isidentifier() and not m.startswith("_")]
+
+
+def _pip(args: List[str], what: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "pip", *args, "--disable-pip-version-check"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise FluidctlError(f"{what} failed here: {pip_error(proc.stderr + proc.stdout)}",
+                            "fix the requirement or the network, then run setup again",
+                            exit_code=1)
+
+
+def pip_error(output: str) -> str:
+    """pip's own error line: the last 'ERROR:' line, else the last line it printed."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    return (errors[-1] if errors else lines[-1] if lines else "no output")
+
+
+def build_key(requirements: Optional[Path], no_deps: bool) -> str:
+    root = source_root()
+    parts = {
+        "fluidctl": _source_digest(root) if root else __version__,
+        "requirements": requirements.read_text() if requirements else "",
+        "no_deps": no_deps,
+        "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def load(path: Path) -> Optional[Wheelhouse]:
+    """The wheelhouse at ``path`` if it is complete (every wheel there, of its recorded size)."""
+    try:
+        record = json.loads((path / MANIFEST).read_text())
+        wheels = [Wheel(**w) for w in record["wheels"]]
+        for w in wheels:
+            if (path / w.file).stat().st_size != w.size:
+                return None
+        return Wheelhouse(path, record["key"], wheels, record.get("imports", {}))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def build(path: Path, requirements: Optional[Path] = None, no_deps: bool = False,
+          echo=None) -> Wheelhouse:
+    """Build (or reuse) the wheelhouse in ``path``. The new one is made beside it and renamed
+    into place, so an interrupted build leaves the old one whole."""
+    if requirements is not None and not requirements.is_file():
+        raise UsageError(f"requirements file {requirements} not found",
+                         "pass --requirements with an existing file")
+    names = requirement_names(requirements)
+    key = build_key(requirements, no_deps)
+    existing = load(path)
+    if existing is not None and existing.key == key:
+        return existing
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        root = source_root()
+        if echo:
+            echo(f"building the wheelhouse in {path}")
+        if root:
+            _pip(["wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(root)],
+                 f"pip wheel {root}")
+        else:
+            _pip(["download", "-q", "--no-deps", "--only-binary", ":all:", "-d", str(tmp),
+                  f"fluidctl=={__version__}"], f"pip download fluidctl=={__version__}")
+        own = sorted(tmp.glob("fluidctl-*.whl"))
+        more = [] if no_deps else [str(own[0])]
+        if requirements is not None:
+            more += ["-r", str(requirements)]
+        if more:
+            _pip(["wheel", "-q", *(["--no-deps"] if no_deps else []), "-w", str(tmp), *more],
+                 "pip wheel of the requirements")
+        wheels = []
+        for file in sorted(tmp.glob("*.whl")):
+            project, version = wheel_name(file.name)
+            wheels.append(Wheel(file.name, sha256_file(file), file.stat().st_size, project,
+                                version))
+        house = Wheelhouse(path, key, wheels, built=True)
+        for name in names:
+            wheel = house.wheel(name)
+            if wheel is None:
+                raise FluidctlError(f"requirement {name} has no wheel in the wheelhouse",
+                                    "check the requirements file", exit_code=1)
+            house.imports[name] = import_names(tmp / wheel.file)
+        (tmp / MANIFEST).write_text(json.dumps(house.to_json(), indent=1))
+        old = path.parent / f".{path.name}.old-{os.getpid()}"
+        if path.exists():
+            path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+        return house
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
