@@ -9,6 +9,7 @@ re-installed per node and a setup takes seconds.
 import base64
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -170,7 +171,7 @@ def test_cluster_check_reports_the_environment_and_a_version_drift(cluster, read
     r = fluidctl(*check, env=env)
     assert r.returncode == 0, r.stderr + r.stdout
     for host in ("node1", "node2"):
-        assert "env ok" in " ".join(row(r.stdout, host)), r.stdout
+        assert row(r.stdout, host)[2:4] == ["ok", "ok"], r.stdout      # status, env
     node1 = Path(str(template).replace("{host}", "node1"))
     newer = next(cluster["newer"].glob("*.whl"))
     subprocess.run([str(node1 / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
@@ -207,3 +208,24 @@ def test_train_runs_with_the_provisioned_environment(cluster, ready, tmp_path, b
         log = (tmp_path / "logs" / host / f"workerlog.{rank}").read_text()
         python = str(template).replace("{host}", host) + "/bin/python"
         assert f"rank {rank} python {python} tinyreq 1.0" in log, log
+
+
+def test_train_backend_mpi_runs_with_the_provisioned_environment(cluster, ready, tmp_path):
+    """mpirun starts one command everywhere: the node's shell picks the venv's python where it
+    exists (one path for every node, so one node here)."""
+    venv = str(ready[0]).replace("{host}", "node1")
+    (tmp_path / "job.py").write_text(JOB)
+    r = subprocess.run([*FLUIDCTL, "train", "--backend", "mpi", "--hosts", "node1:1",
+                        "--ssh-config", str(cluster["config"]), "--venv", venv,
+                        "--log-dir", str(tmp_path / "logs"), "job.py"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "NO_COLOR": "1", "OMPI_MCA_btl": "tcp,self"})
+    assert r.returncode == 0, r.stderr + r.stdout
+    log = (tmp_path / "logs" / "workerlog.0").read_text()
+    assert f"rank 0 python {venv}/bin/python tinyreq 1.0" in log, log
+    # a path that differs per node cannot be one mpirun command: refused before anything runs
+    r = subprocess.run([*FLUIDCTL, "train", "--backend", "mpi", "--hosts", "node1:1",
+                        "--venv", str(ready[0]), "job.py"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("error: --venv ") and \
+        "differs per node" in r.stderr

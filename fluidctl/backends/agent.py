@@ -51,8 +51,15 @@ def parse_line(line: str):
     return (tag, text) if sep else None
 
 
-def agent_argv(python: str, ports: int) -> List[str]:
-    return [python, "-m", AGENT_MODULE, "--ports", str(ports)]
+def agent_argv(python: str, ports: int, venv: Optional[str] = None,
+               host: str = "") -> List[str]:
+    """The node agent's command; with ``venv``, run by that venv's python where it exists on
+    the node (``cluster setup``'s environment), else by ``python``."""
+    argv = [python, "-m", AGENT_MODULE, "--ports", str(ports)]
+    if venv:
+        from fluidctl.backends.provision import prefer_venv
+        argv = prefer_venv(argv, venv, host)
+    return argv
 
 
 def node_class(backend: str):
@@ -69,7 +76,7 @@ class RemoteAgent:
     service = False
 
     def __init__(self, node, label: str, *, python: str, remote_dir: str, ports: int,
-                 launch_log):
+                 launch_log, venv: Optional[str] = None):
         from fluidctl.backends.ssh import RemoteProcess, shell_command
         self.node, self.label, self.host = node, f"node {label}", label
         self.launch_log = launch_log
@@ -85,8 +92,8 @@ class RemoteAgent:
         # our own channel, so stdin stays open: the plan goes there, and its closing tells the
         # agent that the launcher is gone
         self.channel = node.client.get_transport().open_session(timeout=node.timeout)
-        self.channel.exec_command(shell_command(agent_argv(python, ports), cwd=remote_dir,
-                                                report_pid=True))
+        self.channel.exec_command(shell_command(agent_argv(python, ports, venv, label),
+                                                cwd=remote_dir, report_pid=True))
         self.proc = RemoteProcess(node, self.channel, self._line, capture=False, report_pid=True)
         self.pid: Optional[int] = None
         # the supervisor waits on descriptors: a pipe that turns readable when the agent ends
@@ -217,7 +224,7 @@ class RemoteAgent:
 
 def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remote_dir: str,
              timeout: float, ports_wanted: Dict[str, int], launch_log,
-             nodes: Optional[Dict[str, object]] = None):
+             nodes: Optional[Dict[str, object]] = None, venv: Optional[str] = None):
     """Connect to every node (unless ``nodes`` are connected already) and start its agent,
     each node on its own thread from start to probe; one bad node is a one-line error naming
     every node that failed, after every agent was told to exit and every connection closed.
@@ -236,7 +243,8 @@ def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remot
                 return None, None, str(exc)
         try:
             agent = RemoteAgent(node, host.name, python=python, remote_dir=remote_dir,
-                                ports=ports_wanted.get(host.name, 0), launch_log=launch_log)
+                                ports=ports_wanted.get(host.name, 0), launch_log=launch_log,
+                                venv=venv)
         except Exception as exc:
             return node, None, f"could not start fluidctl there: {exc}"
         info = agent.wait_probe(timeout)
@@ -302,7 +310,7 @@ class SSHLauncher(BaseLauncher):
         self.connected, self.agents = bring_up(
             resolved, targets, backend=self.name, python=config.interpreter,
             remote_dir=self.remote_dir, timeout=config.ssh_timeout, ports_wanted=wanted,
-            launch_log=self.log)
+            launch_log=self.log, venv=config.node_venv)
         nodes = [planning.remote_node(h.name, self.connected[h.name].peer_address or h.address,
                                       n, config.nproc, config.gpus, agent.probe["gpu_ids"], k)
                  for h, n, agent, k in zip(resolved, slots, self.agents, on_pservers)]
@@ -311,9 +319,15 @@ class SSHLauncher(BaseLauncher):
         ports = {i: planning.node_ports(job.ports_needed(i), config.started_port,
                                         agent.probe["ports"])
                  for i, agent in enumerate(self.agents)}
-        commands = [LaunchCommand(h.name, agent_argv(config.interpreter, wanted[h.name]))
+        commands = [LaunchCommand(h.name, agent_argv(config.interpreter, wanted[h.name],
+                                                     config.node_venv, h.name))
                     for h in resolved]
-        return planning.plan(job, ports, backend=self.name, commands=commands)
+        the_plan = planning.plan(job, ports, backend=self.name, commands=commands)
+        if config.node_venv:    # each node's ranks run with its agent's python (its venv)
+            from fluidctl.backends.provision import use_node_interpreters
+            the_plan = use_node_interpreters(the_plan, [a.probe.get("executable")
+                                                        for a in self.agents])
+        return the_plan
 
     @property
     def remote_dir(self) -> str:
@@ -327,7 +341,8 @@ class SSHLauncher(BaseLauncher):
             self.agents = bring_up(self.hosts, None, backend=self.name,
                                    python=config.interpreter, remote_dir=self.remote_dir,
                                    timeout=config.ssh_timeout, ports_wanted={},
-                                   launch_log=self.log, nodes=self.connected)[1]
+                                   launch_log=self.log, nodes=self.connected,
+                                   venv=config.node_venv)[1]
         handles = []
         for i, agent in enumerate(self.agents):
             procs = plan.on_node(i)

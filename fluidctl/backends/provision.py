@@ -193,6 +193,11 @@ def verify_node(node: SSHNode, venv: str, house: Wheelhouse):
     if not report["fluidctl_file"].startswith(report["prefix"].rstrip("/") + "/"):
         return None, (f"fluidctl is imported from {report['fluidctl_file']}, not from the "
                       f"environment {venv}")
+    wrong = [f"{name} {there} there, the wheelhouse has {house.wheel(name).version}"
+             for name, there in report["versions"].items()
+             if house.wheel(name) and there != house.wheel(name).version]
+    if wrong:
+        return None, "; ".join(wrong)
     return report, ""
 
 
@@ -313,6 +318,19 @@ def inspect(node: SSHNode, venv_spec: str, timeout: Optional[float] = None) -> E
     elif not line:
         status.error = f"cannot read the environment: {pip_error(result.stderr)}"
     return status
+
+
+def inspect_all(hosts, targets, venv_spec: str, timeout: float) -> Dict[str, EnvStatus]:
+    """``inspect`` on every node at once; nodes that cannot be reached are left out (the
+    caller's own checks name them)."""
+    from fluidctl.backends.ssh import connect_all, parallel
+    connected = connect_all(hosts, targets, timeout=timeout)
+    try:
+        found = parallel(list(connected.nodes.values()),
+                         lambda node: inspect(node, venv_spec, timeout))
+    finally:
+        connected.close()
+    return {status.host: status for status in found}
 
 
 # --- launchers ------------------------------------------------------------------------------

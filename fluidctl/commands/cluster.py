@@ -58,10 +58,11 @@ def _fail_nodes(what: str, failures: dict, total: int) -> FluidctlError:
     return FluidctlError(f"{len(failures)} of {total} node(s) {what}: {names}", exit_code=1)
 
 
-@click.group(help="""Check, fill and drive the nodes of a hostfile over SSH.
+@click.group(help="""Provision, check, fill and drive the nodes of a hostfile over SSH.
 
 \b
 Examples:
+  fluidctl cluster setup --hostfile hosts.txt --requirements requirements.txt
   fluidctl cluster check --hostfile hosts.txt
   fluidctl cluster sync --hostfile hosts.txt --exclude '*.ckpt' .
   fluidctl cluster exec --hosts node1,node2 -- nvidia-smi -L""")
@@ -84,19 +85,46 @@ Example:
 @click.option("--remote-dir", metavar="DIR",
               help="Directory whose free space to report, which must exist "
                    "(default: the remote home; e.g. --remote-dir /data/job).")
-def check(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, python, remote_dir):
+@click.option("--venv", metavar="DIR", envvar="FLUIDCTL_VENV", default=None,
+              help="The environment 'fluidctl cluster setup' made on the nodes ('{host}' is "
+                   "the node's name; default: $FLUIDCTL_VENV, else ~/.fluidctl/venv). Where it "
+                   "exists, its python is checked and its versions compared with this machine's.")
+def check(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, python, remote_dir,
+          venv):
+    from fluidctl.backends import provision
     from fluidctl.backends.nodecheck import check_nodes
+    from fluidctl.paths import NODE_VENV
     from rich.table import Table
     hosts, targets = _resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
-    results = check_nodes(hosts, targets=targets, timeout=timeout, python=python,
-                          remote_dir=remote_dir)
+    envs = provision.inspect_all(hosts, targets, venv or NODE_VENV, timeout)
+    groups: dict = {}           # interpreter -> hosts checked with it (a node's venv python)
+    for host in hosts:
+        env = envs.get(host.name)
+        chosen = python or (env.executable if env and env.present else None)
+        groups.setdefault(chosen, []).append(host)
+    found = {}
+    for chosen, members in groups.items():
+        for r in check_nodes(members, targets=targets, timeout=timeout, python=chosen,
+                             remote_dir=remote_dir):
+            found[r.host] = r
+    results = [found[h.name] for h in hosts]
+    for r in results:
+        env = envs.get(r.host)
+        drift = env.differences() if env else []
+        if drift:
+            r.ok = False
+            r.reason = "; ".join([*([r.reason] if r.reason else []), ", ".join(drift)
+                                  + " (run fluidctl cluster setup)"])
     table = Table(title=f"fluidctl cluster check: {len(hosts)} node(s)")
-    for column in ("host", "address", "status", "python", "fluidctl", "free disk", "gpus",
-                   "CuPy / NCCL", "seconds", "reason"):
+    for column in ("host", "address", "status", "env", "python", "fluidctl", "free disk",
+                   "gpus", "CuPy / NCCL", "seconds", "reason"):
         table.add_column(column, overflow="fold")
     for r in results:
         status = "[green]ok[/]" if r.ok else "[bold red]FAIL[/]"
-        table.add_row(r.host, r.address, status, r.python or "-", r.fluidctl or "-",
+        env = envs.get(r.host)
+        state = "-" if env is None or not env.present else \
+            ("differs" if env.differences() else "ok")
+        table.add_row(r.host, r.address, status, state, r.python or "-", r.fluidctl or "-",
                       human_bytes(r.disk_free), "-" if r.gpus is None else str(r.gpus),
                       r.gpu_stack or "-", f"{r.seconds:.2f}", r.reason)
     console().print(table)

@@ -88,6 +88,10 @@ def _non_negative(name: str):
 @click.option("--python", "python", type=str, default=None,
               help="Python interpreter on the nodes (default: the one running fluidctl), e.g. "
                    "--python /opt/conda/bin/python.")
+@click.option("--venv", metavar="DIR", envvar="FLUIDCTL_VENV", default=None,
+              help="Without --python: the environment 'fluidctl cluster setup' made on the "
+                   "nodes, used where it exists ('{host}' is the node's name; default: "
+                   "$FLUIDCTL_VENV, else ~/.fluidctl/venv), e.g. --venv /opt/job-env.")
 @click.option("--export", "exports", multiple=True, metavar="PATTERN",
               help="Pass variables of this environment whose names match to every rank "
                    "(repeatable), e.g. --export 'NCCL_*'.")
@@ -122,7 +126,7 @@ def _non_negative(name: str):
 def train(nproc, gpus, mode, pservers, pserver_endpoints, token_file, sync, checkpoint_dir,
           checkpoint_every,
           hostfile, hosts_arg, backend, ssh_config, accept_new_host_keys, remote_dir, python,
-          exports, pserver_hosts, ssh_timeout, started_port, log_dir, env_pairs, env_file,
+          venv, exports, pserver_hosts, ssh_timeout, started_port, log_dir, env_pairs, env_file,
           grace_period, max_restarts, tee, log_tail, dry_run, as_json, script, script_args,
           **slurm_kw):
     """Run SCRIPT as a distributed training job.
@@ -142,7 +146,7 @@ def train(nproc, gpus, mode, pservers, pserver_endpoints, token_file, sync, chec
         token_file=token_file, pserver_endpoints=pserver_endpoints, pserver_hosts=pserver_hosts,
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, mode=mode,
         pservers=pservers, grace_period=grace_period, log_dir=log_dir, nproc=nproc, gpus=gpus,
-        sync=sync, python=python, remote_dir=remote_dir, ssh_config=ssh_config,
+        sync=sync, python=python, venv=venv, remote_dir=remote_dir, ssh_config=ssh_config,
         accept_new_host_keys=accept_new_host_keys, ssh_timeout=ssh_timeout,
         started_port=started_port, max_restarts=max_restarts, tee=tee, log_tail=log_tail,
         slurm=slurm)

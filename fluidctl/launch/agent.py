@@ -39,6 +39,7 @@ def probe(ports: int) -> dict:
     free = free_ports(ports, "")
     gpus = devices.discover_gpus(os.environ)       # ids as this node's CUDA_VISIBLE_DEVICES
     return {"python": sys.version.split()[0], "fluidctl": __version__,
+            "executable": sys.executable,
             "disk_free": shutil.disk_usage(".").free, "cwd": os.getcwd(),
             "gpus": len(gpus), "gpu_ids": gpus, "ports": free}
 

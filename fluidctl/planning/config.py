@@ -44,6 +44,7 @@ class LaunchConfig:
     token: str = ""                             # the job's HMAC key
     user_env: Mapping[str, str] = field(default_factory=dict)
     python: Optional[str] = None
+    venv: Optional[str] = None                  # the nodes' `cluster setup` venv (None: default)
     remote_dir: Optional[str] = None
     ssh_config: Optional[str] = None
     accept_new_host_keys: bool = False
@@ -63,6 +64,13 @@ class LaunchConfig:
     @property
     def interpreter(self) -> str:
         return self.python or sys.executable
+
+    @property
+    def node_venv(self) -> Optional[str]:
+        """The venv the nodes' processes use where it exists there; None with --python (an
+        explicit interpreter wins)."""
+        from fluidctl.paths import NODE_VENV
+        return None if self.python else (self.venv or NODE_VENV)
 
     def job(self, nodes: Sequence[Node], script: Optional[str] = None,
             multi_node_logs: bool = False) -> JobSpec:
