@@ -1,8 +1,10 @@
-"""``fluidctl cluster check | sync | exec``: look at, fill and drive the nodes of a hostfile.
+"""``fluidctl cluster setup | check | sync | exec``: provision, look at, fill and drive the nodes
+of a hostfile.
 
-Thin commands over ``fluidctl.backends.ssh``: hosts come from ``--hostfile``/``--hosts``, SSH
-settings from ``~/.ssh/config`` (or ``--ssh-config``), every node is handled in parallel, and a
-node that fails is named with its reason; the exit code is 1 if any node failed.
+Thin commands over ``fluidctl.backends.ssh`` (and ``backends.provision`` for setup): hosts come
+from ``--hostfile``/``--hosts``, SSH settings from ``~/.ssh/config`` (or ``--ssh-config``), every
+node is handled in parallel, and a node that fails is named with its reason; the exit code is 1
+if any node failed (setup: the number of nodes that failed).
 
 paramiko (a quarter of a second to import) is imported inside the commands that use it:
 ``sync`` goes through OpenSSH (``fluidctl.backends.push``) and needs it only to fall back to SFTP.
