@@ -5,8 +5,8 @@ Per node (every node at once, each on its own thread and connection):
 1. read what the node has: ``VENV/fluidctl-env.json`` (the wheels' sha256 it installed, the
    wheelhouse key) and the sizes in ``VENV/wheelhouse``;
 2. push only the wheels whose content (sha256) it lacks, through ``sync.send_files`` (the
-   transport ``cluster sync`` uses: a temporary name renamed into place), check their sha256
-   there, and drop wheels the wheelhouse no longer has;
+   SFTP transport ``cluster sync`` falls back to: a temporary name renamed into place), check
+   their sha256 there, and drop wheels the wheelhouse no longer has;
 3. create the venv if it is missing, then ``pip install --no-index --find-links`` every wheel
    (wheels whose content changed under the same version are reinstalled first);
 4. verify: ``VENV/bin/fluidctl --version`` and ``python -c "import ..."`` of each requirement's
