@@ -146,3 +146,11 @@ def test_pserver_trainers_use_their_gpu(tmp_path):
                          text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["pserver", "gpu:1", "1", "1"]
+
+
+def test_pserver_mode_trainers_get_the_device_names_too(monkeypatch):
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    env = planning._local_names(1, 2, 0, 1, "127.0.0.1:9", ("0", "1"), [["0", "1"]])
+    assert env["FLAGS_selected_gpus"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert env["PADDLE_WORLD_DEVICE_IDS"] == "0,1"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"

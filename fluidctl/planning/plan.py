@@ -318,12 +318,7 @@ def _local_names(local: int, local_size: int, node_rank: int, nnodes: int, maste
                                nnodes=nnodes, endpoints=["-"], master=master,
                                node_rank=node_rank, gpus_on_node=gpus,
                                world_device_ids=world_devices)
-    keep = (envs.RANK_IN_NODE, envs.LOCAL_RANK, envs.TORCH_LOCAL_RANK, envs.LOCAL_SIZE,
-            envs.TORCH_LOCAL_WORLD_SIZE, envs.NNODES, envs.DS_LOCAL_SIZE, envs.CROSS_RANK,
-            envs.CROSS_SIZE, envs.MASTER, envs.TORCH_MASTER_ADDR,
-            envs.TORCH_MASTER_PORT, envs.SELECTED_GPUS, envs.CUDA_VISIBLE_DEVICES,
-            envs.LOCAL_DEVICE_IDS, envs.WORLD_DEVICE_IDS)
-    return {k: v for k, v in full.items() if k in keep}
+    return {k: v for k, v in full.items() if k in envs.NODE_LOCAL_NAMES}
 
 
 def with_restart(env: Mapping[str, str], attempt: int) -> Dict[str, str]:
