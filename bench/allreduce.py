@@ -117,7 +117,7 @@ def run_spawned(kind: str, args, tmp: str):
     kind, _, transport = kind.partition(":")
     result = rankspawn.run([os.path.abspath(__file__), "--worker", kind,
                             *_pass_on(args, transport or args.transport)],
-                           args.nproc, tmp, timeout=900, token=None)
+                           args.nproc, tmp, timeout=900, token="bench-token")
     if not result.ok():
         raise RuntimeError(f"{kind} ranks failed:\n{result}")
     return _result(result.outputs[0])

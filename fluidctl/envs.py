@@ -80,6 +80,7 @@ GPUS = "FLUIDCTL_GPUS"                  # "all" or a --gpus value: ranks started
 VENV = "FLUIDCTL_VENV"                  # the nodes' environment (cluster setup, train, check)
 SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process_vm_readv)
 WORKER_ECHO = "FLUIDCTL_WORKER_ECHO"    # "0": fluidctl worker writes its log only, not stdout
+HANDSHAKE_TIMEOUT = "FLUIDCTL_HANDSHAKE_TIMEOUT"  # seconds a new peer has to authenticate (10)
 # --- OpenMPI (read only) --------------------------------------------------------------------
 OMPI_RANK = "OMPI_COMM_WORLD_RANK"
 OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"

@@ -97,24 +97,52 @@ def start(host, port, ports_num, ports_num_for_sparse, trainers, sync, pserver_i
     if token_file:
         entry.read_token_file(token_file)                  # fail here, not in the child
         argv += ["--token-file", str(Path(token_file).resolve())]
+    generate = not token_file and not os.environ.get(envs.JOB_TOKEN)
+    if port == 0 and (daemon or generate):
+        raise UsageError("--daemon needs a fixed port" if daemon else
+                         "without a job token, --port 0 leaves trainers no way to find the "
+                         "generated one", "pass --port, e.g. --port 7164"
+                         + ("" if daemon else ", or --token-file"))
+    _ensure_state_dir()
+    if port:
+        _refuse_if_running(port)
+    token_path = None
+    if generate:                       # no server ever runs without a token: make one
+        token_path = paths.pserver_token_file(port)
+        _write_private(token_path, secrets.token_hex(32) + "\n")
+        argv += ["--token-file", str(token_path)]
+        console().print(
+            f"job token written to {token_path} (trainers: export "
+            f"{envs.JOB_TOKEN}=$(cat {token_path}))", markup=False)
     if not daemon:
         import logging
         logging.basicConfig(level=logging.INFO, format="%(asctime)s pserver %(levelname)s "
                             "%(message)s")
-        args = entry.build_parser().parse_args(argv)
-        sys.exit(entry.serve(entry.config_from(args, os.environ)))
-    if port == 0:
-        raise UsageError("--daemon needs a fixed port", "pass --port, e.g. --port 7164")
-    _refuse_if_running(port)
-    if not token_file and not os.environ.get(envs.JOB_TOKEN):
-        token_path = paths.pserver_token_file(port)
-        _write_private(token_path, secrets.token_hex(32) + "\n")
-        argv += ["--token-file", str(token_path)]
-        console().print(f"job token written to {token_path} (trainers: export "
-                         f"{envs.JOB_TOKEN}=$(cat {token_path}))", markup=False)
-    endpoint, pid, log = _spawn_daemon(argv, port)
+        args = entry.build_parser().parse_args(argv + ["--no-parent-watch"])
+        try:
+            code = entry.serve(entry.config_from(args, os.environ))
+        finally:
+            if token_path is not None:
+                token_path.unlink(missing_ok=True)
+        sys.exit(code)
+    argv.append("--no-parent-watch")
+    try:
+        endpoint, pid, log = _spawn_daemon(argv, port)
+    except FluidctlError:
+        if token_path is not None:
+            token_path.unlink(missing_ok=True)
+        raise
     console().print(f"pserver started: {endpoint} (pid {pid}); log {log}; "
                      f"stop with: fluidctl pserver stop --port {port}", markup=False)
+
+
+def _ensure_state_dir() -> None:
+    where = paths.state_dir()
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot use the state directory {where}: {exc.strerror or exc}",
+                         "set FLUIDCTL_STATE_DIR to a writable directory") from None
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -193,9 +221,20 @@ def _alive(record: dict) -> bool:
     import psutil
     try:
         proc = psutil.Process(record["pid"])
+        if proc.create_time() > record.get("started", float("inf")) + 1:
+            return False                             # the pid was reused
+
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE and (
             "fluidctl" in " ".join(proc.cmdline()))
     except (psutil.Error, OSError):
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
 
 
@@ -206,6 +245,10 @@ def records() -> List[dict]:
         record = _load_record(path)
         if record is not None:
             record["state"] = "running" if _alive(record) else "dead"
+            launcher = record.get("launcher_pid")
+            if record["state"] == "running" and isinstance(launcher, int) and not _pid_alive(
+                    launcher):
+                record["state"] = "orphaned"         # its launcher died; it is stopping
             record["record"] = str(path)
             out.append(record)
     return sorted(out, key=lambda r: r.get("port", 0))
@@ -272,13 +315,14 @@ def stop(port, stop_all, timeout):
     out = console()
     failed = []
     for r in targets:
-        if r["state"] != "running":
+        if r["state"] == "dead":
             _remove_record(r)
-            out.print(f"{r.get('endpoint')}: was not running (stale record removed)",
-                          markup=False)
+            log = r.get("log")
+            out.print(f"{r.get('endpoint')}: was not running (stale record removed"
+                      + (f"; its log: {log})" if log else ")"), markup=False)
             continue
         if _terminate(r["pid"], timeout):
-            _remove_record(r)
+            _remove_record(r, with_log=True)
             out.print(f"{r.get('endpoint')}: stopped (pid {r['pid']})", markup=False)
         else:
             failed.append(r)
@@ -301,8 +345,16 @@ def _terminate(pid: int, timeout: float) -> bool:
         return False
 
 
-def _remove_record(record: dict) -> None:
+def _remove_record(record: dict, with_log: bool = False) -> None:
+    """The record, pid file and generated token; the daemon's log too after a clean stop."""
     port = record.get("port")
     if isinstance(port, int):
-        for path in (paths.pserver_state_file(port), paths.pserver_pid_file(port)):
-            path.unlink(missing_ok=True)
+        doomed = [paths.pserver_state_file(port), paths.pserver_pid_file(port),
+                  paths.pserver_token_file(port)]
+        if with_log:
+            doomed.append(paths.pserver_log_file(port))
+        for path in doomed:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass

@@ -117,6 +117,7 @@ def init(timeout: Optional[float] = None, transport: str = "auto",
         from fluidctl.runtime.collective import Communicator
         if env.world_size > 1:
             from fluidctl.runtime.collective import bootstrap
+            ctx.env = env = bootstrap.with_token(env)
             ctx._server, ctx.store, _ = bootstrap.connect_store(env, ctx.timeout)
             try:
                 ctx.comm = bootstrap.build(env, ctx.store, ctx.timeout, transport)

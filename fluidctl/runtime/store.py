@@ -3,8 +3,10 @@
 Ranks use it once at start-up (who is where, shared-memory names, the NCCL unique id) and for
 slow-path barriers. Values are bytes; ``get``/``wait`` block on the server until the keys exist
 or the caller's timeout runs out, and the error then names the keys (hence the ranks) that never
-appeared. Every connection goes through ``wire`` (frames + HMAC handshake with the job token);
+appeared. Every connection goes through ``wire`` (frames + HMAC handshake with the job token,
+run by ``wire.Acceptor``: bounded, deadline-limited, no thread until the peer has authenticated);
 a peer that sends garbage or the wrong token loses its connection and the server keeps serving.
+There is no store without a token.
 """
 from __future__ import annotations
 
@@ -30,9 +32,11 @@ class StoreTimeout(TimeoutError):
 
 
 class StoreServer:
-    """Serve the store on ``host:port`` from daemon threads (one per connection)."""
+    """Serve the store on ``host:port`` from daemon threads (one per authenticated connection)."""
 
     def __init__(self, host: str, port: int, token: Optional[str]):
+        if not token:
+            raise ValueError("the rendezvous store needs a job token (FLUIDCTL_JOB_TOKEN)")
         self.token = token
         self._data: Dict[str, bytes] = {}
         self._cond = threading.Condition()
@@ -40,9 +44,8 @@ class StoreServer:
         self._active = 0
         self._sock = listen(host, port)
         self.port = self._sock.getsockname()[1]
-        self._thread = threading.Thread(target=self._accept_loop, name="fluidctl-store",
-                                        daemon=True)
-        self._thread.start()
+        self._acceptor = wire.Acceptor([self._sock], token, self._on_peer, self._on_drop,
+                                       name="fluidctl-store").start()
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no client is connected (others have read their answers), up to timeout."""
@@ -56,27 +59,25 @@ class StoreServer:
         self._closed = True
         with self._cond:
             self._cond.notify_all()
+        self._acceptor.close()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
 
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                conn, addr = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
-                             name=f"fluidctl-store-{addr[1]}").start()
+    def _on_drop(self, addr, why: str) -> None:
+        log.warning("store: dropping %s:%s: %s", addr[0], addr[1], why)
 
-    def _serve(self, conn: socket.socket, addr) -> None:
+    def _on_peer(self, conn: socket.socket, addr) -> None:
         with self._cond:
             self._active += 1
+        threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
+                         name=f"fluidctl-store-{addr[1]}").start()
+
+    def _serve(self, conn: socket.socket, addr) -> None:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            wire.server_handshake(conn, self.token)
             while not self._closed:
                 try:
                     header, payload = wire.recv_frame(conn, max_payload=MAX_VALUE)

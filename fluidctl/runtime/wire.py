@@ -12,7 +12,12 @@ buffer or straight into the caller's arrays. Lengths are checked against limits 
 allocation, so a garbage or hostile frame costs the server one dropped connection.
 
 Every connection starts with a mutual HMAC-SHA256 challenge over the per-job token
-(``FLUIDCTL_JOB_TOKEN``); a peer without the token never gets a frame processed.
+(``FLUIDCTL_JOB_TOKEN``); a peer without the token never gets a frame processed. No server runs
+without a token. Before a peer has authenticated it costs the server little and only for a
+while: the whole handshake has one absolute deadline, its frames may hold at most
+``PREAUTH_MAX_HEADER`` bytes, and ``Acceptor`` runs every pending handshake of a server from one
+thread (no thread per unauthenticated connection) with a cap per server and per peer address;
+at the cap the oldest handshake of the busiest address makes room, instead of anything growing.
 """
 from __future__ import annotations
 
@@ -20,17 +25,25 @@ import hashlib
 import hmac
 import os
 import socket
+import selectors
 import struct
-from typing import List, Optional, Sequence, Tuple
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import msgpack
+
+from fluidctl import envs
 
 MAGIC = b"FL"
 VERSION = 1
 PREFIX = struct.Struct(">2sBBIQ")
 MAX_HEADER = 1 << 20                                   # 1 MiB of msgpack is plenty
 MAX_PAYLOAD = int(os.environ.get("FLUIDCTL_MAX_FRAME", str(4 << 30)))  # 4 GiB
-HANDSHAKE_TIMEOUT = 10.0
+HANDSHAKE_TIMEOUT = float(os.environ.get(envs.HANDSHAKE_TIMEOUT) or 10.0)  # whole handshake
+PREAUTH_MAX_HEADER = 256                               # an auth reply is ~90 bytes of msgpack
+MAX_PENDING = 128                                      # unauthenticated connections per server
+MAX_PENDING_PER_PEER = 8                               # ... and per peer address
 _NONCE = 32
 
 
@@ -140,24 +153,87 @@ def _mac(token: Optional[str], *parts: bytes) -> bytes:
     return hmac.new(_key(token), b"".join(parts), hashlib.sha256).digest()
 
 
+def _check_token(token: Optional[str]) -> None:
+    if not token:
+        raise AuthError("no job token: a fluidctl server never serves without one "
+                        "(set FLUIDCTL_JOB_TOKEN or pass --token-file)")
+
+
+def _hello(server_nonce: bytes) -> bytes:
+    head = msgpack.packb({"op": "hello", "v": VERSION, "nonce": server_nonce}, use_bin_type=True)
+    return PREFIX.pack(MAGIC, VERSION, 0, len(head), 0) + head
+
+
+def _preauth_prefix(prefix: bytes) -> int:
+    """Check the prefix of a pre-authentication frame; return its header length."""
+    magic, version, _flags, head_len, payload_len = PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise WireError(f"not a fluidctl frame (magic {bytes(magic)!r})")
+    if version != VERSION:
+        raise WireError(f"wire version {version}, this side speaks {VERSION} "
+                        "(run the same fluidctl version everywhere)")
+    if head_len > PREAUTH_MAX_HEADER or payload_len:
+        raise WireError(f"oversized frame before authentication (header {head_len} B, "
+                        f"payload {payload_len} B)")
+    return head_len
+
+
+def _check_auth(token: str, server_nonce: bytes, head: bytes) -> bytes:
+    """The reply frame to send for the client's auth header; AuthError if it is wrong
+    (the caller sends ``DENIED`` first, so the peer stops retrying)."""
+    try:
+        reply = msgpack.unpackb(head, raw=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise WireError(f"undecodable frame header: {exc}") from None
+    if not isinstance(reply, dict):
+        raise WireError("malformed authentication reply")
+    client_nonce, mac = reply.get("nonce"), reply.get("mac")
+    if (reply.get("op") != "auth" or not isinstance(client_nonce, bytes)
+            or not isinstance(mac, bytes) or len(client_nonce) != _NONCE):
+        raise WireError("malformed authentication reply")
+    if not hmac.compare_digest(mac, _mac(token, b"c", server_nonce, client_nonce)):
+        raise AuthError("authentication failed (wrong job token)")
+    head = msgpack.packb({"op": "ok", "mac": _mac(token, b"s", client_nonce, server_nonce)},
+                         use_bin_type=True)
+    return PREFIX.pack(MAGIC, VERSION, 0, len(head), 0) + head
+
+
+_DENIED_HEAD = msgpack.packb({"op": "denied"})
+DENIED = PREFIX.pack(MAGIC, VERSION, 0, len(_DENIED_HEAD), 0) + _DENIED_HEAD
+
+
+def _recv_by(sock: socket.socket, n: int, deadline: float) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout()
+        sock.settimeout(left)
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise PeerClosed("connection closed by peer")
+        buf += chunk
+    return bytes(buf)
+
+
 def server_handshake(sock: socket.socket, token: Optional[str],
                      timeout: float = HANDSHAKE_TIMEOUT) -> None:
-    """Challenge a new peer; raise WireError unless it proves it holds ``token``."""
+    """Challenge a new peer; raise WireError unless it proves it holds ``token`` within
+    ``timeout`` seconds in all (blocking; servers with many peers use ``Acceptor``)."""
+    _check_token(token)
+    deadline = time.monotonic() + timeout
     old = sock.gettimeout()
-    sock.settimeout(timeout)
     try:
         server_nonce = os.urandom(_NONCE)
-        send_frame(sock, {"op": "hello", "v": VERSION, "nonce": server_nonce})
-        reply, _ = recv_frame(sock, max_payload=0)
-        client_nonce = reply.get("nonce")
-        mac = reply.get("mac")
-        if (reply.get("op") != "auth" or not isinstance(client_nonce, bytes)
-                or not isinstance(mac, bytes) or len(client_nonce) != _NONCE):
-            raise WireError("malformed authentication reply")
-        if not hmac.compare_digest(mac, _mac(token, b"c", server_nonce, client_nonce)):
-            send_frame(sock, {"op": "denied"})     # so the peer stops retrying
-            raise AuthError("authentication failed (wrong job token)")
-        send_frame(sock, {"op": "ok", "mac": _mac(token, b"s", client_nonce, server_nonce)})
+        sock.settimeout(timeout)
+        sock.sendall(_hello(server_nonce))
+        head_len = _preauth_prefix(_recv_by(sock, PREFIX.size, deadline))
+        try:
+            ok = _check_auth(token, server_nonce, _recv_by(sock, head_len, deadline))
+        except AuthError:
+            sock.sendall(DENIED)
+            raise
+        sock.sendall(ok)
     except socket.timeout:
         raise WireError("peer did not authenticate in time") from None
     finally:
@@ -204,3 +280,186 @@ def connect(endpoint: str, token: Optional[str], timeout: float = HANDSHAKE_TIME
         sock.close()
         raise
 
+
+
+# --- many peers: one thread for every pending handshake -----------------------------------
+
+class _Pending:
+    __slots__ = ("sock", "addr", "nonce", "out", "inbuf", "need", "head_len", "deadline")
+
+    def __init__(self, sock, addr, deadline):
+        self.sock, self.addr, self.deadline = sock, addr, deadline
+        self.nonce = os.urandom(_NONCE)
+        self.out = _hello(self.nonce)
+        self.inbuf = bytearray()
+        self.need, self.head_len = PREFIX.size, None
+
+
+class Acceptor:
+    """Accept on ``listeners`` and authenticate every new peer without a thread of its own.
+
+    Each pending handshake is a small state machine driven by one selector thread, under an
+    absolute deadline (no thread, ~300 bytes of buffer each). At most ``max_pending_per_peer``
+    run from one peer address (more are closed at once) and at most ``max_pending`` in all: a
+    new peer then evicts the oldest handshake of the address holding the most, so a legitimate
+    client, whose handshake takes a round trip, gets in while slow ones are pushed out. The
+    backlog is drained in bounded bites; when the process is out of descriptors (EMFILE) the
+    thread pauses and leaves the rest in the kernel's backlog. ``on_peer(sock, addr)`` gets every
+    authenticated connection (blocking, no timeout) and owns it from then on; ``on_drop(addr,
+    why)`` hears about every refused or failed one.
+    """
+
+    def __init__(self, listeners: Sequence[socket.socket], token: Optional[str],
+                 on_peer: Callable[[socket.socket, tuple], None],
+                 on_drop: Callable[[tuple, str], None] = lambda addr, why: None, *,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT, max_pending: int = MAX_PENDING,
+                 max_pending_per_peer: int = MAX_PENDING_PER_PEER, name: str = "fluidctl-accept"):
+        _check_token(token)
+        self.token = token
+        self.on_peer, self.on_drop = on_peer, on_drop
+        self.handshake_timeout = handshake_timeout
+        self.max_pending, self.max_pending_per_peer = max_pending, max_pending_per_peer
+        self._listeners = list(listeners)
+        self._pending: Dict[int, _Pending] = {}
+        self._per_peer: Dict[str, int] = {}
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> "Acceptor":
+        for lst in self._listeners:
+            lst.setblocking(False)
+            self._sel.register(lst, selectors.EVENT_READ, "listen")
+        self._thread.start()
+        return self
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def close(self) -> None:
+        """Stop accepting and drop every pending handshake (listeners are the caller's)."""
+        self._closed = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        try:
+            while not self._closed:
+                now = time.monotonic()
+                timeout = min((p.deadline for p in self._pending.values()), default=now + 1.0)
+                for key, events in self._sel.select(max(0.0, timeout - now)):
+                    if key.data is None:
+                        self._wake_r.recv(64)
+                    elif key.data == "listen":
+                        self._accept(key.fileobj)
+                    else:
+                        self._advance(key.data, events)
+                now = time.monotonic()
+                for p in [p for p in self._pending.values() if p.deadline <= now]:
+                    self._fail(p, "did not authenticate in time")
+        finally:
+            for p in list(self._pending.values()):
+                self._forget(p)
+                p.sock.close()
+            self._sel.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _evict(self) -> None:
+        """Make room: the oldest handshake of the address holding the most."""
+        host = max(self._per_peer, key=self._per_peer.get)
+        victim = min((p for p in self._pending.values() if p.addr[0] == host),
+                     key=lambda p: p.deadline)
+        self._fail(victim, f"evicted: {self.max_pending} unauthenticated connections pending")
+
+    def _accept(self, listener: socket.socket) -> None:
+        for _ in range(64):                          # drain the backlog in bounded bites
+            try:
+                sock, addr = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:                   # EMFILE and friends: back off a little
+                self.on_drop(("?", 0), f"accept failed: {exc}")
+                time.sleep(0.05)
+                return
+            host = addr[0]
+            if self._per_peer.get(host, 0) >= self.max_pending_per_peer:
+                sock.close()
+                self.on_drop(addr, f"more than {self.max_pending_per_peer} unauthenticated "
+                                   "connections from this address")
+                continue
+            if len(self._pending) >= self.max_pending:
+                self._evict()
+            sock.setblocking(False)
+            p = _Pending(sock, addr, time.monotonic() + self.handshake_timeout)
+            self._pending[sock.fileno()] = p
+            self._per_peer[host] = self._per_peer.get(host, 0) + 1
+            self._sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, p)
+
+    def _forget(self, p: _Pending) -> None:
+        if self._pending.pop(p.sock.fileno(), None) is None:
+            return
+        try:
+            self._sel.unregister(p.sock)
+        except (KeyError, ValueError):
+            pass
+        host = p.addr[0]
+        left = self._per_peer.get(host, 1) - 1
+        if left:
+            self._per_peer[host] = left
+        else:
+            self._per_peer.pop(host, None)
+
+    def _fail(self, p: _Pending, why) -> None:
+        self._forget(p)
+        p.sock.close()
+        self.on_drop(p.addr, str(why))
+
+    def _advance(self, p: _Pending, events: int) -> None:
+        try:
+            if p.out:
+                sent = p.sock.send(p.out)
+                p.out = p.out[sent:]
+                if not p.out:
+                    self._sel.modify(p.sock, selectors.EVENT_READ, p)
+                return
+            if not events & selectors.EVENT_READ:
+                return
+            chunk = p.sock.recv(p.need - len(p.inbuf))
+            if not chunk:
+                raise PeerClosed("connection closed by peer during the handshake")
+            p.inbuf += chunk
+            if len(p.inbuf) < p.need:
+                return
+            if p.head_len is None:
+                p.head_len = _preauth_prefix(bytes(p.inbuf))
+                p.inbuf.clear()
+                p.need = p.head_len
+                if p.need:
+                    return
+            try:
+                ok = _check_auth(self.token, p.nonce, bytes(p.inbuf))
+            except AuthError:
+                try:
+                    p.sock.send(DENIED)
+                except OSError:
+                    pass
+                raise
+            self._forget(p)
+            sock = p.sock
+            sock.setblocking(True)
+            self.on_peer(sock, p.addr)        # counted as served before the peer hears "ok"
+            try:
+                sock.sendall(ok)              # ~60 bytes into an empty socket buffer
+            except OSError:
+                pass                          # refused by on_peer, or gone: its thread sees it
+        except (OSError, WireError) as exc:
+            self._fail(p, exc)

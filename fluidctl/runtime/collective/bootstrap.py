@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from dataclasses import dataclass, field
@@ -52,6 +53,24 @@ def _mpi_master(env: envs.DistEnv) -> str:
             probe.bind(("", 0))
             endpoint = f"{host}:{probe.getsockname()[1]}"
     return comm.bcast(endpoint, root=0)
+
+
+def with_token(env: envs.DistEnv) -> envs.DistEnv:
+    """``env`` with a job token: no fluidctl server runs without one. fluidctl train always
+    sets FLUIDCTL_JOB_TOKEN; under a bare mpirun rank 0 makes one and MPI (a channel the job
+    already trusts) hands it to every rank; otherwise it is an error."""
+    if env.token or env.world_size <= 1:
+        return env
+    if env.under_mpi and _has_mpi4py():
+        from mpi4py import MPI
+        import secrets
+        comm = MPI.COMM_WORLD
+        token = comm.bcast(secrets.token_hex(16) if comm.Get_rank() == 0 else None, root=0)
+        return dataclasses.replace(env, token=token)
+    raise CollectiveError(f"rank {env.rank}: no {envs.JOB_TOKEN} in the environment: the "
+                          "rendezvous store and the ring never serve without one (start the "
+                          f"job with fluidctl train, or export the same {envs.JOB_TOKEN} to "
+                          "every rank)")
 
 
 def connect_store(env: envs.DistEnv, timeout: float):

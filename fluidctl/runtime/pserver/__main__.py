@@ -7,8 +7,10 @@ FLUIDCTL_JOB_TOKEN. ``fluidctl pserver start`` passes flags instead; a flag wins
 environment.
 
 SIGTERM or SIGINT: write a checkpoint (when ``--checkpoint-dir`` is set) and exit 0.
-Bad input (a port in use, an unusable checkpoint directory, an unreadable token file): one line
-``error: ...`` and exit 2.
+Bad input (a port in use, an unusable checkpoint directory, an unreadable token file, no job
+token at all, a state directory that cannot be written): one line ``error: ...`` and exit 2.
+Started by the launcher (TRAINING_ROLE=PSERVER in the environment), it stops when the launcher
+is gone: the kernel's parent-death signal, and a check of its parent every second.
 """
 from __future__ import annotations
 
@@ -50,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not write a pid file and state record")
     p.add_argument("--log-file", help="recorded in the state record for `status`")
     p.add_argument("--ready-fd", type=int, help="write the endpoint here once listening")
+    p.add_argument("--no-parent-watch", action="store_true",
+                   help="keep serving when the process that started this one exits (daemons)")
     return p
 
 
@@ -70,8 +74,9 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerC
         pserver_id=args.pserver_id if args.pserver_id is not None else env.pserver_id,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
         token=token, max_frame=args.max_frame_mb << 20,
-        register_timeout=args.register_timeout or env.timeout,
-        write_state=not args.no_state, log_file=args.log_file)
+        register_timeout=args.register_timeout or env.timeout, round_timeout=env.timeout,
+        write_state=not args.no_state, log_file=args.log_file,
+        watch_parent=environ.get(envs.TRAINING_ROLE) == envs.ROLE_PSERVER and not args.no_parent_watch)
     for name, value, low in (("--port", cfg.port, 0), ("--ports-num", cfg.ports_num, 1),
                              ("--ports-num-for-sparse", cfg.ports_num_for_sparse, 0),
                              ("--trainers", cfg.trainers, 1),
@@ -89,6 +94,12 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerC
 
 def serve(cfg: ServerConfig, ready_fd: Optional[int] = None) -> int:
     """Run a pserver in this process until SIGTERM/SIGINT; return the exit code."""
+    if not cfg.token:
+        raise UsageError("no job token: a pserver never serves without one",
+                         f"pass --token-file FILE or set {envs.JOB_TOKEN}")
+    if cfg.watch_parent:
+        from fluidctl import lifeline
+        lifeline.set_pdeathsig(signal.SIGTERM)
     server = PServer(cfg)
     try:
         server.open()
@@ -103,7 +114,14 @@ def serve(cfg: ServerConfig, ready_fd: Optional[int] = None) -> int:
         server.stop_event.set()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    server.write_state()
+    try:
+        server.write_state(strict=True)
+    except OSError as exc:
+        server.close_listeners()
+        from fluidctl import paths
+        raise UsageError(f"cannot write the pserver state record in {paths.state_dir()}: "
+                         f"{exc.strerror or exc}", "set FLUIDCTL_STATE_DIR to a writable "
+                         "directory, or pass --no-state") from None
     if ready_fd is not None:
         os.write(ready_fd, f"{server.endpoint}\n".encode())
         os.close(ready_fd)

@@ -32,6 +32,7 @@ from fluidctl.runtime.pserver.protocol import PServerError
 log = logging.getLogger("fluidctl.pserver.client")
 
 MAX_BACKOFF = 2.0
+STARTUP_QUIET = 5.0            # seconds a first connection may be refused without a warning
 
 
 def _reply(sock, into: Sequence[np.ndarray] = ()) -> dict:
@@ -60,6 +61,7 @@ class _Link:
         self.sock = None
         self.lock = threading.Lock()
         self.reconnects = 0
+        self.connected = False          # ever: before that, refusals are a start-up
 
     def request(self, fn: Callable):
         with self.lock:
@@ -69,7 +71,8 @@ class _Link:
                     if self.sock is None:
                         self.sock = wire.connect(self.endpoint, self.token)
                         self.on_connect(self.sock)
-                        if down_since is not None:
+                        first, self.connected = not self.connected, True
+                        if down_since is not None and not first:
                             self.reconnects += 1
                             log.warning("reconnected to pserver %s after %.1f s", self.endpoint,
                                         time.monotonic() - down_since)
@@ -85,10 +88,13 @@ class _Link:
                     self.close()
                     now = time.monotonic()
                     if down_since is None:
-                        down_since = now
+                        down_since, warned = now, False
+                    # a pserver still starting up is expected: quiet for STARTUP_QUIET seconds
+                    if not warned and (self.connected or now - down_since >= STARTUP_QUIET):
+                        warned = True
                         log.warning("pserver %s unreachable (%s); retrying for up to %.0f s",
                                     self.endpoint, exc, self.reconnect_timeout)
-                    elif now - down_since > self.reconnect_timeout:
+                    if now - down_since > self.reconnect_timeout:
                         raise PServerError(f"pserver {self.endpoint} unreachable for "
                                            f"{now - down_since:.0f} s: {exc}") from None
                     time.sleep(delay)
@@ -219,8 +225,8 @@ class PServerOptimizer:
         step = self.step_count
 
         def push_pull(server: int) -> int:
-            if not self._owned[server]:
-                return step
+            if not self._owned[server] and not (self.sync and self._tables):
+                return step             # sync sparse rows are applied at every pserver's barrier
             header = {"op": P.STEP, "trainer": self.trainer_id, "step": step,
                       "keys": [b.key for b in self._owned[server]]}
             grad_views = self._views(flat_grads, server)

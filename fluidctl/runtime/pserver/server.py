@@ -1,7 +1,10 @@
 """The parameter-server process: sockets in, ``ShardState`` updates, frames out.
 
-One thread per connection (trainers block in the sync barrier; numpy and socket calls release
-the GIL). Everything a peer sends is checked before it costs memory: the handshake proves the job
+One thread per authenticated connection (trainers block in the sync barrier; numpy and socket
+calls release the GIL); handshakes run in ``wire.Acceptor`` (one thread, a deadline, caps per
+server and per peer address), so an unauthenticated client costs a socket and a few hundred
+bytes, for at most the handshake deadline. There is no pserver without a job token.
+Everything a peer sends is checked before it costs memory: the handshake proves the job
 token, frame lengths are bounded by ``max_frame``, and a request's payload must have exactly the
 size its header and the registered shapes imply. A peer that breaks any rule is logged and
 dropped; the server keeps serving everyone else. It never unpickles and never runs user code.
@@ -30,7 +33,11 @@ log = logging.getLogger("fluidctl.pserver")
 
 DEFAULT_PORT = 7164
 DEFAULT_MAX_FRAME = 1 << 30          # 1 GiB: a pserver's whole shard per request, at most
-MAX_CONNECTIONS = 1024               # one thread each; a flood beyond this is refused
+MAX_CONNECTIONS = 1024               # authenticated connections, one thread each
+
+
+class NoToken(ValueError):
+    """A pserver was configured without a job token."""
 
 
 @dataclass
@@ -47,6 +54,8 @@ class ServerConfig:
     token: Optional[str] = field(default=None, repr=False)
     max_frame: int = DEFAULT_MAX_FRAME
     register_timeout: float = 300.0
+    round_timeout: float = 300.0       # sync: how long a round waits for every trainer
+    watch_parent: bool = False         # stop when the process that started us is gone
     write_state: bool = True           # pid file + state record in fluidctl.paths.state_dir()
     log_file: Optional[str] = None     # shown by `fluidctl pserver status`
 
@@ -83,7 +92,8 @@ def _recv_into(sock, arrays) -> None:
 class PServer:
     def __init__(self, cfg: ServerConfig):
         self.cfg = cfg
-        self.shard = ShardState(cfg.trainers, cfg.sync, cfg.pserver_id)
+        self.shard = ShardState(cfg.trainers, cfg.sync, cfg.pserver_id,
+                                round_timeout=cfg.round_timeout)
         self.shard.on_update = self._after_update
         self.stop_event = threading.Event()
         self.listeners: List[socket.socket] = []
@@ -95,6 +105,9 @@ class PServer:
         self._lock_fd: Optional[int] = None
         self.dropped = 0
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._acceptor: Optional[wire.Acceptor] = None
+        self._parent = os.getppid()
+        self._state_error: Optional[str] = None
         self._handlers = {P.REGISTER: self._register, P.STEP: self._step, P.PULL: self._pull,
                           P.SPULL: self._spull, P.SPUSH: self._spush, P.LEAVE: self._leave,
                           P.STATS: self._stats}
@@ -102,8 +115,11 @@ class PServer:
     # --- lifecycle ----------------------------------------------------------------------
     def open(self) -> None:
         """Load the checkpoint (if any) and bind every port; raises OSError if a port is
-        taken and checkpoint.CheckpointError for an unusable checkpoint directory."""
+        taken, checkpoint.CheckpointError for an unusable checkpoint directory and NoToken
+        without a job token."""
         cfg = self.cfg
+        if not cfg.token:
+            raise NoToken("a pserver never serves without a job token")
         if cfg.checkpoint_dir:
             self._ckpt_dir = checkpoint.shard_dir(cfg.checkpoint_dir, cfg.pserver_id)
             self._lock_fd = checkpoint.lock_dir(self._ckpt_dir)
@@ -124,12 +140,8 @@ class PServer:
                 sock.close()
                 self.close_listeners()
                 raise
-            sock.settimeout(0.5)
             self.listeners.append(sock)
         self.port = self.listeners[0].getsockname()[1]
-        if not cfg.token:
-            log.warning("no job token: anyone who can reach port %d can use this pserver "
-                        "(pass --token-file or set FLUIDCTL_JOB_TOKEN)", self.port)
 
     @property
     def endpoint(self) -> str:
@@ -138,15 +150,19 @@ class PServer:
 
     def serve_forever(self) -> None:
         """Serve until ``stop_event`` is set (SIGTERM), then checkpoint and return."""
-        for sock in self.listeners:
-            threading.Thread(target=self._accept_loop, args=(sock,), daemon=True,
-                             name=f"accept-{sock.getsockname()[1]}").start()
+        self._acceptor = wire.Acceptor(self.listeners, self.cfg.token, self._on_peer,
+                                       lambda addr, why: self._drop(f"{addr[0]}:{addr[1]}", why),
+                                       name=f"accept-{self.port}").start()
         log.info("pserver %d serving %s (%s, %d trainers, max frame %d MiB)",
                  self.cfg.pserver_id, self.endpoint, "sync" if self.cfg.sync else "async",
                  self.cfg.trainers, self.cfg.max_frame >> 20)
         try:
             while not self.stop_event.wait(1.0):
                 self.write_state()
+                if self.cfg.watch_parent and os.getppid() != self._parent:
+                    log.warning("the launcher (pid %d) is gone; pserver %d stops",
+                                self._parent, self.cfg.pserver_id)
+                    break
         finally:
             self.shutdown()
 
@@ -169,6 +185,9 @@ class PServer:
         log.info("pserver %d stopped at step %d", self.cfg.pserver_id, self.shard.step)
 
     def close_listeners(self) -> None:
+        if self._acceptor is not None:
+            self._acceptor.close()
+            self._acceptor = None
         for sock in self.listeners:
             sock.close()
         self.listeners = []
@@ -193,19 +212,36 @@ class PServer:
             trainers = sorted({c.trainer for c in self._conns.values() if c.trainer is not None})
             connections = len(self._conns)
         return {"endpoint": self.endpoint, "host": self.cfg.host, "port": self.port,
-                "pid": os.getpid(), "started": self.started, "updated": time.time(),
+                "pid": os.getpid(), "launcher_pid": self._parent if self.cfg.watch_parent
+                else None, "started": self.started, "updated": time.time(),
                 "checkpoint_dir": self.cfg.checkpoint_dir, "log": self.cfg.log_file,
                 "trainers_connected": trainers, "connections": connections,
                 "dropped_connections": self.dropped, **stats}
 
-    def write_state(self) -> None:
+    def write_state(self, strict: bool = False) -> None:
+        """Refresh the state record. A failure (full or read-only state directory) is logged
+        once and training goes on; ``strict`` (at start-up) raises it as OSError instead."""
         if not self.cfg.write_state:
             return
         from fluidctl import paths
-        _atomic_write(paths.pserver_state_file(self.port), json.dumps(self.state(), indent=1))
-        pid_file = paths.pserver_pid_file(self.port)
-        if not pid_file.exists():
-            _atomic_write(pid_file, f"{os.getpid()}\n")
+        try:
+            _atomic_write(paths.pserver_state_file(self.port),
+                          json.dumps(self.state(), indent=1))
+            pid_file = paths.pserver_pid_file(self.port)
+            if not pid_file.exists():
+                _atomic_write(pid_file, f"{os.getpid()}\n")
+        except OSError as exc:
+            if strict:
+                raise
+            if self._state_error is None:
+                log.warning("cannot write the state record in %s (%s); `fluidctl pserver "
+                            "status` will not show this pserver until it can; serving on",
+                            paths.state_dir(), exc.strerror or exc)
+            self._state_error = str(exc)
+            return
+        if self._state_error is not None:
+            log.info("state record written again")
+            self._state_error = None
 
     def remove_state(self) -> None:
         if not self.cfg.write_state:
@@ -220,21 +256,16 @@ class PServer:
                 pass
 
     # --- connections --------------------------------------------------------------------
-    def _accept_loop(self, listener: socket.socket) -> None:
-        while not self.stop_event.is_set():
-            try:
-                sock, addr = listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            sock.settimeout(None)
-            peer = f"{addr[0]}:{addr[1]}"
-            if not self._slots.acquire(blocking=False):
-                self._drop(peer, f"more than {MAX_CONNECTIONS} connections open")
-                sock.close()
-                continue
-            threading.Thread(target=self._serve_counted, args=(sock, peer), daemon=True).start()
+    def _on_peer(self, sock: socket.socket, addr) -> None:
+        peer = f"{addr[0]}:{addr[1]}"
+        if self.stop_event.is_set():
+            sock.close()
+            return
+        if not self._slots.acquire(blocking=False):
+            self._drop(peer, f"more than {MAX_CONNECTIONS} connections open")
+            sock.close()
+            return
+        threading.Thread(target=self._serve_counted, args=(sock, peer), daemon=True).start()
 
     def _serve_counted(self, sock: socket.socket, peer: str) -> None:
         try:
@@ -249,8 +280,7 @@ class PServer:
     def _serve(self, sock: socket.socket, peer: str) -> None:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            wire.server_handshake(sock, self.cfg.token)
-        except (wire.WireError, OSError) as exc:
+        except OSError as exc:
             self._drop(peer, exc)
             sock.close()
             return
@@ -343,7 +373,7 @@ class PServer:
 
     def _spush(self, conn: _Conn, h: dict, n: int) -> None:
         table, ids, rows = self._sparse_ids(conn, h, n, with_rows=True)
-        self.shard.sparse_push(table.name, ids, rows)
+        self.shard.sparse_push(table.name, ids, rows, h.get("trainer"))
         wire.send_frame(conn.sock, {"op": P.OK})
 
     def _leave(self, conn: _Conn, h: dict, n: int) -> None:
@@ -379,6 +409,13 @@ def _try_send(sock, header) -> None:
 def _atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
 

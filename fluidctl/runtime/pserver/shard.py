@@ -4,7 +4,12 @@ and tested, on its own.
 
 Sync mode works in *rounds*: each trainer pushes one gradient per round into its own buffer;
 when every trainer still in the job has pushed, the gradients are summed in trainer order,
-averaged, applied, and the round's waiters are released with the new values. A trainer that
+averaged, applied, and the round's waiters are released with the new values. Sparse gradients
+pushed during a round are held until its barrier, then merged (summed per id over every
+trainer, averaged like the dense ones) and applied in one optimizer step per table, so
+Momentum and Adam see what a single process training on all the trainers' batches would. A
+round that does not complete within ``round_timeout`` (FLUIDCTL_TIMEOUT) fails the trainers
+waiting in it with an error naming the trainers that did not push. A trainer that
 retries a push it already made (same step) is not counted twice. After a restart from a
 checkpoint the server may be behind the trainers: the next round simply carries the trainers'
 step numbers forward, so they reconnect and continue.
@@ -28,7 +33,8 @@ class ShuttingDown(Exception):
 
 
 class ShardState:
-    def __init__(self, trainers: int, sync: bool = True, pserver_id: int = 0):
+    def __init__(self, trainers: int, sync: bool = True, pserver_id: int = 0,
+                 round_timeout: Optional[float] = None):
         if trainers < 1:
             raise ValueError(f"a pserver needs at least one trainer, got {trainers}")
         self.trainers, self.sync, self.pserver_id = int(trainers), bool(sync), pserver_id
@@ -47,6 +53,9 @@ class ShardState:
         self.left: set = set()
         self.grads: Dict[int, Dict[str, np.ndarray]] = {}   # sync: trainer -> key -> buffer
         self.closing = False
+        self.round_timeout = round_timeout
+        # sync: sparse gradients of the current round, table -> [(trainer, ids, grads)]
+        self.sparse_pending: Dict[str, list] = {}
         self.on_update: Callable[[int], None] = lambda step: None
 
     # --- what is held -------------------------------------------------------------------
@@ -151,7 +160,16 @@ class ShardState:
             self.arrived[trainer] = step
             joined = self.rounds
             self._finish_round_if_complete()
-            self.cond.wait_for(lambda: self.rounds > joined or self.closing)
+            done = self.cond.wait_for(lambda: self.rounds > joined or self.closing,
+                                      self.round_timeout)
+            if not done:
+                active = set(range(self.trainers)) - self.left
+                missing = sorted(active - set(self.arrived))
+                self.arrived.pop(trainer, None)
+                raise BadRequest(
+                    f"sync round {self.step}: trainer(s) {', '.join(map(str, missing))} did not "
+                    f"push within {self.round_timeout:g}s (stopped, hung or crashed? check "
+                    "their logs, or raise FLUIDCTL_TIMEOUT)")
             if self.rounds <= joined:
                 raise ShuttingDown()
             return self.step
@@ -168,6 +186,7 @@ class ShardState:
             if len(order) > 1:
                 acc /= len(order)
             self.opt.apply(key, param, acc)
+        self._apply_sparse_round(len(order))
         self.applied += len(order)
         for t in order:
             self.last_step[t] = self.arrived[t]
@@ -220,26 +239,50 @@ class ShardState:
                 raise BadRequest(str(exc)) from None
             return table.rows[rows]
 
-    def sparse_push(self, name: str, ids: np.ndarray, grads: np.ndarray) -> None:
-        """Apply a sparse gradient now; in sync mode scaled by 1/trainers, so that all
-        trainers' pushes together make the averaged update."""
-        uniq, inverse = np.unique(ids, return_inverse=True)
-        if len(uniq) != len(ids):
-            merged = np.zeros((len(uniq), grads.shape[1]), dtype=grads.dtype)
-            np.add.at(merged, inverse, grads)
-            grads = merged
-        if self.sync and self.trainers > 1:
-            grads = grads / grads.dtype.type(self.trainers)
+    def sparse_push(self, name: str, ids: np.ndarray, grads: np.ndarray,
+                    trainer: Optional[int] = None) -> None:
+        """Async: apply a sparse gradient now. Sync: hold it for this round's barrier."""
         with self.cond:
             table = self.table(name)
             try:
-                rows = table.lookup(uniq)
+                table.lookup(ids)                     # refuse a full table now, not later
             except ValueError as exc:
                 raise BadRequest(str(exc)) from None
-            table.apply(self.opt, rows, grads.astype(table.dtype, copy=False))
+            if self.sync:
+                self.sparse_pending.setdefault(name, []).append(
+                    (trainer if isinstance(trainer, int) else -1, ids, grads))
+            else:
+                uniq, merged = _merge_rows(ids, grads)
+                table.apply(self.opt, table.lookup(uniq), merged.astype(table.dtype, copy=False))
             self.sparse_pushed += 1
+
+    def _apply_sparse_round(self, trainers: int) -> None:
+        """Sync barrier: one optimizer step per sparse table on the merged, averaged gradient
+        of every row touched in this round (a table nobody touched still counts the step, so
+        Adam's bias correction follows the global step on every pserver)."""
+        for name, table in self.sparse.items():
+            pushes = sorted(self.sparse_pending.pop(name, []), key=lambda p: p[0])
+            if pushes:
+                ids = np.concatenate([p[1] for p in pushes])
+                grads = np.concatenate([p[2] for p in pushes]).astype(table.dtype, copy=False)
+            else:
+                ids = np.zeros(0, np.int64)
+                grads = np.zeros((0, table.dim), table.dtype)
+            uniq, merged = _merge_rows(ids, grads)
+            if trainers > 1:
+                merged /= merged.dtype.type(trainers)
+            table.apply(self.opt, table.lookup(uniq), merged)
+        self.sparse_pending.clear()
 
     def close(self) -> None:
         with self.cond:
             self.closing = True
             self.cond.notify_all()
+
+
+def _merge_rows(ids: np.ndarray, grads: np.ndarray):
+    """(unique ids, the sum of each id's gradient rows), in id order."""
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    merged = np.zeros((len(uniq), grads.shape[1]), dtype=grads.dtype)
+    np.add.at(merged, inverse.reshape(-1), grads)
+    return uniq, merged
