@@ -516,3 +516,88 @@ def test_10_sync_sparse_updates_equal_a_single_process(kind, tmp_path):
     rows0 = initial_rows(np.arange(vocab), dim, np.float32, "uniform", 0.01, 5)
     want = _reference(kind, rows0, list(zip(*batches)), lr)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# --- 9. shard-data: stale staging, one huge line ----------------------------------------------
+
+def test_9_a_killed_shard_data_leaves_a_partial_that_the_next_run_collects(tmp_path):
+    from fluidctl import sharding
+    from fluidctl.sharding import ShardOptions
+    data = tmp_path / "data.txt"
+    data.write_bytes(b"".join(b"record %d\n" % i for i in range(200_000)))
+    out = tmp_path / "shards"
+    # a run SIGKILLed mid-way: stopped at its first progress line, then killed
+    proc = subprocess.Popen([sys.executable, "-c", (
+        "import os, signal, sys\n"
+        "from fluidctl import sharding\n"
+        "from fluidctl.sharding import staging\n"
+        "real = staging.Staging.path\n"
+        "def path(self, name):\n"
+        "    print(self.tmp, flush=True); os.kill(os.getpid(), signal.SIGSTOP)\n"
+        "    return real(self, name)\n"
+        "staging.Staging.path = path\n"
+        f"sharding.shard(sharding.ShardOptions([{str(data)!r}], 2, {str(out)!r}))\n")],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    left = Path(proc.stdout.readline().strip())
+    proc.kill()
+    proc.wait()
+    assert left.is_dir() and left.name.endswith(".partial")
+    sharding.shard(ShardOptions([str(data)], 2, str(out)))
+    assert not left.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.txt", "shards"]
+
+
+def test_9_one_huge_line_under_shuffle_is_linear(tmp_path, monkeypatch):
+    """A 64 MiB record read in 16 KiB blocks: the carry was re-copied per block (4096 x 32 MiB
+    on average: minutes); joined once it takes well under a second. The marker bounds it."""
+    from fluidctl import sharding
+    from fluidctl.sharding import ShardOptions
+    monkeypatch.setattr(sharding.tuning, "SCATTER_BLOCK", 16 << 10)
+    data = tmp_path / "data.txt"
+    huge = b"x" * (64 << 20)
+    data.write_bytes(b"a\nb\n" + huge + b"\nc\n")
+    out = tmp_path / "shards"
+    done = {}
+
+    def shard():
+        sharding.shard(ShardOptions([str(data)], 2, str(out), shuffle=True, seed=1))
+        done["ok"] = True
+    thread = threading.Thread(target=shard, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert done.get("ok"), "--shuffle with one huge line did not finish within 60 s"
+    records = sorted(line for p in sorted(out.glob("data.txt-*"))
+                     for line in p.read_bytes().split(b"\n")[:-1])
+    assert records == sorted([b"a", b"b", huge, b"c"])
+
+
+# --- 4. the console follower is linear -------------------------------------------------------
+
+class _Counting:
+    def __init__(self):
+        self.chars, self.lines = 0, 0
+
+    def write(self, text):
+        self.chars += len(text)
+        self.lines += text.count("\n")
+
+    def flush(self):
+        pass
+
+
+def test_4_echo_of_output_without_newlines_is_linear(tmp_path):
+    """128 MiB without a newline: the follower re-joined and re-scanned everything pending on
+    every 1 MiB read (minutes, GBs); now it takes about a second and echoes 1 MiB pieces."""
+    from fluidctl.launch.echo import LogEcho
+    log = tmp_path / "workerlog.0"
+    with open(log, "wb") as f:
+        for _ in range(128):
+            f.write(b"y" * (1 << 20))
+    out = _Counting()
+    echo = LogEcho([(str(log), "")], out)
+    echo.start()
+    finisher = threading.Thread(target=echo.finish, daemon=True)
+    finisher.start()
+    finisher.join(60)
+    assert not finisher.is_alive(), "the echo took more than 60 s for 128 MiB"
+    assert out.chars == (128 << 20) + 128 and out.lines == 128

@@ -16,6 +16,7 @@ from typing import BinaryIO, Callable, List, Optional, Tuple
 from fluidctl.lines import LineSplitter
 
 CHUNK = 1 << 20
+MAX_LINE = 1 << 20      # characters; a longer line is echoed in pieces (bounded memory)
 IDLE_WAIT = 0.02
 
 
@@ -30,7 +31,7 @@ class _Source:
             except OSError:
                 pass
         self._lines: List[str] = []
-        self.splitter = LineSplitter(self._lines.append)
+        self.splitter = LineSplitter(self._lines.append, max_line=MAX_LINE)
 
     def read_lines(self, final: bool = False) -> Tuple[List[str], bool]:
         """Complete lines available now; ``final`` flushes a last line without newline."""

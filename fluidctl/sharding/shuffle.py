@@ -38,20 +38,22 @@ def _whole_record_blocks(path: str, start: int, block: int, progress: Progress,
     with open(path, "rb", buffering=0) as f:
         f.seek(start)
         left = (os.fstat(f.fileno()).st_size if end is None else end) - start
-        carry = b""
-        while left > 0:
+        carry: List[bytes] = []          # a record longer than a block, in pieces: joined
+        while left > 0:                  # once, never re-copied per block (was quadratic)
             chunk = f.read(min(block, left))
             left -= len(chunk)
             if not chunk:
                 break
             progress.advance(len(chunk))
-            data = carry + chunk if carry else chunk
-            cut = data.rfind(b"\n") + 1
-            carry = data[cut:]
-            if cut:
-                yield data[:cut] if carry else data
+            cut = chunk.rfind(b"\n") + 1
+            if not cut:
+                carry.append(chunk)
+                continue
+            data = b"".join(carry + [chunk[:cut]]) if carry else chunk[:cut]
+            carry = [chunk[cut:]] if cut < len(chunk) else []
+            yield data
         if carry:
-            yield carry + b"\n"
+            yield b"".join(carry) + b"\n"
 
 
 @dataclass

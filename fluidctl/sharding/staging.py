@@ -34,7 +34,8 @@ class Staging:
             for d in reversed(missing):
                 os.mkdir(d)
                 self.created.append(d)
-            self.tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(self.out_dir)}.",
+            _collect_stale(parent, os.path.basename(self.out_dir))
+            self.tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(self.out_dir)}.{_owner()}.",
                                         suffix=".partial", dir=parent)
         except OSError as exc:
             self._cleanup()
@@ -78,6 +79,34 @@ class Staging:
     def __exit__(self, *exc) -> None:
         if not self.committed:
             self._cleanup()
+
+
+def _owner() -> str:
+    """``pid.start`` of this process: a staging directory names its owner, so a later run can
+    tell one left by a killed run (owner gone) from one still being written."""
+    import psutil
+    return f"{os.getpid()}.{int(psutil.Process().create_time() * 1000)}"
+
+
+def _collect_stale(parent: str, base: str) -> None:
+    """Remove ``.BASE.PID.START.*.partial`` directories whose owner is gone (SIGKILLed runs)."""
+    import psutil
+    head = f".{base}."
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(head) and n.endswith(".partial")]
+    except OSError:
+        return
+    for name in names:
+        pid, _, rest = name[len(head):].partition(".")
+        start = rest.partition(".")[0]
+        if not (pid.isdigit() and start.isdigit()):
+            continue
+        try:
+            alive = int(psutil.Process(int(pid)).create_time() * 1000) == int(start)
+        except psutil.Error:
+            alive = False
+        if not alive:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
 def _io_error(exc: OSError, out_dir: str, staging: str) -> FluidctlError:
