@@ -477,8 +477,8 @@ def _reference(kind, rows0, steps, lr):
 def test_10_sync_sparse_updates_equal_a_single_process(kind, tmp_path):
     ports = local.free_ports(2)
     endpoints = [f"127.0.0.1:{p}" for p in ports]
-    procs = [local.start_pserver(i, endpoints, trainers=2, token=TOKEN, args=["--no-state"])
-             for i in range(2)]
+    procs = [local.start_pserver(i, endpoints, trainers=2, token=TOKEN, args=["--no-state"],
+                                 log_path=str(tmp_path / f"serverlog.{i}")) for i in range(2)]
     dim, vocab, lr = 4, 16, 0.1
     opt_rule = optim.Momentum(lr) if kind == "momentum" else optim.Adam(lr)
     rng = np.random.default_rng(7)
