@@ -47,3 +47,19 @@ def print_failure(failure: Failure, tail_lines: int) -> None:
         err.print(f"  last {len(tail)} line(s) of its log:", markup=False)
         for line in tail:
             err.print(f"  | {line}", markup=False)
+    full = _disk_full(failure.log)
+    if full:
+        err.print(f"  hint: the disk holding its log is full ({full}): its last output may be "
+                  "missing and writing may be what failed; free space or use another "
+                  "--log-dir", markup=False)
+
+
+def _disk_full(path: str) -> str:
+    """'' unless the file system of ``path`` has (almost) no room left: then what it has."""
+    import os
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)) or ".")
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    return f"{free} bytes free" if free < 64 * 1024 else ""

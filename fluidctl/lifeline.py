@@ -36,11 +36,95 @@ def set_pdeathsig(signum: int = signal.SIGTERM, parent: Optional[int] = None) ->
 
 
 def preexec(signum: int = signal.SIGTERM):
-    """A ``preexec_fn`` for subprocess.Popen: the child gets ``signum`` when this process
-    dies, and exits before exec if this process died already."""
+    """A ``preexec_fn`` for subprocess.Popen: the child gets ``signum`` when this thread dies
+    (start children from the main thread), and exits before exec if we died already. libc is
+    loaded here, in the parent, so the child only makes the call."""
     parent = os.getpid()
+    _prctl(0, 0)                               # loads libc (option 0 is invalid: a no-op)
+    prctl = _libc.prctl if _libc is not None else None
 
     def child() -> None:
-        if not set_pdeathsig(signum, parent):
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+        if os.getppid() != parent:
             os._exit(1)
     return child
+
+
+# --- the watchdog: for whatever re-parents ------------------------------------------------
+# PR_SET_PDEATHSIG reaches only the direct child. A worker's own children (its process group)
+# would be re-parented to init when the launcher is SIGKILLed. The watchdog is a tiny process
+# the launcher starts with a pipe on its stdin; the launcher sends it "+PGID" for every
+# process group it starts and "done" at a normal end. EOF without "done" means the launcher
+# died: the watchdog SIGKILLs every group it was told about, then exits.
+
+class Watchdog:
+    def __init__(self):
+        import subprocess
+        import sys
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", "from fluidctl.lifeline import _watch; _watch()"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True)   # no terminal signal reaches it
+
+    def add(self, pgid: int) -> None:
+        self._send(f"+{pgid}\n")
+
+    def _send(self, line: str) -> None:
+        try:
+            self._proc.stdin.write(line.encode())
+            self._proc.stdin.flush()
+        except (OSError, ValueError):
+            pass
+
+    def close(self) -> None:
+        """A normal end: the watchdog exits without killing anything."""
+        self._send("done\n")
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self._proc.wait(5)
+        except Exception:
+            self._proc.kill()
+            self._proc.wait()
+
+
+_current: Optional[Watchdog] = None
+
+
+def start_watchdog() -> Watchdog:
+    global _current
+    _current = Watchdog()
+    return _current
+
+
+def stop_watchdog() -> None:
+    global _current
+    if _current is not None:
+        _current.close()
+        _current = None
+
+
+def watch(pgid: int) -> None:
+    """Tell the running watchdog (if any) about a process group this launcher started."""
+    if _current is not None:
+        _current.add(pgid)
+
+
+def _watch() -> None:
+    import sys
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    groups = set()
+    for line in sys.stdin:
+        line = line.strip()
+        if line == "done":
+            return
+        if line.startswith("+") and line[1:].isdigit():
+            groups.add(int(line[1:]))
+    for pgid in groups:                    # EOF without "done": the launcher is gone
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass

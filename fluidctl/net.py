@@ -30,16 +30,30 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+MAX_PORTS = 60000          # a host has 64511 unprivileged ports; a job needing more is a typo
+
+
 class PortReservation:
     """``count`` TCP ports on ``host``, held bound until ``release()``."""
 
     def __init__(self, host: str, count: int, started_port: Optional[int] = None):
         self.host = host
         self._socks: List[socket.socket] = []
+        if count > MAX_PORTS:
+            raise UsageError(f"the job needs {count} ports on {host}, more than one host has",
+                             "lower --nproc")
         try:
             if started_port is None:
                 for _ in range(count):
-                    self._socks.append(bind_socket(host, 0))
+                    try:
+                        self._socks.append(bind_socket(host, 0))
+                    except OSError as exc:
+                        if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.EADDRINUSE):
+                            raise
+                        raise UsageError(
+                            f"cannot reserve {count} ports on {host} ({len(self._socks)} "
+                            f"reserved, then: {exc.strerror})",
+                            "lower --nproc, or raise the open-files limit (ulimit -n)") from None
             else:
                 for port in range(started_port, started_port + count):
                     self._socks.append(self._bind_fixed(host, port, started_port, count))

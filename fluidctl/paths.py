@@ -47,6 +47,18 @@ class LogLayout:
     def launch(self) -> Path:
         return self.root / "launch.log"
 
+    @property
+    def lock(self) -> Path:
+        """Held (flock) by the job using this log dir: a second job is refused."""
+        return self.root / ".fluidctl.lock"
+
+    def stale_logs(self, keep) -> list:
+        """workerlog.N / serverlog.N here that this job does not write (an earlier, larger
+        job's), so they are not mistaken for this job's."""
+        keep = {str(Path(k)) for k in keep}
+        return [p for p in sorted(self.root.glob("workerlog.*")) + sorted(
+                self.root.glob("serverlog.*")) if p.suffix[1:].isdigit() and str(p) not in keep]
+
     def node_launch(self, host: str) -> Path:
         """The launch log a remote node's agent keeps on that node."""
         return self.root / f"launch.{host}.log"

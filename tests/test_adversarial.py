@@ -601,3 +601,146 @@ def test_4_echo_of_output_without_newlines_is_linear(tmp_path):
     finisher.join(60)
     assert not finisher.is_alive(), "the echo took more than 60 s for 128 MiB"
     assert out.chars == (128 << 20) + 128 and out.lines == 128
+
+
+# --- launcher: 3, 7, 8, 9, 10 -----------------------------------------------------------------
+
+from launchutil import BEHAVE, assert_all_gone, fluidctl, read_pids, start_fluidctl  # noqa: E402
+
+
+def _ready(pid_dir: Path, n: int):
+    assert _wait_for(lambda: len(list(pid_dir.glob("*.pids"))) == n, timeout=60), "not ready"
+    return read_pids(pid_dir, range(n))
+
+
+@pytest.mark.parametrize("mode", ["collective", "pserver"])
+def test_3_kill_9_of_the_launcher_leaves_no_process(tmp_path, mode):
+    """Workers get SIGKILL from the kernel (PR_SET_PDEATHSIG), their children from the
+    watchdog, pservers SIGTERM (they checkpoint and exit)."""
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    extra = ["--mode", "pserver", "--pservers", "1"] if mode == "pserver" else []
+    job = start_fluidctl("train", "--nproc", 2, *extra, BEHAVE, "--hang", "--grandchild",
+                         "--pidfile", pid_dir, cwd=tmp_path)
+    try:
+        pids = _ready(pid_dir, 2)
+        everything = [p.pid for p in psutil.Process(job.pid).children(recursive=True)]
+        assert set(pids) <= set(everything) and len(everything) >= 4 + (mode == "pserver")
+        job.kill()
+        job.wait()
+        assert_all_gone(everything, timeout=15)
+    finally:
+        job.kill()
+        job.communicate()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--log-tail", "-1"], "--log-tail: must be >= 0"),
+    (["--grace-period", "nan"], "--grace-period nan is not a number of seconds"),
+    (["--grace-period", "inf"], "--grace-period inf is not a number of seconds"),
+    (["--nproc", "100000", "--dry-run"], "more than one host has"),
+    (["--nproc", "100", "--dry-run"], "cannot reserve 101 ports"),     # under ulimit -n 60
+])
+def test_7_bad_numbers_are_one_line(tmp_path, args, message):
+    res = subprocess.run(["sh", "-c", 'ulimit -n 60; exec "$@"', "sh", sys.executable, "-m",
+                          "fluidctl", "train", *args, BEHAVE], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, (res.stdout, res.stderr[-2000:])
+    assert res.stderr.startswith("error:") and message in res.stderr, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_7_closed_stdout_is_no_traceback(tmp_path):
+    proc = subprocess.run(["sh", "-c", f'exec "$0" -m fluidctl train --nproc 2 {BEHAVE} >&-',
+                           sys.executable], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "rank 0 ready" in (tmp_path / "mylog" / "workerlog.0").read_text()
+
+
+def test_7_a_second_sigterm_kills_at_once(tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    job = start_fluidctl("train", "--nproc", 2, "--grace-period", 600, BEHAVE, "--hang",
+                         "--ignore-term", "--pidfile", pid_dir, cwd=tmp_path)
+    try:
+        pids = _ready(pid_dir, 2)
+        job.send_signal(signal.SIGTERM)
+        launch = tmp_path / "mylog" / "launch.log"
+        assert _wait_for(lambda: "sent SIGTERM" in launch.read_text())
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=30) == 143
+        assert "second SIGTERM: killing every process now" in launch.read_text()
+        assert_all_gone(pids)
+    finally:
+        job.kill()
+        job.communicate()
+
+
+def test_8_a_log_dir_in_use_is_refused_and_stale_logs_go(tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    logs = tmp_path / "mylog"
+    logs.mkdir()
+    (logs / "workerlog.7").write_text("from an earlier job of 8 ranks\n")
+    job = start_fluidctl("train", "--nproc", 2, BEHAVE, "--hang", "--pidfile", pid_dir,
+                         cwd=tmp_path)
+    try:
+        _ready(pid_dir, 2)
+        assert not (logs / "workerlog.7").exists()
+        second = fluidctl("train", "--nproc", 2, BEHAVE, cwd=tmp_path)
+        assert second.returncode == 2
+        assert f"is used by another running fluidctl job (pid {job.pid})" in second.stderr
+        assert "rank 1 ready" in (logs / "workerlog.1").read_text()    # not truncated
+    finally:
+        job.send_signal(signal.SIGTERM)
+        job.communicate(timeout=60)
+    assert fluidctl("train", "--nproc", 1, BEHAVE, cwd=tmp_path).returncode == 0
+
+
+def test_9_dry_run_json_masks_the_job_token(tmp_path):
+    env = {"FLUIDCTL_JOB_TOKEN": "sekrit-token-123"}
+    masked = fluidctl("train", "--nproc", 2, "--dry-run", "--json", BEHAVE, cwd=tmp_path,
+                      env=env, check=0)
+    assert "sekrit-token-123" not in masked.stdout and '"***"' in masked.stdout
+    shown = fluidctl("train", "--nproc", 2, "--dry-run", "--json", "--show-secrets", BEHAVE,
+                     cwd=tmp_path, env=env, check=0)
+    assert "sekrit-token-123" in shown.stdout
+
+
+def test_9_a_full_log_disk_is_named_in_the_report(tmp_path):
+    where = tmp_path / "small"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(where)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        res = fluidctl("train", "--nproc", 1, "--log-dir", where / "logs", BEHAVE,
+                       "--lines", 20000, cwd=tmp_path)
+        assert res.returncode != 0
+        assert "hint: the disk holding its log is full" in res.stderr, res.stderr[-3000:]
+    finally:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+PROBE = """
+import os, socket, sys
+for ep in os.environ["PADDLE_PSERVERS_IP_PORT_LIST"].split(","):
+    host, port = ep.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        print(f"pserver {ep} not listening: {exc}", flush=True)
+        sys.exit(3)
+print("every pserver listens", flush=True)
+"""
+
+
+def test_10_trainers_start_once_the_pservers_listen(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    for _ in range(3):
+        res = fluidctl("train", "--mode", "pserver", "--pservers", 2, "--nproc", 2, script,
+                       cwd=tmp_path)
+        assert res.returncode == 0, res.stdout + res.stderr

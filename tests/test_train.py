@@ -310,7 +310,7 @@ BAD_INPUT = [
     (["--json", "{behave}"], "--json only works with --dry-run"),
     (["--tee", "some", "{behave}"], "Invalid value for '--tee'"),
     (["--max-restarts", "-1", "{behave}"], "--max-restarts: must be >= 0"),
-    (["--grace-period", "-1", "{behave}"], "--grace-period -1.0 is negative"),
+    (["--grace-period", "-1", "{behave}"], "--grace-period -1.0 is not a number of seconds"),
     (["--pservers", "2", "{behave}"], "need --mode pserver"),
     (["--mode", "pserver", "--pserver-endpoints", "nohost", "{behave}"],
      "malformed pserver endpoint"),

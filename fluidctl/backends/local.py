@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
 
 import psutil
 
+from fluidctl import lifeline
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.errors import UsageError
 from fluidctl.failures import Failure
@@ -58,13 +59,18 @@ class LocalProcess:
     """A worker process and its tree (the Handle protocol of backends.base)."""
 
     def __init__(self, label: str, argv: List[str], env: Mapping[str, str], log: str,
-                 host: str = "127.0.0.1", cwd: Optional[str] = None, service: bool = False):
+                 host: str = "127.0.0.1", cwd: Optional[str] = None, service: bool = False,
+                 pass_fds: Sequence[int] = ()):
         self.label, self.host, self.log, self.service = label, host, log, service
         with open(log, "ab", buffering=0) as out:
+            # the child dies with this launcher (a pserver gets SIGTERM: it checkpoints)
             self.popen = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
                                           stdout=out, stderr=subprocess.STDOUT,
-                                          start_new_session=True, close_fds=True)
+                                          start_new_session=True, close_fds=True,
+                                          pass_fds=pass_fds, preexec_fn=lifeline.preexec(
+                                              signal.SIGTERM if service else signal.SIGKILL))
         self.pid = self.popen.pid
+        lifeline.watch(self.pid)                # its session's group, grandchildren included
         try:
             self._pidfd: Optional[int] = os.pidfd_open(self.pid)
         except (AttributeError, OSError):
@@ -104,25 +110,71 @@ def start(label: str, argv: List[str], env: Mapping[str, str], log: str,
     return LocalProcess(label, argv, env, log, host, service=service)
 
 
+READY_TIMEOUT = 60.0          # how long trainers wait for their pservers to listen
+
+
 def start_procs(procs: Sequence["ProcSpec"], attempt: int,
                 logs: Optional[Sequence[str]] = None) -> List[LocalProcess]:
     """Start ``procs`` on this machine (attempt ``attempt``), each writing to its log (or to
-    ``logs[i]``); if one cannot start, those already started are stopped and the error raised."""
+    ``logs[i]``): pservers first, and trainers only once every pserver listens (each reports on
+    a pipe, ``--ready-fd``), so no trainer meets a refused connection; a pserver that dies or
+    takes longer than READY_TIMEOUT is left to the supervisor. If one cannot start, those
+    already started are stopped and the error raised."""
     from fluidctl.planning.plan import PSERVER, with_restart
-    handles: List[LocalProcess] = []
+    handles: List[Optional[LocalProcess]] = [None] * len(procs)
+    waiting = {}                              # read end -> handle
+    order = sorted(range(len(procs)), key=lambda i: procs[i].role != PSERVER)
     try:
-        for i, proc in enumerate(procs):
+        for i in order:
+            proc = procs[i]
+            if proc.role != PSERVER and waiting:
+                _wait_ready(waiting)
             log = logs[i] if logs else proc.log
-            handles.append(start(proc.label, proc.argv,
-                                 full_env(with_restart(proc.env, attempt)), log, proc.host,
-                                 service=proc.role == PSERVER))
+            argv, fds = list(proc.argv), ()
+            if proc.role == PSERVER and "fluidctl.runtime.pserver" in argv:
+                read_fd, write_fd = os.pipe()
+                argv += ["--ready-fd", str(write_fd)]
+                fds = (write_fd,)
+            try:
+                handles[i] = LocalProcess(proc.label, argv,
+                                          full_env(with_restart(proc.env, attempt)), log,
+                                          proc.host, service=proc.role == PSERVER,
+                                          pass_fds=fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            if fds:
+                waiting[read_fd] = handles[i]
     except BaseException:
         for h in handles:
-            h.kill()
-            h.popen.wait()
-            h.close()
+            if h is not None:
+                h.kill()
+                h.popen.wait()
+                h.close()
         raise
-    return handles
+    finally:
+        for fd in waiting:
+            os.close(fd)
+    return [h for h in handles if h is not None]
+
+
+def _wait_ready(waiting: Dict[int, "LocalProcess"]) -> None:
+    """Until every pserver in ``waiting`` wrote its line, died, or READY_TIMEOUT passed."""
+    import select
+    import time
+    deadline = time.monotonic() + READY_TIMEOUT
+    left = dict(waiting)
+    while left and time.monotonic() < deadline:
+        ready, _, _ = select.select(list(left), [], [], min(0.2, deadline - time.monotonic()))
+        for fd in ready:              # its line, or EOF: it died (the supervisor reports it)
+            os.read(fd, 256)
+            left.pop(fd)
+        for fd, h in list(left.items()):
+            if h.poll() is not None:
+                left.pop(fd)
+    for fd in list(waiting):
+        os.close(fd)
+        waiting.pop(fd)
 
 
 class LocalLauncher(BaseLauncher):

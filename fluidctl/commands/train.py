@@ -117,18 +117,21 @@ def _non_negative(name: str):
               help="Echo rank 0's output (rank0), every rank's with a [trainer N] prefix (all), "
                    "or none.")
 @click.option("--log-tail", type=int, default=20, show_default=True,
+              callback=_non_negative("--log-tail"),
               help="Lines of the failing rank's log shown in the failure report.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (a table) and start nothing.")
 @click.option("--json", "as_json", is_flag=True,
               help="With --dry-run: print the plan, environments included, as JSON.")
+@click.option("--show-secrets", is_flag=True,
+              help="With --dry-run --json: print FLUIDCTL_JOB_TOKEN instead of masking it.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(nproc, gpus, mode, pservers, pserver_endpoints, token_file, sync, checkpoint_dir,
           checkpoint_every,
           hostfile, hosts_arg, backend, ssh_config, accept_new_host_keys, remote_dir, python,
           venv, exports, pserver_hosts, ssh_timeout, started_port, log_dir, env_pairs, env_file,
-          grace_period, max_restarts, tee, log_tail, dry_run, as_json, script, script_args,
-          **slurm_kw):
+          grace_period, max_restarts, tee, log_tail, dry_run, as_json, show_secrets, script,
+          script_args, **slurm_kw):
     """Run SCRIPT as a distributed training job.
 
     SCRIPT ending in .py runs with fluidctl's own Python (-u); anything else is executed.
@@ -151,4 +154,4 @@ def train(nproc, gpus, mode, pservers, pserver_endpoints, token_file, sync, chec
         started_port=started_port, max_restarts=max_restarts, tee=tee, log_tail=log_tail,
         slurm=slurm)
     from fluidctl.launch.execute import launch
-    sys.exit(launch(config, dry_run=dry_run, as_json=as_json))
+    sys.exit(launch(config, dry_run=dry_run, as_json=as_json, show_secrets=show_secrets))

@@ -55,6 +55,14 @@ class _Source:
             self.file.close()
 
 
+class _Null:
+    def write(self, text: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
 class LogEcho(threading.Thread):
     """Follow ``sources`` ([(log path, line prefix)]) and copy their lines to ``out``."""
 
@@ -63,7 +71,7 @@ class LogEcho(threading.Thread):
         super().__init__(name="fluidctl-echo", daemon=True)
         self.on_broken = on_broken      # called once when the console (a pipe) goes away
         self.sources = [_Source(path, prefix, from_end) for path, prefix in sources]
-        self.out = out or sys.stdout
+        self.out = out or sys.stdout or _Null()   # stdout closed (>&-): Python made it None
         self.lock = threading.Lock()
         self._done = threading.Event()
 
@@ -73,7 +81,7 @@ class LogEcho(threading.Thread):
             with self.lock:
                 self.out.write(text + "\n")
                 self.out.flush()
-        except (BrokenPipeError, ValueError):
+        except (OSError, ValueError):   # a broken pipe, a closed or full console
             self._broken()
 
     def _broken(self) -> None:
@@ -100,7 +108,7 @@ class LogEcho(threading.Thread):
                 if not self._pump():
                     self._done.wait(IDLE_WAIT)
             self._pump(final=True)
-        except (BrokenPipeError, ValueError):  # console went away: logs are still complete
+        except (OSError, ValueError):  # console went away: logs are still complete
             self._broken()
         finally:
             for src in self.sources:

@@ -10,6 +10,7 @@ report.
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING, Optional
 
 from fluidctl.launch import run
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def launch(config: "LaunchConfig", launcher_name: Optional[str] = None, *,
-           dry_run: bool = False, as_json: bool = False) -> int:
+           dry_run: bool = False, as_json: bool = False, show_secrets: bool = False) -> int:
     """Plan with the backend ``launcher_name`` (default: ``config.backend``), then print the
     plan (``dry_run``) or run it. Returns the job's exit code."""
     from fluidctl import backends
@@ -31,7 +32,7 @@ def launch(config: "LaunchConfig", launcher_name: Optional[str] = None, *,
     try:
         plan = launcher.prepare(config)
         if dry_run:
-            print_plan(plan, as_json)
+            print_plan(plan, as_json, show_secrets)
             if not as_json and getattr(launcher, "describe", None):
                 print(launcher.describe(plan), end="")
             return 0
@@ -47,6 +48,17 @@ def execute(plan: Plan, launcher: "Launcher", config: "LaunchConfig",
     job failed."""
     layout = config.layout
     layout.create()
+    lock = _lock_log_dir(layout)
+    try:
+        return _execute(plan, launcher, config, launch_log, layout)
+    finally:
+        os.close(lock)
+
+
+def _execute(plan, launcher, config, launch_log, layout) -> RunResult:
+    logs = launcher.logs(plan)
+    for stale in layout.stale_logs(logs):
+        stale.unlink(missing_ok=True)
     if plan.master:                 # mpi: the ranks choose their endpoints at start
         run.write_endpoints(layout, plan)
     launch_log = launch_log or LaunchLog()
@@ -58,20 +70,55 @@ def execute(plan: Plan, launcher: "Launcher", config: "LaunchConfig",
     for command in plan.commands:
         launch_log(f"runs on {command.host}: {' '.join(command.argv)}")
     return run.run_supervised(
-        lambda attempt: launcher.start(plan, attempt), logs=launcher.logs(plan),
+        lambda attempt: launcher.start(plan, attempt), logs=logs,
         launch_log=launch_log, options=RunOptions(config.grace_period, config.max_restarts),
         sources=launcher.echo_sources(plan, config.tee),
         report=run.failure_reporter(config.log_tail))
 
 
-def print_plan(plan: Plan, as_json: bool) -> None:
-    """--dry-run: the plan as a table (and the commands the backend itself runs), or JSON."""
+def _lock_log_dir(layout) -> int:
+    """Refuse a log dir another running job writes to (two jobs would truncate and mix each
+    other's logs); the lock (flock, released by the kernel when we exit) names the holder."""
+    import fcntl
+    from fluidctl.errors import UsageError
+    fd = os.open(layout.lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise UsageError(f"log dir {layout.root} is used by another running fluidctl job "
+                         f"(pid {holder})", "pass another --log-dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def print_plan(plan: Plan, as_json: bool, show_secrets: bool = False) -> None:
+    """--dry-run: the plan as a table (and the commands the backend itself runs), or JSON
+    (the job token masked unless ``show_secrets``: plans get pasted into issues)."""
     import click
     if as_json:
-        click.echo(json.dumps(plan.to_json(), indent=2))
+        record = plan.to_json()
+        if not show_secrets:
+            record = _masked(record)
+        click.echo(json.dumps(record, indent=2))
         return
     from fluidctl.console import console, plan_table
     console().print(plan_table(plan))
     import shlex
     for command in plan.commands:
         click.echo(f"{command.host}: {shlex.join(command.argv)}")
+
+
+def _masked(value):
+    """``value`` with every FLUIDCTL_JOB_TOKEN value replaced by ``***``."""
+    from fluidctl import envs
+    if isinstance(value, dict):
+        return {k: ("***" if k == envs.JOB_TOKEN and v else _masked(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v) for v in value]
+    if isinstance(value, str) and f"{envs.JOB_TOKEN}=" in value:      # inline in a command
+        import re
+        return re.sub(rf"({envs.JOB_TOKEN}=)(\S+)", r"\1***", value)
+    return value

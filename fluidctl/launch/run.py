@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from fluidctl import lifeline
 from fluidctl.backends import local
 from fluidctl.backends.base import Handle
 from fluidctl.launch.echo import LogEcho
@@ -71,6 +72,7 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
     if fresh:
         fresh_logs(logs)
     local.become_subreaper()
+    lifeline.start_watchdog()           # kills the job's process groups if we are SIGKILLed
     echo = LogEcho(sources, out, on_broken, from_end=not fresh)
     echo.start()
     beating = threading.Event()
@@ -89,6 +91,7 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
         result = supervisor.run()
     finally:
         beating.set()
+        lifeline.stop_watchdog()
         left = local.sweep_descendants(options.grace_period)
         if left:
             launch_log(f"stopped {len(left)} leftover process(es): {left}")

@@ -4,7 +4,8 @@ The pattern is torch elastic's process context. ``run()`` starts every handle of
 waits (on pidfds or channel descriptors, not by sleeping) until all trainers succeeded or one
 handle failed, and then stops the rest: SIGTERM to every process tree, SIGKILL to what is still
 there after the grace period. The *first observed* failure is the one reported. SIGINT, SIGTERM
-and SIGHUP to fluidctl stop the job the same way (exit 128+N); a second Ctrl-C kills at once.
+and SIGHUP to fluidctl stop the job the same way (exit 128+N); a second one (Ctrl-C, or a
+second SIGTERM from a scheduler that lost patience) kills at once.
 """
 from __future__ import annotations
 
@@ -91,8 +92,8 @@ class Supervisor:
 
     # --- signals ---------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
-        if self._stopping and signum == signal.SIGINT:
-            self.log("second SIGINT: killing every process now")
+        if self._stopping and signum in STOP_SIGNALS:       # a second Ctrl-C or TERM
+            self.log(f"second {signal.Signals(signum).name}: killing every process now")
             for h in self._handles:
                 h.kill()
         if self._signal is None:

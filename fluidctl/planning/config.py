@@ -6,6 +6,7 @@ config's supervision settings. Nothing downstream reads an option again or re-ch
 """
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import sys
@@ -94,9 +95,9 @@ class LaunchConfig:
                      log_dir: str = DEFAULT_LOG_DIR, **settings) -> "LaunchConfig":
         """Check the options of ``fluidctl train`` (a UsageError for the first mistake, before
         anything is started or written) and freeze them; ``settings`` are taken as they are."""
-        if grace_period < 0:
-            raise UsageError(f"--grace-period {grace_period} is negative",
-                             "use 0 or more seconds")
+        if not (math.isfinite(grace_period) and 0 <= grace_period <= 86400):
+            raise UsageError(f"--grace-period {grace_period} is not a number of seconds "
+                             "from 0 to 86400", "e.g. --grace-period 10")
         script_path = opts.check_script(script)
         user_env = opts.read_env_file(env_file)
         user_env.update(opts.parse_env_pairs(env_pairs))
