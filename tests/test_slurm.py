@@ -58,9 +58,11 @@ def test_plain_srun_of_fluidctl_worker_gets_the_whole_contract(slurm, tmp_path):
 
 def test_plain_srun_runtime_allreduce_across_two_nodes(slurm, tmp_path):
     """No fluidctl launcher and no worker: fluidctl.runtime.init() maps SLURM_* itself; two
-    nodes of two ranks each reduce through shared memory and the TCP ring (hierarchical)."""
+    nodes of two ranks each reduce through shared memory and the TCP ring (hierarchical). No
+    fluidctl server runs without a job token (issue 13): a plain srun exports one to its tasks."""
     res = slurm.run("srun", "-N2", "--ntasks-per-node=2", sys.executable, RUNTIME_WORKER, "ops",
-                    cwd=tmp_path, check=False, timeout=120)
+                    cwd=tmp_path, check=False, timeout=120,
+                    env=dict(slurm.env(), FLUIDCTL_JOB_TOKEN="srun-job-token"))
     assert res.returncode == 0, res.stdout + res.stderr
     got = results(res.stdout)
     assert len(got) == 4
