@@ -113,5 +113,12 @@ class BaseLauncher:
         """Text --dry-run prints after the plan (e.g. the batch script Slurm would get)."""
         return ""
 
+    @property
+    def owns_log_dir(self) -> bool:
+        """True when this process runs the job's processes and so locks the log dir (and
+        clears stale logs in it); a launcher that only submits and follows (sbatch) does not:
+        the job it submitted does."""
+        return True
+
     def close(self) -> None:
         pass

@@ -213,6 +213,10 @@ class SlurmLauncher(BaseLauncher):
         self.steps: List[dict] = []
         self.spec: Optional[slurmctl.SbatchSpec] = None
 
+    @property
+    def owns_log_dir(self) -> bool:
+        return self.alloc is not None       # sbatch + follow: the batch job owns it
+
     def prepare(self, config):
         self.config = config
         options = config.slurm

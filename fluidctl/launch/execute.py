@@ -48,16 +48,18 @@ def execute(plan: Plan, launcher: "Launcher", config: "LaunchConfig",
     job failed."""
     layout = config.layout
     layout.create()
-    lock = _lock_log_dir(layout)
+    owner = getattr(launcher, "owns_log_dir", True)
+    lock = _lock_log_dir(layout) if owner else None
     try:
-        return _execute(plan, launcher, config, launch_log, layout)
+        return _execute(plan, launcher, config, launch_log, layout, owner)
     finally:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
 
 
-def _execute(plan, launcher, config, launch_log, layout) -> RunResult:
+def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResult:
     logs = launcher.logs(plan)
-    for stale in layout.stale_logs(logs):
+    for stale in (layout.stale_logs(logs) if owner else []):
         stale.unlink(missing_ok=True)
     if plan.master:                 # mpi: the ranks choose their endpoints at start
         run.write_endpoints(layout, plan)
