@@ -75,6 +75,18 @@ def _endpoint(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
+def master_port_beside(address: str, pairs) -> int:
+    """A free port on ``address`` that no rank's endpoint on it uses: the ranks' ports were
+    probed and released, so the kernel may hand one of them out again."""
+    taken = {port for host, port in pairs if host == address}
+    for _ in range(100):
+        port = free_port(address)
+        if port not in taken:
+            return port
+    raise UsageError(f"no free port on {address} for the master beside the ranks' endpoints",
+                     "free some ports, or set FLUIDCTL_HOST_ADDRESS to another address")
+
+
 def exchange_endpoints(environ: Mapping[str, str]) -> Tuple[List[str], str, int, int]:
     """(endpoints in rank order, master endpoint, number of nodes, this node's rank) agreed by
     all ranks. MPI stays initialised: the script runs in this process, in the same world.
@@ -91,7 +103,8 @@ def exchange_endpoints(environ: Mapping[str, str]) -> Tuple[List[str], str, int,
     nodes = comm.allgather(node)
     address = "127.0.0.1" if len(set(nodes)) == 1 else node_address(environ)
     pairs = comm.allgather((address, free_port(address)))
-    master_port = comm.bcast(free_port(address) if comm.rank == 0 else None, root=0)
+    master_port = comm.bcast(master_port_beside(address, pairs) if comm.rank == 0 else None,
+                             root=0)
     endpoints = [_endpoint(a, p) for a, p in pairs]
     order = list(dict.fromkeys(nodes))
     return endpoints, _endpoint(pairs[0][0], master_port), len(order), order.index(node)
