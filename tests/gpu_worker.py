@@ -109,6 +109,7 @@ def thread_stream(ctx):
                     y = cp.asarray(inputs(ctx.rank, "float32")) * 1
                     ctx.allreduce(y)
                     z = y + 0
+                s.synchronize()        # z was made on s, a non-blocking stream
             if not np.array_equal(x.get(), want) or not np.array_equal(z.get(), want):
                 errors.append("thread/stream allreduce gave wrong numbers")
         except Exception as exc:

@@ -114,7 +114,8 @@ def test_reduce_mean_divides_only_on_the_root(tmp_path):
 
 def test_collectives_from_another_thread_and_inside_a_non_blocking_stream(tmp_path):
     """6, 8: CUDA's current device is per thread; NCCL must run on the rank's device with the
-    caller's stream ordered before and after it."""
+    caller's stream ordered before and after it (the double raises StreamRace when an event
+    wait is missing either way: checked by deleting each from nccl.py)."""
     res = gpu_ranks(2, tmp_path, ["thread_stream"])
     assert res.ok(), res
     assert [r["errors"] for r in results(res)] == [[], []]

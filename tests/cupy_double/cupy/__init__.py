@@ -6,6 +6,9 @@ Arrays live in host memory registered as "device memory" of the device current (
 they were made; ``.data.ptr`` is their real address, so NCCL calls are served by pointer and a
 wrong pointer, count or dtype gives wrong numbers. What real CuPy refuses, this refuses: implicit
 conversion to numpy (``np.asarray(x)``), numpy arrays as operands, ``flags.writeable``.
+Streams keep CUDA's order: memory written on one stream and used on another (or read by the
+host) without an event wait or a synchronize in between raises ``StreamRace``, which on a GPU
+would be a silent race (the legacy null stream synchronises with blocking streams, as in CUDA).
 CUPY_DOUBLE_VERSION picks the release (default 14.2.0), CUPY_DOUBLE_GPUS the number of devices
 (narrowed by CUDA_VISIBLE_DEVICES), CUPY_DOUBLE_NCCL=0 plays a CuPy installed without NCCL.
 """
@@ -54,12 +57,17 @@ def _current_stream():
 
 
 def _before_use():
-    """Work on an array waits (in stream order) for what was queued before on this stream."""
-    _current_stream()._order()
+    """Work on an array waits (in stream order) for what was queued before on this stream;
+    returns that stream, its op count advanced."""
+    s = _current_stream()
+    s._order()
+    s._tick += 1
+    return s
 
 
 def _unwrap(v):
     if isinstance(v, ndarray):
+        _double.used(v.data.ptr, _current_stream())
         return v._a
     if isinstance(v, _np.ndarray):
         raise TypeError(f"Unsupported type {type(v)}")
@@ -71,11 +79,27 @@ def _unwrap(v):
 
 
 def _wrap(r, device=None):
-    if isinstance(r, _np.ndarray):
-        return ndarray._of(r, _double.current_device() if device is None else device)
     if isinstance(r, _np.generic):
-        return ndarray._of(_np.asarray(r), _double.current_device() if device is None else device)
+        r = _np.asarray(r)
+    if isinstance(r, _np.ndarray):
+        out = ndarray._of(r, _double.current_device() if device is None else device)
+        if r.base is None:                      # a new array: written on this stream
+            _double.wrote(out.data.ptr, _current_stream())
+        return out
     return r
+
+
+def _written(x):
+    _double.wrote(x.data.ptr, _current_stream())
+    return x
+
+
+def _touch(x, write=False, stream=None):
+    """``x`` is read (and written) by work on ``stream`` (the current one)."""
+    stream = stream or _current_stream()
+    _double.used(x.data.ptr, stream)
+    if write:
+        _double.wrote(x.data.ptr, stream)
 
 
 class ndarray:
@@ -114,11 +138,15 @@ class ndarray:
             kwargs["out"] = tuple(_unwrap(o) for o in out)
         r = ufunc(*_unwrap(inputs), **kwargs)
         if out is not None:
+            for o in out:
+                if isinstance(o, ndarray):
+                    _written(o)
             return out[0] if len(out) == 1 else out
         return _wrap(r, self._dev)
 
     def get(self, stream=None, order="C", out=None, blocking=True):
         s = stream or _current_stream()
+        _touch(self, stream=s)
         s.synchronize()
         return _np.array(self._a, order=order)
 
@@ -130,7 +158,9 @@ class ndarray:
                              % (self._a.shape, arr.shape))
         if arr.dtype != self._a.dtype:
             raise TypeError("{} array cannot be set to {} array".format(arr.dtype, self.dtype))
-        (stream or _current_stream()).synchronize()      # pageable copy: the host waits
+        s = stream or _current_stream()
+        s.synchronize()                                  # pageable copy: the host waits
+        _touch(self, write=True, stream=s)
         self._a[...] = arr
 
     @property
@@ -162,6 +192,7 @@ class ndarray:
         return "array(" + repr(self._a)[6:] if repr(self._a).startswith("array(") else repr(self._a)
 
     def _host_scalar(self):
+        _touch(self)
         _current_stream().synchronize()
         return self._a
 
@@ -182,10 +213,12 @@ class ndarray:
 
     def __getitem__(self, index):
         _before_use()
+        _touch(self)
         return _wrap(self._a[_unwrap(index)], self._dev)
 
     def __setitem__(self, index, value):
         _before_use()
+        _touch(self, write=True)
         self._a[_unwrap(index)] = _unwrap(value)
 
     def __iter__(self):
@@ -193,12 +226,14 @@ class ndarray:
 
     def fill(self, value):
         _before_use()
+        _touch(self, write=True)
         self._a.fill(value)
 
 
 def _binary(name):
     def op(self, other):
         _before_use()
+        _touch(self, write=name.startswith("__i"))
         r = getattr(self._a, name)(_unwrap(other))
         if r is NotImplemented:
             return r
@@ -221,6 +256,7 @@ ndarray.__hash__ = None
 def _unary(name):
     def op(self):
         _before_use()
+        _touch(self)
         return _wrap(getattr(self._a, name)(), self._dev)
     return op
 
@@ -232,6 +268,7 @@ for _n in ("__neg__", "__pos__", "__abs__", "__invert__"):
 def _method(name):
     def m(self, *args, **kwargs):
         _before_use()
+        _touch(self, write=name == "fill")
         r = getattr(self._a, name)(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()})
         return _wrap(r, self._dev)
     m.__name__ = name

@@ -15,6 +15,11 @@ _lock = threading.Lock()
 _starts = []                 # sorted allocation start addresses
 _allocs = {}                 # start -> (end, device id)
 host_waits = {"count": 0, "by_stream": {}}
+# stream order, as CUDA defines it: each allocation's last write (stream, that stream's op
+# count); what each stream, and the host, has waited for. A use on another stream without an
+# event wait or a synchronize in between is a race on a GPU: the double raises.
+_writers = {}                 # allocation start -> (Stream, tick)
+host_known = {}               # stream ptr -> tick the host has seen finish
 
 
 def device_count() -> int:
@@ -48,6 +53,7 @@ def register(arr: np.ndarray, device: int) -> None:
 def _forget(start: int) -> None:
     with _lock:
         _allocs.pop(start, None)
+        _writers.pop(start, None)
         i = bisect.bisect_left(_starts, start)
         if i < len(_starts) and _starts[i] == start:
             _starts.pop(i)
@@ -61,6 +67,52 @@ def lookup(ptr: int, nbytes: int):
             return None
         end, device = _allocs[_starts[i]]
     return device if ptr + nbytes <= end else None
+
+
+def _start_of(ptr: int):
+    with _lock:
+        i = bisect.bisect_right(_starts, ptr) - 1
+        if i >= 0 and ptr < _allocs[_starts[i]][0]:
+            return _starts[i]
+    return None
+
+
+class StreamRace(RuntimeError):
+    """Memory used on one stream while another stream's write to it may not have happened."""
+
+
+def _ordered(writer, tick, stream) -> bool:
+    if writer is stream or host_known.get(writer.ptr, 0) >= tick:
+        return True
+    if stream._known.get(writer.ptr, 0) >= tick:
+        return True
+    # the legacy default stream synchronises with every blocking stream
+    return (writer.ptr == 0 and not stream.non_blocking) or \
+        (stream.ptr == 0 and not writer.non_blocking)
+
+
+def used(ptr: int, stream) -> None:
+    """``stream`` reads (or writes) the allocation at ``ptr``: raise on a stream race."""
+    start = _start_of(ptr)
+    last = _writers.get(start) if start is not None else None
+    if last is not None and not _ordered(last[0], last[1], stream):
+        raise StreamRace(
+            f"cupy double: stream race: memory written on stream {last[0].ptr:#x} (its op "
+            f"{last[1]}) used on stream {stream.ptr:#x} with no event wait or synchronize in "
+            "between")
+
+
+def wrote(ptr: int, stream) -> None:
+    start = _start_of(ptr)
+    if start is not None:
+        _writers[start] = (stream, stream._tick)
+
+
+def host_saw(stream, tick, known) -> None:
+    """The host waited for ``stream`` up to ``tick`` (and so for what it had waited for)."""
+    with _lock:
+        for ptr, t in list(known.items()) + [(stream.ptr, tick)]:
+            host_known[ptr] = max(host_known.get(ptr, 0), t)
 
 
 def memory(ptr: int, nbytes: int) -> np.ndarray:

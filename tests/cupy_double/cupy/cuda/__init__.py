@@ -79,6 +79,7 @@ class Event:
         self.ptr = next(_ptrs)
         self._done = threading.Event()
         self._done.set()
+        self._stream, self._tick, self._known = None, 0, {}
 
     @property
     def done(self):
@@ -87,11 +88,14 @@ class Event:
     def record(self, stream=None):
         stream = stream or get_current_stream()
         self._done = threading.Event()
+        self._stream, self._tick, self._known = stream, stream._tick, dict(stream._known)
         stream._enqueue(self._done.set)
 
     def synchronize(self):
         _double.waited(self.ptr)
         self._done.wait()
+        if self._stream is not None:
+            _double.host_saw(self._stream, self._tick, self._known)
 
 
 class Stream:
@@ -102,6 +106,8 @@ class Stream:
         self.device_id = -1 if null else _double.current_device()
         self.non_blocking = bool(non_blocking)
         self._worker = None
+        self._tick = 0                # ops queued so far (stream order bookkeeping)
+        self._known = {}              # stream ptr -> tick this stream has waited for
         self._lock = threading.Lock()
         _streams[self.ptr] = self
 
@@ -133,6 +139,7 @@ class Stream:
         _double.waited(self.ptr)
         if self._worker is not None:
             self._worker.drain()
+        _double.host_saw(self, self._tick, self._known)
 
     def record(self, event=None):
         event = event or Event()
@@ -140,6 +147,9 @@ class Stream:
         return event
 
     def wait_event(self, event):
+        if event._stream is not None:
+            for ptr, t in list(event._known.items()) + [(event._stream.ptr, event._tick)]:
+                self._known[ptr] = max(self._known.get(ptr, 0), t)
         if not event.done:
             done = event._done
             self._enqueue_async(done.wait)

@@ -355,6 +355,11 @@ class NcclCommunicator:
         s = stream_of(int(stream))
         if s is None or (s.device_id not in (-1, self._device)):
             raise NcclError(4)
+        if needs_send and send_count:
+            _double.used(int(send), s)            # NCCL reads on its stream: ordered?
+        s._tick += 1
+        if needs_recv and recv_count:
+            _double.wrote(int(recv), s)
         self._seq += 1
         header = struct.pack("!qiqiii", self._seq, _KINDS[kind], send_count, datatype, op, root)
         args = (int(send), int(recv), send_count * size if needs_send else 0, recv_count * size,
