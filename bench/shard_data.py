@@ -4,7 +4,8 @@ against `python -c pass`.
 For each size (default 256 MiB and 1 GiB) it generates a line file in /tmp, warms the page
 cache with one untimed run of each contender, then alternates split and each fluidctl variant
 round by round (a fresh process each time, `-q`), and prints medians, minimums, the ratio of
-medians to split and fluidctl's peak RSS (from wait4's rusage of that very child). Then it
+medians to split, the median CPU time (user + system) of each contender and fluidctl's peak
+RSS (both from wait4's rusage of that very child). Then it
 times `python -c pass`, `fluidctl --version` and `fluidctl shard-data` of a 1-line file the same
 way. fluidctl's modules are byte-compiled first, as pip does when it installs them (this matters
 where PYTHONDONTWRITEBYTECODE is set). Files and outputs are deleted at the end.
@@ -53,8 +54,11 @@ def make_file(path: str, size: int) -> int:
     return written
 
 
-def run(argv) -> tuple:
-    """Wall seconds and peak RSS (MiB) of one child process."""
+CPU: dict = {}                   # label -> CPU seconds (user + system) of each run
+
+
+def run(argv, label: str = "") -> tuple:
+    """Wall seconds and peak RSS (MiB) of one child process; its CPU time goes to CPU[label]."""
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -62,17 +66,24 @@ def run(argv) -> tuple:
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
         sys.exit(f"bench: {argv[:4]} failed with exit code {code}")
+    if label:
+        CPU.setdefault(label, []).append(usage.ru_utime + usage.ru_stime)
     return wall, usage.ru_maxrss / 1024
 
 
 def table(title: str, times: dict, base_label: str, rss: dict) -> None:
+    """Wall medians and their ratio; beside them the median CPU seconds (user + system) of
+    each contender, which a loaded machine disturbs far less than wall time."""
     base = statistics.median(times[base_label])
     print(title)
-    print(f"  {'command':34s} {'median s':>9s} {'min s':>7s} {'ratio':>6s} {'peak RSS':>9s}")
+    print(f"  {'command':34s} {'median s':>9s} {'min s':>7s} {'ratio':>6s} {'CPU s':>7s} "
+          f"{'peak RSS':>9s}")
     for label, values in times.items():
         med = statistics.median(values)
         peak = f"{rss[label]:.0f} MiB" if label in rss else "-"
-        print(f"  {label:34s} {med:9.3f} {min(values):7.3f} {med / base:6.2f} {peak:>9s}")
+        cpu = statistics.median(CPU[label]) if CPU.get(label) else float("nan")
+        print(f"  {label:34s} {med:9.3f} {min(values):7.3f} {med / base:6.2f} {cpu:7.3f} "
+              f"{peak:>9s}")
     print(flush=True)
 
 
@@ -84,24 +95,26 @@ def bench_size(work: str, mib: int, args, variants: dict, fluidctl_cmd: list) ->
     rss: dict = {}
     out = os.path.join(work, "out")
 
-    def one_split():
+    def one_split(label=""):
         os.mkdir(out)
-        wall, _ = run(["split", "-n", f"l/{args.trainers}", data, out + "/x"])
+        wall, _ = run(["split", "-n", f"l/{args.trainers}", data, out + "/x"], label)
         shutil.rmtree(out)
         return wall
 
-    def one_fluidctl(extra):
-        wall, peak = run(fluidctl_cmd + [data, "-n", str(args.trainers), "-o", out, "-q"] + extra)
+    def one_fluidctl(extra, label=""):
+        wall, peak = run(fluidctl_cmd + [data, "-n", str(args.trainers), "-o", out, "-q"] + extra,
+                         label)
         shutil.rmtree(out)
         return wall, peak
 
     one_split()                                   # warm the page cache, untimed
     for extra in variants.values():
         one_fluidctl(extra)
+    CPU.clear()
     for _ in range(args.runs):
-        times[split_label].append(one_split())
+        times[split_label].append(one_split(split_label))
         for label, extra in variants.items():
-            wall, peak = one_fluidctl(extra)
+            wall, peak = one_fluidctl(extra, f"fluidctl {label}")
             times[f"fluidctl {label}"].append(wall)
             rss[f"fluidctl {label}"] = max(rss.get(f"fluidctl {label}", 0), peak)
     os.unlink(data)
@@ -122,9 +135,10 @@ def bench_startup(work: str, args, fluidctl_cmd: list) -> None:
         "fluidctl shard-data (1 line)": fluidctl_cmd + [tiny, "-n", "1", "-o", out, "--force"],
     }
     times = {k: [] for k in contenders}
+    CPU.clear()
     for _ in range(args.startup_runs):
         for label, argv in contenders.items():
-            times[label].append(run(argv)[0])
+            times[label].append(run(argv, label)[0])
     table(f"start-up, {args.startup_runs} interleaved rounds (ratio: median / python -c pass)",
           times, "python -c pass", {})
 

@@ -265,11 +265,13 @@ def test_default_digest_is_xxh3_128(text, tmp_path):
 
 
 def test_large_shards_count_and_hash_like_small_ones(tmp_path, monkeypatch):
-    """Buffers from tuning.NUMPY_FROM up are counted with numpy, smaller ones with bytes.count:
-    both must give the manifest the same records and digest."""
+    """Runs from tuning.NUMPY_RUN_FROM up count newlines with numpy, smaller ones with
+    bytes.count: both must give the manifest the same records and digest."""
     lines = [b"r%d %s" % (i, b"z" * (i % 97)) for i in range(20000)]
     path = write_lines(tmp_path / "t.txt", lines)
+    monkeypatch.setattr(sharding.tuning, "NUMPY_RUN_FROM", 0)
     big = run([path], 3, tmp_path / "big")
+    import numpy  # noqa: F401  (loaded: the numpy count is used)
     monkeypatch.setattr(sharding.tuning, "NUMPY_FROM", 1 << 40)
     small = run([path], 3, tmp_path / "small")
     assert big["shards"] == small["shards"]

@@ -118,8 +118,8 @@ def _write_plans(plans: List[List[Segment]], sources: Sequence[Source],
                  size: int) -> List[ShardWriter]:
     """Write every shard from its byte ranges, in parallel."""
     progress.stage("writing shards", size)
-    if size >= tuning.NUMPY_FROM:       # the record count will use it: import it here, not
-        import numpy  # noqa: F401      # in a worker thread (see _load_numpy)
+    if size >= tuning.NUMPY_RUN_FROM:   # the record count uses it once loaded (see scan);
+        import numpy  # noqa: F401      # imported here, not in a worker (see _load_numpy)
     copier = Copier()
 
     def work(i: int, stop: threading.Event) -> ShardWriter:

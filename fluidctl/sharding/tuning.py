@@ -13,4 +13,5 @@ MAX_BUCKETS = 512                  # bucket files per scatter level (ids fit num
 SCATTER_BLOCK = 256 << 10          # input read per scatter step (Python objects: ~8x this)
 SCATTER_BUFFER = 4 << 20           # buffered bucket bytes, all buckets together
 JOIN_RECORDS = 8192                # records joined per write into a shard
-NUMPY_FROM = 64 << 10              # buffers this large are counted with numpy (imported then)
+NUMPY_RUN_FROM = 128 << 20         # runs this large import numpy to count newlines...
+NUMPY_FROM = 64 << 10              # ...in buffers this large (smaller ones: bytes.count)
