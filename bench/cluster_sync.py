@@ -9,7 +9,8 @@ of many small files and a few large ones, and times, round by round, interleaved
 
 The peers are `rsync -a -e "ssh -F CONFIG"` to both nodes at once (two processes, as fast as a
 user can drive rsync) and one after the other (the plain shell loop). fluidctl syncs both
-nodes at once in one command. Prints medians, minimums and the ratio of medians to rsync.
+nodes at once in one command. Prints medians, minimums, the ratio of medians to rsync, and the
+median CPU seconds of both ends (local processes and the sshd sessions' whole trees).
 rsync must be installed here and on the nodes (the nodes are this machine); fluidctl needs
 neither. Everything is deleted at the end.
 
@@ -22,6 +23,7 @@ import argparse
 import compileall
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -53,6 +55,22 @@ def make_workspace(root: Path, small: int, large_mib: int, large_files: int) -> 
         with open(root / f"weights{i}.bin", "wb") as f:
             f.write(os.urandom(size))
         total += size
+    return total
+
+
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_now(nodes) -> float:
+    """CPU seconds (user + system) used so far by this process's finished children (fluidctl,
+    rsync, ssh) plus the sshd daemons' finished children (the sessions, the remote receiver or
+    rsync): both ends of every transfer, less disturbed by a loaded machine than wall time."""
+    own = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = own.ru_utime + own.ru_stime
+    for node in nodes.nodes.values():
+        with open(f"/proc/{node.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[13]) + int(fields[14])) / HZ      # cutime, cstime
     return total
 
 
@@ -129,6 +147,14 @@ def main() -> None:
         kinds = {name: f"c{i}" for i, name in enumerate(contenders)}
         first = {name: [] for name in contenders}
         incr = {name: [] for name in contenders}
+        cpu = {"first": {name: [] for name in contenders},
+               "incr": {name: [] for name in contenders}}
+
+        def measured(kind, name, run):
+            before = cpu_now(nodes)
+            wall = run(kinds[name])
+            cpu[kind][name].append(cpu_now(nodes) - before)
+            return wall
         for name, run in contenders.items():          # warm-up: caches, sshd, imports
             clear(kinds[name])
             run(kinds[name])
@@ -136,20 +162,24 @@ def main() -> None:
         for r in range(args.runs):
             for name, run in contenders.items():
                 clear(kinds[name])
-                first[name].append(run(kinds[name]))
+                first[name].append(measured("first", name, run))
             for name, run in contenders.items():
                 run(kinds[name])                         # in step with the workspace
             touched.write_bytes(touched.read_bytes() + b"# edit %d\n" % r)
             for name, run in contenders.items():
-                incr[name].append(run(kinds[name]))
-        for title, times in (("first copy", first), ("incremental, one file modified", incr)):
+                incr[name].append(measured("incr", name, run))
+        for title, times, kind in (("first copy", first, "first"),
+                                   ("incremental, one file modified", incr, "incr")):
             base = statistics.median(times["rsync -a, 2 nodes in parallel"])
             print(title)
-            print(f"  {'command':38s} {'median s':>9s} {'min s':>7s} {'ratio':>6s}")
+            print(f"  {'command':38s} {'median s':>9s} {'min s':>7s} {'ratio':>6s} "
+                  f"{'CPU s':>7s}")
             for name, values in times.items():
                 med = statistics.median(values)
-                print(f"  {name:38s} {med:9.3f} {min(values):7.3f} {med / base:6.2f}")
-            print("  (ratio: median / the median of rsync to 2 nodes in parallel)\n")
+                print(f"  {name:38s} {med:9.3f} {min(values):7.3f} {med / base:6.2f} "
+                      f"{statistics.median(cpu[kind][name]):7.3f}")
+            print("  (ratio: median / the median of rsync to 2 nodes in parallel; CPU s: both "
+                  "ends, sshd sessions included)\n")
         for alias in aliases:                            # same bytes arrived
             diff = subprocess.run(["diff", "-r", "-q", str(ws), str(dest(kinds[next(iter(
                 contenders))], alias))], capture_output=True, text=True)

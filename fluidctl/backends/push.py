@@ -270,17 +270,30 @@ class _Channel:
         self.close()
 
 
+def connect(ssh_argv: List[str]) -> "_Channel":
+    """Start ssh and send it the receiver's code at once, so that the handshake and the node's
+    python3 start while the caller is still listing its files; then ``push(..., channel=)``."""
+    channel = _Channel(ssh_argv)
+    code = RECEIVER.encode()
+    try:
+        channel.write(b"%d\n" % len(code) + code)      # fits the pipe: never blocks
+    except (BrokenPipeError, ConnectionResetError):
+        pass                                           # told by push, from ssh's stderr
+    return channel
+
+
 def push(ssh_argv: List[str], files: Sequence[LocalFile], remote_dir: str,
-         compare: str = "mtime", on_bytes: Optional[Callable[[int], None]] = None) -> PushResult:
+         compare: str = "mtime", on_bytes: Optional[Callable[[int], None]] = None,
+         channel: Optional["_Channel"] = None) -> PushResult:
     """Make ``remote_dir`` on the node hold ``files`` (missing or changed ones are sent; by size
     and mtime, or by size and sha256 with ``compare="hash"``). Raises PushUnavailable when this
-    transport cannot work there (fall back to SFTP), PushFailed with the reason otherwise."""
-    channel = _Channel(ssh_argv)
+    transport cannot work there (fall back to SFTP), PushFailed with the reason otherwise.
+    ``channel``: one started by ``connect(ssh_argv)`` earlier."""
+    channel = channel or connect(ssh_argv)
     try:
-        code = RECEIVER.encode()
         request = {"dir": remote_dir, "compare": compare,
                    "files": [[f.rel, f.size, f.mtime_ns, f.mode] for f in files]}
-        channel.write(b"%d\n" % len(code) + code + json.dumps(request).encode() + b"\n")
+        channel.write(json.dumps(request).encode() + b"\n")
         answer = channel.reply()
         need = set(answer["need"])
         for index, remote_digest in answer.get("digests", {}).items():

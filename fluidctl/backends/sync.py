@@ -11,7 +11,6 @@ sync`` and shard distribution use it; the SFTP primitives it needs are on ``SSHN
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import os
 import posixpath
 import re
@@ -96,6 +95,7 @@ def local_files(source: Path, excludes: Sequence[str]) -> List[Tuple[str, Path]]
 
 
 def sha256_file(path: Path) -> str:
+    import hashlib
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -221,30 +221,50 @@ def sync(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote_
     source = Path(src).resolve()
     default_dir = str(source if source.is_dir() else source.parent)
     hosts = load_hosts(hostfile, hosts_arg)
-    files = push.scan(walk(source, (*DEFAULT_EXCLUDES, *excludes)))
+    use_ssh = push.have_ssh_client()
+    argvs = {h.name: push.ssh_command(h.name, user=h.user, port=h.port, ssh_config=ssh_config,
+                                      accept_new=accept_new_host_keys, timeout=timeout)
+             for h in hosts}
+    # every node's ssh handshake and python3 start while the files are listed here
+    channels = {name: push.connect(argv) for name, argv in argvs.items()} if use_ssh else {}
+    try:
+        files = push.scan(walk(source, (*DEFAULT_EXCLUDES, *excludes)))
+    except BaseException:
+        for channel in channels.values():
+            channel.kill()
+        raise
     compare = "hash" if checksum else "mtime"
     progress = _SyncProgress({h.name: sum(f.size for f in files) for h in hosts})
-    use_ssh = push.have_ssh_client()
+    outcomes = {}
 
     def one(host):
         where = (remote_dir or default_dir).replace("{host}", host.name)
         if use_ssh:
-            argv = push.ssh_command(host.name, user=host.user, port=host.port,
-                                    ssh_config=ssh_config, accept_new=accept_new_host_keys,
-                                    timeout=timeout)
             try:
-                result = push.push(argv, files, where, compare, progress.advancer(host.name))
-                return host.name, (where, len(result.sent), result.sent_bytes, result.unchanged)
+                result = push.push(argvs[host.name], files, where, compare,
+                                   progress.advancer(host.name), channel=channels[host.name])
+                outcomes[host.name] = (where, len(result.sent), result.sent_bytes,
+                                       result.unchanged)
+                return
             except push.PushFailed as exc:
-                return host.name, str(exc)
+                outcomes[host.name] = str(exc)
+                return
             except push.PushUnavailable:
                 pass                        # over SFTP, below
-        return host.name, _sync_sftp(host, source, where, excludes, compare, ssh_config,
-                                     accept_new_host_keys, timeout, progress.advancer(host.name))
+            except OSError as exc:          # a local file unreadable, say
+                outcomes[host.name] = f"{exc.filename or 'copy'}: {exc.strerror or exc}"
+                return
+        outcomes[host.name] = _sync_sftp(host, source, where, excludes, compare, ssh_config,
+                                         accept_new_host_keys, timeout,
+                                         progress.advancer(host.name))
 
-    from concurrent.futures import ThreadPoolExecutor
-    with progress, ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-        outcomes = dict(pool.map(one, hosts))
+    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in hosts]
+    with progress:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    outcomes = {h.name: outcomes.get(h.name, "no result (internal error)") for h in hosts}
     failures = {name: o for name, o in outcomes.items() if isinstance(o, str)}
     rows = [(name, o[0], str(o[1]), human_bytes(o[2]), str(o[3]))
             for name, o in outcomes.items() if not isinstance(o, str)]
