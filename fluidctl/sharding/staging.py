@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import tempfile
 from typing import List
 
@@ -30,6 +31,10 @@ class Staging:
         while not os.path.exists(p):
             missing.append(p)
             p = os.path.dirname(p)
+        # Ctrl-C / SIGTERM wait while a directory exists that self does not know yet (inside
+        # mkdtemp, or between os.mkdir and the append): raised there, __exit__ would never run
+        # and the directory would stay. They are delivered in the try below, which cleans up.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             for d in reversed(missing):
                 os.mkdir(d)
@@ -38,10 +43,12 @@ class Staging:
             self.tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(self.out_dir)}.{_owner()}.",
                                         suffix=".partial", dir=parent)
         except OSError as exc:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             self._cleanup()
             raise UsageError(f"cannot write the output {self.out_dir}: {exc.strerror}",
                              "choose a writable -o") from None
         try:        # a signal here (the directory exists, __exit__ will not run) removes it
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             mask = os.umask(0)
             os.umask(mask)
             os.chmod(self.tmp, 0o777 & ~mask)
