@@ -78,6 +78,8 @@ LOG_DIR = "FLUIDCTL_LOG_DIR"
 GPUS = "FLUIDCTL_GPUS"                  # "all" or a --gpus value: ranks started by mpirun or
                                         # torchrun take the node's GPUs by local rank
 VENV = "FLUIDCTL_VENV"                  # the nodes' environment (cluster setup, train, check)
+DIAG_DIR = "FLUIDCTL_DIAG_DIR"          # the node's progress counters / stack files (progress.py)
+HANG_TIMEOUT = "FLUIDCTL_HANG_TIMEOUT"  # default of fluidctl train --hang-timeout
 SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process_vm_readv)
 WORKER_ECHO = "FLUIDCTL_WORKER_ECHO"    # "0": fluidctl worker writes its log only, not stdout
 HANDSHAKE_TIMEOUT = "FLUIDCTL_HANDSHAKE_TIMEOUT"  # seconds a new peer has to authenticate (10)

@@ -64,6 +64,16 @@ class LogLayout:
         return self.root / f"launch.{host}.log"
 
     @property
+    def failure_json(self) -> Path:
+        """The failure report for tooling (first failure, triage, every rank's end)."""
+        return self.root / "failure.json"
+
+    @property
+    def job_state(self) -> Path:
+        """The running launcher's pid and job, for ``fluidctl dump``."""
+        return self.root / "job.json"
+
+    @property
     def mpirun(self) -> Path:
         """mpirun's own output under ``--backend mpi`` (ranks still get workerlog.N)."""
         return self.root / "mpirun.log"
@@ -115,6 +125,42 @@ class LogLayout:
         if not os.access(self.dir, os.W_OK):
             raise UsageError(f"log dir {self.dir} is not writable",
                              "pass --log-dir with a writable directory")
+
+
+@dataclass(frozen=True)
+class DiagDir:
+    """A node's diagnostics directory for one job (FLUIDCTL_DIAG_DIR): the runtime's progress
+    counters and faulthandler stack files (see fluidctl/progress.py). Made by the process that
+    supervises the node's ranks (``create``), in /dev/shm when it can, removed at the end."""
+    root: Path
+
+    def progress(self, rank: int) -> Path:
+        return self.root / f"progress.{rank}"
+
+    def stack(self, rank: int) -> Path:
+        return self.root / f"stack.{rank}"
+
+    @staticmethod
+    def rank_of_progress(name: str) -> Optional[int]:
+        prefix, _, rank = name.partition(".")
+        return int(rank) if prefix == "progress" and rank.isdigit() else None
+
+    @classmethod
+    def create(cls) -> "DiagDir":
+        import tempfile
+        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        return cls(Path(tempfile.mkdtemp(prefix="fluidctl-diag-", dir=base)))
+
+    def remove(self) -> None:
+        import shutil
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def hang_dir(root: Path, when: float, kind: str = "hang") -> Path:
+    """LOG_DIR/hang-<time>/ (``--hang-timeout``) or LOG_DIR/dump-<time>/ (``fluidctl dump``):
+    one file per rank with its full stack, and summary.txt."""
+    import time
+    return root / (f"{kind}-" + time.strftime("%Y%m%d-%H%M%S", time.localtime(when)))
 
 
 def state_dir() -> Path:

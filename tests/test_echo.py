@@ -23,16 +23,20 @@ def feed_in_pieces(tmp_path, pieces):
     return lines
 
 
-@pytest.mark.parametrize("pieces, expected", [
-    ([b"a\r", b"\nb\n"], ["a", "b"]),                       # \r\n split across reads
-    ([b"a\r\n", b"b\r", b"\n"], ["a", "b"]),
-    ([b"50%\r", b"100%\rdone\n"], ["50%", "100%", "done"]),  # progress bars
-    (["é€\n".encode()[:1], "é€\n".encode()[1:4], "é€\n".encode()[4:]], ["é€"]),
-    ([b"x\n", b"no newline at the end"], ["x", "no newline at the end"]),
-    ([b"", b"\n\n"], ["", ""]),                              # empty lines stay empty lines
+@pytest.mark.parametrize("pieces, expected, echoed", [
+    ([b"a\r", b"\nb\n"], ["a", "b"], None),                 # \r\n split across reads
+    ([b"a\r\n", b"b\r", b"\n"], ["a", "b"], None),
+    # progress bars: every state is a line for the SSH readers, the echo shows the last one
+    ([b"50%\r", b"100%\rdone\n"], ["50%", "100%", "done"], ["done"]),
+    ([b" 1/3\r 2/3\r", b" 3/3\r", b"\nnext\n"], [" 1/3", " 2/3", " 3/3", "next"],
+     [" 3/3", "next"]),
+    ([b"10%\r20%\r", b"30%"], ["10%", "20%", "30%"], ["30%"]),   # unfinished at the end
+    (["é€\n".encode()[:1], "é€\n".encode()[1:4], "é€\n".encode()[4:]], ["é€"], None),
+    ([b"x\n", b"no newline at the end"], ["x", "no newline at the end"], None),
+    ([b"", b"\n\n"], ["", ""], None),                        # empty lines stay empty lines
 ])
-def test_lines_split_across_reads(tmp_path, pieces, expected):
-    assert feed_in_pieces(tmp_path, pieces) == expected
+def test_lines_split_across_reads(tmp_path, pieces, expected, echoed):
+    assert feed_in_pieces(tmp_path, pieces) == (expected if echoed is None else echoed)
     got = []
     splitter = LineSplitter(got.append)        # the same cuts as the SSH output readers make
     for piece in pieces:

@@ -4,7 +4,8 @@ Workers write straight to their log files, so a worker that prints a lot never w
 console; this thread follows the files (like ``tail -f``) and writes whole lines to the
 console, one writer, so lines of different ranks are never split or mixed. Lines are cut by
 ``fluidctl.lines.LineSplitter`` (the one splitter: UTF-8 decoded incrementally, ``\\r\\n``,
-``\\n`` and a bare ``\\r`` each end one line, even when split across reads).
+``\\n`` each end one line, even when split across reads); a progress bar redrawn with bare
+``\\r`` is echoed once, in its last state (the log file keeps every state).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ IDLE_WAIT = 0.02
 
 
 class _Source:
-    def __init__(self, path: str, prefix: str, from_end: bool = False):
+    def __init__(self, path: str, prefix: str, from_end: bool = False, cr_mark: str = ""):
         self.path, self.prefix = path, prefix
         self.file: Optional[BinaryIO] = None
         self.offset = 0
@@ -31,7 +32,8 @@ class _Source:
             except OSError:
                 pass
         self._lines: List[str] = []
-        self.splitter = LineSplitter(self._lines.append, max_line=MAX_LINE)
+        self.splitter = LineSplitter(self._lines.append, max_line=MAX_LINE,
+                                     collapse_cr=not cr_mark, cr_mark=cr_mark)
 
     def read_lines(self, final: bool = False) -> Tuple[List[str], bool]:
         """Complete lines available now; ``final`` flushes a last line without newline."""

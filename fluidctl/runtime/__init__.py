@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from fluidctl import envs
+from fluidctl import envs, progress
 
 __all__ = ["init", "finalize", "Context", "CollectiveError", "DistributedOptimizer",
            "DistributeStrategy", "optim", "get_context"]
@@ -58,25 +58,36 @@ class Context:
 
     def allreduce(self, x, op: str = "sum"):
         """In place on a numpy/cupy array; returns x. ops: sum, mean, max, min."""
-        return self._need_comm().allreduce(x, op)
+        out = self._need_comm().allreduce(x, op)
+        progress.bump()
+        return out
 
     def reduce(self, x, root: int = 0, op: str = "sum"):
-        return self._need_comm().reduce(x, root, op)
+        out = self._need_comm().reduce(x, root, op)
+        progress.bump()
+        return out
 
     def broadcast(self, x, root: int = 0):
         """In place: every rank's x becomes root's."""
-        return self._need_comm().broadcast(x, root)
+        out = self._need_comm().broadcast(x, root)
+        progress.bump()
+        return out
 
     def allgather(self, x):
         """A new array of shape (world_size, *x.shape), row r from rank r."""
-        return self._need_comm().allgather(x)
+        out = self._need_comm().allgather(x)
+        progress.bump()
+        return out
 
     def reduce_scatter(self, x, op: str = "sum"):
         """This rank's 1/world_size part (along axis 0) of the reduction of x."""
-        return self._need_comm().reduce_scatter(x, op)
+        out = self._need_comm().reduce_scatter(x, op)
+        progress.bump()
+        return out
 
     def barrier(self) -> None:
         self._need_comm().barrier()
+        progress.bump()
 
     def close(self, wait: bool = True) -> None:
         """Release transports; with ``wait``, first meet the other ranks so that rank 0 does not
@@ -112,6 +123,7 @@ def init(timeout: Optional[float] = None, transport: str = "auto",
     if _ctx is not None:
         return _ctx
     env = envs.read(environ)
+    progress.start(env.rank, environ)     # the launcher's hang watchdog and stack dumps
     ctx = Context(env, float(timeout) if timeout is not None else env.timeout)
     if env.mode != "pserver":
         from fluidctl.runtime.collective import Communicator
