@@ -20,6 +20,7 @@ COMMANDS = {
     "worker": "fluidctl.commands.worker:worker",
     "cluster": "fluidctl.commands.cluster:cluster",
     "job": "fluidctl.commands.job:job",
+    "dump": "fluidctl.commands.dump:dump",
 }
 
 HELP = """Launch distributed training jobs: collective (NCCL2 / gloo) or parameter-server, on this
@@ -32,6 +33,7 @@ Examples:
   fluidctl pserver start --port 7164 --num-gradient-servers 2
   fluidctl shard-data train.txt --trainers 4 -o shards/
   mpirun -np 8 -hostfile hosts fluidctl worker train.py
+  fluidctl dump                  # where is every rank of the running job?
 
 \b
 Shell completion (bash; use zsh_source / fish_source for those shells):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 import time
 from functools import lru_cache
+from typing import List, Optional
 
 from fluidctl.failures import Failure, log_tail
 
@@ -35,18 +36,31 @@ def plan_table(the_plan) -> "Table":
     return table
 
 
-def print_failure(failure: Failure, tail_lines: int) -> None:
+def print_failure(failure: Failure, tail_lines: int, report: Optional[str] = None) -> None:
+    """The failure report: who failed first, where, when, why (triage), the end of its log,
+    and every other process's final state in one line each."""
     err = console(stderr=True)
     when = time.strftime("%H:%M:%S", time.localtime(failure.when))
     pid = f"pid {failure.pid}, " if failure.pid else ""
+    since = (f", {failure.when - failure.started:.1f}s after start" if failure.started
+             else "")
     err.print(f"[bold red]fluidctl: {failure.label} failed on {failure.host}: "
-              f"{failure.reason}[/] ({pid}at {when})", markup=True)
-    err.print(f"  log: {failure.log}", markup=False)
-    tail = log_tail(failure.log, tail_lines)
+              f"{failure.reason}[/] ({pid}at {when}{since})", markup=True)
+    if failure.explanation:
+        err.print(f"  why: {failure.explanation}", markup=False)
+    if failure.log:
+        err.print(f"  log: {failure.log}", markup=False)
+    tail = log_tail(failure.log, tail_lines) if failure.log else failure.tail[-tail_lines:]
     if tail:
         err.print(f"  last {len(tail)} line(s) of its log:", markup=False)
         for line in tail:
             err.print(f"  | {line}", markup=False)
+    if failure.others:
+        err.print("  the other processes:", markup=False)
+        for other in failure.others:
+            err.print(f"    {other['label']} on {other['host']}: {other['state']}", markup=False)
+    if report:
+        err.print(f"  report for tools: {report}", markup=False)
     full = _disk_full(failure.log)
     if full:
         err.print(f"  hint: the disk holding its log is full ({full}): its last output may be "
@@ -63,3 +77,13 @@ def _disk_full(path: str) -> str:
         return ""
     free = st.f_bavail * st.f_frsize
     return f"{free} bytes free" if free < 64 * 1024 else ""
+
+
+def print_hang(lines: List[str], where) -> None:
+    """The hang autopsy: why, then one line per group of ranks with the same stack."""
+    err = console(stderr=True)
+    err.print(f"[bold red]{lines[0]}[/]", markup=True)
+    for line in lines[1:]:
+        err.print(f"  {line}", markup=False)
+    if where is not None:
+        err.print(f"  every rank's full stack: {where}/", markup=False)

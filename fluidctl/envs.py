@@ -80,6 +80,7 @@ GPUS = "FLUIDCTL_GPUS"                  # "all" or a --gpus value: ranks started
 VENV = "FLUIDCTL_VENV"                  # the nodes' environment (cluster setup, train, check)
 DIAG_DIR = "FLUIDCTL_DIAG_DIR"          # the node's progress counters / stack files (progress.py)
 HANG_TIMEOUT = "FLUIDCTL_HANG_TIMEOUT"  # default of fluidctl train --hang-timeout
+PYSPY = "FLUIDCTL_PYSPY"                # py-spy to use for stack dumps; empty: never py-spy
 SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process_vm_readv)
 WORKER_ECHO = "FLUIDCTL_WORKER_ECHO"    # "0": fluidctl worker writes its log only, not stdout
 HANDSHAKE_TIMEOUT = "FLUIDCTL_HANDSHAKE_TIMEOUT"  # seconds a new peer has to authenticate (10)

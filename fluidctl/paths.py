@@ -149,7 +149,7 @@ class DiagDir:
     def create(cls) -> "DiagDir":
         import tempfile
         base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        return cls(Path(tempfile.mkdtemp(prefix="fluidctl-diag-", dir=base)))
+        return cls(Path(tempfile.mkdtemp(prefix="fluidctl_diag.", dir=base)))
 
     def remove(self) -> None:
         import shutil

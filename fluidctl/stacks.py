@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from fluidctl.envs import PYSPY
 from fluidctl.progress import DUMP_SIGNAL
 
 PYSPY_TIMEOUT = 20.0
@@ -58,7 +59,10 @@ class Thread:
 # --- taking stacks ---------------------------------------------------------------------------
 
 def pyspy_path() -> Optional[str]:
-    """py-spy next to this Python (a venv's bin), else on PATH."""
+    """$FLUIDCTL_PYSPY (empty: none), else py-spy next to this Python (a venv's bin), else on
+    PATH."""
+    if PYSPY in os.environ:
+        return os.environ[PYSPY] or None
     beside = Path(sys.executable).parent / "py-spy"
     if beside.exists():
         return str(beside)
@@ -201,7 +205,7 @@ def describe(frames: Sequence[Frame]) -> str:
     for i, frame in enumerate(frames):
         if _is_user(frame):
             if i > 0:           # the library call it made, e.g. Context.allreduce
-                return f"wait in {frames[i - 1].func} at {frame.where}"
+                return f"wait in {frames[i - 1].func.rsplit('.', 1)[-1]} at {frame.where}"
             return f"in {frame.func} at {frame.where}"
     return f"in {frames[0].func} at {frames[0].where}"
 
@@ -242,8 +246,12 @@ def summary(stacks: Dict[int, Optional[List[Frame]]], why: Dict[int, str] = None
             for rank in ranks:
                 lines.append(f"{rank_list([rank])}: no stack ({(why or {}).get(rank, 'unknown')})")
             continue
-        verb = "" if describe(frames).startswith("wait") else "are " if len(ranks) > 1 else "is "
-        lines.append(f"{rank_list(ranks)} {verb}{describe(frames)}")
+        text = describe(frames)
+        if text.startswith("wait "):
+            text = text if len(ranks) > 1 else "waits " + text[len("wait "):]
+        else:
+            text = ("are " if len(ranks) > 1 else "is ") + text
+        lines.append(f"{rank_list(ranks)} {text}")
     return lines
 
 

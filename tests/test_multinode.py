@@ -27,10 +27,12 @@ def test_two_node_collective_job(tmp_path, sshd_nodes, hosts, backend):
     res = fluidctl("train", "--hostfile", hosts, "--backend", backend, *ssh(sshd_nodes),
                    "--tee", "all", HELLO, cwd=tmp_path, timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr
-    seen = re.findall(r"\[trainer (\d)\] rank (\d)/4 local (\d)/2 .*endpoint ([\d.]+):\d+, "
+    seen = re.findall(r"\[(node\d):(\d)\] rank (\d)/4 local (\d)/2 .*endpoint ([\d.]+):\d+, "
                       r"master 127\.0\.0\.2:\d+", res.stdout)
-    assert sorted(seen) == [("0", "0", "0", "127.0.0.2"), ("1", "1", "1", "127.0.0.2"),
-                            ("2", "2", "0", "127.0.0.3"), ("3", "3", "1", "127.0.0.3")]
+    assert sorted(seen) == [("node1", "0", "0", "0", "127.0.0.2"),
+                            ("node1", "1", "1", "1", "127.0.0.2"),
+                            ("node2", "2", "2", "0", "127.0.0.3"),
+                            ("node2", "3", "3", "1", "127.0.0.3")]   # [node:rank] prefixes
     logs = tmp_path / "mylog"
     for host, ranks in (("node1", (0, 1)), ("node2", (2, 3))):
         for r in ranks:

@@ -64,10 +64,9 @@ def test_pyspy_and_faulthandler_stacks_grouped(tmp_path, diag):
                  for r, (p, _) in procs.items()}
     finally:
         stop(*(p for p, _ in procs.values()))
-    # py-spy names functions by qualified name, faulthandler by name
-    for found, wait in ((by_spy, "Event.wait"), (by_fh, "wait")):
+    for found in (by_spy, by_fh):
         lines = stacks.summary(found)
-        assert lines == [f"ranks 0,2 wait in {wait} at train.py:6",
+        assert lines == ["ranks 0,2 wait in wait at train.py:6",
                          "rank 1 is in load at train.py:9"], lines
         groups = stacks.group_ranks(found)
         assert [g[0] for g in groups] == [[0, 2], [1]]

@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 from fluidctl import __version__
 from fluidctl.backends.base import BaseLauncher
+from fluidctl.diagnose import Diagnostics, StackDump, local_activity
 from fluidctl.errors import UsageError
 from fluidctl.failures import Failure
 from fluidctl.planning import plan as planning
@@ -35,7 +36,12 @@ MARK = "@@fluidctl "          # every agent line starts with it; the rest is "<t
 PROBE_TAG = "probe"
 FAILURE_TAG = "failure"
 SAY_TAG = "say"
-BEAT_TAG = "beat"
+BEAT_TAG = "beat"           # "beat|<collectives completed by this node's ranks>"
+DOCTOR_TAG = "doctor"       # the answer to a {"doctor": ...} line: this node's problems
+STACKS_TAG = "stacks"       # the answer to a "dump" line on stdin: this node's ranks' stacks
+ENDS_TAG = "ends"           # the last record: every process's final state on this node
+DUMP_COMMAND = "dump"       # a line the launcher writes to the agent's stdin
+CR_MARK = "\x1f"            # a streamed line that ended with a lone \r (a progress bar)
 AGENT_MODULE = "fluidctl.launch.agent"
 
 
@@ -89,6 +95,12 @@ class RemoteAgent:
         self._record: Optional[dict] = None
         self._tail = deque(maxlen=20)
         self._lost = ""
+        self.progress = 0                       # collectives completed on the node (beats)
+        self.ends: Optional[List[dict]] = None  # the node's processes' final states
+        self._stacks: Optional[dict] = None
+        self._stacks_came = threading.Event()
+        self._doctor: Optional[list] = None
+        self._doctor_came = threading.Event()
         # our own channel, so stdin stays open: the plan goes there, and its closing tells the
         # agent that the launcher is gone
         self.channel = node.client.get_transport().open_session(timeout=node.timeout)
@@ -147,6 +159,28 @@ class RemoteAgent:
         self.log = next((p.log for p in procs if p.role == "trainer"), procs[0].log)
         self.channel.sendall((json.dumps(spec) + "\n").encode())
 
+    def doctor(self, request: dict, timeout: float) -> Optional[List[str]]:
+        """The node's rendezvous problems (backends/doctor.py), None without an answer."""
+        self._doctor, self._doctor_came = None, threading.Event()
+        try:
+            self.channel.sendall((json.dumps({"doctor": request}) + "\n").encode())
+        except (OSError, EOFError):
+            return None
+        self._doctor_came.wait(timeout)
+        return self._doctor
+
+    def ask_stacks(self) -> None:
+        """Ask the agent for its ranks' stacks (answered by a ``stacks`` record)."""
+        self._stacks, self._stacks_came = None, threading.Event()
+        try:
+            self.channel.sendall((DUMP_COMMAND + "\n").encode())
+        except (OSError, EOFError):
+            self._stacks_came.set()
+
+    def stacks(self, timeout: float) -> Optional[dict]:
+        self._stacks_came.wait(timeout)
+        return self._stacks
+
     def abandon(self) -> None:
         """Tell an agent that nothing will run (EOF on its stdin) and let go of it."""
         try:
@@ -167,7 +201,8 @@ class RemoteAgent:
                 f = self._files.get(tag)
                 if f is None:
                     f = self._files[tag] = open(self.copies[tag], "a", encoding="utf-8")
-                f.write(text + "\n")
+                # a progress bar's state ended with a lone \r on the node: keep it so
+                f.write(text[:-len(CR_MARK)] + "\r" if text.endswith(CR_MARK) else text + "\n")
                 f.flush()
         elif tag == PROBE_TAG:
             self.probe = json.loads(text)
@@ -176,7 +211,17 @@ class RemoteAgent:
             self._record = json.loads(text)
         elif tag == SAY_TAG:
             self.launch_log(f"[{self.host}] {text}")
-        elif tag != BEAT_TAG:
+        elif tag == BEAT_TAG:
+            self.progress = int(text) if text.isdigit() else self.progress
+        elif tag == STACKS_TAG:
+            self._stacks = json.loads(text)
+            self._stacks_came.set()
+        elif tag == ENDS_TAG:
+            self.ends = json.loads(text)
+        elif tag == DOCTOR_TAG:
+            self._doctor = json.loads(text)
+            self._doctor_came.set()
+        else:
             self.launch_log(f"[{self.host}] unknown agent line: {line}")
 
     # --- the Handle protocol ---------------------------------------------------------------
@@ -204,7 +249,9 @@ class RemoteAgent:
             r = self._record
             return Failure(r["label"], self.host, r["returncode"],
                            self.copies.get(r["label"], self.log), r.get("pid"),
-                           r.get("when") or time.time(), r.get("detail", ""))
+                           r.get("when") or time.time(), r.get("detail", ""),
+                           explanation=r.get("explanation", ""), kind=r.get("kind", ""),
+                           started=r.get("started"))
         code = 255 if self._lost else self.poll()
         detail = (f"SSH connection lost ({self._lost})" if self._lost else
                   "node agent failed: " + (" | ".join(list(self._tail)[-3:]) or f"exit {code}"))
@@ -314,6 +361,7 @@ class SSHLauncher(BaseLauncher):
         nodes = [planning.remote_node(h.name, self.connected[h.name].peer_address or h.address,
                                       n, config.nproc, config.gpus, agent.probe["gpu_ids"], k)
                  for h, n, agent, k in zip(resolved, slots, self.agents, on_pservers)]
+        config = self._socket_ifnames(config, nodes)
         job = config.job(nodes, planning.relative_script(config.script, os.getcwd()),
                          multi_node_logs=True)
         ports = {i: planning.node_ports(job.ports_needed(i), config.started_port,
@@ -327,7 +375,45 @@ class SSHLauncher(BaseLauncher):
             from fluidctl.backends.provision import use_node_interpreters
             the_plan = use_node_interpreters(the_plan, [a.probe.get("executable")
                                                         for a in self.agents])
+        self._rendezvous_doctor(the_plan)
         return the_plan
+
+    def _socket_ifnames(self, config, nodes):
+        """The config with NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME set to the interface every
+        node is reached on, unless the user set either (backends/doctor.py)."""
+        from types import MappingProxyType
+        from fluidctl.backends import doctor
+        if any(name in config.user_env for name in doctor.IFNAME_VARS):
+            return config
+        ifname = doctor.socket_ifnames([n.address for n in nodes],
+                                       [a.probe for a in self.agents])
+        if not ifname:
+            self.log("network interfaces differ or are unknown: NCCL/GLOO_SOCKET_IFNAME not set")
+            return config
+        self.log(f"NCCL_SOCKET_IFNAME=GLOO_SOCKET_IFNAME={ifname}: the interface(s) the nodes "
+                 "are reached on")
+        env = {**config.user_env, **{name: ifname for name in doctor.IFNAME_VARS}}
+        return replace(config, user_env=MappingProxyType(env))
+
+    def _rendezvous_doctor(self, the_plan: Plan) -> None:
+        """Ports free on every node, the master reachable from every node, MASTER_ADDR on
+        node 0: one line per problem, and nothing starts."""
+        import click
+        from fluidctl.backends import doctor
+        problems = doctor.examine(the_plan, self.hosts, self.agents, self.config.ssh_timeout)
+        if problems:
+            for line in problems:
+                click.echo(f"error: {line}", err=True)
+            raise UsageError(f"the rendezvous check found {len(problems)} problem(s)",
+                             "fix the lines above; nothing was started")
+
+    def diagnostics(self, config):
+        """Ranks run under the node agents: their stacks come from a "dump" line to each
+        agent, their progress from the agents' heartbeats."""
+        self._diagnostics = AgentDiagnostics(self, hang_timeout=config.hang_timeout,
+                                             log_root=config.layout.root,
+                                             tail_lines=config.log_tail)
+        return self._diagnostics
 
     @property
     def remote_dir(self) -> str:
@@ -354,6 +440,7 @@ class SSHLauncher(BaseLauncher):
                                        grace=config.grace_period, label=self.hosts[i].name),
                             procs)
             handles.append(agent)
+        self.running = handles
         return handles
 
     def close(self) -> None:
@@ -362,6 +449,52 @@ class SSHLauncher(BaseLauncher):
         for node in self.connected.values():
             node.close()
         self.agents, self.connected = [], {}
+
+
+STACKS_TIMEOUT = 60.0       # how long the launcher waits for a node's stacks
+
+
+class AgentDiagnostics(Diagnostics):
+    """Diagnostics of ranks that run under node agents (``launcher.running``)."""
+
+    def __init__(self, launcher: "SSHLauncher", **kw):
+        super().__init__(**kw)
+        self.launcher = launcher
+
+    def agents(self) -> List[RemoteAgent]:
+        return list(getattr(self.launcher, "running", []))
+
+    def stacks(self, handles) -> StackDump:
+        dump = StackDump()
+        agents = [h for h in handles if h.poll() is None]
+        for agent in agents:
+            agent.ask_stacks()
+        for agent in agents:
+            record = agent.stacks(STACKS_TIMEOUT)
+            if record is None:
+                dump.notes.append(f"node {agent.host}: no stacks within "
+                                  f"{STACKS_TIMEOUT:g}s")
+                continue
+            dump.merge(StackDump.from_json(record))
+        return dump
+
+    def hosts(self, handles) -> Dict[int, str]:
+        return {int(tag.split()[1]): agent.host for agent in handles
+                for tag in agent.copies if tag.startswith("trainer ")}
+
+    def activity(self, logs):
+        sizes = local_activity(logs, self.diag)
+        return lambda: (sizes(), tuple(a.progress for a in self.agents()))
+
+    def ends(self, result) -> List[dict]:
+        by_node = {e["label"]: e for e in result.ends}
+        out = []
+        for agent in self.agents():
+            if agent.ends:
+                out += [dict(e, host=agent.host) for e in agent.ends]
+            elif agent.label in by_node:
+                out.append(by_node[agent.label])
+        return out
 
 
 class FabricLauncher(SSHLauncher):

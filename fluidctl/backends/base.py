@@ -18,11 +18,12 @@ leftover processes and the one failure report.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, List, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from fluidctl.failures import Failure
 
 if TYPE_CHECKING:
+    from fluidctl.diagnose import Diagnostics
     from fluidctl.planning.config import LaunchConfig
     from fluidctl.planning.plan import Plan
 
@@ -77,8 +78,13 @@ class Launcher(Protocol):
         """The log files of one attempt: emptied when the job starts, a header before each
         restart."""
 
-    def echo_sources(self, plan: "Plan", tee: str) -> List[Tuple[str, str]]:
-        """[(log path, line prefix)] that the console echo follows for --tee rank0|all|none."""
+    def echo_sources(self, plan: "Plan", tee: str, ranks: Optional[Sequence[int]] = None
+                     ) -> List[Tuple[str, str]]:
+        """[(log path, line prefix)] that the console echo follows for --tee rank0|all|none,
+        or for the trainers ``ranks`` (--tee-ranks)."""
+
+    def diagnostics(self, config: "LaunchConfig") -> "Diagnostics":
+        """The job's diagnostics (stacks, progress, triage) as this backend gets them."""
 
     def close(self) -> None:
         """Release whatever prepare or start still holds (idempotent)."""
@@ -101,13 +107,39 @@ class BaseLauncher:
     def logs(self, plan: "Plan") -> List[str]:
         return [p.log for p in plan.procs]
 
-    def echo_sources(self, plan: "Plan", tee: str) -> List[Tuple[str, str]]:
+    def echo_sources(self, plan: "Plan", tee: str, ranks: Optional[Sequence[int]] = None
+                     ) -> List[Tuple[str, str]]:
+        """Rank 0's log, all (prefixed), none, or the trainers of ``ranks`` (--tee-ranks,
+        prefixed). Prefixes: '[trainer 3] ' on one machine, '[node:3] ' on many."""
         from fluidctl.planning.plan import PSERVER
+        multi = len(plan.job.nodes) > 1 or plan.job.multi_node_logs
+
+        def prefix(p) -> str:
+            if not multi:
+                return f"[{p.role} {p.rank}] "
+            node = plan.job.nodes[p.node].label
+            return f"[{node}:{p.rank}] " if p.role != PSERVER else f"[{node}:pserver {p.rank}] "
+        if ranks is not None:
+            return [(p.log, prefix(p)) for p in plan.procs if p.role != PSERVER and p.rank in ranks]
         if tee == "none":
             return []
         if tee == "rank0":
             return [(p.log, "") for p in plan.procs if p.role != PSERVER and p.rank == 0]
-        return [(p.log, f"[{p.role} {p.rank}] ") for p in plan.procs]
+        return [(p.log, prefix(p)) for p in plan.procs]
+
+    def diagnostics(self, config: "LaunchConfig") -> "Diagnostics":
+        """The job's diagnostics (fluidctl/diagnose.py): failure triage, --hang-timeout,
+        fluidctl dump, failure.json. Kept, so ``start`` can hand ranks its ``env()``."""
+        from fluidctl.diagnose import Diagnostics
+        self._diagnostics = Diagnostics(hang_timeout=config.hang_timeout,
+                                        log_root=config.layout.root,
+                                        tail_lines=config.log_tail)
+        return self._diagnostics
+
+    def diag_env(self) -> Dict[str, str]:
+        """What the ranks this launcher starts itself need to report to the diagnostics."""
+        d = getattr(self, "_diagnostics", None)
+        return d.env() if d is not None else {}
 
     def describe(self, plan: "Plan") -> str:
         """Text --dry-run prints after the plan (e.g. the batch script Slurm would get)."""

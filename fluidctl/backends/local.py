@@ -62,6 +62,7 @@ class LocalProcess:
                  host: str = "127.0.0.1", cwd: Optional[str] = None, service: bool = False,
                  pass_fds: Sequence[int] = ()):
         self.label, self.host, self.log, self.service = label, host, log, service
+        self.rank: Optional[int] = None      # a trainer's global rank (for stack dumps)
         with open(log, "ab", buffering=0) as out:
             # the child dies with this launcher (a pserver gets SIGTERM: it checkpoints)
             self.popen = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
@@ -114,12 +115,14 @@ READY_TIMEOUT = 60.0          # how long trainers wait for their pservers to lis
 
 
 def start_procs(procs: Sequence["ProcSpec"], attempt: int,
-                logs: Optional[Sequence[str]] = None) -> List[LocalProcess]:
+                logs: Optional[Sequence[str]] = None,
+                extra_env: Optional[Mapping[str, str]] = None) -> List[LocalProcess]:
     """Start ``procs`` on this machine (attempt ``attempt``), each writing to its log (or to
     ``logs[i]``): pservers first, and trainers only once every pserver listens (each reports on
     a pipe, ``--ready-fd``), so no trainer meets a refused connection; a pserver that dies or
     takes longer than READY_TIMEOUT is left to the supervisor. If one cannot start, those
-    already started are stopped and the error raised."""
+    already started are stopped and the error raised.
+    ``extra_env`` (the node's diagnostics directory) is added beside the contract."""
     from fluidctl.planning.plan import PSERVER, with_restart
     handles: List[Optional[LocalProcess]] = [None] * len(procs)
     waiting = {}                              # read end -> handle
@@ -135,14 +138,14 @@ def start_procs(procs: Sequence["ProcSpec"], attempt: int,
                 read_fd, write_fd = os.pipe()
                 argv += ["--ready-fd", str(write_fd)]
                 fds = (write_fd,)
+            env = {**with_restart(proc.env, attempt), **(extra_env or {})}
             try:
-                handles[i] = LocalProcess(proc.label, argv,
-                                          full_env(with_restart(proc.env, attempt)), log,
-                                          proc.host, service=proc.role == PSERVER,
-                                          pass_fds=fds)
+                handles[i] = LocalProcess(proc.label, argv, full_env(env), log, proc.host,
+                                          service=proc.role == PSERVER, pass_fds=fds)
             finally:
                 for fd in fds:
                     os.close(fd)
+            handles[i].rank = proc.rank if proc.role != PSERVER else None   # whose stack
             if fds:
                 waiting[read_fd] = handles[i]
     except BaseException:
@@ -202,7 +205,7 @@ class LocalLauncher(BaseLauncher):
         return planning.plan(job, {0: self._reservation.ports}, backend=self.name)
 
     def start(self, plan: "Plan", attempt: int) -> List[LocalProcess]:
-        handles = start_procs(plan.procs, attempt)
+        handles = start_procs(plan.procs, attempt, extra_env=self.diag_env())
         self.close()                        # the processes hold their ports now
         return handles
 

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from fluidctl import backends
+from fluidctl import backends, envs
 from fluidctl.commands.slurm_options import collect as collect_slurm, slurm_options
 from fluidctl.errors import UsageError
 from fluidctl.paths import DEFAULT_LOG_DIR
@@ -116,6 +116,15 @@ def _non_negative(name: str):
 @click.option("--tee", type=click.Choice(TEE_CHOICES), default="rank0", show_default=True,
               help="Echo rank 0's output (rank0), every rank's with a [trainer N] prefix (all), "
                    "or none.")
+@click.option("--tee-ranks", metavar="RANKS", default=None,
+              help="Echo only these global trainer ranks, prefixed, e.g. --tee-ranks 0,3 "
+                   "(instead of --tee).")
+@click.option("--hang-timeout", type=float, default=None, envvar=envs.HANG_TIMEOUT,
+              show_envvar=True,
+              help="Seconds without any log output and any completed collective after which "
+                   "the job counts as hung: every rank's Python stack is dumped to "
+                   "LOG_DIR/hang-<time>/, ranks grouped by stack are printed, and the job "
+                   "stops with exit code 124, e.g. --hang-timeout 600. Default: off.")
 @click.option("--log-tail", type=int, default=20, show_default=True,
               callback=_non_negative("--log-tail"),
               help="Lines of the failing rank's log shown in the failure report.")
@@ -130,8 +139,8 @@ def train(nproc, gpus, mode, pservers, pserver_endpoints, token_file, sync, chec
           checkpoint_every,
           hostfile, hosts_arg, backend, ssh_config, accept_new_host_keys, remote_dir, python,
           venv, exports, pserver_hosts, ssh_timeout, started_port, log_dir, env_pairs, env_file,
-          grace_period, max_restarts, tee, log_tail, dry_run, as_json, show_secrets, script,
-          script_args, **slurm_kw):
+          grace_period, max_restarts, tee, tee_ranks, hang_timeout, log_tail, dry_run, as_json,
+          show_secrets, script, script_args, **slurm_kw):
     """Run SCRIPT as a distributed training job.
 
     SCRIPT ending in .py runs with fluidctl's own Python (-u); anything else is executed.
@@ -152,6 +161,6 @@ def train(nproc, gpus, mode, pservers, pserver_endpoints, token_file, sync, chec
         sync=sync, python=python, venv=venv, remote_dir=remote_dir, ssh_config=ssh_config,
         accept_new_host_keys=accept_new_host_keys, ssh_timeout=ssh_timeout,
         started_port=started_port, max_restarts=max_restarts, tee=tee, log_tail=log_tail,
-        slurm=slurm)
+        slurm=slurm, tee_ranks=tee_ranks, hang_timeout=hang_timeout)
     from fluidctl.launch.execute import launch
     sys.exit(launch(config, dry_run=dry_run, as_json=as_json, show_secrets=show_secrets))

@@ -23,7 +23,8 @@ import threading
 from pathlib import Path
 
 from fluidctl import __version__
-from fluidctl.backends.agent import BEAT_TAG, FAILURE_TAG, MARK, PROBE_TAG, tag_for
+from fluidctl.backends.agent import (BEAT_TAG, CR_MARK, DOCTOR_TAG, DUMP_COMMAND, ENDS_TAG,
+                                    FAILURE_TAG, MARK, PROBE_TAG, STACKS_TAG, tag_for)
 from fluidctl.errors import UsageError
 
 
@@ -36,17 +37,27 @@ def probe(ports: int) -> dict:
     """What the launcher needs to know about this node before it plans."""
     from fluidctl.planning import devices
     from fluidctl.net import free_ports
+    from fluidctl.backends import doctor
     free = free_ports(ports, "")
     gpus = devices.discover_gpus(os.environ)       # ids as this node's CUDA_VISIBLE_DEVICES
     return {"python": sys.version.split()[0], "fluidctl": __version__,
             "executable": sys.executable,
             "disk_free": shutil.disk_usage(".").free, "cwd": os.getcwd(),
-            "gpus": len(gpus), "gpu_ids": gpus, "ports": free}
+            "gpus": len(gpus), "gpu_ids": gpus, "ports": free,
+            "ifaces": doctor.interfaces()}
 
 
-def _stop_when_stdin_closes(launch_log) -> None:
-    for _ in iter(sys.stdin.readline, ""):
-        pass
+def _serve_stdin(launch_log, diagnostics=None) -> None:
+    """Answer the launcher's "dump" lines; stop the node's processes when stdin closes."""
+    for line in iter(sys.stdin.readline, ""):
+        if line.strip() == DUMP_COMMAND and diagnostics is not None:
+            launch_log("stacks requested by the launcher")
+            try:
+                dump = diagnostics.stacks(diagnostics.current)
+                emit(STACKS_TAG, json.dumps(dump.to_json()))
+            except Exception as exc:        # the launcher must get an answer
+                emit(STACKS_TAG, json.dumps({"texts": {}, "why": {}, "method": {},
+                                             "notes": [f"node agent: {exc}"]}))
     launch_log("stdin closed: the launcher is gone; stopping this node's processes")
     os.kill(os.getpid(), signal.SIGTERM)
 
@@ -65,19 +76,30 @@ def node_agent(ports: int) -> None:
     """Run this node's share of a job (started by fluidctl over SSH)."""
     from fluidctl.backends.local import start_procs
     from fluidctl.launch import run
+    from fluidctl.diagnose import Diagnostics
     from fluidctl.planning.plan import ProcSpec
     from fluidctl.launch.supervisor import LaunchLog, RunOptions
     from fluidctl.paths import LogLayout
 
     emit(PROBE_TAG, json.dumps(probe(ports)))
-    line = sys.stdin.readline()
-    if not line.strip():                  # the launcher decided not to run (dry run, bad node)
-        sys.exit(0)
-    try:
-        spec = json.loads(line)
-    except ValueError as exc:
-        raise UsageError(f"unreadable node plan: {exc}",
-                         "the node agent is started by fluidctl train; do not run it by hand")
+    held = None                           # node 0: the master port, listening until the plan
+    while True:
+        line = sys.stdin.readline()
+        if not line.strip():              # the launcher decided not to run (dry run, bad node)
+            sys.exit(0)
+        try:
+            spec = json.loads(line)
+        except ValueError as exc:
+            raise UsageError(f"unreadable node plan: {exc}",
+                             "the node agent is started by fluidctl train; do not run it by "
+                             "hand")
+        if "doctor" not in spec:
+            break
+        from fluidctl.backends import doctor
+        problems, held = doctor.node_checks(spec["doctor"])
+        emit(DOCTOR_TAG, json.dumps(problems))
+    if held is not None:
+        held.close()
     procs = [ProcSpec(**p) for p in spec["procs"]]
     layout = LogLayout(Path(spec["log_dir"]))
     layout.create()
@@ -88,23 +110,34 @@ def node_agent(ports: int) -> None:
                + ", ".join(p.label for p in procs))
     if attempt:
         run.append_header(logs, attempt, int(spec.get("max_restarts", attempt)))
-    threading.Thread(target=_stop_when_stdin_closes, args=(launch_log,), daemon=True).start()
+    diagnostics = Diagnostics()             # this node's ranks: triage, stacks, progress
+    threading.Thread(target=_serve_stdin, args=(launch_log, diagnostics), daemon=True).start()
+
+    def start(_attempt):
+        diagnostics.current = start_procs(procs, attempt, logs, extra_env=diagnostics.env())
+        return diagnostics.current
 
     def report(failure):
         emit(FAILURE_TAG, json.dumps({
             "label": failure.label, "host": failure.host, "returncode": failure.returncode,
-            "pid": failure.pid, "when": failure.when, "detail": failure.detail}))
+            "pid": failure.pid, "when": failure.when, "detail": failure.detail,
+            "explanation": failure.explanation, "kind": failure.kind,
+            "started": failure.started}))
 
     def lost():
         launch_log("stdout broke: the launcher is gone; stopping this node's processes")
         os.kill(os.getpid(), signal.SIGTERM)
 
     result = run.run_supervised(
-        lambda _attempt: start_procs(procs, attempt, logs),
-        logs=logs, fresh=not attempt, launch_log=launch_log,
+        start, logs=logs, fresh=not attempt, launch_log=launch_log,
         options=RunOptions(float(spec.get("grace", 5.0)), 0),
         sources=[(log, f"{MARK}{tag_for(p.role, p.rank)}|") for p, log in zip(procs, logs)],
-        report=report, on_broken=lost, heartbeat=f"{MARK}{BEAT_TAG}|")
+        report=report, on_broken=lost, cr_mark=CR_MARK, diagnostics=diagnostics,
+        heartbeat=lambda: f"{MARK}{BEAT_TAG}|{diagnostics.progress()}")
+    try:
+        emit(ENDS_TAG, json.dumps(result.ends))
+    except (BrokenPipeError, ValueError):   # the launcher is gone
+        pass
     launch_log.close()
     sys.exit(result.exit_code)
 

@@ -69,10 +69,13 @@ class LogEcho(threading.Thread):
     """Follow ``sources`` ([(log path, line prefix)]) and copy their lines to ``out``."""
 
     def __init__(self, sources: List[Tuple[str, str]], out=None,
-                 on_broken: Optional[Callable[[], None]] = None, from_end: bool = False):
+                 on_broken: Optional[Callable[[], None]] = None, from_end: bool = False,
+                 cr_mark: str = ""):
+        """``cr_mark``: pass progress-bar states on, marked (a node agent), instead of
+        collapsing them."""
         super().__init__(name="fluidctl-echo", daemon=True)
         self.on_broken = on_broken      # called once when the console (a pipe) goes away
-        self.sources = [_Source(path, prefix, from_end) for path, prefix in sources]
+        self.sources = [_Source(path, prefix, from_end, cr_mark) for path, prefix in sources]
         self.out = out or sys.stdout or _Null()   # stdout closed (>&-): Python made it None
         self.lock = threading.Lock()
         self._done = threading.Event()

@@ -31,6 +31,7 @@ def launch(config: "LaunchConfig", launcher_name: Optional[str] = None, *,
     launcher = backends.launcher(launcher_name or config.backend, launch_log)
     try:
         plan = launcher.prepare(config)
+        config.check_tee_ranks(len(plan.trainers))
         if dry_run:
             print_plan(plan, as_json, show_secrets)
             if not as_json and getattr(launcher, "describe", None):
@@ -74,8 +75,9 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
     return run.run_supervised(
         lambda attempt: launcher.start(plan, attempt), logs=logs,
         launch_log=launch_log, options=RunOptions(config.grace_period, config.max_restarts),
-        sources=launcher.echo_sources(plan, config.tee),
-        report=run.failure_reporter(config.log_tail))
+        sources=launcher.echo_sources(plan, config.tee, config.tee_ranks),
+        report=run.failure_reporter(config.log_tail, layout.failure_json),
+        diagnostics=launcher.diagnostics(config), on_hang=run.hang_reporter)
 
 
 def _lock_log_dir(layout) -> int:

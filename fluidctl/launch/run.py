@@ -7,10 +7,11 @@ echo, the supervisor, the sweep of leftover descendants, and the one failure rep
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from fluidctl import lifeline
 from fluidctl.backends import local
@@ -20,15 +21,26 @@ from fluidctl.planning.plan import Plan
 from fluidctl.launch.supervisor import LaunchLog, RunOptions, RunResult, Supervisor
 from fluidctl.paths import LogLayout
 
+if TYPE_CHECKING:
+    from fluidctl.diagnose import Diagnostics
+
 HEARTBEAT = 2.0
+DUMP_REQUEST = signal.SIGUSR1       # `fluidctl dump` asks the running launcher for stacks
 
 
-def failure_reporter(tail_lines: int) -> Callable:
-    """The failure report printer; rich is imported only when a job actually failed."""
+def failure_reporter(tail_lines: int, json_path: Optional[Path] = None) -> Callable:
+    """The failure report printer; rich is imported only when a job actually failed.
+    ``json_path``: where failure.json is written (named in the report)."""
     def report(failure) -> None:
         from fluidctl.console import print_failure
-        print_failure(failure, tail_lines)
+        print_failure(failure, tail_lines, str(json_path) if json_path else None)
     return report
+
+
+def hang_reporter(lines: List[str], where: Optional[Path]) -> None:
+    """Prints the hang autopsy (--hang-timeout) when it is taken."""
+    from fluidctl.console import print_hang
+    print_hang(lines, where)
 
 
 def restart_header(attempt: int, max_restarts: int) -> str:
@@ -62,24 +74,30 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
                    sources: List[Tuple[str, str]], out=None,
                    report: Optional[Callable] = None,
                    on_broken: Optional[Callable[[], None]] = None,
-                   heartbeat: Optional[str] = None, fresh: bool = True) -> RunResult:
+                   heartbeat: Optional[Callable[[], str]] = None, fresh: bool = True,
+                   cr_mark: str = "",
+                   diagnostics: Optional["Diagnostics"] = None,
+                   on_hang: Optional[Callable[[List[str], Optional[Path]], None]] = None
+                   ) -> RunResult:
     """Supervise attempts made by ``start`` with the console echo running; ``logs`` are
     truncated first and get a header before each restart; ``report(failure)`` prints the
     failure; with ``fresh`` False (a node agent's restart) the logs are kept and only what is
-    written from now on is echoed. ``heartbeat`` (a line) is written every HEARTBEAT seconds so that a console which
+    written from now on is echoed. ``heartbeat()`` (a line) is written every HEARTBEAT seconds so that a console which
     went away (a dropped SSH connection) is noticed even when the workers are silent;
-    ``on_broken`` is then called."""
+    ``on_broken`` is then called. ``diagnostics`` (fluidctl/diagnose.py): failure triage, the
+    ``--hang-timeout`` watchdog (``on_hang(summary lines, dump dir)`` prints what it found),
+    ``fluidctl dump`` requests (SIGUSR1), failure.json and job.json in its ``log_root``."""
     if fresh:
         fresh_logs(logs)
     local.become_subreaper()
     lifeline.start_watchdog()           # kills the job's process groups if we are SIGKILLed
-    echo = LogEcho(sources, out, on_broken, from_end=not fresh)
+    echo = LogEcho(sources, out, on_broken, from_end=not fresh, cr_mark=cr_mark)
     echo.start()
     beating = threading.Event()
     if heartbeat:
         def beat():
             while not beating.wait(HEARTBEAT):
-                echo.say(heartbeat)
+                echo.say(heartbeat())
         threading.Thread(target=beat, name="fluidctl-heartbeat", daemon=True).start()
 
     def before_restart(attempt: int) -> None:
@@ -87,16 +105,114 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
 
     supervisor = Supervisor(start, options, log=launch_log, say=echo.say,
                             before_restart=before_restart)
+    watch = _Watch(supervisor, diagnostics, logs, launch_log, on_hang) if diagnostics else None
     try:
+        if watch:
+            watch.start()
         result = supervisor.run()
     finally:
         beating.set()
         lifeline.stop_watchdog()
+        if watch:
+            watch.stop()
         left = local.sweep_descendants(options.grace_period)
         if left:
             launch_log(f"stopped {len(left)} leftover process(es): {left}")
         echo.finish()
+    if diagnostics is not None:
+        if result.failure is not None:
+            diagnostics.triage.explain(result.failure)
+            result.failure.others = [e for e in diagnostics.ends(result)
+                                     if e["label"] != result.failure.label]
+        watch.finish(result)
     if result.failure is not None and report is not None:
         report(result.failure)
     launch_log(f"exit code {result.exit_code}")
     return result
+
+
+class _Watch:
+    """The diagnostics around one supervised job: the hang watchdog, ``fluidctl dump``
+    requests (SIGUSR1 to the launcher), job.json while it runs, failure.json at the end."""
+
+    def __init__(self, supervisor: Supervisor, diagnostics: "Diagnostics", logs, launch_log,
+                 on_hang):
+        self.supervisor, self.d, self.logs = supervisor, diagnostics, logs
+        self.launch_log, self.on_hang = launch_log, on_hang
+        self.hang: Optional[dict] = None
+        self.dog = None
+        self._requests = threading.Event()
+        self._done = threading.Event()
+        self._previous = None
+
+    def start(self) -> None:
+        from fluidctl import diagnose
+        if self.d.hang_timeout:
+            self.dog = diagnose.Watchdog(self.d.hang_timeout, self.d.activity(self.logs),
+                                         self._hung)
+            self.dog.start()
+        if self.d.log_root is not None:
+            import signal
+            self._previous = signal.signal(DUMP_REQUEST, lambda *_: self._requests.set())
+            threading.Thread(target=self._serve_dumps, name="fluidctl-dump", daemon=True).start()
+            diagnose.write_job_state(self.d.log_root)
+
+    def _dump(self, kind: str, header: str):
+        from fluidctl import diagnose
+        handles = self.supervisor.handles()
+        dump = self.d.stacks(handles)
+        where = None
+        if self.d.log_root is not None:
+            where = diagnose.write_dump(self.d.log_root, dump, header, kind,
+                                        self.d.hosts(handles))
+        return dump, where
+
+    def _hung(self) -> None:
+        from fluidctl import diagnose
+        why = (f"no rank wrote to its log and no collective completed for "
+               f"{self.d.hang_timeout:g}s")
+        self.launch_log(f"hang: {why}; taking every rank's stack")
+        header = f"fluidctl: the job hung: {why}"
+        try:
+            dump, where = self._dump("hang", header)
+            lines = dump.summary()
+            self.hang = {"why": why, "dir": str(where) if where else None,
+                         "summary": lines, "notes": dump.notes}
+            if self.on_hang:
+                self.on_hang([header] + lines + [f"note: {n}" for n in dump.notes], where)
+        finally:
+            self.supervisor.abort(diagnose.HANG_EXIT, f"hung ({why})")
+
+    def _serve_dumps(self) -> None:
+        while True:
+            self._requests.wait()
+            if self._done.is_set():
+                return
+            self._requests.clear()
+            self.launch_log("fluidctl dump requested: taking every rank's stack")
+            try:
+                _, where = self._dump("dump", "fluidctl dump: the running job's stacks")
+                self.launch_log(f"stacks written to {where}")
+            except Exception as exc:            # a failed dump must not end the job
+                self.launch_log(f"fluidctl dump failed: {exc}")
+
+    def stop(self) -> None:
+        if self.dog:
+            self.dog.stop()
+        self._done.set()
+        self._requests.set()
+        if self._previous is not None:
+            import signal
+            signal.signal(DUMP_REQUEST, self._previous)
+
+    def finish(self, result: RunResult) -> None:
+        from fluidctl import diagnose
+        if self.d.log_root is not None:
+            diagnose.clear_job_state(self.d.log_root)
+            if result.exit_code != 0 and (result.failure is not None or self.hang):
+                diagnose.write_failure_json(LogLayout(self.d.log_root).failure_json,
+                                            result.exit_code,
+                                            result.failure, self.d.ends(result),
+                                            self.d.tail_lines,
+                                            self.hang)
+        self.d.close()

@@ -14,10 +14,10 @@ import selectors
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, List, Optional
 
-from fluidctl.failures import Failure
+from fluidctl.failures import Failure, describe_exit
 
 if TYPE_CHECKING:
     from fluidctl.backends.base import Handle
@@ -38,6 +38,8 @@ class RunResult:
     failure: Optional[Failure] = None
     signal: Optional[int] = None
     attempts: int = 1
+    ends: List[dict] = field(default_factory=list)   # every process: label, host, state
+    aborted: str = ""           # why fluidctl stopped the job itself (a hang)
 
 
 class LaunchLog:
@@ -85,6 +87,8 @@ class Supervisor:
         self.start, self.options, self.log, self.say = start, options, log, say
         self.before_restart = before_restart
         self._signal: Optional[int] = None
+        self._abort: Optional[tuple] = None
+        self._ends: dict = {}
         self._stopping = False
         self._handles: List[Handle] = []
         self._wake_r, self._wake_w = os.pipe()
@@ -102,6 +106,25 @@ class Supervisor:
             os.write(self._wake_w, b"s")
         except OSError:
             pass
+
+    def abort(self, exit_code: int, why: str) -> None:
+        """Stop the job from another thread (the hang watchdog): no restart, ``exit_code``."""
+        if self._abort is None:
+            self._abort = (exit_code, why)
+        try:
+            os.write(self._wake_w, b"a")
+        except OSError:
+            pass
+
+    def handles(self) -> List[Handle]:
+        """The handles of the running attempt."""
+        return list(self._handles)
+
+    def _ended(self, h: Handle, state: str) -> None:
+        self._ends[h.label] = {"label": h.label, "host": h.host, "pid": h.pid, "state": state}
+
+    def _result(self, code: int, **kw) -> RunResult:
+        return RunResult(code, ends=list(self._ends.values()), **kw)
 
     def _install(self):
         return {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
@@ -123,26 +146,34 @@ class Supervisor:
             if attempt:
                 self.before_restart(attempt)
             self._stopping = False
+            self._ends = {}
             # start() returns every handle of the attempt, or stops what it started and
             # raises (the Launcher protocol); nothing is ours to stop then
             self._handles = self.start(attempt)
             self.log(f"attempt {attempt}: started " + ", ".join(
                 f"{h.label} pid {h.pid} on {h.host}" for h in self._handles))
             failure = self._watch()
+            if self._abort is not None:
+                code, why = self._abort
+                self.log(f"stopping the job: {why}")
+                self._stop(self._handles)
+                return self._result(code, attempts=attempt + 1, aborted=why)
             if self._signal is not None:
                 self.log(f"received {signal.Signals(self._signal).name}: stopping the job")
                 self.say(f"fluidctl: {signal.Signals(self._signal).name} received, "
                          "stopping all processes")
                 self._stop(self._handles)
-                return RunResult(128 + self._signal, signal=self._signal, attempts=attempt + 1)
+                return self._result(128 + self._signal, signal=self._signal,
+                                    attempts=attempt + 1)
             self._stop(self._handles)
             if failure is None:
                 self.log(f"attempt {attempt}: all trainers finished")
-                return RunResult(0, attempts=attempt + 1)
+                return self._result(0, attempts=attempt + 1)
             self.log(f"attempt {attempt}: {failure.label} on {failure.host} failed: "
                      f"{failure.reason} (log {failure.log})")
             if attempt >= self.options.max_restarts:
-                return RunResult(failure.exit_code or 1, failure=failure, attempts=attempt + 1)
+                return self._result(failure.exit_code or 1, failure=failure,
+                                    attempts=attempt + 1)
             attempt += 1
             self.say(f"fluidctl: {failure.label} failed ({failure.reason}); restarting the job "
                      f"(restart {attempt} of {self.options.max_restarts})")
@@ -167,6 +198,7 @@ class Supervisor:
                     if h.fileno() >= 0:
                         selector.unregister(h.fileno())
                     self.log(f"{h.label} (pid {h.pid}) ended with code {code}")
+                    self._ended(h, "finished" if code == 0 else f"failed: {describe_exit(code)}")
                     if code != 0:
                         return h.failure()
                     if h.service:
@@ -175,7 +207,7 @@ class Supervisor:
                         return fail
                 if not any(not h.service for h in live):
                     return None
-                if self._signal is not None:
+                if self._signal is not None or self._abort is not None:
                     return None
                 for key, _ in selector.select(timeout=1.0 if all_waitable else 0.05):
                     if key.fd == self._wake_r:
@@ -203,8 +235,14 @@ class Supervisor:
             live = self._wait_all(live, KILL_WAIT)
         for h in stopped:
             self.log(f"{h.label} (pid {h.pid}) stopped with code {h.poll()}")
+            code = h.poll()
+            self._ended(h, "still running; stopped by fluidctl"
+                        + (f" ({describe_exit(code)})" if code is not None else ""))
         for h in handles:
-            if h.poll() is not None:
+            code = h.poll()
+            if code is not None and h.label not in self._ends:     # ended on its own meanwhile
+                self._ended(h, "finished" if code == 0 else f"failed: {describe_exit(code)}")
+            if code is not None:
                 h.close()
 
     def _wait_all(self, live: List[Handle], timeout: float) -> List[Handle]:

@@ -55,6 +55,8 @@ class LaunchConfig:
     grace_period: float = 5.0
     max_restarts: int = 0
     tee: str = "rank0"
+    tee_ranks: Optional[Tuple[int, ...]] = None     # --tee-ranks: echo these trainers only
+    hang_timeout: Optional[float] = None            # --hang-timeout seconds (None: off)
     log_tail: int = 20
     slurm: SlurmOptions = SlurmOptions()        # --backend slurm's own options
 
@@ -92,7 +94,8 @@ class LaunchConfig:
                      pserver_hosts: Optional[str] = None, checkpoint_dir: Optional[str] = None,
                      checkpoint_every: Optional[int] = None, mode: str = "collective",
                      pservers: Optional[int] = None, grace_period: float = 5.0,
-                     log_dir: str = DEFAULT_LOG_DIR, **settings) -> "LaunchConfig":
+                     log_dir: str = DEFAULT_LOG_DIR, tee_ranks: Optional[str] = None,
+                     hang_timeout: Optional[float] = None, **settings) -> "LaunchConfig":
         """Check the options of ``fluidctl train`` (a UsageError for the first mistake, before
         anything is started or written) and freeze them; ``settings`` are taken as they are."""
         if not (math.isfinite(grace_period) and 0 <= grace_period <= 86400):
@@ -112,6 +115,13 @@ class LaunchConfig:
             raise UsageError("--pservers and --pserver-endpoints both given",
                              "start pservers here (--pservers N) or use running ones, not both")
         backend = backend or ("ssh" if hostfile or hosts_arg else "local")
+        if hang_timeout is not None and hang_timeout <= 0:
+            raise UsageError(f"--hang-timeout {hang_timeout:g} is not positive",
+                             "give seconds, e.g. --hang-timeout 600, or leave it out")
+        ranks = parse_ranks(tee_ranks)
+        if backend == "mpi" and (hang_timeout or ranks is not None):
+            raise UsageError("--hang-timeout and --tee-ranks need fluidctl's own supervision "
+                             "of every rank", "use --backend local, ssh or fabric, not mpi")
         endpoints = split_endpoints(pserver_endpoints)
         token = job_token(token_file)
         hosts = tuple(load_hosts(hostfile, hosts_arg)) if hostfile or hosts_arg else ()
@@ -122,7 +132,27 @@ class LaunchConfig:
                                 if h.strip()),
             pserver_args=tuple(pserver_args(checkpoint_dir, checkpoint_every)),
             token=token, user_env=MappingProxyType(user_env), grace_period=grace_period,
-            log_dir=log_dir, **settings)
+            log_dir=log_dir, tee_ranks=ranks, hang_timeout=hang_timeout, **settings)
+
+    def check_tee_ranks(self, trainers: int) -> None:
+        """--tee-ranks names ranks the planned job has."""
+        if self.tee_ranks and self.tee_ranks[-1] >= trainers:
+            raise UsageError(f"--tee-ranks names rank {self.tee_ranks[-1]}, but the job has "
+                             f"{trainers} trainer(s)", f"choose ranks 0..{trainers - 1}")
+
+
+def parse_ranks(text: Optional[str]) -> Optional[Tuple[int, ...]]:
+    """'0,3' -> (0, 3); None stays None."""
+    if text is None:
+        return None
+    try:
+        ranks = sorted({int(r) for r in text.split(",") if r.strip()})
+    except ValueError:
+        ranks = []
+    if not ranks or ranks[0] < 0:
+        raise UsageError(f"--tee-ranks {text!r} is not a list of ranks",
+                         "write global trainer ranks, e.g. --tee-ranks 0,3")
+    return tuple(ranks)
 
 
 def job_token(token_file: Optional[str]) -> str:

@@ -1,0 +1,162 @@
+"""The rendezvous doctor: multi-node problems found before any rank starts.
+
+Rendezvous trouble (a busy port, a master nobody can reach, MASTER_ADDR not on rank 0's node,
+NCCL picking the wrong network interface) otherwise shows up minutes later as a time-out. Once
+the job is planned, and before the plan is handed out, the launcher asks the node agents:
+
+1. node 0's agent binds every port its processes will use and *listens* on the master port
+   (MASTER_ADDR:MASTER_PORT): a busy port, or a MASTER_ADDR that is not an address of node 0,
+   is reported there;
+2. then every other node's agent binds its own ports and connects to the master port, as its
+   ranks will (a firewall or a wrong address is reported by the node that cannot get through);
+3. node 0 stops listening when its plan arrives (it never accepted a connection, so the port
+   is left in no TIME_WAIT) and rank 0 binds it.
+
+Every problem is one line naming the node and the fix. The agents' probes also list their
+network interfaces; the interface holding each node's address, when the same name on every
+node (e.g. ``eth0``; several names are given as a list), is exported as NCCL_SOCKET_IFNAME and
+GLOO_SOCKET_IFNAME unless the user set them.
+
+``node_checks`` runs in the agent (standard library and fluidctl.net only); the rest runs in
+the launcher.
+"""
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+from typing import Dict, List, Optional, Sequence, Tuple
+
+CONNECT_TIMEOUT = 5.0
+IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+# --- on the node (the agent) -----------------------------------------------------------------
+
+def interfaces() -> Dict[str, List[Tuple[str, str]]]:
+    """This node's IPv4 interfaces that are up: {name: [(address, netmask)]}."""
+    import psutil
+    stats = psutil.net_if_stats()
+    found: Dict[str, List[Tuple[str, str]]] = {}
+    for name, addrs in psutil.net_if_addrs().items():
+        if name in stats and not stats[name].isup:
+            continue
+        v4 = [(a.address, a.netmask or "255.255.255.255") for a in addrs
+              if a.family == socket.AF_INET]
+        if v4:
+            found[name] = v4
+    return found
+
+
+def node_checks(request: dict) -> Tuple[List[str], Optional[socket.socket]]:
+    """Problems on this node, and the master socket left listening (node 0) until the plan
+    arrives. ``request``: {"address", "ports": [[port, what]], "listen": [addr, port] or
+    None, "connect": [addr, port] or None}."""
+    from fluidctl.net import bind_socket
+    problems: List[str] = []
+    address = request["address"]
+    for port, what in request.get("ports", []):
+        try:
+            bind_socket(address, int(port)).close()
+        except OSError as exc:
+            problems.append(_bind_problem(exc, address, int(port), what))
+    held = None
+    if request.get("listen"):
+        addr, port = request["listen"]
+        try:
+            held = bind_socket(addr, int(port))
+            held.listen(64)
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                problems.append(f"MASTER_ADDR {addr} is not an address of this node, but rank 0 "
+                                f"runs here (list this node under the address its peers reach "
+                                f"it by)")
+            else:
+                problems.append(_bind_problem(exc, addr, int(port), "the master port"))
+    if request.get("connect"):
+        addr, port = request["connect"]
+        try:
+            socket.create_connection((addr, int(port)), timeout=CONNECT_TIMEOUT).close()
+        except OSError as exc:
+            why = exc.strerror or "timed out"
+            problems.append(f"cannot reach the master {addr}:{port} ({why}: open the port "
+                            f"between the nodes, or list node 0 under an address this node "
+                            f"can reach)")
+    return problems, held
+
+
+def _bind_problem(exc: OSError, addr: str, port: int, what: str) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return (f"port {addr}:{port} ({what}) is in use (stop what holds it, or let fluidctl "
+                f"pick free ports: drop --started-port)")
+    return f"cannot bind {addr}:{port} ({what}): {exc.strerror}"
+
+
+# --- in the launcher -------------------------------------------------------------------------
+
+def node_interface(address: str, ifaces: Dict[str, List[Sequence[str]]]) -> Optional[str]:
+    """The interface whose network holds ``address`` (127.0.0.2 is on lo's 127.0.0.0/8)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return None
+    exact = [name for name, addrs in ifaces.items() if any(a == address for a, _ in addrs)]
+    if exact:
+        return exact[0]
+    for name, addrs in ifaces.items():
+        for a, mask in addrs:
+            try:
+                if ip in ipaddress.ip_network(f"{a}/{mask}", strict=False):
+                    return name
+            except ValueError:
+                continue
+    return None
+
+
+def socket_ifnames(addresses: Sequence[str], probes: Sequence[dict]) -> Optional[str]:
+    """NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME for nodes at ``addresses``: the interface each
+    node is reached on, one name when they agree, a comma-separated list when they differ;
+    None when any node's interface is unknown (nothing is exported then)."""
+    names = []
+    for address, probe in zip(addresses, probes):
+        name = node_interface(address, probe.get("ifaces") or {})
+        if name is None:
+            return None
+        if name not in names:
+            names.append(name)
+    return ",".join(names) if names else None
+
+
+def requests(the_plan) -> List[dict]:
+    """What each node's agent checks: its ports; node 0 listens on the master port, every
+    other node connects to it."""
+    from fluidctl import envs
+    master_addr, master_port = envs.split_endpoint(the_plan.master)
+    out = []
+    for i, node in enumerate(the_plan.job.nodes):
+        ports = [[int(envs.split_endpoint(p.endpoint)[1]), f"{p.label}'s endpoint"]
+                 for p in the_plan.on_node(i)]
+        out.append({"address": node.address, "ports": ports,
+                    "listen": [master_addr, int(master_port)] if i == 0 else None,
+                    "connect": None if i == 0 else [master_addr, int(master_port)]})
+    return out
+
+
+def examine(the_plan, hosts, agents, timeout: float) -> List[str]:
+    """Run the checks through the agents (node 0 first: it must be listening before the
+    others connect); one line per problem, naming the node."""
+    reqs = requests(the_plan)
+
+    def ask(i: int) -> List[str]:
+        reply = agents[i].doctor(reqs[i], timeout + CONNECT_TIMEOUT)
+        if reply is None:
+            return [f"node {hosts[i].name}: no answer to the rendezvous check within "
+                    f"{timeout + CONNECT_TIMEOUT:g}s (raise --ssh-timeout)"]
+        return [f"node {hosts[i].name}: {p}" for p in reply]
+
+    problems = ask(0)
+    if not problems:            # the others connect to node 0's listening master port
+        from fluidctl.backends.ssh import parallel
+        for found in parallel(list(range(1, len(agents))), ask):
+            problems += found
+    return problems
