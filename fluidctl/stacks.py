@@ -79,6 +79,9 @@ def ptrace_scope() -> Optional[int]:
 def pyspy_dump(pid: int, timeout: float = PYSPY_TIMEOUT, exe: Optional[str] = None) -> str:
     """``py-spy dump`` of one process, or DumpUnavailable saying why not."""
     exe = exe or pyspy_path()
+    if not exe and os.environ.get(PYSPY) == "":
+        raise DumpUnavailable("py-spy is off (FLUIDCTL_PYSPY is empty); using faulthandler "
+                              "instead")
     if not exe:
         raise DumpUnavailable("py-spy is not installed (pip install 'fluidctl[debug]' or "
                               "pip install py-spy); using faulthandler instead")

@@ -55,7 +55,7 @@ def test_hang_is_diagnosed_with_both_stacks_and_exit_124(tmp_path, pyspy):
         assert text.startswith(f"# rank {rank} on 127.0.0.1, taken with {method}")
     assert "load_batch" in (where / "rank-1.txt").read_text()
     if not pyspy:
-        assert "note: py-spy is not installed" in err
+        assert "note: py-spy is off (FLUIDCTL_PYSPY is empty); using faulthandler instead" in err
     report = json.loads((tmp_path / "log" / "failure.json").read_text())
     assert report["exit_code"] == 124 and report["first_failure"] is None
     assert report["hang"]["summary"][0] == f"ranks 0,2 wait in allreduce at trouble.py:{STUCK}"

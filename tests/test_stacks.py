@@ -72,18 +72,17 @@ def test_pyspy_and_faulthandler_stacks_grouped(tmp_path, diag):
         assert [g[0] for g in groups] == [[0, 2], [1]]
 
 
-def test_pyspy_missing_is_one_clear_line(tmp_path):
-    with pytest.raises(stacks.DumpUnavailable, match=r"py-spy is not installed \(pip install "):
-        stacks.pyspy_dump(os.getpid(), exe="") if False else _no_pyspy()
-
-
-def _no_pyspy():
-    real = stacks.pyspy_path
-    stacks.pyspy_path = lambda: None
-    try:
+def test_pyspy_missing_or_off_is_one_clear_line(monkeypatch):
+    monkeypatch.delenv("FLUIDCTL_PYSPY", raising=False)
+    monkeypatch.setattr(stacks, "pyspy_path", lambda: None)       # as on a machine without it
+    with pytest.raises(stacks.DumpUnavailable) as info:
         stacks.pyspy_dump(os.getpid())
-    finally:
-        stacks.pyspy_path = real
+    assert str(info.value) == ("py-spy is not installed (pip install 'fluidctl[debug]' or pip "
+                               "install py-spy); using faulthandler instead")
+    monkeypatch.setenv("FLUIDCTL_PYSPY", "")
+    monkeypatch.setattr(stacks, "pyspy_path", lambda: None)
+    with pytest.raises(stacks.DumpUnavailable, match=r"py-spy is off \(FLUIDCTL_PYSPY is empty\)"):
+        stacks.pyspy_dump(os.getpid())
 
 
 def test_pyspy_denied_names_ptrace_and_the_fix(tmp_path):

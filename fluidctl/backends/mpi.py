@@ -218,9 +218,10 @@ class MPILauncher(BaseLauncher):
     def logs(self, plan) -> List[str]:
         return [p.log for p in plan.procs] + [str(self.config.layout.mpirun)]
 
-    def echo_sources(self, plan, tee: str) -> List[Tuple[str, str]]:
+    def echo_sources(self, plan, tee: str, ranks=None) -> List[Tuple[str, str]]:
         """Remote ranks write their workerlog on their own node: --tee all follows what
-        mpirun forwards (mpirun.log), rank0 follows workerlog.0 (rank 0 runs here)."""
+        mpirun forwards (mpirun.log), rank0 follows workerlog.0 (rank 0 runs here).
+        (--tee-ranks is refused for mpi when the options are read.)"""
         layout = self.config.layout
         return {"none": [], "rank0": [(str(layout.worker(0)), "")],
                 "all": [(str(layout.mpirun), "")]}[tee]
