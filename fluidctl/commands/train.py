@@ -103,7 +103,8 @@ def _non_negative(name: str):
 @click.option("--started-port", type=int, default=None,
               help="Use ports P, P+1, ... instead of free ones, e.g. --started-port 6170.")
 @click.option("--log-dir", default=DEFAULT_LOG_DIR, show_default=True,
-              help="Where workerlog.N, serverlog.N, endpoints.log and launch.log go.")
+              help="Where workerlog.N, serverlog.N, endpoints.log, launch.log, failure.json and "
+                   "hang-<time>/ go, e.g. --log-dir runs/exp3.")
 @click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE",
               help="Add to every process's environment (repeatable), e.g. --env NCCL_DEBUG=INFO.")
 @click.option("--env-file", type=str, default=None,
@@ -114,8 +115,8 @@ def _non_negative(name: str):
               callback=_non_negative("--max-restarts"),
               help="Restart the whole group up to N times on failure, e.g. --max-restarts 3.")
 @click.option("--tee", type=click.Choice(TEE_CHOICES), default="rank0", show_default=True,
-              help="Echo rank 0's output (rank0), every rank's with a [trainer N] prefix (all), "
-                   "or none.")
+              help="Echo rank 0's output (rank0), every rank's with a [trainer N] prefix (all; "
+                   "[node:rank] on many nodes), or none.")
 @click.option("--tee-ranks", metavar="RANKS", default=None,
               help="Echo only these global trainer ranks, prefixed, e.g. --tee-ranks 0,3 "
                    "(instead of --tee).")

@@ -152,10 +152,18 @@ class _Watch:
                                          self._hung)
             self.dog.start()
         if self.d.log_root is not None:
-            import signal
-            self._previous = signal.signal(DUMP_REQUEST, lambda *_: self._requests.set())
-            threading.Thread(target=self._serve_dumps, name="fluidctl-dump", daemon=True).start()
-            diagnose.write_job_state(self.d.log_root)
+            try:                    # a report of an earlier job in this log dir is stale now
+                LogLayout(self.d.log_root).failure_json.unlink()
+            except FileNotFoundError:
+                pass
+            try:
+                self._previous = signal.signal(DUMP_REQUEST, lambda *_: self._requests.set())
+            except ValueError:      # not the main thread: no fluidctl dump for this run
+                self._previous = None
+            else:
+                threading.Thread(target=self._serve_dumps, name="fluidctl-dump",
+                                 daemon=True).start()
+                diagnose.write_job_state(self.d.log_root)
 
     def _dump(self, kind: str, header: str):
         from fluidctl import diagnose
@@ -202,7 +210,6 @@ class _Watch:
         self._done.set()
         self._requests.set()
         if self._previous is not None:
-            import signal
             signal.signal(DUMP_REQUEST, self._previous)
 
     def finish(self, result: RunResult) -> None:

@@ -88,6 +88,8 @@ class Supervisor:
         self.before_restart = before_restart
         self._signal: Optional[int] = None
         self._abort: Optional[tuple] = None
+        self._abort_lock = threading.Lock()
+        self._closed = False
         self._ends: dict = {}
         self._stopping = False
         self._handles: List[Handle] = []
@@ -109,12 +111,15 @@ class Supervisor:
 
     def abort(self, exit_code: int, why: str) -> None:
         """Stop the job from another thread (the hang watchdog): no restart, ``exit_code``."""
-        if self._abort is None:
-            self._abort = (exit_code, why)
-        try:
-            os.write(self._wake_w, b"a")
-        except OSError:
-            pass
+        with self._abort_lock:
+            if self._closed:        # the run is over: its wake-up pipe may be gone
+                return
+            if self._abort is None:
+                self._abort = (exit_code, why)
+            try:
+                os.write(self._wake_w, b"a")
+            except OSError:
+                pass
 
     def handles(self) -> List[Handle]:
         """The handles of the running attempt."""
@@ -137,8 +142,10 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            with self._abort_lock:
+                self._closed = True
+                os.close(self._wake_r)
+                os.close(self._wake_w)
 
     def _run(self) -> RunResult:
         attempt = 0
