@@ -210,9 +210,10 @@ def test_fluidctl_dump_over_ssh(tmp_path, nodes):
         job.communicate(timeout=90)
 
 
-def test_failure_triage_over_ssh(tmp_path, nodes):
-    proc = fluidctl("train", *nodes, "--log-dir", tmp_path / "log", "--grace-period", 1,
-                    TROUBLE, "raise", cwd=tmp_path, timeout=180)
+@pytest.mark.parametrize("backend", ["ssh", "fabric"])
+def test_failure_triage_over_ssh(tmp_path, nodes, backend):
+    proc = fluidctl("train", *nodes, "--backend", backend, "--log-dir", tmp_path / "log",
+                    "--grace-period", 1, TROUBLE, "raise", cwd=tmp_path, timeout=180)
     assert proc.returncode == 1
     err = proc.stderr
     assert "fluidctl: trainer 1 failed on node1: exit code 1" in err, err

@@ -163,3 +163,31 @@ def test_a_second_ctrl_c_kills_at_once():
                                   then=ctrl_c_twice)
     assert result.exit_code == 130 and stubborn.signals == ["TERM", "KILL"]
     assert "second SIGINT: killing every process now" in log
+
+
+def test_abort_from_another_thread_stops_the_job_without_restart_and_records_every_end():
+    # the hang watchdog's path: abort(124) from a thread, the job stops, no restart happens
+    done = FakeHandle("trainer 0", 0)
+    stuck = FakeHandle("trainer 1")
+    box = {}
+
+    def start(attempt):
+        assert attempt == 0, "an aborted job is not restarted"
+        threading.Thread(target=lambda: box["sup"].abort(124, "hung")).start()
+        return [done, stuck]
+
+    box["sup"] = Supervisor(start, RunOptions(5.0, max_restarts=3))
+    result = box["sup"].run()
+    assert (result.exit_code, result.aborted, result.failure) == (124, "hung", None)
+    assert stuck.signals == ["TERM"]
+    ends = {e["label"]: e["state"] for e in result.ends}
+    assert ends == {"trainer 0": "finished",
+                    "trainer 1": "still running; stopped by fluidctl (signal SIGTERM)"}
+    box["sup"].abort(1, "too late")          # after the run: ignored, no closed fd written
+
+
+def test_ends_name_the_failure_and_the_stopped():
+    result, _, _, _ = supervise([[FakeHandle("trainer 0", 3), FakeHandle("trainer 1")]])
+    ends = {e["label"]: e["state"] for e in result.ends}
+    assert ends == {"trainer 0": "failed: exit code 3",
+                    "trainer 1": "still running; stopped by fluidctl (signal SIGTERM)"}
