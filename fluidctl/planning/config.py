@@ -122,6 +122,9 @@ class LaunchConfig:
         if backend == "mpi" and (hang_timeout or ranks is not None):
             raise UsageError("--hang-timeout and --tee-ranks need fluidctl's own supervision "
                              "of every rank", "use --backend local, ssh or fabric, not mpi")
+        if backend == "slurm" and hang_timeout:
+            raise UsageError("--hang-timeout cannot take the stacks of Slurm ranks yet",
+                             "use --backend local, ssh or fabric, or leave it out")
         endpoints = split_endpoints(pserver_endpoints)
         token = job_token(token_file)
         hosts = tuple(load_hosts(hostfile, hosts_arg)) if hostfile or hosts_arg else ()
