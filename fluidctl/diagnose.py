@@ -150,6 +150,8 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir]) -> StackDump
             return None, None, f"{note}; faulthandler: {exc}"
 
     if not targets:
+        dump.notes.append("no rank of this job can be reached for its stack (the mpi and slurm "
+                          "backends start their ranks themselves)")
         return dump
     with ThreadPoolExecutor(min(8, len(targets))) as pool:
         for t, (method, text, note) in zip(targets, pool.map(one, targets)):

@@ -110,9 +110,10 @@ class BaseLauncher:
     def echo_sources(self, plan: "Plan", tee: str, ranks: Optional[Sequence[int]] = None
                      ) -> List[Tuple[str, str]]:
         """Rank 0's log, all (prefixed), none, or the trainers of ``ranks`` (--tee-ranks,
-        prefixed). Prefixes: '[trainer 3] ' on one machine, '[node:3] ' on many."""
+        prefixed). Prefixes: '[trainer 3] ' on one machine, '[node:3] ' when the nodes are
+        the hosts the user named (ssh, fabric: logs under LOG_DIR/<host>/)."""
         from fluidctl.planning.plan import PSERVER
-        multi = len(plan.job.nodes) > 1 or plan.job.multi_node_logs
+        multi = plan.job.multi_node_logs
 
         def prefix(p) -> str:
             if not multi:
