@@ -34,13 +34,10 @@ class LineSplitter:
         self._after_cr = False           # the last text ended with \r: a \n next belongs to it
 
     def _emit(self, piece: str) -> None:
-        if self._parts:
-            self._parts.append(piece)
-            piece = "".join(self._parts)
-            self._parts, self._size = [], 0
-        self.on_line(piece)
+        self.on_line(self._take(piece))
 
     def _take(self, piece: str) -> str:
+        """The unfinished line, ended by ``piece``."""
         if self._parts:
             self._parts.append(piece)
             piece = "".join(self._parts)
@@ -73,7 +70,10 @@ class LineSplitter:
             start = m.end()
         if text.endswith("\r"):
             self._after_cr = True
-        rest = text[start:]
+        self._keep(text[start:])
+
+    def _keep(self, rest: str) -> None:
+        """The unfinished line grows by ``rest``; past ``max_line`` it goes out in pieces."""
         if rest:
             self._parts.append(rest)
             self._size += len(rest)
@@ -102,10 +102,7 @@ class LineSplitter:
                 self._held = line                # decided by the next text
                 continue
             self._end(line, "\n" if m.group() != "\r" else "\r")
-        rest = text[start:]
-        if rest:
-            self._parts.append(rest)
-            self._size += len(rest)
+        self._keep(text[start:])
 
     def feed(self, data: bytes) -> None:
         self._text(self._decoder.decode(data))
