@@ -97,6 +97,7 @@ class RemoteAgent:
         self._lost = ""
         self.progress = 0                       # collectives completed on the node (beats)
         self.ends: Optional[List[dict]] = None  # the node's processes' final states
+        self.ends_came = threading.Event()
         self._stacks: Optional[dict] = None
         self._stacks_came = threading.Event()
         self._doctor: Optional[list] = None
@@ -218,6 +219,7 @@ class RemoteAgent:
             self._stacks_came.set()
         elif tag == ENDS_TAG:
             self.ends = json.loads(text)
+            self.ends_came.set()
         elif tag == DOCTOR_TAG:
             self._doctor = json.loads(text)
             self._doctor_came.set()
@@ -452,6 +454,7 @@ class SSHLauncher(BaseLauncher):
 
 
 STACKS_TIMEOUT = 60.0       # how long the launcher waits for a node's stacks
+ENDS_WAIT = 5.0             # how long a failed job's report waits for the agents' last records
 
 
 class AgentDiagnostics(Diagnostics):
@@ -487,13 +490,21 @@ class AgentDiagnostics(Diagnostics):
         return lambda: (sizes(), tuple(a.progress for a in self.agents()))
 
     def ends(self, result) -> List[dict]:
+        """Every rank's final state as its agent reported it (the agent's last record, which
+        may still be on its way when the agent's exit is seen); a node whose agent sent none
+        (killed, connection lost) is one line."""
+        if getattr(self, "_ends_of", (None,))[0] is result:
+            return self._ends_of[1]
         by_node = {e["label"]: e for e in result.ends}
         out = []
+        deadline = time.monotonic() + ENDS_WAIT
         for agent in self.agents():
+            agent.ends_came.wait(max(0.0, deadline - time.monotonic()))
             if agent.ends:
                 out += [dict(e, host=agent.host) for e in agent.ends]
             elif agent.label in by_node:
                 out.append(by_node[agent.label])
+        self._ends_of = (result, out)
         return out
 
 
