@@ -55,8 +55,10 @@ def preexec(signum: int = signal.SIGTERM):
 # PR_SET_PDEATHSIG reaches only the direct child. A worker's own children (its process group)
 # would be re-parented to init when the launcher is SIGKILLed. The watchdog is a tiny process
 # the launcher starts with a pipe on its stdin; the launcher sends it "+PGID" for every
-# process group it starts and "done" at a normal end. EOF without "done" means the launcher
-# died: the watchdog SIGKILLs every group it was told about, then exits.
+# process group it starts, "!PATH" for every directory of the job's that must not outlive it
+# (the diagnostics directory in /dev/shm), and "done" at a normal end. EOF without "done" means
+# the launcher died: the watchdog SIGKILLs every group it was told about, removes the
+# directories, then exits.
 
 class Watchdog:
     def __init__(self):
@@ -69,6 +71,9 @@ class Watchdog:
 
     def add(self, pgid: int) -> None:
         self._send(f"+{pgid}\n")
+
+    def remove_on_death(self, path) -> None:
+        self._send(f"!{path}\n")
 
     def _send(self, line: str) -> None:
         try:
@@ -113,18 +118,30 @@ def watch(pgid: int) -> None:
         _current.add(pgid)
 
 
+def remove_on_death(path) -> None:
+    """Tell the running watchdog (if any) to remove directory ``path`` if this launcher dies."""
+    if _current is not None:
+        _current.remove_on_death(path)
+
+
 def _watch() -> None:
+    import shutil
     import sys
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     groups = set()
+    paths = []
     for line in sys.stdin:
-        line = line.strip()
+        line = line.rstrip("\n")
         if line == "done":
             return
         if line.startswith("+") and line[1:].isdigit():
             groups.add(int(line[1:]))
+        elif line.startswith("!") and len(line) > 1:
+            paths.append(line[1:])
     for pgid in groups:                    # EOF without "done": the launcher is gone
         try:
             os.killpg(pgid, signal.SIGKILL)
         except OSError:
             pass
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)

@@ -626,9 +626,13 @@ def test_3_kill_9_of_the_launcher_leaves_no_process(tmp_path, mode):
         pids = _ready(pid_dir, 2)
         everything = [p.pid for p in psutil.Process(job.pid).children(recursive=True)]
         assert set(pids) <= set(everything) and len(everything) >= 4 + (mode == "pserver")
+        diag_dir = psutil.Process(pids[0]).environ()["FLUIDCTL_DIAG_DIR"]
+        assert os.path.isdir(diag_dir)
         job.kill()
         job.wait()
         assert_all_gone(everything, timeout=15)
+        assert _wait_for(lambda: not os.path.exists(diag_dir)), \
+            f"the watchdog left {diag_dir}"
     finally:
         job.kill()
         job.communicate()

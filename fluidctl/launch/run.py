@@ -91,6 +91,8 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
         fresh_logs(logs)
     local.become_subreaper()
     lifeline.start_watchdog()           # kills the job's process groups if we are SIGKILLed
+    if diagnostics:
+        lifeline.remove_on_death(diagnostics.diag.root)     # and removes its /dev/shm dir
     echo = LogEcho(sources, out, on_broken, from_end=not fresh, cr_mark=cr_mark)
     echo.start()
     beating = threading.Event()
