@@ -96,7 +96,8 @@ def pyspy_dump(pid: int, timeout: float = PYSPY_TIMEOUT, exe: Optional[str] = No
     if out.returncode == 0 and "Thread" in text:
         return text
     err = (out.stderr.decode("utf-8", errors="replace") + text).strip()
-    if "Permission denied" in err or "Operation not permitted" in err or "EPERM" in err:
+    lowered = err.lower()                   # py-spy 0.4 says "Permission Denied"
+    if "permission denied" in lowered or "operation not permitted" in lowered or "EPERM" in err:
         scope = ptrace_scope()
         hint = ("kernel.yama.ptrace_scope is %d: run 'sysctl kernel.yama.ptrace_scope=0'" % scope
                 if scope and scope > 0 else
