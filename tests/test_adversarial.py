@@ -533,7 +533,9 @@ def test_9_a_killed_shard_data_leaves_a_partial_that_the_next_run_collects(tmp_p
         "from fluidctl.sharding import staging\n"
         "real = staging.Staging.path\n"
         "def path(self, name):\n"
-        "    print(self.tmp, flush=True); os.kill(os.getpid(), signal.SIGSTOP)\n"
+        # one atomic write: shards are copied on several threads, and two print()s could
+        # interleave their text and newlines into one line
+        "    os.write(1, f'{self.tmp}\\n'.encode()); os.kill(os.getpid(), signal.SIGSTOP)\n"
         "    return real(self, name)\n"
         "staging.Staging.path = path\n"
         f"sharding.shard(sharding.ShardOptions([{str(data)!r}], 2, {str(out)!r}))\n")],
