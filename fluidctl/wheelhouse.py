@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 
 from fluidctl import __version__
 from fluidctl.errors import FluidctlError, UsageError
+from fluidctl.runtime.digest import file_digest
 
 MANIFEST = "fluidctl-wheelhouse.json"
 SOURCE_FILES = ("setup.cfg", "setup.py", "pyproject.toml", "MANIFEST.in")
@@ -69,14 +70,6 @@ def wheel_name(file: str):
     """(canonical project, version) from a wheel file name."""
     parts = file[:-len(".whl")].split("-")
     return canonical(parts[0]), parts[1]
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def source_root() -> Optional[Path]:
@@ -219,7 +212,7 @@ def build(path: Path, requirements: Optional[Path] = None, no_deps: bool = False
         wheels = []
         for file in sorted(tmp.glob("*.whl")):
             project, version = wheel_name(file.name)
-            wheels.append(Wheel(file.name, sha256_file(file), file.stat().st_size, project,
+            wheels.append(Wheel(file.name, file_digest(str(file), "sha256"), file.stat().st_size, project,
                                 version))
         house = Wheelhouse(path, key, wheels, built=True)
         for name in names:

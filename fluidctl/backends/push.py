@@ -194,15 +194,6 @@ def scan(files: Sequence[tuple]) -> List[LocalFile]:
             for rel, path, st in files]
 
 
-def _sha256(path: str) -> str:
-    import hashlib
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 class _Channel:
     """The ssh process: stdin written raw, stdout read by line, stderr kept for messages."""
 
@@ -297,7 +288,8 @@ def push(ssh_argv: List[str], files: Sequence[LocalFile], remote_dir: str,
         answer = channel.reply()
         need = set(answer["need"])
         for index, remote_digest in answer.get("digests", {}).items():
-            if _sha256(files[int(index)].path) != remote_digest:
+            from fluidctl.runtime.digest import file_digest
+            if file_digest(files[int(index)].path, "sha256") != remote_digest:
                 need.add(int(index))
         result = PushResult(remote_dir, unchanged=len(files) - len(need))
         _stream(channel, files, sorted(need), result, on_bytes)

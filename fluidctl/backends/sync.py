@@ -94,15 +94,6 @@ def local_files(source: Path, excludes: Sequence[str]) -> List[Tuple[str, Path]]
     return [(rel, Path(path)) for rel, path, _ in walk(source, excludes)]
 
 
-def sha256_file(path: Path) -> str:
-    import hashlib
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def plan_sync(node: SSHNode, source: Path, remote_dir: str,
               excludes: Sequence[str] = DEFAULT_EXCLUDES, compare: str = "mtime") -> SyncPlan:
     """What must be sent: files missing remotely or differing in size or mtime (``compare=
@@ -126,7 +117,8 @@ def plan_sync(node: SSHNode, source: Path, remote_dir: str,
     if same_size:
         digests = node.remote_sha256([f.remote for f in same_size])
         for item in same_size:
-            if digests.get(item.remote) == sha256_file(item.local):
+            from fluidctl.runtime.digest import file_digest
+            if digests.get(item.remote) == file_digest(str(item.local), "sha256"):
                 plan.unchanged += 1
             else:
                 plan.send.append(item)
