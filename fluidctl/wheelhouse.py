@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 
 from fluidctl import __version__
 from fluidctl.errors import FluidctlError, UsageError
-from fluidctl.runtime.digest import file_digest
+from fluidctl.digest import file_digest
 
 MANIFEST = "fluidctl-wheelhouse.json"
 SOURCE_FILES = ("setup.cfg", "setup.py", "pyproject.toml", "MANIFEST.in")

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from fluidctl import sharding
 from fluidctl.errors import UsageError
-from fluidctl.runtime import digest
+from fluidctl import digest
 from fluidctl.sharding import ShardOptions
 
 
@@ -264,18 +265,39 @@ def test_default_digest_is_xxh3_128(text, tmp_path):
     assert all(len(s["digest"]) == 32 for s in manifest["shards"])
 
 
-def test_large_shards_count_and_hash_like_small_ones(tmp_path, monkeypatch):
-    """Runs from tuning.NUMPY_RUN_FROM up count newlines with numpy, smaller ones with
-    bytes.count: both must give the manifest the same records and digest."""
+@pytest.mark.parametrize("counter", ["stringzilla", "numpy", "bytes.count"])
+def test_every_newline_counter_gives_the_same_manifest(tmp_path, monkeypatch, counter):
+    """StringZilla counts by default; without it a loaded numpy does, else bytes.count: the
+    records and digests must not depend on which. Pieces of 4 KiB + 7 bytes put cuts and piece
+    ends everywhere inside lines."""
+    from fluidctl.sharding import scan
     lines = [b"r%d %s" % (i, b"z" * (i % 97)) for i in range(20000)]
     path = write_lines(tmp_path / "t.txt", lines)
-    monkeypatch.setattr(sharding.tuning, "NUMPY_RUN_FROM", 0)
-    big = run([path], 3, tmp_path / "big")
-    import numpy  # noqa: F401  (loaded: the numpy count is used)
-    monkeypatch.setattr(sharding.tuning, "NUMPY_FROM", 1 << 40)
-    small = run([path], 3, tmp_path / "small")
-    assert big["shards"] == small["shards"]
-    check_manifest_matches_files(tmp_path / "big")
+    reference = run([path], 3, tmp_path / "ref")
+    monkeypatch.setattr(sharding.tuning, "COPY_BLOCK", 4096 + 7)
+    if counter != "stringzilla":
+        monkeypatch.setattr(scan, "_sz", False)
+    if counter == "numpy":
+        import numpy  # noqa: F401  (loaded: the numpy count is used)
+        monkeypatch.setattr(sharding.tuning, "NUMPY_FROM", 0)
+    else:
+        monkeypatch.setattr(sharding.tuning, "NUMPY_FROM", 1 << 40)
+    other = run([path], 3, tmp_path / "other")
+    assert other["shards"] == reference["shards"]
+    assert sum(s["records"] for s in other["shards"]) == 20000
+    _, files = check_manifest_matches_files(tmp_path / "other")
+    assert b"".join(f.read_bytes() for f in files) == path.read_bytes()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=3000), st.integers(0, 64))
+def test_count_newlines_is_bytes_count(data, slack):
+    """The table-and-sum count against CPython's, on any bytes (newline runs, 0x0a next to
+    0x0b/0x8a, empty), through a scratch buffer larger than the data, and without one."""
+    from fluidctl.sharding.scan import count_newlines
+    scratch = bytearray(len(data) + slack)
+    assert count_newlines(memoryview(data), scratch) == data.count(b"\n")
+    assert count_newlines(data) == data.count(b"\n")
 
 
 # --- --verify --------------------------------------------------------------------------------
@@ -529,9 +551,8 @@ def test_pad_beyond_the_shard_size_repeats_every_record(tmp_path):
     assert files[0].read_bytes() == (b"y" * 100 + b"\n") * 5
 
 
-@pytest.mark.parametrize("mode", ["copy_file_range", "sendfile", "write"])
-def test_every_copy_fallback_writes_the_same_bytes(text, tmp_path, monkeypatch, mode):
-    monkeypatch.setattr(sharding.Copier, "first_choice", mode)
+def test_tiny_pieces_write_the_same_bytes(text, tmp_path, monkeypatch):
+    monkeypatch.setattr(sharding.tuning, "COPY_BLOCK", 5)
     out = tmp_path / "out"
     run([text], 3, out)
     _, files = check_manifest_matches_files(out)
@@ -539,7 +560,7 @@ def test_every_copy_fallback_writes_the_same_bytes(text, tmp_path, monkeypatch, 
 
 
 def test_copy_across_file_systems(text, tmpfs):
-    """ext4 -> tmpfs: copy_file_range may refuse (EXDEV); the fallback must take over."""
+    """ext4 -> tmpfs: the shards land on another file system than their input."""
     target = tmpfs("roomy", "size=8m")
     result = cli(text, "-n", "3", "-o", target / "out", "-q")
     assert result.returncode == 0, result.stderr

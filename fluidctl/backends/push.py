@@ -288,7 +288,7 @@ def push(ssh_argv: List[str], files: Sequence[LocalFile], remote_dir: str,
         answer = channel.reply()
         need = set(answer["need"])
         for index, remote_digest in answer.get("digests", {}).items():
-            from fluidctl.runtime.digest import file_digest
+            from fluidctl.digest import file_digest
             if file_digest(files[int(index)].path, "sha256") != remote_digest:
                 need.add(int(index))
         result = PushResult(remote_dir, unchanged=len(files) - len(need))

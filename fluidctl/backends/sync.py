@@ -117,7 +117,7 @@ def plan_sync(node: SSHNode, source: Path, remote_dir: str,
     if same_size:
         digests = node.remote_sha256([f.remote for f in same_size])
         for item in same_size:
-            from fluidctl.runtime.digest import file_digest
+            from fluidctl.digest import file_digest
             if digests.get(item.remote) == file_digest(str(item.local), "sha256"):
                 plan.unchanged += 1
             else:

@@ -9,7 +9,7 @@ import click
 
 from fluidctl import sharding
 from fluidctl.errors import FluidctlError, UsageError
-from fluidctl.runtime import digest
+from fluidctl import digest
 
 HELP = """Split INPUT... into one shard per trainer: OUT_DIR/<name>-00000, -00001, ... plus
 OUT_DIR/manifest.json (inputs, options, and per shard its file, records, bytes and digest,

@@ -22,15 +22,9 @@ from typing import Any, Iterable, Iterator, List, Mapping, Optional
 from fluidctl import envs
 from fluidctl.errors import UsageError
 
-MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 2          # 2: per shard "checksum" (algorithm) + "digest"; 1: "sha256"
-FORMATS = ("text", "csv", "jsonl")
+from fluidctl.shardlayout import FORMATS, MANIFEST_NAME, MANIFEST_VERSION, shard_name  # noqa: F401
+
 _NUMBERED = re.compile(r"^(?P<name>.+)-(?P<index>\d+)$")
-
-
-def shard_name(name: str, index: int, suffix_length: int = 5) -> str:
-    """``train.txt``, 3 -> ``train.txt-00003``: the seeds' numeric-suffix convention."""
-    return f"{name}-{index:0{suffix_length}d}"
 
 
 def read_manifest(directory: str) -> Optional[dict]:
@@ -154,7 +148,7 @@ def shard_digest(entry: Mapping[str, Any]) -> tuple:
 def check_shard(path: str, entry: Mapping[str, Any]) -> Optional[str]:
     """What is wrong with one shard file against its manifest entry, or None: missing, size,
     then digest (with the algorithm that made it)."""
-    from fluidctl.runtime import digest
+    from fluidctl import digest
     try:
         size = os.path.getsize(path)
     except OSError:

@@ -4,11 +4,10 @@ Pure of click and rich (the command wraps it). How it stays fast and small:
 
 * ``--by lines`` / ``--by files`` never pass the data through Python objects. Cut points are
   found by reading only around them; every shard is then a list of byte ranges of the inputs
-  (:class:`Segment`), copied by the kernel with ``os.copy_file_range`` (falling back to
-  ``os.sendfile``, then to plain writes). Each range is also read once through a reused 1 MiB
-  buffer for the manifest's record count (numpy, GIL released) and digest (xxh3-128 by default,
-  or blake3 / sha256; GIL released); shards are written by one thread per core.
-  ``--checksum none`` skips the digest.
+  (:class:`Segment`), read once, 256 KiB at a time, into a reused buffer that is written,
+  hashed (xxh3-128 by default, or blake3 / sha256; GIL released) and counted for the manifest's
+  records (StringZilla, no numpy) while it is in the CPU's cache; shards are written by one
+  thread per core. ``--checksum none`` skips the digest.
 * Gzip inputs are decompressed once into a spool file inside the staging directory and then
   take the same byte-range path; the spool is deleted before the output appears.
 * ``--shuffle`` is an external shuffle (records scattered into random bucket files, then each
@@ -33,16 +32,16 @@ import os
 # paths that need it: start-up is most of a small run).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from fluidctl.runtime.data import FORMATS
+from fluidctl.shardlayout import FORMATS
 from fluidctl.sharding import tuning
-from fluidctl.sharding.copy import Copier, ShardWriter
+from fluidctl.sharding.copy import ShardWriter
 from fluidctl.sharding.engine import shard
 from fluidctl.sharding.inputs import Source
 from fluidctl.sharding.options import (BY_CHOICES, CHECKSUM_CHOICES,
                                        EQUALIZE_CHOICES, Progress, ShardOptions, ShardResult)
 from fluidctl.sharding.plan import Segment
 
-__all__ = ["BY_CHOICES", "CHECKSUM_CHOICES", "EQUALIZE_CHOICES", "FORMATS", "Copier", "Progress",
+__all__ = ["BY_CHOICES", "CHECKSUM_CHOICES", "EQUALIZE_CHOICES", "FORMATS", "Progress",
            "Segment", "ShardOptions", "ShardResult", "ShardWriter", "Source", "shard",
            "shuffle_shards", "tuning"]
 

@@ -22,7 +22,7 @@ from fluidctl.planning.hosts import Host
 
 MANIFEST = "manifest.json"
 # prints "<hex digest>  <path>" per path, as sha256sum does
-_DIGEST_SNIPPET = ("import sys\nfrom fluidctl.runtime.digest import file_digest\n"
+_DIGEST_SNIPPET = ("import sys\nfrom fluidctl.digest import file_digest\n"
                    "for p in sys.argv[2:]:\n    print(file_digest(p, sys.argv[1]) + '  ' + p)")
 
 

@@ -7,9 +7,8 @@ import os
 import threading
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from fluidctl.runtime.data import MANIFEST_NAME, shard_name
-from fluidctl.sharding import tuning
-from fluidctl.sharding.copy import Copier, ShardWriter
+from fluidctl.shardlayout import MANIFEST_NAME, shard_name
+from fluidctl.sharding.copy import ShardWriter
 from fluidctl.sharding.inputs import (Source, check_out_dir, default_name, open_sources,
                                       resolve_inputs, validate_jsonl)
 from fluidctl.sharding.manifest import _manifest
@@ -118,9 +117,6 @@ def _write_plans(plans: List[List[Segment]], sources: Sequence[Source],
                  size: int) -> List[ShardWriter]:
     """Write every shard from its byte ranges, in parallel."""
     progress.stage("writing shards", size)
-    if size >= tuning.NUMPY_RUN_FROM:   # the record count uses it once loaded (see scan);
-        import numpy  # noqa: F401      # imported here, not in a worker (see _load_numpy)
-    copier = Copier()
 
     def work(i: int, stop: threading.Event) -> ShardWriter:
         writer = make_writer(i)
@@ -129,7 +125,7 @@ def _write_plans(plans: List[List[Segment]], sources: Sequence[Source],
                 if seg.src < 0:
                     writer.write(seg.data)
                 else:
-                    writer.copy_range(copier, sources[seg.src].path, seg.start, seg.end, stop)
+                    writer.copy_range(sources[seg.src].path, seg.start, seg.end, stop)
         finally:
             writer.close()
         return writer

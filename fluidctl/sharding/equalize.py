@@ -9,7 +9,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from fluidctl.sharding.copy import Copier, ShardWriter
+from fluidctl.sharding.copy import ShardWriter
 from fluidctl.sharding.inputs import Source
 from fluidctl.sharding.options import Progress
 from fluidctl.sharding.plan import Segment
@@ -88,9 +88,8 @@ def pad_shard(writer: ShardWriter, header_lines: int, extra: int,
         data_start = 0
         if header_lines:
             data_start = _offset_after_newline(writer.path, 0, size, header_lines - 1)
-        copier = Copier()
         for _ in range(copies):
-            writer.copy_range(copier, writer.path, data_start, size, threading.Event())
+            writer.copy_range(writer.path, data_start, size, threading.Event())
     records_left = records
     line = 0                                  # index of the first line ending in this piece
     fd = os.open(writer.path, os.O_RDONLY)

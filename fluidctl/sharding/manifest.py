@@ -5,7 +5,7 @@ import os
 from typing import List
 
 from fluidctl import __version__
-from fluidctl.runtime.data import MANIFEST_VERSION
+from fluidctl.shardlayout import MANIFEST_VERSION
 from fluidctl.sharding.inputs import Source, _short
 from fluidctl.sharding.options import ShardOptions, ShardResult
 

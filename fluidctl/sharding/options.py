@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from fluidctl.errors import UsageError
-from fluidctl.runtime import digest
-from fluidctl.runtime.data import FORMATS
+from fluidctl import digest
+from fluidctl.shardlayout import FORMATS
 
 
 BY_CHOICES = ("lines", "files")

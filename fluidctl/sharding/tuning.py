@@ -5,7 +5,9 @@ or benchmark can change one -- ``fluidctl.sharding.tuning.BLOCK = 64`` -- and th
 follows.
 """
 
-BLOCK = 1 << 20                    # read buffer per worker thread
+BLOCK = 1 << 20                    # read buffer per worker thread (scans, inputs)
+COPY_BLOCK = 256 << 10             # a shard is copied in pieces this large: each is read once,
+                                   # then written, hashed and counted while in the CPU's cache
 SNIFF = 64 << 10                   # bytes looked at to decide "binary"; newline search step
 BUCKET_MAX_BYTES = 4 << 20         # a shuffle bucket is shuffled in memory up to this size...
 BUCKET_MAX_RECORDS = 128 << 10     # ...and this many records; beyond, it is scattered again
@@ -13,5 +15,5 @@ MAX_BUCKETS = 512                  # bucket files per scatter level (ids fit num
 SCATTER_BLOCK = 256 << 10          # input read per scatter step (Python objects: ~8x this)
 SCATTER_BUFFER = 4 << 20           # buffered bucket bytes, all buckets together
 JOIN_RECORDS = 8192                # records joined per write into a shard
-NUMPY_RUN_FROM = 128 << 20         # runs this large import numpy to count newlines...
-NUMPY_FROM = 64 << 10              # ...in buffers this large (smaller ones: bytes.count)
+NUMPY_FROM = 64 << 10              # without StringZilla, a loaded numpy counts newlines in
+                                   # buffers this large (smaller ones: bytes.count)
