@@ -6,7 +6,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
 from fluidctl.errors import UsageError
@@ -16,17 +15,26 @@ from fluidctl.sharding.options import Progress
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-@dataclass
 class Source:
-    """One input file as the engine reads it (``path`` is a decompressed spool for gzip)."""
-    display: str                   # what the user named (for messages and the manifest)
-    path: str                      # what is read
-    input_bytes: int               # size on disk of the original
-    gzip: bool = False
-    size: int = 0                  # bytes of ``path``
-    data_start: int = 0            # after the CSV header
-    header: bytes = b""
-    ends_with_newline: bool = True
+    """One input file as the engine reads it (``path`` is a decompressed spool for gzip).
+    A plain class, not a dataclass: see options.ShardOptions."""
+    __slots__ = ("display", "path", "input_bytes", "gzip", "size", "data_start", "header",
+                 "ends_with_newline")
+
+    def __init__(self, display: str, path: str, input_bytes: int, gzip: bool = False,
+                 size: int = 0, data_start: int = 0, header: bytes = b"",
+                 ends_with_newline: bool = True):
+        self.display = display          # what the user named (for messages and the manifest)
+        self.path = path                # what is read
+        self.input_bytes = input_bytes  # size on disk of the original
+        self.gzip = gzip
+        self.size = size                # bytes of ``path``
+        self.data_start = data_start    # after the CSV header
+        self.header = header
+        self.ends_with_newline = ends_with_newline
+
+    def __repr__(self) -> str:
+        return f"Source({self.display!r}, size={self.size})"
 
     @property
     def data_bytes(self) -> int:

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, NamedTuple, Sequence
 
 from fluidctl.errors import UsageError
 from fluidctl.sharding.inputs import Source
 from fluidctl.sharding.scan import _count_range, find_newline, rfind_newline
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(NamedTuple):
     """A piece of a shard: bytes [start, end) of source ``src``, or literal ``data``."""
     src: int = -1
     start: int = 0
@@ -26,8 +24,7 @@ class Segment:
         return len(self.data) if self.src < 0 else self.end - self.start
 
 
-@dataclass
-class Span:
+class Span(NamedTuple):
     """The records of one source in the logical stream: file bytes [start, end), plus a newline
     the file lacks when another file follows it (so two records never merge)."""
     src: int
