@@ -16,6 +16,14 @@ from fluidctl.errors import UsageError
 
 DEFAULT_LOG_DIR = "mylog"
 STATE_ENV = "FLUIDCTL_STATE_DIR"
+LOCK_NAME = ".fluidctl.lock"
+SHARED_MARKER = ".fluidctl.shared."
+
+
+def _rank_logs(where: Path) -> list:
+    """workerlog.N and serverlog.N directly in ``where``."""
+    return [p for p in sorted(where.glob("workerlog.*")) + sorted(where.glob("serverlog.*"))
+            if p.suffix[1:].isdigit()]
 
 
 @dataclass(frozen=True)
@@ -50,14 +58,33 @@ class LogLayout:
     @property
     def lock(self) -> Path:
         """Held (flock) by the job using this log dir: a second job is refused."""
-        return self.root / ".fluidctl.lock"
+        return self.root / LOCK_NAME
+
+    def shared_marker(self, nonce: str) -> Path:
+        """The empty file a multi-node launcher makes here, named with a fresh random
+        ``nonce`` per job: a node agent that finds it at its own LOG_DIR writes into the
+        launcher's very directory (a shared file system), so the ranks' log files there are
+        the logs and nothing is streamed back or written twice. Comparing paths cannot tell:
+        the same path can be two disks and two paths one; a fresh name per job is also never
+        in an NFS client's lookup cache."""
+        return self.root / f"{SHARED_MARKER}{nonce}"
 
     def stale_logs(self, keep) -> list:
-        """workerlog.N / serverlog.N here that this job does not write (an earlier, larger
-        job's), so they are not mistaken for this job's."""
-        keep = {str(Path(k)) for k in keep}
-        return [p for p in sorted(self.root.glob("workerlog.*")) + sorted(
-                self.root.glob("serverlog.*")) if p.suffix[1:].isdigit() and str(p) not in keep]
+        """Files here that this job does not write but that would pass for its own:
+        workerlog.N / serverlog.N of an earlier, larger job, in LOG_DIR and in its host
+        sub-directories (LOG_DIR/<host>/; a sub-directory holding its own ``.fluidctl.lock``
+        is another job's log dir and is left alone), and a killed launcher's shared markers.
+        For a host's layout (a node agent), only that host's sub-directory."""
+        keep = {os.path.abspath(k) for k in keep}
+        if self.host:
+            dirs = [self.dir]
+        else:
+            dirs = [self.root] + [d for d in sorted(self.root.iterdir())
+                                  if d.is_dir() and not (d / LOCK_NAME).exists()]
+        found = [p for d in dirs for p in _rank_logs(d) if os.path.abspath(p) not in keep]
+        if not self.host:
+            found += sorted(self.root.glob(f"{SHARED_MARKER}*"))
+        return found
 
     def node_launch(self, host: str) -> Path:
         """The launch log a remote node's agent keeps on that node."""

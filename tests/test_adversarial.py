@@ -689,11 +689,13 @@ def test_8_a_log_dir_in_use_is_refused_and_stale_logs_go(tmp_path):
     logs = tmp_path / "mylog"
     logs.mkdir()
     (logs / "workerlog.7").write_text("from an earlier job of 8 ranks\n")
+    (logs / "node3").mkdir()                                    # and of a multi-node job
+    (logs / "node3" / "workerlog.5").write_text("from an earlier job on 3 nodes\n")
     job = start_fluidctl("train", "--nproc", 2, BEHAVE, "--hang", "--pidfile", pid_dir,
                          cwd=tmp_path)
     try:
         _ready(pid_dir, 2)
-        assert not (logs / "workerlog.7").exists()
+        assert not (logs / "workerlog.7").exists() and not (logs / "node3").exists()
         second = fluidctl("train", "--nproc", 2, BEHAVE, cwd=tmp_path)
         assert second.returncode == 2
         assert f"is used by another running fluidctl job (pid {job.pid})" in second.stderr

@@ -57,3 +57,21 @@ def test_echo_prefixes_lines_of_each_source(tmp_path):
     assert [l for l in lines if l.startswith("[trainer 0]")] == ["[trainer 0] one",
                                                                 "[trainer 0] two"]
     assert [l for l in lines if l.startswith("[trainer 1]")] == ["[trainer 1] three"]
+
+
+def test_an_idle_log_is_opened_again_where_it_was_left(tmp_path, monkeypatch):
+    """On NFS only an open() sees what a rank on another node appended (close-to-open
+    consistency), so an idle source lets its file go and reopens it at the same offset: no
+    line lost or repeated, a line cut by the reopen joined."""
+    from fluidctl.launch import echo
+    monkeypatch.setattr(echo, "REOPEN_IDLE", 0.0)
+    log = tmp_path / "workerlog.0"
+    log.write_bytes(b"one\ntw")
+    src = _Source(str(log), "")
+    assert src.read_lines()[0] == ["one"]
+    assert src.read_lines()[0] == [] and src.file is None        # idle: let go
+    with open(log, "ab") as f:
+        f.write(b"o\nthree\n")
+    assert src.read_lines()[0] == ["two", "three"] and src.file is not None
+    assert src.read_lines(final=True)[0] == []
+    src.close()

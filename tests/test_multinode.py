@@ -273,7 +273,7 @@ def test_sync_then_train_in_the_remote_dir(tmp_path, sshd_nodes, hosts):
     assert res.returncode == 0, res.stderr
     assert sorted(re.findall(r"rank (\d) in (\S+)", res.stdout)) == [
         (str(r), str(remote)) for r in range(4)]
-    assert (remote / "mylog" / "workerlog.0").exists()      # the node's own copy of its logs
+    assert (remote / "mylog" / "node1" / "workerlog.0").exists()  # the node's own copy
     assert (ws / "mylog" / "node1" / "workerlog.0").exists()  # and the launcher's
 
 

@@ -6,10 +6,13 @@ Every node is connected to and started on in parallel; each node's agent
 ports); ``prepare`` plans from those reports. If any node cannot be reached or
 fails the check, the launcher says which and why in one line, closes every agent's stdin (they
 exit without starting anything) and nothing runs anywhere. Otherwise each agent receives its
-share of the plan on stdin and runs it with the same supervisor as the local launcher,
-streaming every log line back into LOG_DIR/<host>/. The launcher's own supervisor sees each agent
-as one handle: a failure on any node (or a lost connection) stops every node within the grace
-period, and restarts restart every node.
+share of the plan on stdin and runs it with the same supervisor as the local launcher.
+Every rank's log is LOG_DIR/<host>/workerlog.N (serverlog.N) here, written once: streamed back
+line by line and written by the launcher, or, when the agent finds the launcher's shared
+marker (``LogLayout.shared_marker``, a fresh random name per job) at its own LOG_DIR, written
+there by the rank itself (a shared file system; nothing is streamed). The launcher's own
+supervisor sees each agent as one handle: a failure on any node (or a lost connection) stops
+every node within the grace period, and restarts restart every node.
 """
 from __future__ import annotations
 
@@ -322,11 +325,21 @@ def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remot
 
 
 def agent_spec(the_plan: Plan, node_index: int, *, attempt: int, max_restarts: int,
-               grace: float, label: str) -> dict:
+               grace: float, label: str, marker: str = "") -> dict:
+    """A node's share of the plan; ``marker``: the nonce of the launcher's shared marker
+    (``LogLayout.shared_marker``), which tells the agent whether its LOG_DIR is ours."""
     procs = [replace(p, log="") for p in the_plan.on_node(node_index)]
     return {"procs": [p.to_json() for p in procs], "attempt": attempt,
             "max_restarts": max_restarts, "grace": grace, "log_dir": the_plan.job.log_dir,
-            "host": label}
+            "host": label, "marker": marker}
+
+
+def make_shared_marker(layout) -> str:
+    """Make the launcher's shared marker in its (existing) log dir; returns its nonce."""
+    import secrets
+    nonce = secrets.token_hex(16)
+    os.close(os.open(layout.shared_marker(nonce), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    return nonce
 
 
 class SSHLauncher(BaseLauncher):
@@ -341,6 +354,7 @@ class SSHLauncher(BaseLauncher):
         self.connected: Dict[str, object] = {}
         self.agents: List[RemoteAgent] = []
         self.config = None
+        self.marker = ""            # the nonce of our shared marker in LOG_DIR, once made
 
     def prepare(self, config) -> Plan:
         from fluidctl.backends.sshconfig import resolve_hosts
@@ -425,6 +439,8 @@ class SSHLauncher(BaseLauncher):
         """Hand every agent its share of the plan; a restart starts fresh agents over the
         same connections."""
         config = self.config
+        if not self.marker:
+            self.marker = make_shared_marker(config.layout)
         if attempt:
             self.agents = bring_up(self.hosts, None, backend=self.name,
                                    python=config.interpreter, remote_dir=self.remote_dir,
@@ -439,7 +455,8 @@ class SSHLauncher(BaseLauncher):
                 continue
             agent.send_plan(agent_spec(plan, i, attempt=attempt,
                                        max_restarts=config.max_restarts,
-                                       grace=config.grace_period, label=self.hosts[i].name),
+                                       grace=config.grace_period, label=self.hosts[i].name,
+                                       marker=self.marker),
                             procs)
             handles.append(agent)
         self.running = handles
@@ -451,6 +468,9 @@ class SSHLauncher(BaseLauncher):
         for node in self.connected.values():
             node.close()
         self.agents, self.connected = [], {}
+        if self.marker:
+            self.config.layout.shared_marker(self.marker).unlink(missing_ok=True)
+            self.marker = ""
 
 
 STACKS_TIMEOUT = 60.0       # how long the launcher waits for a node's stacks

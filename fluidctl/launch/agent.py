@@ -7,8 +7,10 @@ One SSH exec per node does everything, because on real clusters every exec pays 
 shell: the agent first reports on its node (Python and fluidctl versions, free disk, GPUs and
 as many free ports as asked) in one ``probe`` line, then reads its share of the plan as one JSON
 line on stdin (so the job token never shows in ``ps``), starts that node's processes with the
-same code as the local launcher, and streams every line of every log back on stdout, tagged
-with the process it came from. It exits with the first failing process's code after a
+same code as the local launcher, each writing LOG_DIR/<host>/workerlog.N (serverlog.N), and
+streams every line of every log back on stdout, tagged with the process it came from, unless
+that LOG_DIR is the launcher's own (its shared marker is there: a shared file system), where
+the files already are the logs. It exits with the first failing process's code after a
 ``failure`` record. If the launcher goes away (stdin closes, or stdout breaks) it stops its
 processes: nothing is left on the node.
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from fluidctl import __version__
 from fluidctl.backends.agent import (BEAT_TAG, CR_MARK, DOCTOR_TAG, DUMP_COMMAND, ENDS_TAG,
-                                    FAILURE_TAG, MARK, PROBE_TAG, STACKS_TAG, tag_for)
+                                    FAILURE_TAG, MARK, PROBE_TAG, SAY_TAG, STACKS_TAG, tag_for)
 from fluidctl.errors import UsageError
 
 
@@ -45,6 +47,14 @@ def probe(ports: int) -> dict:
             "disk_free": shutil.disk_usage(".").free, "cwd": os.getcwd(),
             "gpus": len(gpus), "gpu_ids": gpus, "ports": free,
             "ifaces": doctor.interfaces()}
+
+
+def shares_log_dir(layout, nonce: str) -> bool:
+    """True when the launcher's shared marker named ``nonce`` is in our LOG_DIR: it is the
+    directory the launcher writes to (paths.LogLayout.shared_marker)."""
+    if not nonce or not nonce.isalnum():
+        return False
+    return layout.shared_marker(nonce).exists()
 
 
 def _serve_stdin(launch_log, diagnostics=None) -> None:
@@ -101,15 +111,24 @@ def node_agent(ports: int) -> None:
     if held is not None:
         held.close()
     procs = [ProcSpec(**p) for p in spec["procs"]]
-    layout = LogLayout(Path(spec["log_dir"]))
+    layout = LogLayout(Path(spec["log_dir"]), spec["host"])     # LOG_DIR/<host>/, as there
     layout.create()
     logs = [str(layout.for_role(p.role, p.rank)) for p in procs]
     launch_log = LaunchLog(str(layout.node_launch(spec["host"])))
     attempt = int(spec.get("attempt", 0))
     launch_log(f"node agent for {spec['host']}: attempt {attempt}, "
                + ", ".join(p.label for p in procs))
-    if attempt:
+    shared = shares_log_dir(layout, spec.get("marker", ""))
+    if shared:          # the launcher's own files: it empties them, it writes restart headers
+        launch_log(f"{layout.dir.resolve()} is the launcher's (its marker is here): the "
+                   "ranks write their logs there, nothing is streamed")
+        emit(SAY_TAG, f"LOG_DIR is shared with the launcher: {len(logs)} log(s) in "
+                      f"{layout.dir} written by the ranks there, not streamed")
+    elif attempt:
         run.append_header(logs, attempt, int(spec.get("max_restarts", attempt)))
+    else:
+        for stale in run.clear_stale(layout, logs):
+            launch_log(f"removed {stale}: an earlier job's log, not this job's")
     diagnostics = Diagnostics()             # this node's ranks: triage, stacks, progress
     threading.Thread(target=_serve_stdin, args=(launch_log, diagnostics), daemon=True).start()
 
@@ -129,9 +148,10 @@ def node_agent(ports: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     result = run.run_supervised(
-        start, logs=logs, fresh=not attempt, launch_log=launch_log,
+        start, logs=logs, fresh=not attempt and not shared, launch_log=launch_log,
         options=RunOptions(float(spec.get("grace", 5.0)), 0),
-        sources=[(log, f"{MARK}{tag_for(p.role, p.rank)}|") for p, log in zip(procs, logs)],
+        sources=[] if shared else [(log, f"{MARK}{tag_for(p.role, p.rank)}|")
+                                   for p, log in zip(procs, logs)],
         report=report, on_broken=lost, cr_mark=CR_MARK, diagnostics=diagnostics,
         heartbeat=lambda: f"{MARK}{BEAT_TAG}|{diagnostics.progress()}")
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from typing import BinaryIO, Callable, List, Optional, Tuple
 
 from fluidctl.lines import LineSplitter
@@ -19,6 +20,8 @@ from fluidctl.lines import LineSplitter
 CHUNK = 1 << 20
 MAX_LINE = 1 << 20      # characters; a longer line is echoed in pieces (bounded memory)
 IDLE_WAIT = 0.02
+REOPEN_IDLE = 0.5       # an idle file is opened again this often: on NFS only an open sees
+                        # what another machine appended (close-to-open consistency)
 
 
 class _Source:
@@ -26,6 +29,7 @@ class _Source:
         self.path, self.prefix = path, prefix
         self.file: Optional[BinaryIO] = None
         self.offset = 0
+        self.opened = 0.0
         if from_end:            # measured now, before the writers start, not when first read
             try:
                 self.offset = os.path.getsize(path)
@@ -43,8 +47,13 @@ class _Source:
             except FileNotFoundError:
                 return [], False
             self.file.seek(self.offset)
+            self.opened = time.monotonic()
         data = self.file.read(CHUNK)
+        self.offset += len(data)
         more = len(data) == CHUNK
+        if not data and not final and time.monotonic() - self.opened > REOPEN_IDLE:
+            self.file.close()           # a rank on another node writes it (shared LOG_DIR)
+            self.file = None
         self.splitter.feed(data)
         if final and not more:
             self.splitter.close()

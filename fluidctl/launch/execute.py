@@ -59,12 +59,10 @@ def execute(plan: Plan, launcher: "Launcher", config: "LaunchConfig",
 
 
 def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResult:
+    launch_log = launch_log or LaunchLog()
     logs = launcher.logs(plan)
-    for stale in (layout.stale_logs(logs) if owner else []):
-        stale.unlink(missing_ok=True)
     if plan.master:                 # mpi: the ranks choose their endpoints at start
         run.write_endpoints(layout, plan)
-    launch_log = launch_log or LaunchLog()
     launch_log.attach(str(layout.launch))
     nodes = len(plan.job.nodes)
     launch_log(f"fluidctl job over {plan.backend}: {len(plan.trainers)} trainer(s) on "
@@ -72,6 +70,9 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
                f"argv {plan.trainers[0].argv if plan.trainers else []}")
     for command in plan.commands:
         launch_log(f"runs on {command.host}: {' '.join(command.argv)}")
+    if owner:
+        for stale in run.clear_stale(layout, logs):
+            launch_log(f"removed {stale}: an earlier job's log, not this job's")
     return run.run_supervised(
         lambda attempt: launcher.start(plan, attempt), logs=logs,
         launch_log=launch_log, options=RunOptions(config.grace_period, config.max_restarts),

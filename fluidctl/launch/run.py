@@ -55,6 +55,24 @@ def fresh_logs(paths: Sequence[str]) -> None:
         Path(path).write_bytes(b"")
 
 
+def clear_stale(layout: LogLayout, keep: Sequence[str]) -> List[Path]:
+    """Remove what ``layout.stale_logs(keep)`` finds (an earlier, larger job's logs), and a
+    host sub-directory that this leaves empty; returns what was removed."""
+    removed = []
+    for stale in layout.stale_logs(keep):
+        try:
+            stale.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(stale)
+    for where in {p.parent for p in removed} - {layout.root}:
+        try:
+            where.rmdir()
+        except OSError:             # not empty: this job's, or something else's
+            pass
+    return removed
+
+
 def append_header(paths: Sequence[str], attempt: int, max_restarts: int) -> None:
     for path in paths:
         with open(path, "a", encoding="utf-8") as f:
