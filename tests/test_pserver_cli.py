@@ -78,10 +78,11 @@ def test_daemon_start_status_stop(cli, tmp_path):
 
     opt.close()
     stopped = cli("stop", "--port", str(port), check=0)
-    assert "stopped" in stopped.stdout
+    assert "stopped" in stopped.stdout and "kept" not in stopped.stdout
     assert not psutil.pid_exists(record["pid"]) or psutil.Process(
         record["pid"]).status() == psutil.STATUS_ZOMBIE
     assert _status(cli) == []
+    assert sorted(p.name for p in cli.state.iterdir()) == []   # token, log, pid file: gone
     manifest = json.loads((tmp_path / "ckpt" / "pserver.0" / "manifest.json").read_text())
     assert manifest["step"] == 1                              # SIGTERM saved the shard
 
@@ -94,8 +95,28 @@ def test_a_killed_daemon_shows_dead_and_stop_all_cleans_up(cli):
     os.kill(record["pid"], signal.SIGKILL)
     _wait_until(lambda: _status(cli)[0]["state"] == "dead")
     assert "dead" in cli("status", check=0).stdout
-    assert "stale record removed" in cli("stop", "--all", check=0).stdout
+    log = cli.state / f"pserver-{port}.log"
+    stopped = cli("stop", "--all", check=0).stdout
+    assert f"stale record removed; its log: {log})" in stopped
     assert _status(cli) == []
+    assert not (cli.state / f"pserver-{port}.token").exists()      # no server, no secret
+    assert "serving" in log.read_text()                            # the evidence stays
+
+
+def test_a_stop_whose_last_checkpoint_failed_keeps_the_log(cli, tmp_path):
+    port, = local.free_ports(1)
+    ckpt = tmp_path / "ckpt"
+    cli("start", "--port", str(port), "--daemon", "--checkpoint-dir", str(ckpt), check=0)
+    (record,) = _status(cli)
+    cli.started.append(record["pid"])
+    import shutil
+    shutil.rmtree(ckpt)
+    ckpt.write_text("not a directory any more\n")      # the checkpoint on SIGTERM fails
+    stopped = cli("stop", "--port", str(port), check=0).stdout
+    log = cli.state / f"pserver-{port}.log"
+    assert f"it logged warnings or errors, its log is kept: {log}" in stopped
+    assert "checkpoint at step 0 failed" in log.read_text()
+    assert not (cli.state / f"pserver-{port}.token").exists()
 
 
 def test_start_errors_are_one_line(cli, tmp_path):

@@ -316,14 +316,15 @@ def stop(port, stop_all, timeout):
     failed = []
     for r in targets:
         if r["state"] == "dead":
-            _remove_record(r)
-            log = r.get("log")
+            log = _remove_record(r, clean=False)
             out.print(f"{r.get('endpoint')}: was not running (stale record removed"
                       + (f"; its log: {log})" if log else ")"), markup=False)
             continue
         if _terminate(r["pid"], timeout):
-            _remove_record(r, with_log=True)
-            out.print(f"{r.get('endpoint')}: stopped (pid {r['pid']})", markup=False)
+            log = _remove_record(r, clean=True)
+            out.print(f"{r.get('endpoint')}: stopped (pid {r['pid']})"
+                      + (f"; it logged warnings or errors, its log is kept: {log}" if log
+                         else ""), markup=False)
         else:
             failed.append(r)
     if failed:
@@ -345,16 +346,32 @@ def _terminate(pid: int, timeout: float) -> bool:
         return False
 
 
-def _remove_record(record: dict, with_log: bool = False) -> None:
-    """The record, pid file and generated token; the daemon's log too after a clean stop."""
+def _remove_record(record: dict, clean: bool) -> Optional[Path]:
+    """Remove the record, the pid file and the generated token (a secret with no server
+    behind it any more); the daemon's log too, but only after a ``clean`` stop whose log holds
+    no warning, error or traceback: the log of a server that crashed, was killed or failed
+    its last checkpoint is the evidence, so it stays. Returns the log when it is kept."""
     port = record.get("port")
-    if isinstance(port, int):
-        doomed = [paths.pserver_state_file(port), paths.pserver_pid_file(port),
-                  paths.pserver_token_file(port)]
-        if with_log:
-            doomed.append(paths.pserver_log_file(port))
-        for path in doomed:
-            try:
-                path.unlink(missing_ok=True)
-            except OSError:
-                pass
+    if not isinstance(port, int):
+        return None
+    log = paths.pserver_log_file(port)
+    keep = log.exists() and (not clean or _log_has_trouble(log))
+    doomed = [paths.pserver_state_file(port), paths.pserver_pid_file(port),
+              paths.pserver_token_file(port)] + ([] if keep else [log])
+    for path in doomed:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
+    return log if keep else None
+
+
+def _log_has_trouble(log: Path) -> bool:
+    """A WARNING/ERROR/CRITICAL record, a traceback or an ``error:`` line in a daemon's log."""
+    try:
+        with open(log, errors="replace") as f:
+            return any(" pserver WARNING " in line or " pserver ERROR " in line
+                       or " pserver CRITICAL " in line or line.startswith(
+                           ("Traceback", "error:")) for line in f)
+    except OSError:
+        return True                 # unreadable: not ours to throw away
