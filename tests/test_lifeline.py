@@ -1,0 +1,80 @@
+"""The launcher's watchdog (fluidctl/lifeline.py), a POSIX sh loop: what it kills and removes
+when the launcher dies, what it leaves alone at a normal end, and which lines it refuses."""
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+
+from fluidctl import lifeline
+
+
+def _wait_for(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def _group():
+    """A process group of a sleeper and its own child (what a worker's children look like)."""
+    proc = subprocess.Popen(["sh", "-c", "sleep 300 & exec sleep 300"], start_new_session=True)
+    assert _wait_for(lambda: len(psutil.Process(proc.pid).children()) == 1)
+    return proc, [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children()]
+
+
+def _alive(pids):
+    return [p for p in pids if psutil.pid_exists(p)
+            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_launcher_death_kills_every_group_and_removes_the_dirs(tmp_path):
+    proc, pids = _group()
+    diag = tmp_path / "diag"
+    (diag / "sub").mkdir(parents=True)
+    dog = lifeline.Watchdog()
+    try:
+        dog.add(proc.pid)
+        dog.remove_on_death(diag)
+        dog._proc.stdin.close()          # EOF without "done": what the kernel does on SIGKILL
+        assert dog._proc.wait(10) == 0
+        assert _wait_for(lambda: proc.poll() is not None)
+        assert proc.returncode == -signal.SIGKILL
+        assert _wait_for(lambda: not _alive(pids)), _alive(pids)
+        assert not diag.exists()
+    finally:
+        for p in _alive(pids):
+            os.kill(p, signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_normal_end_kills_nothing(tmp_path):
+    proc, pids = _group()
+    diag = tmp_path / "diag"
+    diag.mkdir()
+    dog = lifeline.Watchdog()
+    try:
+        dog.add(proc.pid)
+        dog.remove_on_death(diag)
+        dog.close()
+        assert dog._proc.returncode == 0
+        assert _alive(pids) == pids and diag.is_dir()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_only_group_ids_above_1_are_taken(tmp_path):
+    """'kill -- -1' would be every process we may signal: the script is run with kill()
+    replaced by a logger, fed junk and dangerous ids, then EOF."""
+    log = tmp_path / "killed"
+    script = f'kill() {{ printf "%s\\n" "$*" >> "{log}"; }}\n' + lifeline._WATCH_SH
+    feed = "+1\n+0\n+\n+-5\n+12x\n+ 7\n+$(touch {bad})\n!\n+4242\n+017\n".format(
+        bad=tmp_path / "bad")
+    res = subprocess.run(["/bin/sh", "-c", script], input=feed, text=True, timeout=10)
+    assert res.returncode == 0
+    assert log.read_text().splitlines() == ["-s KILL -- -4242", "-s KILL -- -017"]
+    assert not (tmp_path / "bad").exists()
