@@ -1,6 +1,7 @@
 """cluster sync's transport (fluidctl.backends.push): one OpenSSH process per node and a
 standard-library receiver, against real sshd nodes on loopback; and the SFTP fallback."""
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -162,3 +163,66 @@ def test_sync_names_each_failing_node_on_one_line(sshd_nodes, workspace, tmp_pat
                                                              "sync: closed: "), r.stderr
     assert "Connection refused" in r.stderr
     assert (tmp_path / "remote" / "node1" / "train.py").read_text() == "print('v1')\n"
+
+
+def test_names_that_are_not_utf8_or_hold_spaces_and_newlines_arrive_as_they_are(
+        sshd_nodes, tmp_path):
+    """The file list carries paths as the file system's bytes (NUL-separated), not as text."""
+    src = tmp_path / "odd"
+    src.mkdir()
+    names = [b"caf\xe9.txt", b"with space.py", b"new\nline.txt", "日本.txt".encode()]
+    for name in names:
+        (src / os.fsdecode(name)).write_bytes(name * 3)
+    remote = tmp_path / "remote"
+    result = push.push(argv_for(sshd_nodes), files_of(src), str(remote))
+    assert len(result.sent) == 4
+    assert sorted(os.listdir(os.fsencode(remote))) == sorted(names)
+    for name in names:
+        assert (remote / os.fsdecode(name)).read_bytes() == name * 3
+    assert push.push(argv_for(sshd_nodes), files_of(src), str(remote)).unchanged == 4
+
+
+def _negotiated_cipher(argv):
+    """The cipher this argv's ssh actually negotiates (ssh -v's own report)."""
+    r = subprocess.run(argv[:-2] + ["-v", "-o", "LogLevel=DEBUG1"] + argv[-2:] + ["true"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    found = re.search(r"kex: client->server cipher: (\S+)", r.stderr)
+    assert found, r.stderr
+    return found.group(1)
+
+
+def test_aes_gcm_first_only_where_the_ssh_config_leaves_ciphers_alone(sshd_nodes, tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text("Host chosen\n    Ciphers aes256-ctr\n\n"
+                      + sshd_nodes.config.read_text().replace("Host node1\n",
+                                                              "Host node1 chosen\n"))
+    plain, chosen = push.with_fast_cipher([
+        push.ssh_command(alias, ssh_config=str(config), timeout=10)
+        for alias in ("node1", "chosen")])
+    assert "-c" not in chosen and _negotiated_cipher(chosen) == "aes256-ctr"   # the user's
+    if push._aes_in_hardware():
+        assert plain[plain.index("-c") + 1] == push.CIPHERS
+        assert _negotiated_cipher(plain) == "aes128-gcm@openssh.com"
+    else:                                   # chacha20 stays first where AES is in software
+        assert "-c" not in plain
+    assert set(push.CIPHERS.split(",")) == set(push.OPENSSH_DEFAULT_CIPHERS.split(","))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(1 << 20))
+    for argv, where in ((plain, "p"), (chosen, "c")):
+        push.push(argv, files_of(src), str(tmp_path / where))
+        assert (tmp_path / where / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
+
+
+@pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK), reason="no /usr/bin/python3")
+def test_the_receiver_runs_under_the_system_python3_not_a_shim_on_path(workspace, tmp_path):
+    """A version manager's python3 first on PATH (slow to start) is passed over for
+    /usr/bin/python3; the node's login shell is played here by sh, as sshd would run it."""
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "python3").write_text(f"#!/bin/sh\ntouch {tmp_path / 'shim-ran'}\nexit 1\n")
+    (shims / "python3").chmod(0o755)
+    node = ["env", f"PATH={shims}:/usr/bin:/bin", "sh", "-c"]
+    result = push.push(node, files_of(workspace), str(tmp_path / "remote"))
+    assert "train.py" in result.sent and not (tmp_path / "shim-ran").exists()

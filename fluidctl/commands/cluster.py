@@ -222,9 +222,11 @@ def sync(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote_
     default_dir = str(source if source.is_dir() else source.parent)
     hosts = load_hosts(hostfile, hosts_arg)
     use_ssh = push.have_ssh_client()
-    argvs = {h.name: push.ssh_command(h.name, user=h.user, port=h.port, ssh_config=ssh_config,
-                                      accept_new=accept_new_host_keys, timeout=timeout)
-             for h in hosts}
+    argvs = [push.ssh_command(h.name, user=h.user, port=h.port, ssh_config=ssh_config,
+                              accept_new=accept_new_host_keys, timeout=timeout) for h in hosts]
+    if use_ssh:
+        argvs = push.with_fast_cipher(argvs)
+    argvs = {h.name: argv for h, argv in zip(hosts, argvs)}
     # every node's ssh handshake and python3 start while the files are listed here
     channels = {name: push.connect(argv) for name, argv in argvs.items()} if use_ssh else {}
     try:
