@@ -119,9 +119,9 @@ try:
         if fd >= 0:
             try:
                 os.fchmod(fd, mode)
+                os.utime(fd, ns=(mtime_ns, mtime_ns))
                 os.close(fd)
                 fd = -1
-                os.utime(tmp, ns=(mtime_ns, mtime_ns))
                 os.replace(tmp, path)
             except OSError as exc:
                 failed(rel, exc)
@@ -137,6 +137,7 @@ finally:
             pass
 out.write(b"".join(b"E " + e + b"\n" for e in errors) + b"done\n")
 out.flush()
+os._exit(0)     # every file is closed: skip the interpreter's teardown, ssh exits sooner
 '''
 
 # What the node's shell runs (sh, bash, zsh, fish or csh: one exec and quoted words): read the
