@@ -72,8 +72,27 @@ def _usage_hint(exc: click.UsageError) -> str:
     return f"see '{path} --help'"
 
 
+# Commands whose start-up is a large part of their run, and that run no user code in this
+# process: they exit without the interpreter's last garbage collection over every object
+# imported (gc.freeze moves them out of its reach; atexit handlers, flushes and thread joins
+# still run). ~7 ms of a 60 ms shard-data start-up here. Not `worker` (the user's script runs
+# in its process and keeps the normal collection), nor the launchers (long-lived, many objects
+# of their own: nothing to win).
+FREEZE_AT_EXIT = ("shard-data", "--version", "-V", "--help", "-h")
+
+
 def main(argv=None) -> None:
     """Run the CLI; turn every user-caused error into one line and an exit code."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        _main(args)
+    finally:
+        if args[:1] and args[0] in FREEZE_AT_EXIT:
+            import gc
+            gc.freeze()
+
+
+def _main(argv) -> None:
     try:
         code = cli.main(args=argv, prog_name="fluidctl", standalone_mode=False)
     except click.UsageError as exc:
