@@ -2,8 +2,10 @@
 against `python -c pass`.
 
 For each size (default 256 MiB and 1 GiB) it generates a line file in /tmp, warms the page
-cache with one untimed run of each contender, then alternates split and each fluidctl variant
-round by round (a fresh process each time, `-q`), and prints medians, minimums, the ratio of
+cache with one untimed run of each contender, then runs split and each fluidctl variant round
+by round, in a seeded random order per round (a fresh process each time, `-q`; the input read
+through the page cache right before each, the previous output deleted and synced), and prints
+medians, minimums, the ratio of
 medians to split, the median CPU time (user + system) of each contender and fluidctl's peak
 RSS (both from wait4's rusage of that very child). Then it
 times `python -c pass`, `fluidctl --version` and `fluidctl shard-data` of a 1-line file the same
@@ -95,26 +97,53 @@ def bench_size(work: str, mib: int, args, variants: dict, fluidctl_cmd: list) ->
     rss: dict = {}
     out = os.path.join(work, "out")
 
+    def clean():
+        """Remove the last output and write back what is dirty, so no contender pays for the
+        previous one's writeback."""
+        shutil.rmtree(out)
+        os.sync()
+
+    def warm():
+        """Read the input through the page cache right before each timed run. "Warm cache" is
+        not a given here: this machine runs DAMON with a pageout scheme that drops page-cache
+        pages it finds cold, and whoever ran after that re-read the input from disk (2-3x the
+        CPU, the penalty moving with the slot when the order changed)."""
+        buf = bytearray(1 << 20)
+        with open(data, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
     def one_split(label=""):
         os.mkdir(out)
+        warm()
         wall, _ = run(["split", "-n", f"l/{args.trainers}", data, out + "/x"], label)
-        shutil.rmtree(out)
+        clean()
         return wall
 
     def one_fluidctl(extra, label=""):
+        warm()
         wall, peak = run(fluidctl_cmd + [data, "-n", str(args.trainers), "-o", out, "-q"] + extra,
                          label)
-        shutil.rmtree(out)
+        clean()
         return wall, peak
 
+    os.sync()
     one_split()                                   # warm the page cache, untimed
     for extra in variants.values():
         one_fluidctl(extra)
     CPU.clear()
+    # Each round runs the contenders in a fresh random order (seeded): on this machine the run
+    # right after split's was slower whoever it was (sys time 2-3x, something in the kernel's
+    # handling of the GiB just written and deleted), so a fixed order charged one contender.
+    order = random.Random(len(variants) * 1000 + mib)
+    contenders = [None, *variants]
     for _ in range(args.runs):
-        times[split_label].append(one_split(split_label))
-        for label, extra in variants.items():
-            wall, peak = one_fluidctl(extra, f"fluidctl {label}")
+        order.shuffle(contenders)
+        for label in contenders:
+            if label is None:
+                times[split_label].append(one_split(split_label))
+                continue
+            wall, peak = one_fluidctl(variants[label], f"fluidctl {label}")
             times[f"fluidctl {label}"].append(wall)
             rss[f"fluidctl {label}"] = max(rss.get(f"fluidctl {label}", 0), peak)
     os.unlink(data)
