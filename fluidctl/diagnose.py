@@ -16,12 +16,11 @@ import json
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Hashable, List, Optional, Sequence
 
-from fluidctl import progress, stacks, triage
+from fluidctl import progress, triage
 from fluidctl.failures import Failure, log_tail
 from fluidctl.paths import DiagDir, hang_dir
 
@@ -121,6 +120,7 @@ class StackDump:
                    why={int(k): v for k, v in data["why"].items()},
                    method={int(k): v for k, v in data["method"].items()},
                    notes=list(data["notes"]))
+        from fluidctl import stacks
         for rank, text in dump.texts.items():
             parse = (stacks.parse_pyspy if dump.method.get(rank) == "py-spy"
                      else stacks.parse_faulthandler)
@@ -130,11 +130,15 @@ class StackDump:
         return dump
 
     def summary(self) -> List[str]:
+        from fluidctl import stacks
         return stacks.summary(self.frames, self.why)
 
 
 def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir]) -> StackDump:
-    """Every target's stack, in parallel: py-spy, else the faulthandler signal."""
+    """Every target's stack, in parallel: py-spy, else the faulthandler signal. (stacks and
+    concurrent.futures are imported here, on a hang, not by every launch.)"""
+    from concurrent.futures import ThreadPoolExecutor
+    from fluidctl import stacks
     dump = StackDump()
 
     def one(t: Target):

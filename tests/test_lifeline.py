@@ -3,6 +3,7 @@ when the launcher dies, what it leaves alone at a normal end, and which lines it
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -78,3 +79,25 @@ def test_only_group_ids_above_1_are_taken(tmp_path):
     assert res.returncode == 0
     assert log.read_text().splitlines() == ["-s KILL -- -4242", "-s KILL -- -017"]
     assert not (tmp_path / "bad").exists()
+
+
+def test_has_children_sees_a_child_of_any_thread():
+    """sweep_descendants imports psutil only when /proc says this process has a child; a child
+    started by another thread is listed under that thread's task."""
+    code = (
+        "import subprocess, threading\n"
+        "from fluidctl.backends.local import _has_children\n"
+        "seen = [_has_children()]\n"
+        "p = subprocess.Popen(['sleep', '30'])\n"
+        "seen.append(_has_children())\n"
+        "p.kill(); p.wait()\n"
+        "seen.append(_has_children())\n"
+        "box = []\n"
+        "t = threading.Thread(target=lambda: box.append(subprocess.Popen(['sleep', '30'])))\n"
+        "t.start(); t.join()\n"
+        "seen.append(_has_children())\n"
+        "box[0].kill(); box[0].wait()\n"
+        "print(seen)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert res.stdout.strip() == "[False, True, False, True]", res.stderr

@@ -15,14 +15,13 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
 
-import psutil
-
 from fluidctl import lifeline
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.errors import UsageError
 from fluidctl.failures import Failure
 
 if TYPE_CHECKING:
+    import psutil
     from fluidctl.planning.config import LaunchConfig
     from fluidctl.planning.plan import Plan, ProcSpec
 
@@ -40,7 +39,11 @@ def become_subreaper() -> bool:
         return False
 
 
+# psutil (~5 ms to import) is loaded only to stop a tree or sweep leftovers: a clean run, whose
+# workers all ended and were reaped, never needs it (see _has_children).
+
 def _tree(pid: int) -> List[psutil.Process]:
+    import psutil
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
@@ -48,6 +51,7 @@ def _tree(pid: int) -> List[psutil.Process]:
 
 
 def _signal_procs(procs: List[psutil.Process], sig: int) -> None:
+    import psutil
     for proc in procs:
         try:
             proc.send_signal(sig)
@@ -225,6 +229,9 @@ def full_env(contract: Mapping[str, str], base: Optional[Mapping[str, str]] = No
 def sweep_descendants(grace: float) -> List[int]:
     """Stop and reap whatever still descends from this process (leftover grandchildren that
     outlived their worker). Returns the pids that had to be stopped."""
+    if not _has_children():
+        return []
+    import psutil
     me = psutil.Process()
     left = me.children(recursive=True)
     if not left:
@@ -237,8 +244,22 @@ def sweep_descendants(grace: float) -> List[int]:
     return [p.pid for p in left]
 
 
+def _has_children() -> bool:
+    """Whether any process is a child of this one, from /proc/self/task/*/children (every thread
+    has its own list); True when that cannot be read (then psutil looks)."""
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children", "rb") as f:
+                if f.read().strip():
+                    return True
+    except OSError:
+        return True
+    return False
+
+
 def _reap_children() -> None:
     """Collect exit statuses of re-parented processes (psutil only reaps its own waits)."""
+    import psutil
     for child in psutil.Process().children():
         try:
             os.waitpid(child.pid, os.WNOHANG)
