@@ -103,6 +103,30 @@ def test_a_killed_daemon_shows_dead_and_stop_all_cleans_up(cli):
     assert "serving" in log.read_text()                            # the evidence stays
 
 
+def test_a_daemon_ended_by_a_plain_kill_takes_its_generated_token_along(cli, tmp_path):
+    port, = local.free_ports(1)
+    cli("start", "--port", str(port), "--daemon", check=0)
+    (record,) = _status(cli)
+    cli.started.append(record["pid"])
+    token = cli.state / f"pserver-{port}.token"
+    assert token.exists()
+    os.kill(record["pid"], signal.SIGTERM)
+    _wait_until(lambda: not psutil.pid_exists(record["pid"])
+                or psutil.Process(record["pid"]).status() == psutil.STATUS_ZOMBIE)
+    assert _status(cli) == []
+    assert not token.exists()
+    # a token the user gave in the state dir under another name is theirs: never touched
+    mine = cli.state / "mine.token"
+    mine.write_text("a-token-of-the-users\n")
+    port, = local.free_ports(1)
+    cli("start", "--port", str(port), "--daemon", "--token-file", str(mine), check=0)
+    (record,) = _status(cli)
+    cli.started.append(record["pid"])
+    os.kill(record["pid"], signal.SIGTERM)
+    _wait_until(lambda: _status(cli) == [])
+    assert mine.read_text() == "a-token-of-the-users\n"
+
+
 def test_a_stop_whose_last_checkpoint_failed_keeps_the_log(cli, tmp_path):
     port, = local.free_ports(1)
     ckpt = tmp_path / "ckpt"

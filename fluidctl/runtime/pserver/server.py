@@ -244,6 +244,10 @@ class PServer:
             self._state_error = None
 
     def remove_state(self) -> None:
+        """At the end: the state record, our pid file and, when ``fluidctl pserver start``
+        generated our token (the state dir's pserver-PORT.token holding exactly our token),
+        that token: a secret for a server that no longer exists. A pserver ended by a plain
+        ``kill`` (SIGTERM) otherwise left it behind, with no record left for `stop` to find."""
         if not self.cfg.write_state:
             return
         from fluidctl import paths
@@ -254,6 +258,12 @@ class PServer:
                 path.unlink()
             except OSError:
                 pass
+        token = paths.pserver_token_file(self.port)
+        try:
+            if self.cfg.token and token.read_text().strip() == self.cfg.token:
+                token.unlink()
+        except OSError:
+            pass
 
     # --- connections --------------------------------------------------------------------
     def _on_peer(self, sock: socket.socket, addr) -> None:
