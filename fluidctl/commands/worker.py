@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -183,6 +182,7 @@ def run_child(argv: List[str], env: Mapping[str, str], log_path: Optional[str]) 
     """Start the child in its own session, forward signals to its group, return its exit code
     (128 + N when a signal N ended it, as shells report)."""
     try:
+        import subprocess
         child = subprocess.Popen(argv, env=dict(env), start_new_session=True,
                                  stdout=subprocess.PIPE if log_path else None,
                                  stderr=subprocess.STDOUT if log_path else None)
@@ -262,6 +262,7 @@ def tee_output(log_path: str):
     fds 1 and 2. At exit, after every other atexit handler (MPI_Finalize included), the pipe
     is closed and the tee waited for, so no line is lost. Returns that closing function."""
     import atexit
+    import subprocess
     tee = subprocess.Popen(["tee", "-a", log_path], stdin=subprocess.PIPE,
                            stdout=sys.stdout.fileno(), start_new_session=True)
     for fd in (1, 2):
@@ -387,12 +388,14 @@ def worker(script, args):
                 exit_failed(code, close_output)
             sys.exit(0)
         env = child_environment(environ, contract)
+    alone = under_slurm and (log_path is None or environ.get(envs.WORKER_ECHO) == "0")
+    if alone and is_python(script) and os.path.isfile(script):
+        # one interpreter per rank, as under plain srun: the script runs here (and every rank
+        # of a big job pays this path's start-up: nothing more is imported for it)
+        redirect_output(log_path)
+        sys.exit(run_in_process(script, list(args), contract))
     from fluidctl.planning.plan import script_argv
     argv = script_argv(script, args, sys.executable)
-    if under_slurm and (log_path is None or environ.get(envs.WORKER_ECHO) == "0"):
-        if is_python(script) and os.path.isfile(script):
-            # one interpreter per rank, as under plain srun: the script runs here
-            redirect_output(log_path)
-            sys.exit(run_in_process(script, list(args), contract))
+    if alone:
         exec_in_place(argv, env, log_path)
     sys.exit(run_child(argv, env, None if in_process else log_path))
