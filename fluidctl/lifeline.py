@@ -63,7 +63,8 @@ def preexec(signum: int = signal.SIGTERM):
 # POSIX sh, not Python: the watchdog starts with every launch, and sh is ready in about a
 # millisecond where an interpreter costs ~35 ms of CPU (on two cores, beside the launch itself)
 # and, if the job is short, makes the launcher wait at the end for it to have started at all.
-# Group ids below 2 are refused: "kill -- -1" would mean every process we may signal.
+# Group ids below 2 are refused: "kill -- -1" would mean every process we may signal; so is
+# the path "/".
 _WATCH_SH = r"""trap '' INT
 groups=
 paths=
@@ -78,7 +79,7 @@ ${line#!}" ;;
 done
 for g in $groups; do kill -s KILL -- "-$g" 2>/dev/null; done
 printf '%s\n' "$paths" | while IFS= read -r p; do
-  [ -n "$p" ] && rm -rf -- "$p"
+  case $p in ""|/) ;; *) rm -rf -- "$p" ;; esac
 done
 exit 0
 """

@@ -81,6 +81,16 @@ def test_only_group_ids_above_1_are_taken(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+def test_the_root_directory_is_never_removed(tmp_path):
+    """rm replaced by a logger: '!/' is refused, a real path is passed on."""
+    log = tmp_path / "removed"
+    script = f'rm() {{ printf "%s\\n" "$*" >> "{log}"; }}\n' + lifeline._WATCH_SH
+    res = subprocess.run(["/bin/sh", "-c", script], input=f"!/\n!{tmp_path}/diag\n",
+                         text=True, timeout=10)
+    assert res.returncode == 0
+    assert log.read_text().splitlines() == [f"-rf -- {tmp_path}/diag"]
+
+
 def test_has_children_sees_a_child_of_any_thread():
     """sweep_descendants imports psutil only when /proc says this process has a child; a child
     started by another thread is listed under that thread's task."""
