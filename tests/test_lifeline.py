@@ -4,26 +4,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 
 from fluidctl import lifeline
-
-
-def _wait_for(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
+from launchutil import wait_for
 
 
 def _group():
     """A process group of a sleeper and its own child (what a worker's children look like)."""
     proc = subprocess.Popen(["sh", "-c", "sleep 300 & exec sleep 300"], start_new_session=True)
-    assert _wait_for(lambda: len(psutil.Process(proc.pid).children()) == 1)
+    wait_for(lambda: len(psutil.Process(proc.pid).children()) == 1, what="the sleeper's child")
     return proc, [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children()]
 
 
@@ -42,9 +33,9 @@ def test_launcher_death_kills_every_group_and_removes_the_dirs(tmp_path):
         dog.remove_on_death(diag)
         dog._proc.stdin.close()          # EOF without "done": what the kernel does on SIGKILL
         assert dog._proc.wait(10) == 0
-        assert _wait_for(lambda: proc.poll() is not None)
+        wait_for(lambda: proc.poll() is not None, what="the group leader's end")
         assert proc.returncode == -signal.SIGKILL
-        assert _wait_for(lambda: not _alive(pids)), _alive(pids)
+        wait_for(lambda: not _alive(pids), what="every process of the group to end")
         assert not diag.exists()
     finally:
         for p in _alive(pids):
