@@ -26,6 +26,11 @@ from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl import __version__
+# the conversation with a node agent (one tagged line each way): fluidctl/agentproto.py, which
+# is all of this side the agent imports
+from fluidctl.agentproto import (AGENT_MODULE, BEAT_TAG, CR_MARK, DOCTOR_TAG, DUMP_COMMAND,
+                                 ENDS_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, STACKS_TAG,
+                                 parse_line, tag_for)
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.diagnose import Diagnostics, StackDump, local_activity
 from fluidctl.errors import UsageError
@@ -33,32 +38,6 @@ from fluidctl.failures import Failure
 from fluidctl.planning import plan as planning
 from fluidctl.planning.hosts import Host
 from fluidctl.planning.plan import LaunchCommand, Plan, ProcSpec
-
-# --- the conversation with a node agent: one line each way, tagged -------------------------
-MARK = "@@fluidctl "          # every agent line starts with it; the rest is "<tag>|<text>"
-PROBE_TAG = "probe"
-FAILURE_TAG = "failure"
-SAY_TAG = "say"
-BEAT_TAG = "beat"           # "beat|<collectives completed by this node's ranks>"
-DOCTOR_TAG = "doctor"       # the answer to a {"doctor": ...} line: this node's problems
-STACKS_TAG = "stacks"       # the answer to a "dump" line on stdin: this node's ranks' stacks
-ENDS_TAG = "ends"           # the last record: every process's final state on this node
-DUMP_COMMAND = "dump"       # a line the launcher writes to the agent's stdin
-CR_MARK = "\x1f"            # a streamed line that ended with a lone \r (a progress bar)
-AGENT_MODULE = "fluidctl.launch.agent"
-
-
-def tag_for(role: str, rank: int) -> str:
-    return f"{role} {rank}"
-
-
-def parse_line(line: str):
-    """(tag, text) for an agent line, else None (an ordinary line, e.g. a Python traceback)."""
-    if not line.startswith(MARK):
-        return None
-    tag, sep, text = line[len(MARK):].partition("|")
-    return (tag, text) if sep else None
-
 
 def agent_argv(python: str, ports: int, venv: Optional[str] = None,
                host: str = "") -> List[str]:

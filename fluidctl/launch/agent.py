@@ -25,8 +25,8 @@ import threading
 from pathlib import Path
 
 from fluidctl import __version__
-from fluidctl.backends.agent import (BEAT_TAG, CR_MARK, DOCTOR_TAG, DUMP_COMMAND, ENDS_TAG,
-                                    FAILURE_TAG, MARK, PROBE_TAG, SAY_TAG, STACKS_TAG, tag_for)
+from fluidctl.agentproto import (BEAT_TAG, CR_MARK, DOCTOR_TAG, DUMP_COMMAND, ENDS_TAG,
+                                 FAILURE_TAG, MARK, PROBE_TAG, SAY_TAG, STACKS_TAG, tag_for)
 from fluidctl.errors import UsageError
 
 
@@ -83,15 +83,15 @@ def main(argv=None) -> None:
 
 
 def node_agent(ports: int) -> None:
-    """Run this node's share of a job (started by fluidctl over SSH)."""
+    """Run this node's share of a job (started by fluidctl over SSH). The probe goes out first:
+    the launcher plans while the supervisor, the planner and the diagnostics load here."""
+    emit(PROBE_TAG, json.dumps(probe(ports)))
     from fluidctl.backends.local import start_procs
     from fluidctl.launch import run
     from fluidctl.diagnose import Diagnostics
     from fluidctl.planning.plan import ProcSpec
     from fluidctl.launch.supervisor import LaunchLog, RunOptions
     from fluidctl.paths import LogLayout
-
-    emit(PROBE_TAG, json.dumps(probe(ports)))
     held = None                           # node 0: the master port, listening until the plan
     while True:
         line = sys.stdin.readline()
