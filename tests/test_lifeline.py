@@ -102,3 +102,21 @@ def test_has_children_sees_a_child_of_any_thread():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert res.stdout.strip() == "[False, True, False, True]", res.stderr
+
+
+def test_has_children_scans_again_when_a_thread_ends_meanwhile():
+    """A task listed but gone by the time its children file is read (a thread that just ended)
+    is not 'unknown': the scan is made again, and a clean process is still found childless."""
+    code = (
+        "import os\n"
+        "from fluidctl.backends import local\n"
+        "real, calls = os.listdir, []\n"
+        "def listdir(path):\n"
+        "    calls.append(path)\n"
+        "    names = real(path)\n"
+        "    return names + ['999999999'] if len(calls) == 1 else names\n"
+        "os.listdir = listdir\n"
+        "print(local._has_children(), len(calls))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert res.stdout.split() == ["False", "2"], res.stderr

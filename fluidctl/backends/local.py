@@ -246,15 +246,29 @@ def sweep_descendants(grace: float) -> List[int]:
 
 def _has_children() -> bool:
     """Whether any process is a child of this one, from /proc/self/task/*/children (every thread
-    has its own list); True when that cannot be read (then psutil looks)."""
-    try:
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/children", "rb") as f:
-                if f.read().strip():
-                    return True
-    except OSError:
-        return True
-    return False
+    has its own list); True when that cannot be told (then psutil looks). A thread that ends
+    during the scan hands its children to another thread, maybe one already read: the scan is
+    then made again."""
+    for _ in range(3):
+        try:
+            tasks = os.listdir("/proc/self/task")
+        except OSError:
+            return True
+        vanished = False
+        for task in tasks:
+            try:
+                with open(f"/proc/self/task/{task}/children", "rb") as f:
+                    if f.read().strip():
+                        return True
+            except FileNotFoundError:
+                if os.path.isdir(f"/proc/self/task/{task}"):
+                    return True           # the thread is there, the file is not: no support
+                vanished = True
+            except OSError:
+                return True
+        if not vanished:
+            return False
+    return True
 
 
 def _reap_children() -> None:

@@ -1,0 +1,52 @@
+"""What the hot commands import, read from ``python -X importtime``: a guard on the start-up
+work of issue 16 and session 3 (each module named here cost milliseconds on every run)."""
+import subprocess
+import sys
+
+import pytest
+
+
+def imported(args, cwd, code=None) -> set:
+    """Modules the command imports beyond what this interpreter loads for ``pass`` (site and
+    .pth files differ between machines)."""
+    return _modules(args, cwd, code) - _modules([], cwd, "pass")
+
+
+def _modules(args, cwd, code=None) -> set:
+    argv = [sys.executable, "-X", "importtime"] + (["-c", code] if code else
+                                                   ["-m", "fluidctl", *map(str, args)])
+    res = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return {line.rsplit("|", 1)[1].strip() for line in res.stderr.splitlines()
+            if line.startswith("import time:") and "|" in line}
+
+
+def test_shard_data_loads_neither_numpy_nor_the_runtime(tmp_path):
+    data = tmp_path / "t.txt"
+    data.write_text("".join(f"record {i}\n" for i in range(1000)))
+    mods = imported(["shard-data", data, "-n", 2, "-o", tmp_path / "out", "-q"], tmp_path)
+    assert "fluidctl.sharding.engine" in mods and "xxhash" in mods      # the run did happen
+    for heavy in ("numpy", "fluidctl.runtime", "rich", "psutil", "concurrent.futures",
+                  "dataclasses"):
+        assert heavy not in mods, f"shard-data imported {heavy}"
+
+
+def test_a_clean_local_launch_skips_what_only_failures_need(tmp_path):
+    script = tmp_path / "noop.py"
+    script.write_text("pass\n")
+    mods = imported(["train", "--nproc", 2, script], tmp_path)
+    assert "fluidctl.launch.supervisor" in mods
+    for heavy in ("psutil", "fluidctl.stacks", "concurrent.futures", "secrets", "numpy",
+                  "paramiko", "rich"):
+        assert heavy not in mods, f"a clean 'fluidctl train' imported {heavy}"
+
+
+@pytest.mark.parametrize("module, absent", [
+    ("fluidctl.launch.agent", ("fluidctl.backends.agent", "fluidctl.diagnose",
+                               "fluidctl.planning.plan", "paramiko", "psutil")),
+])
+def test_the_node_agent_answers_its_probe_light(tmp_path, module, absent):
+    mods = imported([], tmp_path, code=f"import {module}")
+    assert module in mods
+    for heavy in absent:
+        assert heavy not in mods, f"{module} imports {heavy} before its probe"
