@@ -18,6 +18,19 @@ def result(**kw):
     print("RESULT " + json.dumps(kw), flush=True)
 
 
+def outcome(call, *, timed=False, exit_on_error=True):
+    """Run ``call`` (collectives) and report ``error``: None, or the CollectiveError's text
+    (with the seconds it took when ``timed``), then exit 1 unless told not to."""
+    start = time.monotonic()
+    try:
+        call()
+        result(error=None)
+    except CollectiveError as exc:
+        result(error=str(exc), **({"seconds": time.monotonic() - start} if timed else {}))
+        if exit_on_error:
+            sys.exit(1)
+
+
 def dtypes():
     out = ["float16", "float32", "float64", "int8", "uint8", "int32", "uint32", "int64",
            "uint64"]
@@ -183,14 +196,11 @@ def die(ctx):
     ctx.allreduce(x)
     if ctx.rank == 1:
         os.kill(os.getpid(), 9)
-    start = time.monotonic()
-    try:
+
+    def three():
         for _ in range(3):
             ctx.allreduce(x)
-        result(error=None)
-    except CollectiveError as exc:
-        result(error=str(exc), seconds=time.monotonic() - start)
-        sys.exit(1)
+    outcome(three, timed=True)
 
 
 def stuck(ctx):
@@ -200,13 +210,7 @@ def stuck(ctx):
     if ctx.rank == 1:
         time.sleep(3 * TIMEOUT)
         return
-    start = time.monotonic()
-    try:
-        ctx.allreduce(x)
-        result(error=None)
-    except CollectiveError as exc:
-        result(error=str(exc), seconds=time.monotonic() - start)
-        sys.exit(1)
+    outcome(lambda: ctx.allreduce(x), timed=True)
 
 
 def launch_error(ctx):
@@ -219,12 +223,7 @@ def launch_error(ctx):
         def bad(send, recv, count, dtype, op, stream):
             return real(send, recv, count, dtype, op, 12345)     # not a stream
         ctx.comm.nccl.comm.allReduce = bad
-    try:
-        ctx.allreduce(x)
-        result(error=None)
-    except CollectiveError as exc:
-        result(error=str(exc))
-        sys.exit(1)
+    outcome(lambda: ctx.allreduce(x))
 
 
 def wrong_device(ctx):
@@ -232,20 +231,12 @@ def wrong_device(ctx):
     import cupy as cp
     with cp.cuda.Device(0):
         x = cp.ones(4, cp.float32)
-    try:
-        ctx.allreduce(x)
-        result(error=None)
-    except CollectiveError as exc:
-        result(error=str(exc))
+    outcome(lambda: ctx.allreduce(x), exit_on_error=False)
 
 
 def bad_dtype(ctx):
     import cupy as cp
-    try:
-        ctx.allreduce(cp.ones(4, cp.int16))
-        result(error=None)
-    except CollectiveError as exc:
-        result(error=str(exc))
+    outcome(lambda: ctx.allreduce(cp.ones(4, cp.int16)), exit_on_error=False)
 
 
 def main():

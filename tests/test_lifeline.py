@@ -59,15 +59,29 @@ def test_a_normal_end_kills_nothing(tmp_path):
         proc.wait()
 
 
+def _watchdog_logging(command, log, feed):
+    """The watchdog script with ``command`` (kill or rm) replaced by a logger writing its
+    arguments to ``log``, fed ``feed`` then EOF (the launcher gone); the script's exit code."""
+    script = f'{command}() {{ printf "%s\\n" "$*" >> "{log}"; }}\n' + lifeline._WATCH_SH
+    return subprocess.run(["/bin/sh", "-c", script], input=feed, text=True,
+                          timeout=10).returncode
+
+
+def _fresh_python(code):
+    """stdout of ``code`` run by a new interpreter (a process with no children of pytest's)."""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
 def test_only_group_ids_above_1_are_taken(tmp_path):
     """'kill -- -1' would be every process we may signal: the script is run with kill()
     replaced by a logger, fed junk and dangerous ids, then EOF."""
     log = tmp_path / "killed"
-    script = f'kill() {{ printf "%s\\n" "$*" >> "{log}"; }}\n' + lifeline._WATCH_SH
     feed = "+1\n+0\n+\n+-5\n+12x\n+ 7\n+$(touch {bad})\n!\n+4242\n+017\n".format(
         bad=tmp_path / "bad")
-    res = subprocess.run(["/bin/sh", "-c", script], input=feed, text=True, timeout=10)
-    assert res.returncode == 0
+    assert _watchdog_logging("kill", log, feed) == 0
     assert log.read_text().splitlines() == ["-s KILL -- -4242", "-s KILL -- -017"]
     assert not (tmp_path / "bad").exists()
 
@@ -75,10 +89,7 @@ def test_only_group_ids_above_1_are_taken(tmp_path):
 def test_the_root_directory_is_never_removed(tmp_path):
     """rm replaced by a logger: '!/' is refused, a real path is passed on."""
     log = tmp_path / "removed"
-    script = f'rm() {{ printf "%s\\n" "$*" >> "{log}"; }}\n' + lifeline._WATCH_SH
-    res = subprocess.run(["/bin/sh", "-c", script], input=f"!/\n!{tmp_path}/diag\n",
-                         text=True, timeout=10)
-    assert res.returncode == 0
+    assert _watchdog_logging("rm", log, f"!/\n!{tmp_path}/diag\n") == 0
     assert log.read_text().splitlines() == [f"-rf -- {tmp_path}/diag"]
 
 
@@ -99,9 +110,7 @@ def test_has_children_sees_a_child_of_any_thread():
         "seen.append(_has_children())\n"
         "box[0].kill(); box[0].wait()\n"
         "print(seen)\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
-    assert res.stdout.strip() == "[False, True, False, True]", res.stderr
+    assert _fresh_python(code).strip() == "[False, True, False, True]"
 
 
 def test_has_children_scans_again_when_a_thread_ends_meanwhile():
@@ -117,6 +126,4 @@ def test_has_children_scans_again_when_a_thread_ends_meanwhile():
         "    return names + ['999999999'] if len(calls) == 1 else names\n"
         "os.listdir = listdir\n"
         "print(local._has_children(), len(calls))\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
-    assert res.stdout.split() == ["False", "2"], res.stderr
+    assert _fresh_python(code).split() == ["False", "2"]

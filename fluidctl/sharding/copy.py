@@ -61,13 +61,9 @@ class ShardWriter:
 
     def copy_range(self, path: str, start: int, end: int, stop: threading.Event) -> None:
         """Append bytes [start, end) of ``path`` (which may be this shard's own file: its bytes
-        are read below ``end`` while the appends go beyond). The loop of :meth:`write`, with
-        the buffers made once: it runs for every 256 KiB of the data set."""
+        are read below ``end`` while the appends go beyond), through one reused buffer."""
         size = min(tuning.COPY_BLOCK, max(1, end - start))
         buf = memoryview(bytearray(size))
-        scratch = bytearray(size)
-        update = self.hasher.update if self.hasher is not None else None
-        advance, pieces, fd = self.progress.advance, self.pieces, self.fd
         fin = os.open(path, os.O_RDONLY)
         try:
             pos = start
@@ -75,23 +71,11 @@ class ShardWriter:
                 if stop.is_set():
                     raise _Stopped()
                 n = min(size, end - pos)
-                view = buf[:n]
-                if os.preadv(fin, [view], pos) != n:
+                if os.preadv(fin, [buf[:n]], pos) != n:
                     raise UsageError(f"input {path} shrank while being sharded",
                                      "do not modify the inputs while shard-data runs")
-                rest = view
-                while rest:
-                    rest = rest[os.write(fd, rest):]
-                if update is not None:
-                    update(view)
-                new = count_newlines(view, scratch)
-                pieces.append((self.bytes, self.bytes + n, new))
-                self.bytes += n
-                self.newlines += new
-                advance(n, new)
+                self.write(buf[:n])
                 pos += n
-            if end > start:
-                self.last_byte = view[-1]
         finally:
             os.close(fin)
 

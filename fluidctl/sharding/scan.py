@@ -84,17 +84,18 @@ def rfind_newline(path: str, start: int, end: int) -> int:
 
 
 def _count_range(path: str, start: int, end: int, limit: int) -> int:
-    import numpy as np
-    buf = bytearray(tuning.BLOCK)
-    arr = np.frombuffer(buf, np.uint8)
+    """Newlines in bytes [start, end) of a file, counting no further than ``limit`` (in whole
+    blocks), with count_newlines: no numpy."""
+    view = memoryview(bytearray(tuning.BLOCK))
+    scratch = bytearray(tuning.BLOCK)
     count = 0
     fd = os.open(path, os.O_RDONLY)
     try:
         while start < end and count < limit:
-            n = os.preadv(fd, [memoryview(buf)[:min(tuning.BLOCK, end - start)]], start)
+            n = os.preadv(fd, [view[:min(tuning.BLOCK, end - start)]], start)
             if n <= 0:
                 break
-            count += int(np.count_nonzero(arr[:n] == NEWLINE))
+            count += count_newlines(view[:n], scratch)
             start += n
     finally:
         os.close(fd)
