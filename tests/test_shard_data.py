@@ -568,6 +568,63 @@ def test_copy_across_file_systems(text, tmpfs):
     assert b"".join(f.read_bytes() for f in files) == text.read_bytes()
 
 
+class _CopyFileRangeSpy:
+    """The real os.copy_file_range, recording what each call gave (a byte count or an errno)."""
+
+    def __init__(self):
+        self.real = os.copy_file_range
+        self.outcomes = []
+
+    def __call__(self, *args, **kwargs):
+        try:
+            n = self.real(*args, **kwargs)
+        except OSError as exc:
+            self.outcomes.append(exc.errno)
+            raise
+        self.outcomes.append(n)
+        return n
+
+
+@pytest.mark.parametrize("where", ["same file system", "ext4 -> tmpfs"])
+def test_the_kernel_copies_where_it_can_and_a_buffer_elsewhere(text, tmp_path, tmpfs,
+                                                               monkeypatch, where):
+    """On one file system the shards are copied by copy_file_range; across file systems the
+    kernel answers EXDEV (Linux >= 5.19) and the bytes go through a buffer: the same shards,
+    the same manifest either way. Big pieces against small ones put every cut inside a piece."""
+    import errno
+    spy = _CopyFileRangeSpy()
+    monkeypatch.setattr(os, "copy_file_range", spy)
+    monkeypatch.setattr(sharding.tuning, "KERNEL_COPY_BLOCK", 1000)
+    out = (tmp_path if where == "same file system" else tmpfs("cfr", "size=8m")) / "out"
+    manifest = run([text], 3, out, checksum="sha256")
+    _, files = check_manifest_matches_files(out)
+    assert b"".join(f.read_bytes() for f in files) == text.read_bytes()
+    assert spy.outcomes, "copy_file_range was never tried"
+    if where == "same file system":
+        assert all(isinstance(o, int) and o > 0 for o in spy.outcomes), spy.outcomes
+        assert len(spy.outcomes) > 3                       # KERNEL_COPY_BLOCK pieces
+    else:
+        assert set(spy.outcomes) == {errno.EXDEV}, spy.outcomes
+    assert manifest["shards"] == run([text], 3, tmp_path / "again", checksum="sha256")["shards"]
+
+
+def test_an_input_changed_during_the_copy_is_refused(text, tmp_path, monkeypatch):
+    """The kernel copies a shard while another thread reads it for the digest and the count: an
+    input rewritten meanwhile could make them disagree, so the run fails, naming the input,
+    and leaves nothing behind."""
+    real = sharding.ShardWriter.tally_range
+
+    def tally_then_touch(self, path, start, end, stop):
+        real(self, path, start, end, stop)
+        with open(path, "r+b") as f:                     # same size, other bytes
+            f.write(b"X")
+
+    monkeypatch.setattr(sharding.ShardWriter, "tally_range", tally_then_touch)
+    with pytest.raises(UsageError, match=r"input .*train.txt changed while being sharded"):
+        run([text], 2, tmp_path / "out")
+    assert listing(tmp_path) == ["train.txt"]
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_run_leaves_nothing(tmp_path, sig, code):
     data = tmp_path / "data.txt"

@@ -7,6 +7,7 @@ import os
 import threading
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from fluidctl.errors import UsageError
 from fluidctl.shardlayout import MANIFEST_NAME, shard_name
 from fluidctl.sharding.copy import ShardWriter
 from fluidctl.sharding.inputs import (Source, check_out_dir, default_name, open_sources,
@@ -59,8 +60,12 @@ def _build(opts: ShardOptions, files: List[str], name: str, stage: Staging,
     header = sources[0].header if opts.format == "csv" else b""
     file_names = [shard_name(name, i, opts.suffix_length) for i in range(opts.trainers)]
 
+    def new_writer(i: int) -> ShardWriter:
+        return ShardWriter(stage.path(file_names[i]), opts.checksum, progress)
+
     def make_writer(i: int) -> ShardWriter:
-        writer = ShardWriter(stage.path(file_names[i]), opts.checksum, progress)
+        writer = new_writer(i)
+        writer.create()
         if header:
             writer.write(header)
         return writer
@@ -89,7 +94,7 @@ def _build(opts: ShardOptions, files: List[str], name: str, stage: Staging,
                      for p, c in zip(plans, counts)]
         size = sum(s.length for p in plans for s in p) + len(header) * opts.trainers
         _check_space(stage.tmp, opts.out_dir, size)
-        writers = _write_plans(plans, sources, make_writer, progress, size)
+        writers = _write_plans(plans, sources, new_writer, header, progress, size)
     header_lines = 1 if header else 0
     if opts.equalize == "pad":
         from fluidctl.sharding.equalize import pad_shard
@@ -113,21 +118,44 @@ def _build(opts: ShardOptions, files: List[str], name: str, stage: Staging,
 
 
 def _write_plans(plans: List[List[Segment]], sources: Sequence[Source],
-                 make_writer: Callable[[int], ShardWriter], progress: Progress,
+                 new_writer: Callable[[int], ShardWriter], header: bytes, progress: Progress,
                  size: int) -> List[ShardWriter]:
-    """Write every shard from its byte ranges, in parallel."""
+    """Write every shard from its byte ranges: for each shard one task appends (the kernel
+    copies) and another tallies (reads, hashes, counts), spread over a thread per core."""
     progress.stage("writing shards", size)
+    before = [_identity(s.path) for s in sources]
+    writers = [new_writer(i) for i in range(len(plans))]
 
-    def work(i: int, stop: threading.Event) -> ShardWriter:
-        writer = make_writer(i)
-        try:
+    def work(task: int, stop: threading.Event) -> None:
+        i, tallying = divmod(task, 2)
+        writer = writers[i]
+        if tallying:
+            writer.tally(header)
             for seg in plans[i]:
                 if seg.src < 0:
-                    writer.write(seg.data)
+                    writer.tally(seg.data)
                 else:
-                    writer.copy_range(sources[seg.src].path, seg.start, seg.end, stop)
+                    writer.tally_range(sources[seg.src].path, seg.start, seg.end, stop)
+            return
+        try:
+            writer.create()
+            writer.append(header)
+            for seg in plans[i]:
+                if seg.src < 0:
+                    writer.append(seg.data)
+                else:
+                    writer.append_range(sources[seg.src].path, seg.start, seg.end, stop)
         finally:
             writer.close()
-        return writer
 
-    return _parallel(work, len(plans))
+    _parallel(work, 2 * len(plans))
+    for src, seen in zip(sources, before):
+        if _identity(src.path) != seen:      # the copy and the tally may have read different bytes
+            raise UsageError(f"input {src.display} changed while being sharded",
+                             "do not modify the inputs while shard-data runs, then run it again")
+    return writers
+
+
+def _identity(path: str) -> Tuple[int, int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns

@@ -6,8 +6,9 @@ follows.
 """
 
 BLOCK = 1 << 20                    # read buffer per worker thread (scans, inputs)
-COPY_BLOCK = 256 << 10             # a shard is copied in pieces this large: each is read once,
-                                   # then written, hashed and counted while in the CPU's cache
+COPY_BLOCK = 256 << 10             # a shard is read (to hash and count it) in pieces this large:
+                                   # each is hashed and counted while in the CPU's cache
+KERNEL_COPY_BLOCK = 16 << 20       # bytes per copy_file_range call (a stop is seen between calls)
 SNIFF = 64 << 10                   # bytes looked at to decide "binary"; newline search step
 BUCKET_MAX_BYTES = 4 << 20         # a shuffle bucket is shuffled in memory up to this size...
 BUCKET_MAX_RECORDS = 128 << 10     # ...and this many records; beyond, it is scattered again
