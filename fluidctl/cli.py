@@ -78,7 +78,7 @@ def _usage_hint(exc: click.UsageError) -> str:
 # still run). ~7 ms of a 60 ms shard-data start-up here. Not `worker` (the user's script runs
 # in its process and keeps the normal collection), nor the launchers (long-lived, many objects
 # of their own: nothing to win).
-FREEZE_AT_EXIT = ("shard-data", "--version", "-V", "--help", "-h")
+FREEZE_AT_EXIT = ("shard-data", "cluster", "--version", "-V", "--help", "-h")
 
 
 def main(argv=None) -> None:
