@@ -608,6 +608,23 @@ def test_the_kernel_copies_where_it_can_and_a_buffer_elsewhere(text, tmp_path, t
     assert manifest["shards"] == run([text], 3, tmp_path / "again", checksum="sha256")["shards"]
 
 
+def test_disk_full_inside_the_kernel_copy(tmp_path, tmpfs, monkeypatch):
+    """Input and shards on one small file system, so copy_file_range does the copy, and the
+    free-space check skipped (as if another writer took the space meanwhile): the kernel's
+    ENOSPC becomes the one-line 'disk full', and nothing is left behind."""
+    import errno
+    from fluidctl.sharding import engine
+    target = tmpfs("one-fs", "size=1m")
+    data = write_lines(target / "in.txt", [b"q" * 99] * 6000)           # 600 kB of 1 MB
+    spy = _CopyFileRangeSpy()
+    monkeypatch.setattr(os, "copy_file_range", spy)
+    monkeypatch.setattr(engine, "_check_space", lambda *a: None)
+    with pytest.raises(UsageError, match="disk full"):
+        run([data], 2, target / "out")
+    assert errno.ENOSPC in spy.outcomes
+    assert listing(target) == ["in.txt"]
+
+
 def test_an_input_changed_during_the_copy_is_refused(text, tmp_path, monkeypatch):
     """The kernel copies a shard while another thread reads it for the digest and the count: an
     input rewritten meanwhile could make them disagree, so the run fails, naming the input,
