@@ -204,11 +204,11 @@ class Watchdog(threading.Thread):
         super().__init__(name="fluidctl-hang-watchdog", daemon=True)
         self.timeout, self.activity, self.on_hang = timeout, activity, on_hang
         self.poll = min(1.0, max(0.05, timeout / 10))
-        self._stop = threading.Event()
+        self._halt = threading.Event()   # not _stop: that is Thread._stop, which os.fork calls
 
     def run(self) -> None:
         last, since = self.activity(), time.monotonic()
-        while not self._stop.wait(self.poll):
+        while not self._halt.wait(self.poll):
             now_seen = self.activity()
             now = time.monotonic()
             if now_seen != last:
@@ -218,7 +218,7 @@ class Watchdog(threading.Thread):
                 return
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
 
 def local_activity(logs: Sequence[str], diag: DiagDir) -> Callable[[], Hashable]:
@@ -243,11 +243,12 @@ class Diagnostics:
     stacks and progress come from the nodes."""
 
     def __init__(self, *, hang_timeout: Optional[float] = None,
-                 log_root: Optional[Path] = None, tail_lines: int = 20):
+                 log_root: Optional[Path] = None, tail_lines: int = 20,
+                 diag: Optional[DiagDir] = None):
         self.hang_timeout = hang_timeout
         self.log_root = log_root
         self.tail_lines = tail_lines
-        self.diag = DiagDir.create()
+        self.diag = diag or DiagDir.create()
         self.triage = Triage()
         self.current: list = []         # a node agent: the handles of the running attempt
 

@@ -345,6 +345,7 @@ SLURM_TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"
 SLURM_DISTRIBUTION = "SLURM_DISTRIBUTION"
 SLURM_CPUS_ON_NODE = "SLURM_CPUS_ON_NODE"
 SLURM_RESTART_COUNT = "SLURM_RESTART_COUNT"
+SLURMD_NODENAME = "SLURMD_NODENAME"             # the task's node, as Slurm names it
 SLURM_PORT_LOW, SLURM_PORT_SPAN = 20000, 12000      # derived ports: 20000-31999, below Linux's
 #                                                     ephemeral range (32768+)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from fluidctl.errors import UsageError
 
@@ -167,16 +167,42 @@ class DiagDir:
     def stack(self, rank: int) -> Path:
         return self.root / f"stack.{rank}"
 
+    def rank_file(self, rank: int) -> Path:
+        """``<node> <pid>`` of a rank whose launcher cannot see its process (Slurm: the rank's
+        ``fluidctl worker`` writes it), for the node-side stack taker."""
+        return self.root / f"rank.{rank}"
+
+    def node_stacks(self, node: str) -> Path:
+        """The stacks of one node's ranks, as that node's stack taker wrote them (JSON)."""
+        return self.root / f"stacks.{node}.json"
+
+    def ranks(self) -> Dict[int, Tuple[str, int]]:
+        """rank -> (node, pid) from the rank files; unreadable ones are left out."""
+        found = {}
+        for path in self.root.glob("rank.*"):
+            rank = path.name.partition(".")[2]
+            try:
+                node, pid = path.read_text().split()
+                if rank.isdigit():
+                    found[int(rank)] = (node, int(pid))
+            except (OSError, ValueError):
+                continue
+        return found
+
     @staticmethod
     def rank_of_progress(name: str) -> Optional[int]:
         prefix, _, rank = name.partition(".")
         return int(rank) if prefix == "progress" and rank.isdigit() else None
 
     @classmethod
-    def create(cls) -> "DiagDir":
+    def create(cls, base: Optional[Path] = None) -> "DiagDir":
+        """A new directory in /dev/shm when it can (this node's ranks only), or hidden inside
+        ``base`` (a directory every node sees: LOG_DIR under Slurm)."""
         import tempfile
-        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        return cls(Path(tempfile.mkdtemp(prefix="fluidctl_diag.", dir=base)))
+        if base is not None:
+            return cls(Path(tempfile.mkdtemp(prefix=".fluidctl_diag.", dir=str(base))))
+        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        return cls(Path(tempfile.mkdtemp(prefix="fluidctl_diag.", dir=shm)))
 
     def remove(self) -> None:
         import shutil

@@ -257,3 +257,71 @@ def test_bad_input(slurm, tmp_path):
         assert res.returncode == 2, (args, res.stdout, res.stderr)
         assert res.stderr.startswith("error: ") and what in res.stderr, res.stderr
         assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+# --- hang autopsy and fluidctl dump inside an allocation ---------------------------------------
+TROUBLE = ROOT / "tests" / "scripts" / "trouble.py"
+
+
+def _line_of(code: str) -> int:
+    (n,) = [i for i, l in enumerate(TROUBLE.read_text().splitlines(), 1) if code in l]
+    return n
+
+
+@pytest.mark.parametrize("pyspy", [True, False], ids=["py-spy", "faulthandler"])
+def test_a_hang_inside_an_allocation_is_diagnosed_on_every_node(slurm, tmp_path, pyspy):
+    """Rank 1 never reaches the allreduce ranks 0, 2 and 3 wait in: after --hang-timeout the
+    launcher has every rank's stack taken on its own node (an overlapping srun step), prints
+    who waits where, writes the hang directory and failure.json, cancels the step, exits 124."""
+    from fluidctl import stacks
+    if pyspy and not stacks.pyspy_path():
+        pytest.skip("py-spy not installed (pip install 'fluidctl[debug]')")
+    alloc = slurm.allocate(2, 2)
+    env = dict(alloc, **({} if pyspy else {"FLUIDCTL_PYSPY": ""}))
+    log = tmp_path / "log"
+    res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--hang-timeout", 3,
+                   "--log-dir", log, TROUBLE, "stuck", env=env, timeout=180)
+    assert res.returncode == 124, res.stdout + res.stderr
+    err = res.stderr
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert ("fluidctl: the job hung: no rank wrote to its log and no collective completed for "
+            "3s") in err
+    assert f"ranks 0,2,3 wait in allreduce at trouble.py:{_line_of('# stuck')}" in err, err
+    assert f"rank 1 is in load_batch at trouble.py:{_line_of('time.sleep(3600)')}" in err, err
+    (where,) = list(log.glob("hang-*"))
+    method = "py-spy" if pyspy else "faulthandler"
+    for rank, node in ((0, "127.0.0.2"), (1, "127.0.0.2"), (2, "127.0.0.3"), (3, "127.0.0.3")):
+        text = (where / f"rank-{rank}.txt").read_text()
+        assert text.startswith(f"# rank {rank} on {node}, taken with {method}"), text[:200]
+    assert "load_batch" in (where / "rank-1.txt").read_text()
+    report = json.loads((log / "failure.json").read_text())
+    assert report["exit_code"] == 124
+    assert report["hang"]["summary"][0].startswith("ranks 0,2,3 wait in allreduce")
+    wait_for(lambda: slurm.steps(alloc["SLURM_JOB_ID"]) == [], timeout=30, what="no step")
+    assert not list(log.glob(".fluidctl_diag.*"))          # the shared diagnostics dir is gone
+
+
+def test_fluidctl_dump_inside_an_allocation_leaves_the_job_running(slurm, tmp_path):
+    """fluidctl dump (SIGUSR1 to the launcher) takes the stacks of a Slurm job's ranks the
+    same way, signalling the rank processes only: the job goes on, and ends when stopped."""
+    alloc = slurm.allocate(2, 1)
+    log = tmp_path / "log"
+    job = start_fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--log-dir", log,
+                         TROUBLE, "wait", env=alloc)
+    try:
+        wait_for(lambda: all((log / f"workerlog.{r}").exists()
+                             and "ready" in (log / f"workerlog.{r}").read_text()
+                             for r in range(2)) and (log / "job.json").exists(),
+                 timeout=60, what="both ranks ready")
+        out = fluidctl(slurm, tmp_path, "dump", "--log-dir", log, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        idle = _line_of("time.sleep(0.5)")
+        assert f"ranks 0,1 are in idle at trouble.py:{idle}" in out.stdout, out.stdout
+        (where,) = list(log.glob("dump-*"))
+        assert (where / "rank-1.txt").read_text().startswith("# rank 1 on 127.0.0.3")
+        assert job.poll() is None                              # the job goes on
+        assert len(slurm.steps(alloc["SLURM_JOB_ID"])) == 1    # the stack step has ended
+    finally:
+        job.send_signal(signal.SIGTERM)
+        job.communicate(timeout=60)
+    assert job.returncode == 143

@@ -212,6 +212,9 @@ class SlurmLauncher(BaseLauncher):
         self.alloc: Optional[planning.Allocation] = None
         self.steps: List[dict] = []
         self.spec: Optional[slurmctl.SbatchSpec] = None
+        self.nodes: List[str] = []          # the trainers' nodes (inside an allocation)
+        self.python = sys.executable
+        self.world = 0
 
     @property
     def owns_log_dir(self) -> bool:
@@ -249,6 +252,7 @@ class SlurmLauncher(BaseLauncher):
             return planning.plan_slurm(job, nodes, per_node, pservers, rank_argv, pserver_argv,
                                        env, [f"{n}:?" for n in nodes[:pservers]], commands)
         slurmctl.find("srun")
+        self.nodes, self.python, self.world = list(nodes), python, len(nodes) * per_node
         eps = planning.pserver_endpoints(alloc.job_id, nodes, pservers)
         self.steps = self._steps(nodes, per_node, pservers, eps, rank_argv, pserver_argv)
         commands = [LaunchCommand(f"allocation {alloc.job_id}", step["argv"])
@@ -292,6 +296,20 @@ class SlurmLauncher(BaseLauncher):
             header=f"written by fluidctl {__version__} (fluidctl train --backend slurm); "
                    "submitted with sbatch --parsable")
 
+    def diagnostics(self, config):
+        """Inside an allocation, ``SlurmDiagnostics`` (stacks taken on the nodes); a submitted
+        job's own fluidctl (in its batch script) watches for hangs, not this follower."""
+        from fluidctl.backends.slurmdiag import SlurmDiagnostics
+        from fluidctl.diagnose import Diagnostics
+        if self.alloc is None:
+            self._diagnostics = Diagnostics(log_root=config.layout.root,
+                                            tail_lines=config.log_tail)
+        else:
+            self._diagnostics = SlurmDiagnostics(self, hang_timeout=config.hang_timeout,
+                                                 log_root=config.layout.root,
+                                                 tail_lines=config.log_tail)
+        return self._diagnostics
+
     def describe(self, plan) -> str:
         """--dry-run shows the batch script it would submit."""
         return slurmctl.sbatch_script(self.spec) if self.spec is not None else ""
@@ -312,7 +330,8 @@ class SlurmLauncher(BaseLauncher):
         handles = []
         try:
             for step in self.steps:
-                handles.append(SrunStep(step["argv"], {**base_env, **step["env"]}, layout,
+                diag = self.diag_env() if step["role"] == "trainer" else {}
+                handles.append(SrunStep(step["argv"], {**base_env, **step["env"], **diag}, layout,
                                         job_id=self.alloc.job_id, name=step["name"],
                                         role=step["role"], service=step["role"] == "pserver"))
         except BaseException:

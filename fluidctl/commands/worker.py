@@ -301,6 +301,18 @@ def exit_failed(code: int, close_output) -> None:
     os._exit(code)
 
 
+def register_rank(environ: Mapping[str, str], rank: int) -> None:
+    """Tell the Slurm launcher's stack taker where this rank runs: DIAG_DIR/rank.N holds the
+    node and this pid, which stays the rank's (the script runs in this process, or is exec'd
+    in its place). Best effort: a rank that cannot write it only goes without a stack."""
+    from fluidctl.paths import DiagDir
+    node = environ.get(envs.SLURMD_NODENAME) or os.uname().nodename
+    try:
+        DiagDir(Path(environ[envs.DIAG_DIR])).rank_file(rank).write_text(f"{node} {os.getpid()}\n")
+    except OSError:
+        pass
+
+
 def run_in_process(script: str, args: List[str], contract: Mapping[str, str]) -> int:
     """Run a Python SCRIPT as ``__main__`` in this process (MPI already initialised), with the
     contract added to the environment and OMPI_* kept; return its exit code."""
@@ -367,6 +379,8 @@ def worker(script, args):
         if rank == 0 and envs.MASTER in contract:
             check_master_port(contract[envs.MASTER])
         env = {**environ, **contract}
+        if environ.get(envs.DIAG_DIR):
+            register_rank(environ, rank)
     log_path = None
     if environ.get(envs.LOG_DIR):
         from fluidctl.paths import LogLayout

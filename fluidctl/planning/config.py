@@ -120,10 +120,8 @@ class LaunchConfig:
         ranks = parse_ranks(tee_ranks)
         if backend == "mpi" and (hang_timeout or ranks is not None):
             raise UsageError("--hang-timeout and --tee-ranks need fluidctl's own supervision "
-                             "of every rank", "use --backend local, ssh or fabric, not mpi")
-        if backend == "slurm" and hang_timeout:
-            raise UsageError("--hang-timeout cannot take the stacks of Slurm ranks yet",
-                             "use --backend local, ssh or fabric, or leave it out")
+                             "of every rank", "use --backend local, ssh, fabric or slurm, "
+                             "not mpi")
         endpoints = split_endpoints(pserver_endpoints)
         token = job_token(token_file)
         hosts = tuple(load_hosts(hostfile, hosts_arg)) if hostfile or hosts_arg else ()

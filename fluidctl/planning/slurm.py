@@ -146,6 +146,8 @@ def inner_train_argv(config, log_dir: Path) -> List[str]:
         argv += ["--grace-period", f"{config.grace_period:g}"]
     if config.log_tail != 20:
         argv += ["--log-tail", str(config.log_tail)]
+    if config.hang_timeout:
+        argv += ["--hang-timeout", f"{config.hang_timeout:g}"]
     script = config.script
     if script.endswith(".py") or os.sep in script:
         script = os.path.abspath(script)

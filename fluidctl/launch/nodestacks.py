@@ -1,0 +1,50 @@
+"""The stacks of this node's ranks, taken on the node: what ``--hang-timeout`` and ``fluidctl
+dump`` run on every node of a Slurm job (one task per node in an overlapping srun step), since
+the launcher cannot reach processes on other nodes.
+
+Each rank's ``fluidctl worker`` wrote DIAG_DIR/rank.N (``<node> <pid>``; DIAG_DIR is in the
+shared LOG_DIR). This takes the stacks of the ranks on this node as the launcher does its own
+(py-spy, else the faulthandler signal: ``diagnose.take_stacks``), signalling only those
+processes -- not ``scancel --signal``, which would also reach their children (a data loader's
+workers die of SIGUSR2) -- and writes DIAG_DIR/stacks.<node>.json for the launcher to merge.
+
+    python -m fluidctl.launch.nodestacks DIAG_DIR
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import List, Mapping, Optional
+
+from fluidctl.envs import SLURMD_NODENAME
+
+
+def this_node(environ: Mapping[str, str] = os.environ) -> str:
+    """The node's name as Slurm knows it (several slurmd may share one host), else the host's."""
+    return environ.get(SLURMD_NODENAME) or socket.gethostname()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from fluidctl.diagnose import StackDump, Target, take_stacks
+    from fluidctl.paths import DiagDir
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m fluidctl.launch.nodestacks DIAG_DIR", file=sys.stderr)
+        return 2
+    diag = DiagDir(Path(args[0]))
+    node = this_node()
+    targets = [Target(rank, pid, node, f"trainer {rank}")
+               for rank, (where, pid) in sorted(diag.ranks().items()) if where == node]
+    dump = take_stacks(targets, diag) if targets else StackDump()
+    out = diag.node_stacks(node)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(dump.to_json()))
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
