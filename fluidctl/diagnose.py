@@ -282,11 +282,13 @@ class Diagnostics:
 
 
 def write_job_state(root: Path) -> None:
-    """LOG_DIR/job.json while the job runs: the launcher's pid, for ``fluidctl dump``."""
+    """LOG_DIR/job.json while the job runs: the launcher's pid and host, for ``fluidctl dump``
+    (LOG_DIR may be on a file system other machines see: a pid means nothing there)."""
     from fluidctl.paths import LogLayout
     path = LogLayout(root).job_state
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "started": time.time()}) + "\n")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename,
+                               "started": time.time()}) + "\n")
     os.replace(tmp, path)
 
 

@@ -112,6 +112,19 @@ def test_fluidctl_dump_on_a_running_job(tmp_path):
     assert gone.stderr.startswith(f"error: no running job in {log}")
 
 
+def test_fluidctl_dump_of_a_job_launched_on_another_machine_is_refused(tmp_path):
+    """LOG_DIR may be shared (Slurm, NFS): a launcher pid from job.json written on another host
+    must not be signalled here, where it is some other process (here: pytest itself)."""
+    log = tmp_path / "log"
+    log.mkdir()
+    (log / "job.json").write_text(json.dumps({"pid": os.getpid(), "host": "gpu042",
+                                              "started": time.time()}))
+    out = fluidctl("dump", "--log-dir", log, cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr == (f"error: the job in {log} has its launcher on gpu042, not on this "
+                          f"machine (run it there: ssh gpu042 fluidctl dump --log-dir {log})\n")
+
+
 def test_failure_report_names_the_exception_and_every_other_rank(tmp_path):
     proc = fluidctl("train", "--nproc", 3, "--log-dir", tmp_path / "log", "--grace-period", 1,
                     TROUBLE, "raise", cwd=tmp_path)

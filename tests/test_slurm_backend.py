@@ -325,3 +325,25 @@ def test_fluidctl_dump_inside_an_allocation_leaves_the_job_running(slurm, tmp_pa
         job.send_signal(signal.SIGTERM)
         job.communicate(timeout=60)
     assert job.returncode == 143
+
+
+def test_a_submitted_job_watches_for_hangs_in_its_own_allocation(slurm, tmp_path):
+    """From a login node, --hang-timeout goes into the batch script: the job's own fluidctl
+    diagnoses the hang and ends with 124, which the follower exits with."""
+    log = tmp_path / "log"
+    res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--nodes", 2, "--nproc", 2,
+                   "--partition", slurm.partition, "--time", "5:00", "--hang-timeout", 3,
+                   "--log-dir", log, TROUBLE, "stuck", timeout=240)
+    assert res.returncode == 124, res.stdout + res.stderr
+    assert " --hang-timeout 3 " in (log / "job.sbatch").read_text()
+    (where,) = list(log.glob("hang-*"))
+    loader = f"rank 1 is in load_batch at trouble.py:{_line_of('time.sleep(3600)')}"
+    assert loader in (where / "summary.txt").read_text()
+    # the follower names the hang and shows the end of the batch output, the job's summary
+    flat = " ".join(res.stderr.split())              # the report wraps long lines
+    assert (f"failed on slurm: hung: no rank wrote to its log and no collective completed for "
+            f"3s; every rank's stack: {where}") in flat, res.stderr
+    assert f"|   {loader}" in res.stderr
+    # failure.json is the batch job's own (the follower leaves it and job.json alone)
+    assert json.loads((log / "failure.json").read_text())["hang"]["dir"] == str(where)
+    assert not (log / "job.json").exists()

@@ -186,6 +186,10 @@ class SubmittedJob:
     kill = terminate
 
     def failure(self) -> Failure:
+        from fluidctl.diagnose import HANG_EXIT
+        if self._code == HANG_EXIT:         # the job's own fluidctl found it hung (its report)
+            return Failure(self.label, self.host, HANG_EXIT, self.log,
+                           detail=_hang_detail(self.layout), kind="hang")
         try:
             found = first_failed_task(self.layout.srun.read_text(errors="replace"))
         except OSError:
@@ -199,6 +203,16 @@ class SubmittedJob:
 
     def close(self) -> None:
         pass
+
+
+def _hang_detail(layout: LogLayout) -> str:
+    """What the batch job's fluidctl wrote of its hang into LOG_DIR/failure.json."""
+    try:
+        import json
+        hang = json.loads(layout.failure_json.read_text())["hang"]
+        return f"hung: {hang['why']}; every rank's stack: {hang['dir']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "hung (exit code 124): see the batch output and LOG_DIR/hang-*/"
 
 
 # --- the launcher ---------------------------------------------------------------------------
@@ -301,9 +315,8 @@ class SlurmLauncher(BaseLauncher):
         job's own fluidctl (in its batch script) watches for hangs, not this follower."""
         from fluidctl.backends.slurmdiag import SlurmDiagnostics
         from fluidctl.diagnose import Diagnostics
-        if self.alloc is None:
-            self._diagnostics = Diagnostics(log_root=config.layout.root,
-                                            tail_lines=config.log_tail)
+        if self.alloc is None:      # job.json, failure.json and hang-*/ are the job's own
+            self._diagnostics = Diagnostics(log_root=None, tail_lines=config.log_tail)
         else:
             self._diagnostics = SlurmDiagnostics(self, hang_timeout=config.hang_timeout,
                                                  log_root=config.layout.root,

@@ -43,6 +43,10 @@ def dump(log_dir, timeout):
     except (OSError, ValueError, KeyError, TypeError):
         raise UsageError(f"no running job in {log_dir} (no {layout.job_state})",
                          "pass the --log-dir the job was started with") from None
+    host = state.get("host")
+    if host and host != os.uname().nodename:
+        raise UsageError(f"the job in {log_dir} has its launcher on {host}, not on this machine",
+                         f"run it there: ssh {host} fluidctl dump --log-dir {log_dir}")
     before = _dump_dirs(layout.root)
     try:
         os.kill(pid, 0)
