@@ -47,10 +47,11 @@ def step_name() -> str:
 
 def srun_argv(*, nodes: int, ntasks_per_node: int, name: str, command: Sequence[str],
               nodelist: Sequence[str] = (), overlap: bool = False,
-              extra: Sequence[str] = ()) -> List[str]:
+              extra: Sequence[str] = (), fail_fast: bool = True) -> List[str]:
     """One srun step (pure: golden-tested). --kill-on-bad-exit=1 makes one failing rank end
-    the whole step; tasks' stdout stays on the nodes (each worker writes workerlog.N)."""
-    argv = ["srun", "--kill-on-bad-exit=1", f"--nodes={nodes}",
+    the whole step (``fail_fast``; the stack-taking step keeps the other nodes' answers);
+    tasks' stdout stays on the nodes (each worker writes workerlog.N)."""
+    argv = ["srun", f"--kill-on-bad-exit={1 if fail_fast else 0}", f"--nodes={nodes}",
             f"--ntasks={nodes * ntasks_per_node}", f"--ntasks-per-node={ntasks_per_node}",
             f"--job-name={name}"]
     if nodelist:

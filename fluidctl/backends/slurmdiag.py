@@ -38,7 +38,7 @@ class SlurmDiagnostics(Diagnostics):
         argv = srun_argv(nodes=len(launcher.nodes), ntasks_per_node=1, name=step_name(),
                          command=[launcher.python, "-m", "fluidctl.launch.nodestacks",
                                   str(diag.root)],
-                         nodelist=launcher.nodes, overlap=True)
+                         nodelist=launcher.nodes, overlap=True, fail_fast=False)
         dump = StackDump()
         try:
             res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
