@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 from fluidctl.errors import UsageError
 
@@ -171,6 +171,16 @@ class DiagDir:
         """``<node> <pid>`` of a rank whose launcher cannot see its process (Slurm: the rank's
         ``fluidctl worker`` writes it), for the node-side stack taker."""
         return self.root / f"rank.{rank}"
+
+    @staticmethod
+    def this_node(environ: Mapping[str, str]) -> str:
+        """This node's name in rank files, computed alike by a rank and by the stack taker
+        started on its node: Slurm's node name (several slurmd may share a host), else the
+        address ssh reached the node at (mpirun's daemons; several test nodes share a host
+        too), else the host name."""
+        from fluidctl import envs
+        return (environ.get(envs.SLURMD_NODENAME) or envs.ssh_server_address(environ)
+                or os.uname().nodename)
 
     def node_stacks(self, node: str) -> Path:
         """The stacks of one node's ranks, as that node's stack taker wrote them (JSON)."""

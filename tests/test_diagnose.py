@@ -72,10 +72,10 @@ def test_hang_timeout_from_the_environment_and_bad_values(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip() == ("error: --hang-timeout 0 is not positive (give seconds, e.g. "
                                   "--hang-timeout 600, or leave it out)")
-    refused = fluidctl("train", "--backend", "mpi", "--hang-timeout", 5, TROUBLE, "stuck",
+    refused = fluidctl("train", "--backend", "mpi", "--tee-ranks", "0", TROUBLE, "stuck",
                        cwd=tmp_path)
     assert refused.returncode == 2, refused.stderr
-    assert "need fluidctl's own supervision of every rank" in refused.stderr, refused.stderr
+    assert "--tee-ranks needs fluidctl's own supervision of every rank" in refused.stderr
 
 
 def test_collectives_completing_in_silence_are_not_a_hang(tmp_path):
@@ -322,3 +322,44 @@ def test_node_interface_from_recorded_probes():
         == "eth0,ens3"
     assert doctor.socket_ifnames(["10.0.0.5", "192.168.1.1"],
                                  [{"ifaces": a}, {"ifaces": b}]) is None
+
+
+# --- under mpirun: the ranks are mpirun's, their stacks are taken on their nodes -------------
+
+def test_hang_under_mpirun_on_one_node(tmp_path):
+    """--backend mpi: each rank's worker registers in the diagnostics dir in LOG_DIR, and a
+    second mpirun (one stack taker per node) takes the stacks."""
+    proc = fluidctl("train", "--backend", "mpi", "--nproc", 3, "--hang-timeout", 2,
+                    "--log-dir", tmp_path / "log", TROUBLE, "stuck", cwd=tmp_path, timeout=180)
+    assert proc.returncode == 124, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    assert f"ranks 0,2 wait in allreduce at trouble.py:{STUCK}" in proc.stderr, proc.stderr
+    assert f"rank 1 is in load_batch at trouble.py:{LOADER}" in proc.stderr
+    where = hang_dir(tmp_path / "log")
+    assert sorted(p.name for p in where.iterdir()) == [
+        "rank-0.txt", "rank-1.txt", "rank-2.txt", "summary.txt"]
+    assert json.loads((tmp_path / "log" / "failure.json").read_text())["hang"]["dir"] == \
+        str(where)
+    assert not list((tmp_path / "log").glob(".fluidctl_diag.*"))
+
+
+def test_hang_under_mpirun_over_two_ssh_nodes(tmp_path, sshd_nodes):
+    """mpirun reaches the nodes over ssh: ranks and stack takers name their node by the
+    address ssh reached it at, so the two "nodes" of one host stay apart. py-spy off: the
+    faulthandler signal goes to the rank processes on each node (FLUIDCTL_PYSPY='' reaches
+    the takers through mpirun's -x)."""
+    proc = fluidctl("train", "--backend", "mpi", "--hostfile",
+                    sshd_nodes.hostfile("h", slots=2), "--ssh-config", sshd_nodes.config,
+                    "--hang-timeout", 3, "--log-dir", tmp_path / "log", TROUBLE, "stuck",
+                    cwd=tmp_path, timeout=180,
+                    env={"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_coll": "^han",
+                         "FLUIDCTL_PYSPY": ""})
+    assert proc.returncode == 124, proc.stderr
+    assert f"ranks 0,2,3 wait in allreduce at trouble.py:{STUCK}" in proc.stderr, proc.stderr
+    assert f"rank 1 is in load_batch at trouble.py:{LOADER}" in proc.stderr
+    assert "note: py-spy is off (FLUIDCTL_PYSPY is empty); using faulthandler instead" \
+        in proc.stderr
+    where = hang_dir(tmp_path / "log")
+    for rank, node in ((0, "127.0.0.2"), (1, "127.0.0.2"), (2, "127.0.0.3"), (3, "127.0.0.3")):
+        text = (where / f"rank-{rank}.txt").read_text()
+        assert text.startswith(f"# rank {rank} on {node}, taken with faulthandler"), text[:200]

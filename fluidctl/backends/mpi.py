@@ -202,8 +202,10 @@ class MPILauncher(BaseLauncher):
             # each node's worker picks its GPUs by local rank (planning cannot see remote GPUs)
             for proc in the_plan.procs:
                 proc.env[envs.GPUS] = config.gpus
+        names = export_names(env) + [envs.DIAG_DIR]     # set at start (diagnostics)
         self.argv = command(rank_argv, len(the_plan.procs), hosts=self.hosts, hostfile=hostfile,
-                            env_names=export_names(env), ssh_config=config.ssh_config)
+                            env_names=names, ssh_config=config.ssh_config)
+        self.world = len(the_plan.procs)
         the_plan.commands = [planning.LaunchCommand("127.0.0.1", self.argv)]
         return the_plan
 
@@ -212,8 +214,30 @@ class MPILauncher(BaseLauncher):
         layout = self.config.layout
         if self.hosts and attempt == 0:
             write_hostfile(self.hosts, layout.mpi_hostfile)
-        env = dict(plan.procs[0].env, **{envs.RESTART_COUNT: str(attempt)})
+        env = dict(plan.procs[0].env, **{envs.RESTART_COUNT: str(attempt)}, **self.diag_env())
         return [local.start("mpirun", self.argv, environment(env), str(layout.mpirun))]
+
+    def diagnostics(self, config):
+        """The ranks are mpirun's: their stacks are taken on each node by a second mpirun of
+        ``fluidctl.launch.nodestacks``, one per node (``nodediag``); LOG_DIR holds the
+        diagnostics directory, so a node that does not share it has no stacks to give."""
+        from fluidctl.backends.nodediag import SharedDirDiagnostics
+        hostfile = str(config.layout.mpi_hostfile) if self.hosts else None
+        takers_env = environment({})
+        names = export_names({}, takers_env)
+        if envs.PYSPY in takers_env:              # empty: py-spy off there too
+            names.append(envs.PYSPY)
+
+        def stack_takers(diag_dir: str) -> List[str]:
+            return command([config.interpreter, "-m", "fluidctl.launch.nodestacks", diag_dir],
+                           max(1, len(self.hosts)), hosts=self.hosts, hostfile=hostfile,
+                           env_names=names, ssh_config=config.ssh_config,
+                           map_by="ppr:1:node" if self.hosts else "slot")
+        self._diagnostics = SharedDirDiagnostics(
+            stack_takers=stack_takers, world=self.world, env=takers_env,
+            hang_timeout=config.hang_timeout, log_root=config.layout.root,
+            tail_lines=config.log_tail)
+        return self._diagnostics
 
     def logs(self, plan) -> List[str]:
         return [p.log for p in plan.procs] + [str(self.config.layout.mpirun)]

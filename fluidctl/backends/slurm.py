@@ -312,16 +312,22 @@ class SlurmLauncher(BaseLauncher):
                    "submitted with sbatch --parsable")
 
     def diagnostics(self, config):
-        """Inside an allocation, ``SlurmDiagnostics`` (stacks taken on the nodes); a submitted
-        job's own fluidctl (in its batch script) watches for hangs, not this follower."""
-        from fluidctl.backends.slurmdiag import SlurmDiagnostics
+        """Inside an allocation, stacks taken on the nodes by an overlapping srun step
+        (``nodediag``); a submitted job's own fluidctl (in its batch script) watches for hangs
+        and keeps job.json and failure.json, not this follower."""
         from fluidctl.diagnose import Diagnostics
-        if self.alloc is None:      # job.json, failure.json and hang-*/ are the job's own
+        if self.alloc is None:
             self._diagnostics = Diagnostics(log_root=None, tail_lines=config.log_tail)
-        else:
-            self._diagnostics = SlurmDiagnostics(self, hang_timeout=config.hang_timeout,
-                                                 log_root=config.layout.root,
-                                                 tail_lines=config.log_tail)
+            return self._diagnostics
+        from fluidctl.backends.nodediag import SharedDirDiagnostics
+
+        def stack_takers(diag_dir: str) -> List[str]:
+            return srun_argv(nodes=len(self.nodes), ntasks_per_node=1, name=step_name(),
+                             command=[self.python, "-m", "fluidctl.launch.nodestacks", diag_dir],
+                             nodelist=self.nodes, overlap=True, fail_fast=False)
+        self._diagnostics = SharedDirDiagnostics(
+            stack_takers=stack_takers, world=self.world, hang_timeout=config.hang_timeout,
+            log_root=config.layout.root, tail_lines=config.log_tail)
         return self._diagnostics
 
     def describe(self, plan) -> str:

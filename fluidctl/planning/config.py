@@ -118,10 +118,10 @@ class LaunchConfig:
             raise UsageError(f"--hang-timeout {hang_timeout:g} is not positive",
                              "give seconds, e.g. --hang-timeout 600, or leave it out")
         ranks = parse_ranks(tee_ranks)
-        if backend == "mpi" and (hang_timeout or ranks is not None):
-            raise UsageError("--hang-timeout and --tee-ranks need fluidctl's own supervision "
-                             "of every rank", "use --backend local, ssh, fabric or slurm, "
-                             "not mpi")
+        if backend == "mpi" and ranks is not None:
+            raise UsageError("--tee-ranks needs fluidctl's own supervision of every rank "
+                             "(mpirun forwards the remote ranks' output as one stream)",
+                             "use --tee all, or --backend local, ssh, fabric or slurm")
         endpoints = split_endpoints(pserver_endpoints)
         token = job_token(token_file)
         hosts = tuple(load_hosts(hostfile, hosts_arg)) if hostfile or hosts_arg else ()
