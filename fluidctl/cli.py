@@ -2,12 +2,12 @@
 
 Commands are imported lazily (only the one being run), so ``fluidctl worker`` and
 ``fluidctl train`` start fast, and every error a user can cause is printed as one line with
-exit code 2 instead of click's multi-line usage block.
+exit code 2 instead of click's multi-line usage block. ``fluidctl worker SCRIPT ...``, which
+every rank of an srun or mpirun job runs, does not even import click (half of a rank's
+start-up): that one form has nothing to parse.
 """
 import importlib
 import sys
-
-import click
 
 from fluidctl import __version__
 from fluidctl.errors import FluidctlError
@@ -41,32 +41,44 @@ Shell completion (bash; use zsh_source / fish_source for those shells):
 """
 
 
-class LazyGroup(click.Group):
-    def list_commands(self, ctx):
-        return sorted(COMMANDS)
+_GROUP = []
 
-    def get_command(self, ctx, name):
-        target = COMMANDS.get(name)
-        if target is None:
-            return None
-        module_name, attr = target.split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:  # command not built yet
+
+def _cli():
+    """The click group (built on first use: ``fluidctl worker SCRIPT`` never needs it)."""
+    if _GROUP:
+        return _GROUP[0]
+    import click
+
+    class LazyGroup(click.Group):
+        def list_commands(self, ctx):
+            return sorted(COMMANDS)
+
+        def get_command(self, ctx, name):
+            target = COMMANDS.get(name)
+            if target is None:
                 return None
-            raise
-        return getattr(module, attr)
+            module_name, attr = target.split(":")
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as exc:
+                if exc.name == module_name:  # command not built yet
+                    return None
+                raise
+            return getattr(module, attr)
+
+    @click.group(cls=LazyGroup, help=HELP,
+                 context_settings={"help_option_names": ["-h", "--help"],
+                                   "max_content_width": 100})
+    @click.version_option(__version__, "--version", "-V", prog_name="fluidctl")
+    def cli():
+        pass
+
+    _GROUP.append(cli)
+    return cli
 
 
-@click.group(cls=LazyGroup, help=HELP, context_settings={"help_option_names": ["-h", "--help"],
-                                                         "max_content_width": 100})
-@click.version_option(__version__, "--version", "-V", prog_name="fluidctl")
-def cli():
-    pass
-
-
-def _usage_hint(exc: click.UsageError) -> str:
+def _usage_hint(exc) -> str:
     ctx = exc.ctx
     path = ctx.command_path if ctx is not None else "fluidctl"
     return f"see '{path} --help'"
@@ -84,6 +96,8 @@ FREEZE_AT_EXIT = ("shard-data", "cluster", "--version", "-V", "--help", "-h")
 def main(argv=None) -> None:
     """Run the CLI; turn every user-caused error into one line and an exit code."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) >= 2 and args[0] == "worker" and not args[1].startswith("-"):
+        _worker(args[1], args[2:])
     try:
         _main(args)
     finally:
@@ -92,9 +106,25 @@ def main(argv=None) -> None:
             gc.freeze()
 
 
-def _main(argv) -> None:
+def _worker(script: str, args) -> None:
+    """``fluidctl worker SCRIPT [ARGS]`` without click, with the same error contract."""
+    from fluidctl.commands.worker_run import run
     try:
-        code = cli.main(args=argv, prog_name="fluidctl", standalone_mode=False)
+        run(script, args)
+    except FluidctlError as exc:
+        print(exc.one_line(), file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(0)
+
+
+def _main(argv) -> None:
+    import click
+    try:
+        code = _cli().main(args=argv, prog_name="fluidctl", standalone_mode=False)
     except click.UsageError as exc:
         msg = exc.format_message().replace("\n", " ")
         click.echo(f"error: {msg} ({_usage_hint(exc)})", err=True)

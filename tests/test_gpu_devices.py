@@ -12,7 +12,7 @@ import pytest
 import rankspawn
 from fluidctl import envs
 from fluidctl.backends import mpi as mpi_backend
-from fluidctl.commands import worker
+from fluidctl.commands import worker_run as worker
 from fluidctl.launch import agent
 from fluidctl.planning import devices
 from fluidctl.planning import plan as planning

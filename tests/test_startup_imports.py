@@ -50,3 +50,29 @@ def test_the_node_agent_answers_its_probe_light(tmp_path, module, absent):
     assert module in mods
     for heavy in absent:
         assert heavy not in mods, f"{module} imports {heavy} before its probe"
+
+
+def test_a_rank_under_srun_starts_without_click(tmp_path):
+    """``python -m fluidctl worker SCRIPT``, as every task of an srun step runs it (here with
+    the variables srun gives a task): the script runs in this process, and neither click (half
+    of a rank's start-up) nor the planner is imported for it."""
+    import os
+    script = tmp_path / "noop.py"
+    script.write_text("print('ran', flush=True)\n")
+    env = dict(os.environ, SLURM_JOB_ID="5", SLURM_STEP_ID="0", SLURM_PROCID="1",
+               SLURM_LOCALID="1", SLURM_NODEID="0", SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2",
+               SLURM_JOB_NUM_NODES="1", SLURM_STEP_NODELIST="127.0.0.2",
+               SLURM_JOB_NODELIST="127.0.0.2", SLURM_STEP_TASKS_PER_NODE="2",
+               SLURM_TASKS_PER_NODE="2", SLURMD_NODENAME="127.0.0.2",
+               FLUIDCTL_WORKER_ECHO="0", FLUIDCTL_LOG_DIR=str(tmp_path / "log"))
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "fluidctl", "worker",
+                          str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    log = (tmp_path / "log" / "workerlog.1").read_text()     # its stderr too, after start-up
+    assert log.splitlines()[-1] == "ran"
+    mods = {line.rsplit("|", 1)[1].strip() for line in (res.stderr + log).splitlines()
+            if line.startswith("import time:") and "|" in line} - _modules([], tmp_path, "pass")
+    assert "fluidctl.commands.worker_run" in mods
+    for heavy in ("click", "fluidctl.planning.plan", "fluidctl.commands.worker", "rich"):
+        assert heavy not in mods, f"a rank under srun imported {heavy}"
