@@ -329,7 +329,7 @@ def test_node_interface_from_recorded_probes():
 def test_hang_under_mpirun_on_one_node(tmp_path):
     """--backend mpi: each rank's worker registers in the diagnostics dir in LOG_DIR, and a
     second mpirun (one stack taker per node) takes the stacks."""
-    proc = fluidctl("train", "--backend", "mpi", "--nproc", 3, "--hang-timeout", 2,
+    proc = fluidctl("train", "--backend", "mpi", "--nproc", 3, "--hang-timeout", 4,
                     "--log-dir", tmp_path / "log", TROUBLE, "stuck", cwd=tmp_path, timeout=180)
     assert proc.returncode == 124, proc.stderr
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
@@ -350,7 +350,7 @@ def test_hang_under_mpirun_over_two_ssh_nodes(tmp_path, sshd_nodes):
     the takers through mpirun's -x)."""
     proc = fluidctl("train", "--backend", "mpi", "--hostfile",
                     sshd_nodes.hostfile("h", slots=2), "--ssh-config", sshd_nodes.config,
-                    "--hang-timeout", 3, "--log-dir", tmp_path / "log", TROUBLE, "stuck",
+                    "--hang-timeout", 5, "--log-dir", tmp_path / "log", TROUBLE, "stuck",
                     cwd=tmp_path, timeout=180,
                     env={"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_coll": "^han",
                          "FLUIDCTL_PYSPY": ""})

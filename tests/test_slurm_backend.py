@@ -279,13 +279,13 @@ def test_a_hang_inside_an_allocation_is_diagnosed_on_every_node(slurm, tmp_path,
     alloc = slurm.allocate(2, 2)
     env = dict(alloc, **({} if pyspy else {"FLUIDCTL_PYSPY": ""}))
     log = tmp_path / "log"
-    res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--hang-timeout", 3,
+    res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--hang-timeout", 5,
                    "--log-dir", log, TROUBLE, "stuck", env=env, timeout=180)
     assert res.returncode == 124, res.stdout + res.stderr
     err = res.stderr
     assert "Traceback" not in err and "Exception ignored" not in err, err
     assert ("fluidctl: the job hung: no rank wrote to its log and no collective completed for "
-            "3s") in err
+            "5s") in err
     assert f"ranks 0,2,3 wait in allreduce at trouble.py:{_line_of('# stuck')}" in err, err
     assert f"rank 1 is in load_batch at trouble.py:{_line_of('time.sleep(3600)')}" in err, err
     (where,) = list(log.glob("hang-*"))
@@ -332,17 +332,17 @@ def test_a_submitted_job_watches_for_hangs_in_its_own_allocation(slurm, tmp_path
     diagnoses the hang and ends with 124, which the follower exits with."""
     log = tmp_path / "log"
     res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--nodes", 2, "--nproc", 2,
-                   "--partition", slurm.partition, "--time", "5:00", "--hang-timeout", 3,
+                   "--partition", slurm.partition, "--time", "5:00", "--hang-timeout", 5,
                    "--log-dir", log, TROUBLE, "stuck", timeout=240)
     assert res.returncode == 124, res.stdout + res.stderr
-    assert " --hang-timeout 3 " in (log / "job.sbatch").read_text()
+    assert " --hang-timeout 5 " in (log / "job.sbatch").read_text()
     (where,) = list(log.glob("hang-*"))
     loader = f"rank 1 is in load_batch at trouble.py:{_line_of('time.sleep(3600)')}"
     assert loader in (where / "summary.txt").read_text()
     # the follower names the hang and shows the end of the batch output, the job's summary
     flat = " ".join(res.stderr.split())              # the report wraps long lines
     assert (f"failed on slurm: hung: no rank wrote to its log and no collective completed for "
-            f"3s; every rank's stack: {where}") in flat, res.stderr
+            f"5s; every rank's stack: {where}") in flat, res.stderr
     assert f"|   {loader}" in res.stderr
     # failure.json is the batch job's own (the follower leaves it and job.json alone)
     assert json.loads((log / "failure.json").read_text())["hang"]["dir"] == str(where)
