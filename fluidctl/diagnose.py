@@ -287,8 +287,11 @@ def write_job_state(root: Path) -> None:
     from fluidctl.paths import LogLayout
     path = LogLayout(root).job_state
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename,
-                               "started": time.time()}) + "\n")
+    from fluidctl import envs
+    state = {"pid": os.getpid(), "host": os.uname().nodename, "started": time.time()}
+    if os.environ.get(envs.SLURM_JOB_ID):        # where `fluidctl dump` can reach it from
+        state["slurm_job_id"] = os.environ[envs.SLURM_JOB_ID]
+    tmp.write_text(json.dumps(state) + "\n")
     os.replace(tmp, path)
 
 

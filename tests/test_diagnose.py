@@ -123,6 +123,13 @@ def test_fluidctl_dump_of_a_job_launched_on_another_machine_is_refused(tmp_path)
     assert out.returncode == 2
     assert out.stderr == (f"error: the job in {log} has its launcher on gpu042, not on this "
                           f"machine (run it there: ssh gpu042 fluidctl dump --log-dir {log})\n")
+    # a Slurm job's launcher is reached through Slurm (compute nodes often refuse plain ssh)
+    (log / "job.json").write_text(json.dumps({"pid": os.getpid(), "host": "gpu042",
+                                              "slurm_job_id": "5150", "started": time.time()}))
+    out = fluidctl("dump", "--log-dir", log, cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.endswith(f"(run it there: srun --jobid 5150 --overlap -w gpu042 fluidctl "
+                               f"dump --log-dir {log})\n"), out.stderr
 
 
 def test_failure_report_names_the_exception_and_every_other_rank(tmp_path):

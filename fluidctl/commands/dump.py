@@ -45,8 +45,11 @@ def dump(log_dir, timeout):
                          "pass the --log-dir the job was started with") from None
     host = state.get("host")
     if host and host != os.uname().nodename:
+        job = state.get("slurm_job_id")
+        there = (f"srun --jobid {job} --overlap -w {host} fluidctl dump --log-dir {log_dir}"
+                 if job else f"ssh {host} fluidctl dump --log-dir {log_dir}")
         raise UsageError(f"the job in {log_dir} has its launcher on {host}, not on this machine",
-                         f"run it there: ssh {host} fluidctl dump --log-dir {log_dir}")
+                         f"run it there: {there}")
     before = _dump_dirs(layout.root)
     try:
         os.kill(pid, 0)
