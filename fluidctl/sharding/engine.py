@@ -130,23 +130,20 @@ def _write_plans(plans: List[List[Segment]], sources: Sequence[Source],
         i, tallying = divmod(task, 2)
         writer = writers[i]
         if tallying:
-            writer.tally(header)
-            for seg in plans[i]:
-                if seg.src < 0:
-                    writer.tally(seg.data)
-                else:
-                    writer.tally_range(sources[seg.src].path, seg.start, seg.end, stop)
-            return
-        try:
+            piece, byte_range = writer.tally, writer.tally_range
+        else:
             writer.create()
-            writer.append(header)
+            piece, byte_range = writer.append, writer.append_range
+        try:
+            piece(header)
             for seg in plans[i]:
                 if seg.src < 0:
-                    writer.append(seg.data)
+                    piece(seg.data)
                 else:
-                    writer.append_range(sources[seg.src].path, seg.start, seg.end, stop)
+                    byte_range(sources[seg.src].path, seg.start, seg.end, stop)
         finally:
-            writer.close()
+            if not tallying:
+                writer.close()
 
     _parallel(work, 2 * len(plans))
     for src, seen in zip(sources, before):
