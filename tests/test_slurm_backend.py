@@ -57,6 +57,37 @@ def test_golden_srun_and_failure_parsing():
     assert backend.first_failed_task("srun: error: Unable to create step") is None
 
 
+@pytest.mark.parametrize("report, task, host", [
+    # Slurm 22.05+: slurmstepd's line, then srun's word for the task
+    ("slurmstepd: error: Detected 1 oom_kill event in StepId=1054.0. Some of the step tasks "
+     "have been OOM Killed.\nsrun: error: ana: task 0: Out Of Memory\n", 0, "ana"),
+    # the killed task reported as Terminated by others, the event logged with a timestamp
+    ("[2026-09-14T17:14:38.784] error: Detected 1 oom_kill event in StepId=22035606.1. Some of "
+     "the step tasks have been OOM Killed.\nsrun: error: nid005475: tasks 0-2,5,7: Terminated\n"
+     "srun: Force Terminated StepId=22035606.1\n", 0, "nid005475"),
+    # older wordings
+    ("slurmstepd: error: Detected 2 oom-kill event(s) in StepId=7.0. Some of your processes may "
+     "have been killed by the cgroup out-of-memory handler.\nsrun: error: n3: task 5: Killed\n",
+     5, "n3"),
+    ("slurmstepd: error: StepId=7.0 exceeded memory limit (734003200 > 52428800), being killed\n"
+     "srun: error: n1: task 2: Killed\n", 2, "n1"),
+])
+def test_a_task_slurm_killed_for_memory_is_reported_as_oom(tmp_path, report, task, host):
+    """Slurm's memory cgroup kills a task on another node: this machine's kernel log knows
+    nothing of it, srun's report does (wordings from Slurm's own output; this test cluster
+    runs without cgroup memory enforcement, so a real one cannot be provoked here)."""
+    from fluidctl.paths import LogLayout
+    failure = backend.srun_failure(report, LogLayout(tmp_path))
+    assert (failure.label, failure.host) == (f"trainer {task}", host)
+    assert failure.kind == "oom"
+    assert failure.explanation.startswith("killed for memory: Slurm's memory limit for the step")
+    assert "--mem" in failure.explanation
+    assert failure.log == str(tmp_path / f"workerlog.{task}")
+    plain = backend.srun_failure("srun: error: n1: task 2: Exited with exit code 3\n",
+                                 LogLayout(tmp_path))
+    assert (plain.returncode, plain.kind, plain.explanation) == (3, "", "")
+
+
 # --- inside an allocation --------------------------------------------------------------------
 def test_inside_allocation_two_nodes_two_ranks(slurm, tmp_path):
     """The Paddle contract on 2 nodes x 2 ranks, one srun step, workerlog.N per rank."""

@@ -70,7 +70,12 @@ _EXITED = re.compile(r"Exited with exit code (\d+)")
 _SIGNAL_WORDS = {"Killed": signal.SIGKILL, "Terminated": signal.SIGTERM,
                  "Aborted": signal.SIGABRT, "Segmentation fault": signal.SIGSEGV,
                  "Bus error": signal.SIGBUS, "Interrupt": signal.SIGINT, "Hangup": signal.SIGHUP,
-                 "Floating point exception": signal.SIGFPE}
+                 "Floating point exception": signal.SIGFPE,
+                 "Out Of Memory": signal.SIGKILL}       # the cgroup OOM killer's SIGKILL
+# What slurmstepd says when the step's memory cgroup killed something (22.05+, then older
+# wordings), and srun's word for such a task; the kernel log of this machine cannot say it
+_SLURM_OOM = re.compile(r"Detected \d+ oom[_-]kill event|exceeded (job|step )?memory limit"
+                        r"|: tasks? [0-9][0-9,\-]*: Out Of Memory", re.IGNORECASE)
 
 
 def first_failed_task(srun_output: str) -> Optional[Tuple[int, str, int]]:
@@ -95,6 +100,27 @@ def first_failed_task(srun_output: str) -> Optional[Tuple[int, str, int]]:
     return None
 
 
+def srun_failure(srun_output: str, layout: LogLayout, role: str = "trainer"
+                 ) -> Optional[Failure]:
+    """The first failed task srun reported, as a Failure with its workerlog; when Slurm's
+    memory cgroup killed tasks of the step (slurmstepd's oom_kill line, or a task 'Out Of
+    Memory'), explained as that: the launcher's kernel log knows nothing of another node."""
+    found = first_failed_task(srun_output)
+    if found is None:
+        return None
+    task, host, code = found
+    log = layout.for_role("PSERVER" if role == "pserver" else "TRAINER", task)
+    failure = Failure(f"{role} {task}", host, code, str(log))
+    oom = _SLURM_OOM.search(srun_output)
+    if oom is not None:
+        line = next(l for l in srun_output.splitlines() if oom.group(0) in l).strip()
+        failure.explanation = ("killed for memory: Slurm's memory limit for the step was "
+                               f"exhausted (srun.log: {line}); ask for more with --mem or "
+                               "--mem-per-cpu, or use less")
+        failure.kind = "oom"
+    return failure
+
+
 class SrunStep(LocalProcess):
     """The srun of one step, as a Handle: its failure is the first failing task's (rank, node,
     exit code, workerlog), read from srun's own report; killing it also cancels the step."""
@@ -111,13 +137,11 @@ class SrunStep(LocalProcess):
             text = Path(self.log).read_text(errors="replace")
         except OSError:
             text = ""
-        found = first_failed_task(text)
-        if found is None:
+        failure = srun_failure(text, self.layout, self.role)
+        if failure is None:
             return Failure(f"srun ({self.role}s)", self.host, self.popen.returncode, self.log,
                            self.pid)
-        task, host, code = found
-        log = self.layout.for_role("PSERVER" if self.role == "pserver" else "TRAINER", task)
-        return Failure(f"{self.role} {task}", host, code, str(log))
+        return failure
 
     def kill(self) -> None:
         super().kill()
@@ -191,12 +215,11 @@ class SubmittedJob:
             return Failure(self.label, self.host, HANG_EXIT, self.log,
                            detail=_hang_detail(self.layout), kind="hang")
         try:
-            found = first_failed_task(self.layout.srun.read_text(errors="replace"))
+            failure = srun_failure(self.layout.srun.read_text(errors="replace"), self.layout)
         except OSError:
-            found = None
-        if found is not None:
-            task, host, code = found
-            return Failure(f"trainer {task}", host, code, str(self.layout.worker(task)))
+            failure = None
+        if failure is not None:
+            return failure
         state = self._state.state if self._state else "UNKNOWN"
         return Failure(self.label, self.host, self._code or 1, self.log,
                        detail=f"{state}, exit code {self._code}")
