@@ -1,6 +1,7 @@
 """Hang autopsy, fluidctl dump, failure triage and the echo options on real jobs
 (fluidctl train, real processes, the real runtime)."""
 import json
+import re
 import os
 import signal
 import subprocess
@@ -348,6 +349,21 @@ def test_hang_under_mpirun_on_one_node(tmp_path):
     assert json.loads((tmp_path / "log" / "failure.json").read_text())["hang"]["dir"] == \
         str(where)
     assert not list((tmp_path / "log").glob(".fluidctl_diag.*"))
+
+
+def test_a_crash_under_mpirun_is_reported_as_that_rank(tmp_path):
+    """mpirun exits 1 whatever happened; the report names the rank mpirun saw fail first,
+    with its signal, node and pid, and triage explains the crash from its own log."""
+    proc = fluidctl("train", "--backend", "mpi", "--nproc", 3, "--log-dir", tmp_path / "log",
+                    TROUBLE, "segv", cwd=tmp_path, timeout=180)
+    assert proc.returncode == 128 + signal.SIGSEGV, proc.stderr
+    assert re.search(r"fluidctl: trainer 1 failed on \S+: signal SIGSEGV \(pid \d+", proc.stderr), \
+        proc.stderr
+    assert "why: crashed (SIGSEGV" in proc.stderr
+    assert f"log: {tmp_path / 'log' / 'workerlog.1'}" in proc.stderr
+    report = json.loads((tmp_path / "log" / "failure.json").read_text())
+    assert report["first_failure"]["label"] == "trainer 1"
+    assert report["first_failure"]["signal"] == "SIGSEGV"
 
 
 def test_hang_under_mpirun_over_two_ssh_nodes(tmp_path, sshd_nodes):

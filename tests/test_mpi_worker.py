@@ -191,3 +191,23 @@ def test_master_port_never_repeats_a_rank_endpoint(monkeypatch):
     monkeypatch.setattr(worker, "free_port", lambda address: next(draws))
     pairs = [("127.0.0.1", 5001), ("127.0.0.1", 5002), ("127.0.0.2", 6000)]
     assert worker.master_port_beside("127.0.0.1", pairs) == 6000
+
+
+@pytest.mark.parametrize("report, found", [
+    # Open MPI 5 (prterun), as it printed here: exit code, then a signal (wrapped mid-sentence)
+    ("prterun detected that one or more processes exited with non-zero status,\nthus causing "
+     "the job to be terminated. The first process to do so was:\n\n   Process name: "
+     "[prterun-vm-20100@1,1]\n   Exit code:    1\n", (1, None, 1, None)),
+    ("prterun noticed that process rank 1 with PID 20265 on node vm exited on\nsignal 11 "
+     "(Segmentation fault).\n", (1, "vm", -11, 20265)),
+    # Open MPI 4 (mpirun)
+    ("mpirun detected that one or more processes exited with non-zero status, thus causing\n"
+     "the job to be terminated. The first process to do so was:\n\n  Process name: "
+     "[[41279,1],3]\n  Exit code:    7\n", (3, None, 7, None)),
+    ("mpirun noticed that process rank 2 with PID 0 on node n2 exited on signal 9 (Killed).\n",
+     (2, "n2", -9, None)),
+    ("rank 0 ready\n", None),
+])
+def test_the_rank_mpirun_names_as_the_first_to_fail(report, found):
+    from fluidctl.backends.mpi import first_failed_rank
+    assert first_failed_rank(report) == found

@@ -199,7 +199,9 @@ def test_mpi_backend_fails_fast(tmp_path):
     res = fluidctl("train", "--backend", "mpi", "--nproc", 2, BEHAVE, "--hang", "--fail-rank", 1,
                    "--code", 4, cwd=tmp_path, timeout=120)
     assert res.returncode == 4
-    assert "mpirun failed" in res.stderr and "rank 1 failing with 4" in res.stderr
+    # the rank mpirun names as the first to fail, not "mpirun failed"
+    assert "fluidctl: trainer 1 failed on 127.0.0.1: exit code 4" in res.stderr, res.stderr
+    assert "rank 1 failing with 4" in res.stderr
 
 
 @needs_mpi

@@ -16,6 +16,7 @@ secrets such as the job token never appear in ``ps``.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 from fluidctl import envs
 from fluidctl.backends.base import BaseLauncher
+from fluidctl.backends.local import LocalProcess
+from fluidctl.failures import Failure
 from fluidctl.errors import UsageError
 from fluidctl.planning.hosts import Host, format_hostfile
 
@@ -145,6 +148,49 @@ def command(argv: Sequence[str], nproc: int, *, hosts: Sequence[Host] = (),
     return cmd
 
 
+# What mpirun (Open MPI 4) or prterun (Open MPI 5) prints about the rank that ended the job.
+_EXITED = re.compile(r"The first process to do so was:\s*Process name:\s*\[.*?,(\d+)\]\s*"
+                     r"Exit code:\s*(\d+)")
+_SIGNALLED = re.compile(r"noticed that process rank (\d+) with PID (\d+) on node (\S+) "
+                        r"exited on\s+signal (\d+)")
+
+
+def first_failed_rank(output: str) -> Optional[Tuple[int, Optional[str], int, Optional[int]]]:
+    """(rank, node or None, Popen-style return code, pid or None) of the rank mpirun names as
+    the first to fail, from its own report (lines wrapped at any space), else None."""
+    text = " ".join(output.split())
+    signalled = _SIGNALLED.search(text)
+    if signalled:
+        rank, pid, node, sig = signalled.groups()
+        return int(rank), node, -int(sig), int(pid) or None
+    exited = _EXITED.search(text)
+    if exited:
+        return int(exited.group(1)), None, int(exited.group(2)), None
+    return None
+
+
+class MpirunProcess(LocalProcess):
+    """The mpirun process: the job's failure is the rank mpirun reports as the first to fail
+    (its workerlog when that is on this machine, else mpirun.log, which holds every rank's
+    forwarded output), not 'mpirun exited 1'."""
+
+    def failure(self) -> Failure:
+        failure = super().failure()
+        try:
+            found = first_failed_rank(Path(self.log).read_text(errors="replace"))
+        except OSError:
+            found = None
+        if found is None:
+            return failure
+        rank, node, code, pid = found
+        failure.label, failure.returncode, failure.pid = f"trainer {rank}", code, pid
+        failure.host = node or failure.host
+        own = Path(self.log).with_name(f"workerlog.{rank}")
+        if own.exists() and own.stat().st_size:
+            failure.log = str(own)
+        return failure
+
+
 def worker_argv(script: str, args: Sequence[str] = (), python: Optional[str] = None) -> List[str]:
     """What each rank runs: ``python -m fluidctl worker SCRIPT ARGS`` (the interpreter's own
     fluidctl, whatever PATH says on the node)."""
@@ -210,12 +256,11 @@ class MPILauncher(BaseLauncher):
         return the_plan
 
     def start(self, plan, attempt: int):
-        from fluidctl.backends import local
         layout = self.config.layout
         if self.hosts and attempt == 0:
             write_hostfile(self.hosts, layout.mpi_hostfile)
         env = dict(plan.procs[0].env, **{envs.RESTART_COUNT: str(attempt)}, **self.diag_env())
-        return [local.start("mpirun", self.argv, environment(env), str(layout.mpirun))]
+        return [MpirunProcess("mpirun", self.argv, environment(env), str(layout.mpirun))]
 
     def diagnostics(self, config):
         """The ranks are mpirun's: their stacks are taken on each node by a second mpirun of
