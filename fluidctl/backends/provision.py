@@ -18,7 +18,6 @@ no-op re-run). ``inspect`` reads a node's environment for ``cluster check`` and 
 """
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import posixpath
@@ -277,6 +276,7 @@ class EnvStatus:
         version installed here (else the one setup installed)."""
         if not self.present:
             return []
+        import importlib.metadata       # 12 ms: not on every ssh launch's way (prefer_venv)
         out = []
         if self.fluidctl != __version__:
             out.append(f"fluidctl {self.fluidctl or 'missing'} there, {__version__} here")
