@@ -252,6 +252,12 @@ class Diagnostics:
         self.triage = Triage()
         self.current: list = []         # a node agent: the handles of the running attempt
 
+    @classmethod
+    def for_job(cls, config, **kw) -> "Diagnostics":
+        """This job's (a LaunchConfig): its --hang-timeout, LOG_DIR and --log-tail."""
+        return cls(hang_timeout=config.hang_timeout, log_root=config.layout.root,
+                   tail_lines=config.log_tail, **kw)
+
     def env(self) -> Dict[str, str]:
         from fluidctl import envs
         return {envs.DIAG_DIR: str(self.diag.root)}

@@ -326,6 +326,17 @@ def from_ompi(environ: Mapping[str, str], endpoints: Sequence[str], master: str,
         restart_count=int(environ.get(RESTART_COUNT) or 0), token=environ.get(JOB_TOKEN))
 
 
+# --- ssh (read only): where mpirun's daemons, and so their ranks, were reached ---------------
+SSH_CONNECTION = "SSH_CONNECTION"   # 'client_ip client_port server_ip server_port' (sshd's)
+
+
+def ssh_server_address(environ: Mapping[str, str]) -> str:
+    """The address this node was reached at when it was entered over ssh (mpirun's daemons
+    are), from SSH_CONNECTION, else ''."""
+    words = environ.get(SSH_CONNECTION, "").split()
+    return words[2] if len(words) == 4 else ""
+
+
 # --- Slurm (read only) ----------------------------------------------------------------------
 # Under plain ``srun`` each task knows its place from these; ``from_slurm`` turns them into the
 # whole contract (``fluidctl worker`` and ``fluidctl.runtime.init()`` use it; the Slurm backend
@@ -346,14 +357,6 @@ SLURM_DISTRIBUTION = "SLURM_DISTRIBUTION"
 SLURM_CPUS_ON_NODE = "SLURM_CPUS_ON_NODE"
 SLURM_RESTART_COUNT = "SLURM_RESTART_COUNT"
 SLURMD_NODENAME = "SLURMD_NODENAME"             # the task's node, as Slurm names it
-SSH_CONNECTION = "SSH_CONNECTION"   # 'client_ip client_port server_ip server_port' (sshd's)
-
-
-def ssh_server_address(environ: Mapping[str, str]) -> str:
-    """The address this node was reached at when it was entered over ssh (mpirun's daemons
-    are), from SSH_CONNECTION, else ''."""
-    words = environ.get(SSH_CONNECTION, "").split()
-    return words[2] if len(words) == 4 else ""
 SLURM_PORT_LOW, SLURM_PORT_SPAN = 20000, 12000      # derived ports: 20000-31999, below Linux's
 #                                                     ephemeral range (32768+)
 

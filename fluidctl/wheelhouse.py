@@ -212,8 +212,8 @@ def build(path: Path, requirements: Optional[Path] = None, no_deps: bool = False
         wheels = []
         for file in sorted(tmp.glob("*.whl")):
             project, version = wheel_name(file.name)
-            wheels.append(Wheel(file.name, file_digest(str(file), "sha256"), file.stat().st_size, project,
-                                version))
+            wheels.append(Wheel(file.name, file_digest(str(file), "sha256"),
+                                file.stat().st_size, project, version))
         house = Wheelhouse(path, key, wheels, built=True)
         for name in names:
             wheel = house.wheel(name)

@@ -315,8 +315,7 @@ def agent_spec(the_plan: Plan, node_index: int, *, attempt: int, max_restarts: i
 
 def make_shared_marker(layout) -> str:
     """Make the launcher's shared marker in its (existing) log dir; returns its nonce."""
-    import secrets
-    nonce = secrets.token_hex(16)
+    nonce = os.urandom(16).hex()        # what secrets.token_hex reads, without its import
     os.close(os.open(layout.shared_marker(nonce), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
     return nonce
 
@@ -405,9 +404,7 @@ class SSHLauncher(BaseLauncher):
     def diagnostics(self, config):
         """Ranks run under the node agents: their stacks come from a "dump" line to each
         agent, their progress from the agents' heartbeats."""
-        self._diagnostics = AgentDiagnostics(self, hang_timeout=config.hang_timeout,
-                                             log_root=config.layout.root,
-                                             tail_lines=config.log_tail)
+        self._diagnostics = AgentDiagnostics.for_job(config, launcher=self)
         return self._diagnostics
 
     @property

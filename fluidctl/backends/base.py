@@ -132,9 +132,7 @@ class BaseLauncher:
         """The job's diagnostics (fluidctl/diagnose.py): failure triage, --hang-timeout,
         fluidctl dump, failure.json. Kept, so ``start`` can hand ranks its ``env()``."""
         from fluidctl.diagnose import Diagnostics
-        self._diagnostics = Diagnostics(hang_timeout=config.hang_timeout,
-                                        log_root=config.layout.root,
-                                        tail_lines=config.log_tail)
+        self._diagnostics = Diagnostics.for_job(config)
         return self._diagnostics
 
     def diag_env(self) -> Dict[str, str]:

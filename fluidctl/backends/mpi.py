@@ -278,10 +278,8 @@ class MPILauncher(BaseLauncher):
                            max(1, len(self.hosts)), hosts=self.hosts, hostfile=hostfile,
                            env_names=names, ssh_config=config.ssh_config,
                            map_by="ppr:1:node" if self.hosts else "slot")
-        self._diagnostics = SharedDirDiagnostics(
-            stack_takers=stack_takers, world=self.world, env=takers_env,
-            hang_timeout=config.hang_timeout, log_root=config.layout.root,
-            tail_lines=config.log_tail)
+        self._diagnostics = SharedDirDiagnostics.for_job(config, stack_takers=stack_takers,
+                                                         world=self.world, env=takers_env)
         return self._diagnostics
 
     def logs(self, plan) -> List[str]:

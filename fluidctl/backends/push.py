@@ -40,6 +40,8 @@ import subprocess
 import threading
 from typing import Callable, List, Optional, Sequence
 
+from fluidctl.digest import file_digest
+
 END = 0xFFFFFFFF
 HEADER = struct.Struct(">IQ")            # file index, size
 BATCH = 1 << 20                          # small files are gathered into writes this large
@@ -150,7 +152,7 @@ _PICK = '[ -x /usr/bin/python3 ] && exec /usr/bin/python3 "$@"; exec python3 "$@
 REMOTE_COMMAND = f"exec sh -c '{_PICK}' python3 -I -S -c '{LOADER}'"    # neither holds a '
 
 # AES-GCM first: with AES-NI it is the fastest of OpenSSH's ciphers. Used only when the user's
-# ssh config leaves Ciphers at OpenSSH's default (see fast_cipher_args): the same set, reordered.
+# ssh config leaves Ciphers at OpenSSH's default (see with_fast_cipher): the same set, reordered.
 CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
            "aes128-ctr,aes192-ctr,aes256-ctr")
 OPENSSH_DEFAULT_CIPHERS = ("chacha20-poly1305@openssh.com,aes128-ctr,aes192-ctr,aes256-ctr,"
@@ -356,7 +358,6 @@ def push(ssh_argv: List[str], files: Sequence[LocalFile], remote_dir: str,
             if not remote_digest:
                 need.add(int(index))
                 continue
-            from fluidctl.digest import file_digest
             if file_digest(files[int(index)].path, "sha256") != remote_digest.decode():
                 need.add(int(index))
         result = PushResult(remote_dir, unchanged=len(files) - len(need))

@@ -111,9 +111,8 @@ def srun_failure(srun_output: str, layout: LogLayout, role: str = "trainer"
     task, host, code = found
     log = layout.for_role("PSERVER" if role == "pserver" else "TRAINER", task)
     failure = Failure(f"{role} {task}", host, code, str(log))
-    oom = _SLURM_OOM.search(srun_output)
-    if oom is not None:
-        line = next(l for l in srun_output.splitlines() if oom.group(0) in l).strip()
+    line = next((l.strip() for l in srun_output.splitlines() if _SLURM_OOM.search(l)), None)
+    if line is not None:
         failure.explanation = ("killed for memory: Slurm's memory limit for the step was "
                                f"exhausted (srun.log: {line}); ask for more with --mem or "
                                "--mem-per-cpu, or use less")
@@ -347,9 +346,8 @@ class SlurmLauncher(BaseLauncher):
             return srun_argv(nodes=len(self.nodes), ntasks_per_node=1, name=step_name(),
                              command=[self.python, "-m", "fluidctl.launch.nodestacks", diag_dir],
                              nodelist=self.nodes, overlap=True, fail_fast=False)
-        self._diagnostics = SharedDirDiagnostics(
-            stack_takers=stack_takers, world=self.world, hang_timeout=config.hang_timeout,
-            log_root=config.layout.root, tail_lines=config.log_tail)
+        self._diagnostics = SharedDirDiagnostics.for_job(config, stack_takers=stack_takers,
+                                                         world=self.world)
         return self._diagnostics
 
     def describe(self, plan) -> str:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
+from fluidctl.digest import file_digest
+
 if TYPE_CHECKING:       # paramiko is heavy to import; cluster sync lists files without it
     from fluidctl.backends.ssh import SSHNode
 
@@ -117,7 +119,6 @@ def plan_sync(node: SSHNode, source: Path, remote_dir: str,
     if same_size:
         digests = node.remote_sha256([f.remote for f in same_size])
         for item in same_size:
-            from fluidctl.digest import file_digest
             if digests.get(item.remote) == file_digest(str(item.local), "sha256"):
                 plan.unchanged += 1
             else:

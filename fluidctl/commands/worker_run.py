@@ -300,10 +300,12 @@ def register_rank(environ: Mapping[str, str], rank: int) -> None:
     holds the node and this pid, which stays the rank's (the script runs in this process, or
     is exec'd in its place). Best effort: a rank that cannot write it only goes without a
     stack (DIAG_DIR is in LOG_DIR, which a node that does not share it lacks)."""
+    if not environ.get(envs.DIAG_DIR):
+        return
     from fluidctl.paths import DiagDir
-    node = DiagDir.this_node(environ)
+    diag, node = DiagDir(Path(environ[envs.DIAG_DIR])), DiagDir.this_node(environ)
     try:
-        DiagDir(Path(environ[envs.DIAG_DIR])).rank_file(rank).write_text(f"{node} {os.getpid()}\n")
+        diag.rank_file(rank).write_text(f"{node} {os.getpid()}\n")
     except OSError:
         pass
 
@@ -356,8 +358,7 @@ def run(script: str, args: Sequence[str]) -> None:
         if rank == 0 and envs.MASTER in contract:
             check_master_port(contract[envs.MASTER])
         env = {**environ, **contract}
-        if environ.get(envs.DIAG_DIR):
-            register_rank(environ, rank)
+        register_rank(environ, rank)
     log_path = None
     if environ.get(envs.LOG_DIR):
         from fluidctl.paths import LogLayout
@@ -370,7 +371,7 @@ def run(script: str, args: Sequence[str]) -> None:
     if in_process and log_path:
         close_output = tee_output(log_path)   # before MPI_Init: its atexit runs after Finalize
     if under_mpi:
-        if in_process and environ.get(envs.DIAG_DIR):
+        if in_process:
             register_rank(environ, rank)
         endpoints, master, nnodes, node_rank = exchange_endpoints(environ)
         contract = envs.from_ompi(environ, endpoints, master, nnodes, node_rank=node_rank,

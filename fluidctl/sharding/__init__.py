@@ -4,10 +4,10 @@ Pure of click and rich (the command wraps it). How it stays fast and small:
 
 * ``--by lines`` / ``--by files`` never pass the data through Python objects. Cut points are
   found by reading only around them; every shard is then a list of byte ranges of the inputs
-  (:class:`Segment`), read once, 256 KiB at a time, into a reused buffer that is written,
-  hashed (xxh3-128 by default, or blake3 / sha256; GIL released) and counted for the manifest's
-  records (StringZilla, no numpy) while it is in the CPU's cache; shards are written by one
-  thread per core. ``--checksum none`` skips the digest.
+  (:class:`Segment`). Per shard, one task has the kernel copy its ranges (``copy_file_range``)
+  while another reads them 256 KiB at a time and hashes (xxh3-128 by default, or blake3 /
+  sha256) and counts them (StringZilla, no numpy) for the manifest, on a thread per core.
+  ``--checksum none`` skips the digest.
 * Gzip inputs are decompressed once into a spool file inside the staging directory and then
   take the same byte-range path; the spool is deleted before the output appears.
 * ``--shuffle`` is an external shuffle (records scattered into random bucket files, then each
