@@ -4,7 +4,8 @@ Commands are imported lazily (only the one being run), so ``fluidctl worker`` an
 ``fluidctl train`` start fast, and every error a user can cause is printed as one line with
 exit code 2 instead of click's multi-line usage block. ``fluidctl worker SCRIPT ...``, which
 every rank of an srun or mpirun job runs, does not even import click (half of a rank's
-start-up): that one form has nothing to parse.
+start-up): that one form has nothing to parse. Nor do the plain forms of the quick commands
+in ``fluidctl.fastargs`` (``cluster sync``): parsed there, else by click.
 """
 import importlib
 import sys
@@ -96,9 +97,17 @@ FREEZE_AT_EXIT = ("shard-data", "cluster", "--version", "-V", "--help", "-h")
 def main(argv=None) -> None:
     """Run the CLI; turn every user-caused error into one line and an exit code."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if args in (["--version"], ["-V"]):     # as click's version_option prints it
+        print(f"fluidctl, version {__version__}", flush=True)
+        sys.exit(0)
     if len(args) >= 2 and args[0] == "worker" and not args[1].startswith("-"):
-        _worker(args[1], args[2:])
+        from fluidctl.commands.worker_run import run
+        _without_click(run, args[1], args[2:])
     try:
+        from fluidctl import fastargs
+        fast = fastargs.parse(args)
+        if fast is not None:
+            _without_click(fast[0], **fast[1])
         _main(args)
     finally:
         if args[:1] and args[0] in FREEZE_AT_EXIT:
@@ -106,11 +115,10 @@ def main(argv=None) -> None:
             gc.freeze()
 
 
-def _worker(script: str, args) -> None:
-    """``fluidctl worker SCRIPT [ARGS]`` without click, with the same error contract."""
-    from fluidctl.commands.worker_run import run
+def _without_click(run, *args, **kwargs) -> None:
+    """A command's ``run`` called directly, with the same error contract as under click."""
     try:
-        run(script, args)
+        run(*args, **kwargs)
     except FluidctlError as exc:
         print(exc.one_line(), file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)

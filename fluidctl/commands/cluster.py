@@ -19,11 +19,9 @@ from pathlib import Path
 import click
 
 from fluidctl.console import console
-from fluidctl.errors import FluidctlError
+from fluidctl.commands.sync_run import DEFAULT_TIMEOUT as SSH_TIMEOUT, fail_nodes
 from fluidctl.planning.hosts import load_hosts
 from fluidctl.units import human_bytes
-
-SSH_TIMEOUT = 10.0          # fluidctl.backends.ssh.DEFAULT_TIMEOUT (tests check they agree)
 
 
 def host_options(fn):
@@ -53,11 +51,6 @@ def _resolve(hostfile, hosts_arg, ssh_config, accept_new):
     from fluidctl.backends.sshconfig import resolve_hosts
     hosts = load_hosts(hostfile, hosts_arg)
     return resolve_hosts(hosts, ssh_config, accept_new)
-
-
-def _fail_nodes(what: str, failures: dict, total: int) -> FluidctlError:
-    names = "; ".join(f"{host}: {reason}" for host, reason in failures.items())
-    return FluidctlError(f"{len(failures)} of {total} node(s) {what}: {names}", exit_code=1)
 
 
 @click.group(help="""Provision, check, fill and drive the nodes of a hostfile over SSH.
@@ -132,7 +125,7 @@ def check(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, python
     console().print(table)
     failures = {r.host: r.reason for r in results if not r.ok}
     if failures:
-        raise _fail_nodes("failed the check", failures, len(results))
+        raise fail_nodes("failed the check", failures, len(results))
 
 
 @cluster.command(name="exec", help="""Run a command on every node at once; each output line is
@@ -189,7 +182,7 @@ def exec_(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote
         connected.close()
     if failures:
         ordered = {h.name: failures[h.name] for h in hosts if h.name in failures}
-        raise _fail_nodes("failed", ordered, len(hosts))
+        raise fail_nodes("failed", ordered, len(hosts))
 
 
 @cluster.command(help="""Push a directory (or one file) to every node at once, sending only
@@ -214,123 +207,9 @@ Examples:
               help="Compare content (sha256) instead of size and mtime (e.g. after a checkout "
                    "that reset mtimes).")
 @click.argument("src", default=".", type=click.Path(exists=True))
-def sync(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote_dir, excludes,
-         checksum, src):
-    from fluidctl.backends import push
-    from fluidctl.backends.sync import DEFAULT_EXCLUDES, walk
-    source = Path(src).resolve()
-    default_dir = str(source if source.is_dir() else source.parent)
-    hosts = load_hosts(hostfile, hosts_arg)
-    use_ssh = push.have_ssh_client()
-    argvs = [push.ssh_command(h.name, user=h.user, port=h.port, ssh_config=ssh_config,
-                              accept_new=accept_new_host_keys, timeout=timeout) for h in hosts]
-    if use_ssh:
-        argvs = push.with_fast_cipher(argvs)
-    argvs = {h.name: argv for h, argv in zip(hosts, argvs)}
-    # every node's ssh handshake and python3 start while the files are listed here
-    channels = {name: push.connect(argv) for name, argv in argvs.items()} if use_ssh else {}
-    try:
-        files = push.scan(walk(source, (*DEFAULT_EXCLUDES, *excludes)))
-    except BaseException:
-        for channel in channels.values():
-            channel.kill()
-        raise
-    compare = "hash" if checksum else "mtime"
-    progress = _SyncProgress({h.name: sum(f.size for f in files) for h in hosts})
-    outcomes = {}
-
-    def one(host):
-        where = (remote_dir or default_dir).replace("{host}", host.name)
-        if use_ssh:
-            try:
-                result = push.push(argvs[host.name], files, where, compare,
-                                   progress.advancer(host.name), channel=channels[host.name])
-                outcomes[host.name] = (where, len(result.sent), result.sent_bytes,
-                                       result.unchanged)
-                return
-            except push.PushFailed as exc:
-                outcomes[host.name] = str(exc)
-                return
-            except push.PushUnavailable:
-                pass                        # over SFTP, below
-            except OSError as exc:          # a local file unreadable, say
-                outcomes[host.name] = f"{exc.filename or 'copy'}: {exc.strerror or exc}"
-                return
-        outcomes[host.name] = _sync_sftp(host, source, where, excludes, compare, ssh_config,
-                                         accept_new_host_keys, timeout,
-                                         progress.advancer(host.name))
-
-    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in hosts]
-    with progress:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    outcomes = {h.name: outcomes.get(h.name, "no result (internal error)") for h in hosts}
-    failures = {name: o for name, o in outcomes.items() if isinstance(o, str)}
-    rows = [(name, o[0], str(o[1]), human_bytes(o[2]), str(o[3]))
-            for name, o in outcomes.items() if not isinstance(o, str)]
-    from fluidctl.tables import print_table
-    print_table(f"fluidctl cluster sync: {source}",
-                 ("host", "remote dir", "sent files", "sent", "unchanged"), rows)
-    if failures:
-        raise _fail_nodes("failed to sync", failures, len(hosts))
-
-
-class _SyncProgress:
-    """One rich bar per node, drawn only on a terminal (rich is imported only then)."""
-
-    def __init__(self, totals: dict):
-        import sys
-        self.bar = None
-        if sys.stderr.isatty():
-            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                                       TransferSpeedColumn)
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                                TransferSpeedColumn(), console=console(stderr=True),
-                                transient=True)
-            self.tasks = {name: self.bar.add_task(name, total=total or 1)
-                          for name, total in totals.items()}
-
-    def advancer(self, name: str):
-        if self.bar is None:
-            return None
-        return lambda n: self.bar.advance(self.tasks[name], n)
-
-    def __enter__(self):
-        if self.bar is not None:
-            self.bar.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-
-
-def _sync_sftp(host, source, where, excludes, compare, ssh_config, accept_new, timeout,
-               on_bytes):
-    """The fallback: paramiko + SFTP (no ssh client here, or no python3 on the node); returns
-    (remote dir, files sent, bytes sent, unchanged) or the reason it failed."""
-    from fluidctl.backends import ssh
-    from fluidctl.backends.sshconfig import resolve_hosts
-    from fluidctl.backends.sync import DEFAULT_EXCLUDES, plan_sync, send_files
-    resolved, targets = resolve_hosts([host], ssh_config, accept_new)
-    connected = ssh.connect_all(resolved, targets, timeout=timeout)
-    try:
-        if connected.failures:
-            return connected.failures[host.name]
-        node = connected.nodes[host.name]
-        try:
-            plan = plan_sync(node, source, where, (*DEFAULT_EXCLUDES, *excludes), compare)
-        except (OSError, ssh.ConnectionLost) as exc:
-            return f"cannot list {where}: {exc}"
-        try:
-            send_files(node, plan, on_bytes)
-        except (OSError, ssh.ConnectionLost) as exc:
-            return f"copy failed: {exc}"
-        return where, len(plan.send), plan.bytes, plan.unchanged
-    finally:
-        connected.close()
+def sync(**params):
+    from fluidctl.commands.sync_run import run
+    run(**params)
 
 
 @cluster.command(help="""Make a ready Python environment on every node: build a wheelhouse here
@@ -434,6 +313,6 @@ def setup(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, requir
         out.print(line, soft_wrap=True, markup=False)
     if failures:
         ordered = {h.name: failures[h.name] for h in hosts if h.name in failures}
-        error = _fail_nodes("failed the setup", ordered, len(hosts))
+        error = fail_nodes("failed the setup", ordered, len(hosts))
         error.exit_code = len(ordered)
         raise error
