@@ -215,6 +215,57 @@ def test_aes_gcm_first_only_where_the_ssh_config_leaves_ciphers_alone(sshd_nodes
         assert (tmp_path / where / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
 
 
+def test_a_config_without_ciphers_gets_aes_gcm_without_running_ssh_g(sshd_nodes, monkeypatch):
+    """Where no config file ssh reads has a Ciphers line, the choice is made without
+    ``ssh -G`` (two processes and ~5 ms before the first handshake), and ssh still negotiates
+    what was offered."""
+    if not push._aes_in_hardware():
+        pytest.skip("AES is not in hardware here: the default order is kept")
+    started = []
+    real_popen = subprocess.Popen
+
+    def spy(argv, *args, **kwargs):
+        started.append(argv)
+        return real_popen(argv, *args, **kwargs)
+    monkeypatch.setattr(push.subprocess, "Popen", spy)
+    [argv] = push.with_fast_cipher([argv_for(sshd_nodes)])
+    assert started == []
+    assert argv[argv.index("-c") + 1] == push.CIPHERS
+    monkeypatch.undo()
+    assert _negotiated_cipher(argv) == "aes128-gcm@openssh.com"
+
+
+def test_which_configs_may_set_a_keyword(tmp_path, monkeypatch):
+    """config_may_set reads the files ssh would: the -F file alone, else ~/.ssh/config and the
+    system file, following Include (relative to ~/.ssh) and globs; unsure means True."""
+    home = tmp_path / "home"
+    (home / ".ssh" / "conf.d").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    system = tmp_path / "ssh_config"
+    system.write_text("Host *\n    SendEnv LANG\n#   Ciphers aes128-ctr\n")
+    monkeypatch.setattr(push, "SYSTEM_SSH_CONFIG", str(system))
+
+    def config(text):
+        path = tmp_path / "c"
+        path.write_text(text)
+        return str(path)
+    assert not push.config_may_set(None, "ciphers")             # no user file, system silent
+    assert not push.config_may_set(config("Host a\n  HostName b\n"), "ciphers")
+    assert push.config_may_set(config("Host a\n  Ciphers aes256-ctr\n"), "ciphers")
+    assert push.config_may_set(config("Host a\n\tciphers=aes256-ctr\n"), "ciphers")
+    assert push.config_may_set(str(tmp_path / "missing"), "ciphers")        # ssh would fail
+    (home / ".ssh" / "conf.d" / "x.conf").write_text("Match all\n  Ciphers +3des-cbc\n")
+    assert push.config_may_set(config("Include conf.d/*.conf\n"), "ciphers")
+    assert not push.config_may_set(config("Include conf.d/*.none\n"), "ciphers")
+    assert push.config_may_set(config('Include "conf.d/x.conf"\n'), "ciphers")  # unsure
+    (home / ".ssh" / "loop").write_text("Include loop\n")
+    assert push.config_may_set(config("Include loop\n"), "ciphers")          # too deep
+    (home / ".ssh" / "config").write_text("Include conf.d/x.conf\n")
+    assert push.config_may_set(None, "ciphers")                 # the user's file includes it
+    system.write_text("Ciphers aes128-ctr\n")
+    assert not push.config_may_set(config("Host *\n"), "ciphers")    # -F: system file unread
+
+
 @pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK), reason="no /usr/bin/python3")
 def test_the_receiver_runs_under_the_system_python3_not_a_shim_on_path(workspace, tmp_path):
     """A version manager's python3 first on PATH (slow to start) is passed over for

