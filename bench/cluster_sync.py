@@ -16,11 +16,11 @@ neither. Everything is deleted at the end.
 
     python bench/cluster_sync.py                  # ~1 minute
     python bench/cluster_sync.py --small 3000 --large-mib 64 --runs 9
+    python bench/cluster_sync.py --venv /tmp/fluidctl-venv   # fluidctl as pip installs it
 """
 from __future__ import annotations
 
 import argparse
-import compileall
 import os
 import random
 import resource
@@ -35,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-import fluidctl  # noqa: E402
+import installed  # noqa: E402
 from sshd import SSHNodes  # noqa: E402
 
 
@@ -102,13 +102,14 @@ def main() -> None:
     parser.add_argument("--large-mib", type=int, default=48, help="MiB of large files")
     parser.add_argument("--large-files", type=int, default=3)
     parser.add_argument("--runs", type=int, default=7)
+    installed.add_option(parser)
     args = parser.parse_args()
     if not shutil.which("rsync"):
         sys.exit("bench: rsync not found (apt-get install rsync): it is the peer")
     reason = SSHNodes.available()
     if reason:
         sys.exit(f"bench: {reason}")
-    compileall.compile_dir(os.path.dirname(fluidctl.__file__), quiet=1)   # as pip would
+    fluidctl = installed.fluidctl_argv(args.venv)
     work = Path(tempfile.mkdtemp(prefix="fluidctl-syncbench-", dir="/tmp"))
     nodes = SSHNodes.start(work / "sshd")
     try:
@@ -117,10 +118,11 @@ def main() -> None:
         total = make_workspace(ws, args.small, args.large_mib, args.large_files)
         print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; workspace: "
               f"{args.small} small files + {args.large_files} large, {total / 2**20:.1f} MiB; "
-              f"2 nodes; {args.runs} interleaved rounds\n", flush=True)
+              f"2 nodes; {args.runs} interleaved rounds; {installed.describe(fluidctl)}\n",
+              flush=True)
         config = str(nodes.config)
         aliases = nodes.aliases
-        fluidctl_cmd = [sys.executable, "-m", "fluidctl", "cluster", "sync", "--hosts",
+        fluidctl_cmd = [*fluidctl, "cluster", "sync", "--hosts",
                         ",".join(aliases), "--ssh-config", config]
 
         def dest(kind, alias):

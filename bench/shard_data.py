@@ -15,11 +15,11 @@ where PYTHONDONTWRITEBYTECODE is set). Files and outputs are deleted at the end.
     python bench/shard_data.py                      # 256 MiB and 1 GiB, 7 rounds; ~1 minute
     python bench/shard_data.py --sizes 1024 --runs 5 --only default --only "--checksum sha256"
     python bench/shard_data.py --variants all      # adds pad, none, shuffle (slow)
+    python bench/shard_data.py --venv /tmp/fluidctl-venv   # fluidctl as pip installs it
 """
 from __future__ import annotations
 
 import argparse
-import compileall
 import os
 import random
 import shutil
@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-import fluidctl
+import installed
 
 VARIANTS = {                     # label -> extra arguments
     "default": [],
@@ -157,7 +157,7 @@ def bench_startup(work: str, args, fluidctl_cmd: list) -> None:
         f.write("one record\n")
     out = os.path.join(work, "tiny-out")
     contenders = {
-        "python -c pass": [sys.executable, "-c", "pass"],
+        "python -c pass": [installed.python(fluidctl_cmd[:-1]), "-c", "pass"],
         "fluidctl --version": fluidctl_cmd[:-1] + ["--version"],
         "fluidctl shard-data (1 line, -q)": fluidctl_cmd + [tiny, "-n", "1", "-o", out, "-q",
                                                               "--force"],
@@ -181,16 +181,16 @@ def main() -> None:
     parser.add_argument("--variants", choices=["quick", "all"], default="quick")
     parser.add_argument("--only", action="append", choices=sorted(VARIANTS),
                         help="run only these fluidctl variants (repeatable)")
+    installed.add_option(parser)
     args = parser.parse_args()
     if not shutil.which("split"):
         sys.exit("bench: GNU split not found")
     names = args.only or (QUICK if args.variants == "quick" else list(VARIANTS))
     variants = {k: VARIANTS[k] for k in names}
-    compileall.compile_dir(os.path.dirname(fluidctl.__file__), quiet=1)
-    fluidctl_cmd = [sys.executable, "-m", "fluidctl", "shard-data"]
+    fluidctl_cmd = installed.fluidctl_argv(args.venv) + ["shard-data"]
     load = os.getloadavg()[0]
-    print(f"{os.cpu_count()} cores, load average {load:.2f} at the start; fluidctl from "
-          f"{os.path.dirname(fluidctl.__file__)}\n", flush=True)
+    print(f"{os.cpu_count()} cores, load average {load:.2f} at the start; "
+          f"{installed.describe(fluidctl_cmd[:-1])}\n", flush=True)
     work = tempfile.mkdtemp(prefix="fluidctl-bench-", dir="/tmp")
     try:
         for mib in args.sizes:
