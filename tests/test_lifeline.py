@@ -127,3 +127,25 @@ def test_has_children_scans_again_when_a_thread_ends_meanwhile():
         "os.listdir = listdir\n"
         "print(local._has_children(), len(calls))\n")
     assert _fresh_python(code).split() == ["False", "2"]
+
+
+def test_the_sweep_reaps_dead_descendants_and_reports_only_live_ones():
+    """A rank whose mpirun exited before collecting it is re-parented to the launcher (a child
+    subreaper) as a zombie: reaped, not reported as a leftover; a live one is stopped and
+    named. (Every mpirun abort used to log 'stopped 6 leftover process(es)' for 3 dead ranks
+    and their tees.)"""
+    code = (
+        "import subprocess, time, psutil\n"
+        "from fluidctl.backends import local\n"
+        "assert local.become_subreaper()\n"
+        "subprocess.run(['sh', '-c', 'sleep 0.2 & sleep 30 & exit 0'])\n"
+        "me, deadline = psutil.Process(), time.monotonic() + 20\n"
+        "while time.monotonic() < deadline:\n"
+        "    kids = me.children()\n"
+        "    if any(k.status() == psutil.STATUS_ZOMBIE for k in kids): break\n"
+        "    time.sleep(0.02)\n"
+        "live = [k.pid for k in kids if k.status() != psutil.STATUS_ZOMBIE]\n"
+        "names = local.sweep_descendants(5)\n"
+        "print(len(kids), len(names), names[0].startswith(f'{live[0]} sleep (parent '),\n"
+        "      me.children())\n")
+    assert _fresh_python(code).strip() == "2 1 True []"

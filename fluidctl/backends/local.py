@@ -226,22 +226,42 @@ def full_env(contract: Mapping[str, str], base: Optional[Mapping[str, str]] = No
     return env
 
 
-def sweep_descendants(grace: float) -> List[int]:
+def sweep_descendants(grace: float) -> List[str]:
     """Stop and reap whatever still descends from this process (leftover grandchildren that
-    outlived their worker). Returns the pids that had to be stopped."""
+    outlived their worker). Returns those that were still running, as 'pid name (parent
+    ppid)', for the launch log. Dead ones are only reaped: ranks whose mpirun or srun exited
+    before collecting them are re-parented here (the subreaper) as zombies, and are not
+    leftovers."""
     if not _has_children():
         return []
     import psutil
     me = psutil.Process()
-    left = me.children(recursive=True)
-    if not left:
-        return []
-    _signal_procs(left, signal.SIGTERM)
-    _, alive = psutil.wait_procs(left, timeout=grace)
-    _signal_procs(alive, signal.SIGKILL)
-    psutil.wait_procs(alive, timeout=5)
+    left = [p for p in me.children(recursive=True) if _running(p)]
+    names = [_name(p) for p in left]
+    if left:
+        _signal_procs(left, signal.SIGTERM)
+        _, alive = psutil.wait_procs(left, timeout=grace)
+        _signal_procs(alive, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5)
     _reap_children()
-    return [p.pid for p in left]
+    return names
+
+
+def _running(proc) -> bool:
+    import psutil
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _name(proc) -> str:
+    """'pid name (parent ppid)' for the launch log: what was left, and under whom."""
+    import psutil
+    try:
+        return f"{proc.pid} {proc.name()} (parent {proc.ppid()})"
+    except psutil.Error:        # gone meanwhile
+        return str(proc.pid)
 
 
 def _has_children() -> bool:
