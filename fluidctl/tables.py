@@ -8,6 +8,7 @@ of a small file). Standard library only.
 from __future__ import annotations
 
 import sys
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:           # annotations only: importing typing is ~3 ms of start-up
     from typing import Sequence

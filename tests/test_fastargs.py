@@ -39,6 +39,7 @@ def test_the_table_is_the_click_command_s(path, paths):
             assert (param.name, absent[param.name], many) == (dest, default, param.nargs == -1)
             continue
         assert param.name in table.defaults, f"--{param.name} missing from fastargs"
+        assert not param.envvar, f"--{param.name} reads an environment variable: not here"
         assert table.defaults[param.name] == absent[param.name], param.name
         for name in param.opts:
             names.add(name)

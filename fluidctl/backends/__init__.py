@@ -7,6 +7,7 @@ implementing ``fluidctl.backends.base.Launcher`` and one line here.
 from __future__ import annotations
 
 import importlib
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:           # annotations only: importing typing is ~3 ms of start-up
     from typing import Callable, List, Optional

@@ -37,11 +37,12 @@ import stat
 import struct
 import subprocess
 import threading
+
+from fluidctl.digest import file_digest
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:           # annotations only: importing typing is ~3 ms of start-up
     from typing import Callable, List, Optional, Sequence
-
-from fluidctl.digest import file_digest
 
 END = 0xFFFFFFFF
 HEADER = struct.Struct(">IQ")            # file index, size

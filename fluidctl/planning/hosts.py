@@ -15,11 +15,12 @@ is a UsageError naming the line (or the entry) so the user can fix it at once.
 from __future__ import annotations
 
 import re
+
+from fluidctl.errors import UsageError
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:           # annotations only: importing typing is ~3 ms of start-up
     from typing import Dict, List, Optional, Tuple
-
-from fluidctl.errors import UsageError
 
 _NAME = r"[A-Za-z0-9_](?:[A-Za-z0-9_.\-]*[A-Za-z0-9_])?"
 _HOST_RE = re.compile(
@@ -65,6 +66,9 @@ class Host:
     def replace(self, **changes) -> "Host":
         values = dict(zip(self.FIELDS, self._values()), **changes)
         return Host(**values)
+
+    def __reduce__(self):           # copy, deepcopy and pickle rebuild it through __init__
+        return Host, self._values()
 
     def with_address(self, address: str, port: Optional[int] = None,
                      user: Optional[str] = None) -> "Host":
