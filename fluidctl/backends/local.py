@@ -229,10 +229,11 @@ def full_env(contract: Mapping[str, str], base: Optional[Mapping[str, str]] = No
 def sweep_descendants(grace: float) -> List[str]:
     """Stop and reap whatever still descends from this process (leftover grandchildren that
     outlived their worker). Returns those that were still running, as 'pid name (parent
-    ppid)', for the launch log. Dead ones are only reaped: ranks whose mpirun or srun exited
-    before collecting them are re-parented here (the subreaper) as zombies, and are not
-    leftovers."""
+    ppid)', for the launch log. Dead ones are only reaped: ranks whose mpirun exited before
+    collecting them, or srun's own helper, are re-parented here (the subreaper) as zombies,
+    and are not leftovers (nor a reason to import psutil)."""
     if not _has_children():
+        _reap_children()
         return []
     import psutil
     me = psutil.Process()
@@ -265,37 +266,56 @@ def _name(proc) -> str:
 
 
 def _has_children() -> bool:
-    """Whether any process is a child of this one, from /proc/self/task/*/children (every thread
-    has its own list); True when that cannot be told (then psutil looks). A thread that ends
-    during the scan hands its children to another thread, maybe one already read: the scan is
-    then made again."""
+    """Whether a live process (not a zombie) is a child of this one, from
+    /proc/self/task/*/children (every thread has its own list) and each child's state; True
+    when that cannot be told (then psutil looks)."""
+    pids = _child_pids()
+    if pids is None:
+        return True
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue                      # gone meanwhile
+        if state != b"Z":
+            return True
+    return False
+
+
+def _child_pids() -> Optional[List[int]]:
+    """This process's children, or None when /proc cannot tell. A thread that ends during the
+    scan hands its children to another thread, maybe one already read: the scan is then made
+    again."""
     for _ in range(3):
         try:
             tasks = os.listdir("/proc/self/task")
         except OSError:
-            return True
-        vanished = False
+            return None
+        vanished, pids = False, []
         for task in tasks:
             try:
                 with open(f"/proc/self/task/{task}/children", "rb") as f:
-                    if f.read().strip():
-                        return True
+                    pids += [int(pid) for pid in f.read().split()]
             except FileNotFoundError:
                 if os.path.isdir(f"/proc/self/task/{task}"):
-                    return True           # the thread is there, the file is not: no support
+                    return None           # the thread is there, the file is not: no support
                 vanished = True
             except OSError:
-                return True
+                return None
         if not vanished:
-            return False
-    return True
+            return pids
+    return None
 
 
 def _reap_children() -> None:
     """Collect exit statuses of re-parented processes (psutil only reaps its own waits)."""
-    import psutil
-    for child in psutil.Process().children():
+    pids = _child_pids()
+    if pids is None:
+        import psutil
+        pids = [child.pid for child in psutil.Process().children()]
+    for pid in pids:
         try:
-            os.waitpid(child.pid, os.WNOHANG)
+            os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
