@@ -11,8 +11,7 @@ MASTER_ADDR, ...) are written beside them, so torch DDP scripts run too.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 # --- rank and size -------------------------------------------------------------------------
 TRAINER_ID = "PADDLE_TRAINER_ID"
@@ -230,9 +229,11 @@ def pserver_env(*, role: str, index: int, trainers: int, pserver_endpoints: Sequ
     return env
 
 
-@dataclass
-class DistEnv:
-    """What a training process learns from its environment (read by ``fluidctl.runtime``)."""
+class DistEnv(NamedTuple):
+    """What a training process learns from its environment (read by ``fluidctl.runtime``).
+    Immutable (``env._replace(token=...)`` makes a changed copy). A NamedTuple, not a
+    dataclass: importing dataclasses (and inspect) is ~6 ms of every rank's start-up, and
+    every rank of an srun or mpirun job imports this module."""
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -241,9 +242,9 @@ class DistEnv:
     role: str = ROLE_TRAINER
     mode: str = "collective"              # "collective" | "pserver" | "single"
     current_endpoint: str = ""
-    trainer_endpoints: List[str] = field(default_factory=list)
+    trainer_endpoints: Sequence[str] = ()
     master: str = ""
-    pserver_endpoints: List[str] = field(default_factory=list)
+    pserver_endpoints: Sequence[str] = ()
     pserver_id: int = 0
     sync: bool = True
     selected_gpu: Optional[int] = None    # index into CUDA_VISIBLE_DEVICES, None on CPU
@@ -393,8 +394,7 @@ def parse_tasks_per_node(value: str) -> List[int]:
                          "check SLURM_TASKS_PER_NODE") from None
 
 
-@dataclass(frozen=True)
-class SlurmLayout:
+class SlurmLayout(NamedTuple):
     """Where every rank of a Slurm step runs: ``node_of[rank]`` (index into ``nodes``) and
     ``local_of[rank]``; block distribution (Slurm's default) or cyclic."""
     nodes: List[str]

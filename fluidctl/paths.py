@@ -8,9 +8,8 @@ submitted Slurm jobs are recorded. No other module assembles these paths.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, Mapping, NamedTuple, Optional, Tuple
 
 from fluidctl.errors import UsageError
 
@@ -26,8 +25,10 @@ def _rank_logs(where: Path) -> list:
             if p.suffix[1:].isdigit()]
 
 
-@dataclass(frozen=True)
-class LogLayout:
+class LogLayout(NamedTuple):
+    """Where a job's logs are: LOG_DIR (``root``), or a remote node's part of it. (NamedTuples
+    here, not dataclasses: every rank's ``fluidctl worker`` imports this module, and importing
+    dataclasses is ~6 ms of its start-up.)"""
     root: Path
     host: Optional[str] = None          # a remote node's logs live in LOG_DIR/<host>/
 
@@ -154,8 +155,7 @@ class LogLayout:
                              "pass --log-dir with a writable directory")
 
 
-@dataclass(frozen=True)
-class DiagDir:
+class DiagDir(NamedTuple):
     """A node's diagnostics directory for one job (FLUIDCTL_DIAG_DIR): the runtime's progress
     counters and faulthandler stack files (see fluidctl/progress.py). Made by the process that
     supervises the node's ranks (``create``), in /dev/shm when it can, removed at the end."""

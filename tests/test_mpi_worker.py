@@ -186,9 +186,10 @@ def test_mpirun_over_two_ssh_nodes_uses_the_addresses_they_were_reached_at(sshd_
 def test_master_port_never_repeats_a_rank_endpoint(monkeypatch):
     """Ports are probed and released, so the kernel may hand the same one out twice: the
     master's is drawn again until it differs from every endpoint on that address."""
+    from fluidctl import net
     from fluidctl.commands import worker_run as worker
     draws = iter([5001, 5002, 6000])
-    monkeypatch.setattr(worker, "free_port", lambda address: next(draws))
+    monkeypatch.setattr(net, "free_port", lambda address: next(draws))   # imported at the call
     pairs = [("127.0.0.1", 5001), ("127.0.0.1", 5002), ("127.0.0.2", 6000)]
     assert worker.master_port_beside("127.0.0.1", pairs) == 6000
 

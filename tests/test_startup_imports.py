@@ -74,5 +74,6 @@ def test_a_rank_under_srun_starts_without_click(tmp_path):
     mods = {line.rsplit("|", 1)[1].strip() for line in (res.stderr + log).splitlines()
             if line.startswith("import time:") and "|" in line} - _modules([], tmp_path, "pass")
     assert "fluidctl.commands.worker_run" in mods
-    for heavy in ("click", "fluidctl.planning.plan", "fluidctl.commands.worker", "rich"):
+    for heavy in ("click", "fluidctl.planning.plan", "fluidctl.commands.worker", "rich",
+                  "dataclasses", "socket", "traceback"):    # ~6, 2 and 2 ms of every rank
         assert heavy not in mods, f"a rank under srun imported {heavy}"

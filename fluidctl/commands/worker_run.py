@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import threading
 from pathlib import Path
@@ -35,7 +34,6 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from fluidctl import envs
 from fluidctl.errors import UsageError
-from fluidctl.net import free_port
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 MPI_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "OPAL_")
@@ -46,6 +44,7 @@ def node_address(environ: Mapping[str, str]) -> str:
     """An address other nodes can reach this one at: FLUIDCTL_HOST_ADDRESS, else the address
     ssh reached it at, else the address the host name resolves to, else the first
     non-loopback IPv4 of an interface."""
+    import socket
     if environ.get(ADDRESS_ENV):
         return environ[ADDRESS_ENV]
     if envs.ssh_server_address(environ):
@@ -71,6 +70,7 @@ def _endpoint(address: str, port: int) -> str:
 def master_port_beside(address: str, pairs) -> int:
     """A free port on ``address`` that no rank's endpoint on it uses: the ranks' ports were
     probed and released, so the kernel may hand one of them out again."""
+    from fluidctl.net import free_port
     taken = {port for host, port in pairs if host == address}
     for _ in range(100):
         port = free_port(address)
@@ -87,6 +87,9 @@ def exchange_endpoints(environ: Mapping[str, str]) -> Tuple[List[str], str, int,
     A node is told apart by its host name and the address ssh reached it at; nodes are
     numbered in the order of their first rank. When every rank is on one node, endpoints are
     on 127.0.0.1."""
+    import socket
+
+    from fluidctl.net import free_port
     try:
         from mpi4py import MPI
     except ImportError:
@@ -139,6 +142,7 @@ def exec_in_place(argv: List[str], env: Mapping[str, str], log_path: Optional[st
 def check_master_port(master: str) -> None:
     """Rank 0 under srun: the derived master endpoint must be an address of this node with a
     free port, else every rank would wait for a rendezvous that never comes."""
+    import socket
     host, port = envs.split_endpoint(master)
     try:
         address = socket.gethostbyname(host)
@@ -314,7 +318,6 @@ def run_in_process(script: str, args: List[str], contract: Mapping[str, str]) ->
     """Run a Python SCRIPT as ``__main__`` in this process (MPI already initialised), with the
     contract added to the environment and OMPI_* kept; return its exit code."""
     import runpy
-    import traceback
     os.environ.update(contract)
     sys.argv = [script, *args]
     sys.path[0:0] = [os.path.dirname(os.path.abspath(script))]
@@ -331,9 +334,11 @@ def run_in_process(script: str, args: List[str], contract: Mapping[str, str]) ->
         print(code, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        import traceback
         traceback.print_exc()
         return 128 + signal.SIGINT
     except BaseException:                                 # noqa: B902 - as python would
+        import traceback
         traceback.print_exc()
         return 1
     return 0

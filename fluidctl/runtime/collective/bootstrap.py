@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 from dataclasses import dataclass, field
@@ -66,7 +65,7 @@ def with_token(env: envs.DistEnv) -> envs.DistEnv:
         import secrets
         comm = MPI.COMM_WORLD
         token = comm.bcast(secrets.token_hex(16) if comm.Get_rank() == 0 else None, root=0)
-        return dataclasses.replace(env, token=token)
+        return env._replace(token=token)
     raise CollectiveError(f"rank {env.rank}: no {envs.JOB_TOKEN} in the environment: the "
                           "rendezvous store and the ring never serve without one (start the "
                           f"job with fluidctl train, or export the same {envs.JOB_TOKEN} to "
