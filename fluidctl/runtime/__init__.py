@@ -179,6 +179,7 @@ def _use_device(ctx: Context) -> None:
     try:
         cupy.cuda.Device(gpu).use()
     except Exception as exc:
+        from fluidctl.runtime.collective.meta import CollectiveError
         raise CollectiveError(f"rank {ctx.rank}: cannot use GPU {gpu} ({exc})") from None
     ctx.device, ctx.device_id, ctx.xp = f"gpu:{gpu}", gpu, cupy
 

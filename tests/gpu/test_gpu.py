@@ -95,3 +95,25 @@ def test_train_nccl2_learns_on_gpus(gpus, tmp_path):
             re.findall(r"epoch \d+: loss ([\d.]+) accuracy ([\d.]+)", res.stdout)]
     assert len(seen) == 3 and seen[-1][0] < seen[0][0] and seen[-1][1] > 0.7
     assert f"{n} trainer(s)" in res.stdout and "device gpu:0" in res.stdout
+
+
+def test_a_pserver_trainer_on_a_gpu_that_is_not_there_gets_the_clear_error(gpus, tmp_path):
+    """Real CuPy's own refusal of a device index past the last GPU, through the runtime's
+    pserver-trainer path (no NCCL): one CollectiveError naming the rank and the GPU."""
+    script = tmp_path / "trainer.py"
+    script.write_text("import fluidctl.runtime as rt\n"
+                      "from fluidctl.runtime import CollectiveError\n"
+                      "try:\n"
+                      "    rt.init()\n"
+                      "except CollectiveError as exc:\n"
+                      "    print('ERROR', exc)\n")
+    missing = str(len(gpus))                       # CUDA numbers devices from 0
+    env = dict(os.environ, PADDLE_TRAINING_ROLE="TRAINER", TRAINING_ROLE="TRAINER",
+               PADDLE_PSERVERS_IP_PORT_LIST="127.0.0.1:1", FLAGS_selected_gpus=missing,
+               PADDLE_TRAINER_ID="0", PADDLE_TRAINERS_NUM="1")
+    env.pop("CUDA_VISIBLE_DEVICES", None)          # every GPU nvidia-smi lists is visible
+    res = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"ERROR rank 0: cannot use GPU {missing} ("), \
+        res.stdout + res.stderr
