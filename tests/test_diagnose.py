@@ -4,8 +4,6 @@ import json
 import re
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -267,7 +265,6 @@ def test_tee_ranks_over_ssh_prefix_node_and_rank_and_keep_progress_in_the_files(
 
 
 def test_a_busy_master_port_is_reported_before_any_rank_starts(tmp_path, nodes):
-    import socket
     from fluidctl.net import bind_socket
     # ports P.. on node1 (127.0.0.2): trainers P, P+1, then the master P+2; hold P+2
     probe = bind_socket("127.0.0.2", 0)

@@ -108,7 +108,7 @@ def test_inside_allocation_two_nodes_two_ranks(slurm, tmp_path):
         assert c["PADDLE_CURRENT_ENDPOINT"] == eps[rank] and c["WORLD_SIZE"] == "4"
         assert c["MASTER_ADDR"] == "127.0.0.2" and c["PADDLE_LOCAL_RANK"] == str(rank % 2)
     for rank in range(4):
-        assert f"CONTRACT" in (tmp_path / "mylog" / f"workerlog.{rank}").read_text()
+        assert "CONTRACT" in (tmp_path / "mylog" / f"workerlog.{rank}").read_text()
     assert "srun --kill-on-bad-exit=1 --nodes=2 --ntasks=4" in (
         tmp_path / "mylog" / "launch.log").read_text()
     assert slurm.steps(alloc["SLURM_JOB_ID"]) == []
