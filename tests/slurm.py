@@ -98,6 +98,24 @@ PartitionName={partition} Nodes={nodelist} Default=YES MaxTime=INFINITE State=UP
 """
 
 
+def cpus_per_node(detail: str) -> str:
+    """SLURM_JOB_CPUS_PER_NODE as salloc sets it ('2(x2)'), from ``scontrol show job -d``'s
+    per-node groups ('Nodes=127.0.0.[2-3] CPU_IDs=0-1'): CPUs counted, equal runs folded."""
+    import hostlist
+    counts = []
+    for nodes, ids in re.findall(r"\bNodes=(\S+) CPU_IDs=(\S+)", detail):
+        cpus = sum(int(b) - int(a) + 1 if b else 1 for a, _, b in
+                   (part.partition("-") for part in ids.split(",")))
+        counts += [cpus] * len(hostlist.expand_hostlist(nodes))
+    runs = []
+    for n in counts:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ",".join(f"{n}(x{k})" if k > 1 else str(n) for n, k in runs)
+
+
 @dataclass
 class SlurmCluster:
     workdir: Path
@@ -139,12 +157,13 @@ class SlurmCluster:
         if not found:
             raise RuntimeError(f"salloc failed: {res.stderr}\n{self.logs()}")
         job_id = found.group(1)
-        info = self.run("scontrol", "show", "job", "-o", job_id).stdout
+        info = self.run("scontrol", "show", "job", "-d", "-o", job_id).stdout
         nodelist = re.search(r"\bNodeList=(\S+)", info).group(1)
         return {"SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_JOB_NODELIST": nodelist,
                 "SLURM_NODELIST": nodelist, "SLURM_JOB_NUM_NODES": str(nodes),
                 "SLURM_NNODES": str(nodes), "SLURM_NTASKS_PER_NODE": str(ntasks_per_node),
-                "SLURM_NTASKS": str(nodes * ntasks_per_node)}
+                "SLURM_NTASKS": str(nodes * ntasks_per_node),
+                "SLURM_JOB_CPUS_PER_NODE": cpus_per_node(info)}
 
     def steps(self, job_id: str) -> List[str]:
         """The steps Slurm still lists for a job."""

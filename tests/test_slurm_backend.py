@@ -281,13 +281,59 @@ def test_bad_input(slurm, tmp_path):
          "Slurm's sbatch is not installed"),
         (slurm.allocate(1, 1), ["--backend", "slurm", "--nodes", 3, script],
          "--nodes 3 but allocation"),
+        (slurm.allocate(2, 2), ["--backend", "slurm", "--nproc", 8, "--log-dir",
+                                tmp_path / "cpus", script],
+         "8 rank(s) per node need 8 CPU(s), but allocation"),
         ({}, ["--nodes", 2, script], "are Slurm options"),
     ]
+    said = {}
     for env, args, what in cases:
         res = fluidctl(slurm, tmp_path, "train", *args, env=env)
         assert res.returncode == 2, (args, res.stdout, res.stderr)
         assert res.stderr.startswith("error: ") and what in res.stderr, res.stderr
         assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+        said[what] = res.stderr
+    # the CPU check: Slurm's own numbers and a fix to type, before anything started
+    assert re.match(r"error: 8 rank\(s\) per node need 8 CPU\(s\), but allocation \d+ has 2 on "
+                    r"127\.0\.0\.2 \(SLURM_JOB_CPUS_PER_NODE=2\(x2\)\) \(run at most 2 per node "
+                    r"\(--nproc 2\), or allocate more CPUs, e\.g\. salloc -N 2 "
+                    r"--ntasks-per-node 8\)$", said["8 rank(s) per node need 8 CPU(s), but "
+                                                    "allocation"].strip())
+    assert not (tmp_path / "cpus" / "srun.log").exists()
+
+
+def test_what_srun_lets_overcommit_is_not_refused(slurm, tmp_path):
+    """The CPU check stands aside where srun may overcommit: --slurm-arg options of the
+    user's own (here --overcommit), and the 8 ranks on 2 CPUs per node then run."""
+    script = tmp_path / "t.py"
+    script.write_text("print('hi')\n")
+    res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--nproc", 8,
+                   "--slurm-arg=--overcommit", "--log-dir", tmp_path / "log", script,
+                   env=slurm.allocate(2, 2))
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in (tmp_path / "log").glob("workerlog.*")) == sorted(
+        f"workerlog.{r}" for r in range(16))
+
+
+@pytest.mark.parametrize("reason, hint", [
+    ("More processors requested than permitted", "run fewer ranks per node (--nproc)"),
+    ("Requested node configuration is not available", "scontrol show job"),
+    ("Memory required by task is not available", "salloc --mem"),
+    ("Requested nodes are busy", "--slurm-arg=--overlap"),
+    ("Invalid generic resource (gres) specification", ""),
+])
+def test_a_step_slurm_refuses_is_explained(tmp_path, reason, hint):
+    """srun's 'Unable to create step' (no task ever ran): Slurm's refusal, with what to
+    change, instead of 'exit code 1' (srun's wording, as Slurm 22.05 prints it here)."""
+    from fluidctl.paths import LogLayout
+    failure = backend.srun_failure(
+        f"srun: error: Unable to create step for job 670842: {reason}\n", LogLayout(tmp_path))
+    assert (failure.label, failure.kind, failure.log) == (
+        "srun (trainers)", "refused", str(tmp_path / "srun.log"))
+    assert failure.explanation.startswith(
+        f"Slurm refused to start the step in job 670842: {reason}")
+    assert hint in failure.explanation
+    assert backend.srun_failure("srun: error: something else\n", LogLayout(tmp_path)) is None
 
 
 # --- hang autopsy and fluidctl dump inside an allocation ---------------------------------------

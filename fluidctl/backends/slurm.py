@@ -107,7 +107,7 @@ def srun_failure(srun_output: str, layout: LogLayout, role: str = "trainer"
     Memory'), explained as that: the launcher's kernel log knows nothing of another node."""
     found = first_failed_task(srun_output)
     if found is None:
-        return None
+        return _refused_step(srun_output, layout, role)
     task, host, code = found
     log = layout.for_role("PSERVER" if role == "pserver" else "TRAINER", task)
     failure = Failure(f"{role} {task}", host, code, str(log))
@@ -117,6 +117,39 @@ def srun_failure(srun_output: str, layout: LogLayout, role: str = "trainer"
                                f"exhausted (srun.log: {line}); ask for more with --mem or "
                                "--mem-per-cpu, or use less")
         failure.kind = "oom"
+    return failure
+
+
+_REFUSED = re.compile(r"srun: error: Unable to create step for job (\S+): (.+?)\s*$", re.M)
+_REFUSAL_HINTS = {
+    "More processors requested than permitted":
+        "the step asks for more CPUs on a node than the allocation has: run fewer ranks per "
+        "node (--nproc), or allocate more CPUs (salloc --ntasks-per-node, -c)",
+    "Requested node configuration is not available":
+        "no node of the allocation has what the step asks for (CPUs, GPUs, memory): compare "
+        "--nproc/--gpus with 'scontrol show job $SLURM_JOB_ID'",
+    "Memory required by task is not available":
+        "the allocation's memory does not cover the step: allocate more (salloc --mem) or "
+        "pass less with --slurm-arg=--mem=...",
+    "Requested nodes are busy":
+        "another step holds the allocation's resources: wait for it, or let this one share "
+        "with --slurm-arg=--overlap",
+}
+
+
+def _refused_step(srun_output: str, layout: LogLayout, role: str) -> Optional[Failure]:
+    """srun's 'Unable to create step for job N: REASON': no task ever ran, so the failure is
+    Slurm's refusal, explained with what to change."""
+    refused = _REFUSED.search(srun_output)
+    if refused is None:
+        return None
+    job, reason = refused.groups()
+    log = layout.srun if role == "trainer" else layout.srun_pserver
+    failure = Failure(f"srun ({role}s)", "slurm", 1, str(log))
+    hint = next((h for known, h in _REFUSAL_HINTS.items() if reason.startswith(known)), "")
+    failure.explanation = (f"Slurm refused to start the step in job {job}: {reason}"
+                           + (f"; {hint}" if hint else ""))
+    failure.kind = "refused"
     return failure
 
 
@@ -287,6 +320,7 @@ class SlurmLauncher(BaseLauncher):
                                                      str(layout.sbatch_script)])]
             return planning.plan_slurm(job, nodes, per_node, pservers, rank_argv, pserver_argv,
                                        env, [f"{n}:?" for n in nodes[:pservers]], commands)
+        planning.check_cpus(alloc, nodes, per_node, os.environ, options.slurm_args)
         slurmctl.find("srun")
         self.nodes, self.python, self.world = list(nodes), python, len(nodes) * per_node
         eps = planning.pserver_endpoints(alloc.job_id, nodes, pservers)

@@ -92,6 +92,34 @@ def job_nodes(options: SlurmOptions, alloc: Optional[Allocation]) -> List[str]:
     return list(alloc.nodes[:count])
 
 
+def check_cpus(alloc: Allocation, nodes: Sequence[str], per_node: int,
+               environ: Mapping[str, str], slurm_args: Sequence[str] = ()) -> None:
+    """Inside an allocation: the step's ``per_node`` tasks, each taking SLURM_CPUS_PER_TASK
+    CPUs (1 by default), fit every node's CPUs (SLURM_JOB_CPUS_PER_NODE). srun would refuse
+    the step anyway ('More processors requested than permitted'); here it is one line with
+    the numbers, before anything starts. Not checked where the user lets srun overcommit
+    (SLURM_OVERCOMMIT) or passes srun options of their own, nor without the variable."""
+    spec = environ.get(envs.SLURM_JOB_CPUS_PER_NODE, "")
+    if not spec or environ.get(envs.SLURM_OVERCOMMIT) or slurm_args:
+        return
+    try:
+        cpus = envs.parse_tasks_per_node(spec)
+    except UsageError:
+        return
+    per_task = environ.get(envs.SLURM_CPUS_PER_TASK, "1")
+    per_task = int(per_task) if per_task.isdigit() and int(per_task) > 0 else 1
+    need = per_node * per_task
+    for node, have in zip(nodes, cpus):
+        if need > have:
+            fits = have // per_task
+            each = f" of {per_task} CPU(s) each" if per_task > 1 else ""
+            raise UsageError(
+                f"{per_node} rank(s) per node{each} need {need} CPU(s), but allocation "
+                f"{alloc.job_id} has {have} on {node} ({envs.SLURM_JOB_CPUS_PER_NODE}={spec})",
+                f"run at most {fits} per node (--nproc {fits}), or allocate more CPUs, e.g. "
+                f"salloc -N {len(nodes)} --ntasks-per-node {per_node}")
+
+
 def pserver_count(mode: str, pservers: Optional[int], nodes: int) -> int:
     """Parameter servers: one on each of the first --pservers nodes (default 1)."""
     if mode != "pserver":
