@@ -88,6 +88,31 @@ def test_a_task_slurm_killed_for_memory_is_reported_as_oom(tmp_path, report, tas
     assert (plain.returncode, plain.kind, plain.explanation) == (3, "", "")
 
 
+@pytest.mark.parametrize("gpus, message", [
+    ("4", None), ("2", None), ("0,3", None), (None, None),
+    ("8", "--gpus 8 asks for 8 GPU(s) per node, but allocation 7 has 4 GPU(s) on each node "
+          "(pass --gpus 4 or less, or allocate more, e.g. salloc --gpus-per-node 8)"),
+    ("1,4", "--gpus 1,4 names GPU 4, but allocation 7 has 4 GPU(s) on each node: they are 0-3 "
+            "there (pick ids from 0 to 3)"),
+])
+def test_gpus_beyond_the_allocation_s_are_refused_before_srun(gpus, message):
+    """Slurm sets SLURM_GPUS_ON_NODE in an allocation with GPUs (none here: the variables
+    are what such an allocation has); more, or an id past the last, is one line, since the
+    extra ranks would otherwise start and each fail on a device that is not there."""
+    from fluidctl.errors import UsageError
+    from fluidctl.planning import slurm as planning
+    alloc = planning.allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[1-2]",
+                                 "SLURM_GPUS_ON_NODE": "4"})
+    if message is None:
+        planning.check_gpus(alloc, gpus)
+    else:
+        with pytest.raises(UsageError) as refused:
+            planning.check_gpus(alloc, gpus)
+        assert refused.value.one_line() == "error: " + message
+    planning.check_gpus(planning.allocation({"SLURM_JOB_ID": "7",             # no GPUs known:
+                                             "SLURM_JOB_NODELIST": "n1"}), "8")  # not judged
+
+
 # --- inside an allocation --------------------------------------------------------------------
 def test_inside_allocation_two_nodes_two_ranks(slurm, tmp_path):
     """The Paddle contract on 2 nodes x 2 ranks, one srun step, workerlog.N per rank."""
@@ -273,14 +298,16 @@ def test_sbatch_detach_then_cancel(slurm, tmp_path):
 def test_bad_input(slurm, tmp_path):
     script = tmp_path / "t.py"
     script.write_text("print('hi')\n")
+    one = slurm.allocate(1, 1)
     cases = [
         ({}, ["--backend", "slurm", script], "not in a Slurm allocation"),
         ({}, ["--backend", "slurm", "--nodes", 1, "--partition", "nope", script],
          "sbatch refused the job"),
         ({"PATH": "/nonexistent"}, ["--backend", "slurm", "--nodes", 1, script],
          "Slurm's sbatch is not installed"),
-        (slurm.allocate(1, 1), ["--backend", "slurm", "--nodes", 3, script],
-         "--nodes 3 but allocation"),
+        (one, ["--backend", "slurm", "--nodes", 3, script], "--nodes 3 but allocation"),
+        ({**one, "SLURM_GPUS_ON_NODE": "1"}, ["--backend", "slurm", "--gpus", 2, script],
+         "--gpus 2 asks for 2 GPU(s) per node, but allocation"),
         (slurm.allocate(2, 2), ["--backend", "slurm", "--nproc", 8, "--log-dir",
                                 tmp_path / "cpus", script],
          "8 rank(s) per node need 8 CPU(s), but allocation"),

@@ -320,6 +320,7 @@ class SlurmLauncher(BaseLauncher):
                                                      str(layout.sbatch_script)])]
             return planning.plan_slurm(job, nodes, per_node, pservers, rank_argv, pserver_argv,
                                        env, [f"{n}:?" for n in nodes[:pservers]], commands)
+        planning.check_gpus(alloc, config.gpus)
         planning.check_cpus(alloc, nodes, per_node, os.environ, options.slurm_args)
         slurmctl.find("srun")
         self.nodes, self.python, self.world = list(nodes), python, len(nodes) * per_node

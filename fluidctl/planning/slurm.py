@@ -120,6 +120,27 @@ def check_cpus(alloc: Allocation, nodes: Sequence[str], per_node: int,
                 f"salloc -N {len(nodes)} --ntasks-per-node {per_node}")
 
 
+def check_gpus(alloc: Allocation, gpus: Optional[str]) -> None:
+    """Inside an allocation that has GPUs (SLURM_GPUS_ON_NODE): ``--gpus`` asks for no more
+    per node than it has, and names no GPU past the last. Otherwise the extra ranks would
+    start and fail one by one on a device that is not there."""
+    have = alloc.gpus_per_node
+    if gpus is None or not have:
+        return
+    ids = [g.strip() for g in gpus.split(",") if g.strip()]
+    count = int(gpus) if gpus.strip().isdigit() and "," not in gpus else len(ids)
+    where = f"allocation {alloc.job_id} has {have} GPU(s) on each node"
+    if count > have:
+        raise UsageError(f"--gpus {gpus} asks for {count} GPU(s) per node, but {where}",
+                         f"pass --gpus {have} or less, or allocate more, e.g. salloc "
+                         f"--gpus-per-node {count}")
+    if "," in gpus or not gpus.strip().isdigit():
+        past = [g for g in ids if not g.isdigit() or int(g) >= have]
+        if past:
+            raise UsageError(f"--gpus {gpus} names GPU {past[0]}, but {where}: they are "
+                             f"0-{have - 1} there", f"pick ids from 0 to {have - 1}")
+
+
 def pserver_count(mode: str, pservers: Optional[int], nodes: int) -> int:
     """Parameter servers: one on each of the first --pservers nodes (default 1)."""
     if mode != "pserver":
