@@ -272,23 +272,17 @@ def test_gpu_allreduce_bench_runs_its_fluidctl_half(tmp_path):
     assert re.search(r"^\| 64 KiB \| [\d.]+ GB/s \(\d+ us\) \| - \| - \|$", res.stdout, re.M)
 
 
-def test_a_pserver_trainer_that_cannot_use_its_gpu_gets_the_clear_error(tmp_path):
+def test_a_pserver_trainer_that_cannot_use_its_gpu_gets_the_clear_error():
     """A parameter-server trainer takes its GPU without NCCL (runtime._use_device); a device
     CuPy refuses is the same one-line CollectiveError as in collective mode. It was a
     NameError: CollectiveError is loaded lazily and was never imported there."""
-    script = tmp_path / "trainer.py"
-    script.write_text("import fluidctl.runtime as rt\n"
-                      "from fluidctl.runtime import CollectiveError\n"
-                      "try:\n"
-                      "    rt.init()\n"
-                      "except CollectiveError as exc:\n"
-                      "    print('ERROR', exc)\n")
+    script = os.path.join(rankspawn.ROOT, "tests", "scripts", "init_or_error.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_"))}
     env.update(PYTHONPATH=DOUBLE + os.pathsep + rankspawn.ROOT, CUPY_DOUBLE_VERSION="14.2.0",
                CUPY_DOUBLE_GPUS="1", PADDLE_TRAINING_ROLE="TRAINER", TRAINING_ROLE="TRAINER",
                PADDLE_PSERVERS_IP_PORT_LIST="127.0.0.1:1", FLAGS_selected_gpus="1",
                PADDLE_TRAINER_ID="0", PADDLE_TRAINERS_NUM="1")
-    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("ERROR rank 0: cannot use GPU 1 (cudaErrorInvalidDevice"), \

@@ -97,22 +97,16 @@ def test_train_nccl2_learns_on_gpus(gpus, tmp_path):
     assert f"{n} trainer(s)" in res.stdout and "device gpu:0" in res.stdout
 
 
-def test_a_pserver_trainer_on_a_gpu_that_is_not_there_gets_the_clear_error(gpus, tmp_path):
+def test_a_pserver_trainer_on_a_gpu_that_is_not_there_gets_the_clear_error(gpus):
     """Real CuPy's own refusal of a device index past the last GPU, through the runtime's
     pserver-trainer path (no NCCL): one CollectiveError naming the rank and the GPU."""
-    script = tmp_path / "trainer.py"
-    script.write_text("import fluidctl.runtime as rt\n"
-                      "from fluidctl.runtime import CollectiveError\n"
-                      "try:\n"
-                      "    rt.init()\n"
-                      "except CollectiveError as exc:\n"
-                      "    print('ERROR', exc)\n")
+    script = os.path.join(ROOT, "tests", "scripts", "init_or_error.py")
     missing = str(len(gpus))                       # CUDA numbers devices from 0
     env = dict(os.environ, PADDLE_TRAINING_ROLE="TRAINER", TRAINING_ROLE="TRAINER",
                PADDLE_PSERVERS_IP_PORT_LIST="127.0.0.1:1", FLAGS_selected_gpus=missing,
                PADDLE_TRAINER_ID="0", PADDLE_TRAINERS_NUM="1")
     env.pop("CUDA_VISIBLE_DEVICES", None)          # every GPU nvidia-smi lists is visible
-    res = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
+    res = subprocess.run([sys.executable, script], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith(f"ERROR rank 0: cannot use GPU {missing} ("), \
