@@ -111,6 +111,9 @@ def test_gpus_beyond_the_allocation_s_are_refused_before_srun(gpus, message):
         assert refused.value.one_line() == "error: " + message
     planning.check_gpus(planning.allocation({"SLURM_JOB_ID": "7",             # no GPUs known:
                                              "SLURM_JOB_NODELIST": "n1"}), "8")  # not judged
+    typed = planning.allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1",
+                                 "SLURM_GPUS_PER_NODE": "a100:4"})     # --gpus-per-node a100:4
+    assert typed.gpus_per_node == 4
 
 
 # --- inside an allocation --------------------------------------------------------------------

@@ -51,6 +51,7 @@ def allocation(environ: Mapping[str, str]) -> Optional[Allocation]:
                                  or environ.get("SLURM_NODELIST", ""))
     tpn = environ.get("SLURM_NTASKS_PER_NODE", "")
     gpus = environ.get("SLURM_GPUS_ON_NODE", "") or environ.get("SLURM_GPUS_PER_NODE", "")
+    gpus = gpus.rpartition(":")[2]          # --gpus-per-node a100:4 is 'a100:4' there
     return Allocation(job_id, tuple(nodes), int(tpn) if tpn.isdigit() else None,
                       int(gpus) if gpus.isdigit() else 0)
 
