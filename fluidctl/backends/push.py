@@ -239,10 +239,12 @@ def with_fast_cipher(argvs: Sequence[List[str]]) -> List[List[str]]:
     alone. (``ssh -G`` costs ~5 ms and two processes on the way to the first connection.)"""
     if not argvs or not _aes_in_hardware():
         return [list(argv) for argv in argvs]
-    procs = []
+    procs, may_set = [], {}             # every node's argv names the same config, usually
     for argv in argvs:
         config = argv[argv.index("-F") + 1] if "-F" in argv else None
-        if not config_may_set(config, "ciphers"):
+        if config not in may_set:
+            may_set[config] = config_may_set(config, "ciphers")
+        if not may_set[config]:
             procs.append("default")
             continue
         try:

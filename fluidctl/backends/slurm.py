@@ -137,6 +137,11 @@ _REFUSAL_HINTS = {
 }
 
 
+def srun_log(layout: LogLayout, role: str) -> Path:
+    """Where srun writes its own messages for the step of ``role`` (trainer or pserver)."""
+    return layout.srun if role == "trainer" else layout.srun_pserver
+
+
 def _refused_step(srun_output: str, layout: LogLayout, role: str) -> Optional[Failure]:
     """srun's 'Unable to create step for job N: REASON': no task ever ran, so the failure is
     Slurm's refusal, explained with what to change."""
@@ -144,8 +149,7 @@ def _refused_step(srun_output: str, layout: LogLayout, role: str) -> Optional[Fa
     if refused is None:
         return None
     job, reason = refused.groups()
-    log = layout.srun if role == "trainer" else layout.srun_pserver
-    failure = Failure(f"srun ({role}s)", "slurm", 1, str(log))
+    failure = Failure(f"srun ({role}s)", "slurm", 1, str(srun_log(layout, role)))
     hint = next((h for known, h in _REFUSAL_HINTS.items() if reason.startswith(known)), "")
     failure.explanation = (f"Slurm refused to start the step in job {job}: {reason}"
                            + (f"; {hint}" if hint else ""))
@@ -160,8 +164,8 @@ class SrunStep(LocalProcess):
     def __init__(self, argv: List[str], env: Mapping[str, str], layout: LogLayout, *,
                  job_id: str, name: str, role: str = "trainer", service: bool = False):
         self.layout, self.job_id, self.step, self.role = layout, job_id, name, role
-        log = layout.srun if role == "trainer" else layout.srun_pserver
-        super().__init__(role + "s" if role == "trainer" else "pservers", argv, env, str(log),
+        super().__init__(role + "s" if role == "trainer" else "pservers", argv, env,
+                         str(srun_log(layout, role)),
                          host="slurm", service=service)
 
     def failure(self) -> Failure:

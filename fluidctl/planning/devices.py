@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Tuple
 
 from fluidctl.errors import UsageError
 
@@ -66,6 +66,15 @@ def discover_gpus(environ: Mapping[str, str]) -> List[str]:
         gpu = next(g for g in found if named[0] in (g[1], *g[2]))
         narrowed += [named[0]] if named[0].startswith("MIG-") else _devices(gpu)
     return narrowed
+
+
+def gpu_request(spec: str) -> Tuple[int, Optional[List[str]]]:
+    """A ``--gpus`` value as (how many GPUs, their ids or None for a plain count): '4' is
+    (4, None), '0,2' is (2, ['0', '2']), '3,' is (1, ['3'])."""
+    if spec.strip().isdigit():
+        return int(spec), None
+    ids = [g.strip() for g in spec.split(",") if g.strip()]
+    return len(ids), ids
 
 
 def select_gpus(spec: Optional[str], available: List[str]) -> List[str]:

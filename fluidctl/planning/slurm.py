@@ -16,6 +16,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from fluidctl import envs
 from fluidctl.errors import UsageError
 from fluidctl.paths import LogLayout
+from fluidctl.planning.devices import gpu_request
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,7 @@ def ranks_per_node(nproc: Optional[int], gpus: Optional[str],
     """--gpus (a count, or ids: one rank per id), else --nproc, else what the allocation
     asked for per node (tasks, else GPUs), else 1."""
     if gpus is not None:
-        ids = [g for g in gpus.split(",") if g.strip()]
-        count = int(gpus) if gpus.strip().isdigit() and "," not in gpus else len(ids)
+        count, _ = gpu_request(gpus)
         if count <= 0:
             raise UsageError(f"--gpus {gpus} selects no GPU", "give a count or ids, e.g. --gpus 4")
         if nproc is not None and nproc != count:
@@ -128,14 +128,13 @@ def check_gpus(alloc: Allocation, gpus: Optional[str]) -> None:
     have = alloc.gpus_per_node
     if gpus is None or not have:
         return
-    ids = [g.strip() for g in gpus.split(",") if g.strip()]
-    count = int(gpus) if gpus.strip().isdigit() and "," not in gpus else len(ids)
+    count, ids = gpu_request(gpus)
     where = f"allocation {alloc.job_id} has {have} GPU(s) on each node"
     if count > have:
         raise UsageError(f"--gpus {gpus} asks for {count} GPU(s) per node, but {where}",
                          f"pass --gpus {have} or less, or allocate more, e.g. salloc "
                          f"--gpus-per-node {count}")
-    if "," in gpus or not gpus.strip().isdigit():
+    if ids is not None:
         past = [g for g in ids if not g.isdigit() or int(g) >= have]
         if past:
             raise UsageError(f"--gpus {gpus} names GPU {past[0]}, but {where}: they are "
