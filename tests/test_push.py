@@ -227,7 +227,7 @@ def test_a_config_without_ciphers_gets_aes_gcm_without_running_ssh_g(sshd_nodes,
     def spy(argv, *args, **kwargs):
         started.append(argv)
         return real_popen(argv, *args, **kwargs)
-    monkeypatch.setattr(push.subprocess, "Popen", spy)
+    monkeypatch.setattr(subprocess, "Popen", spy)
     [argv] = push.with_fast_cipher([argv_for(sshd_nodes)])
     assert started == []
     assert argv[argv.index("-c") + 1] == push.CIPHERS
@@ -277,3 +277,31 @@ def test_the_receiver_runs_under_the_system_python3_not_a_shim_on_path(workspace
     node = ["env", f"PATH={shims}:/usr/bin:/bin", "sh", "-c"]
     result = push.push(node, files_of(workspace), str(tmp_path / "remote"))
     assert "train.py" in result.sent and not (tmp_path / "shim-ran").exists()
+
+
+def test_a_file_that_shrinks_while_sent_stops_the_push_and_leaves_nothing_half_written(
+        sshd_nodes, workspace, tmp_path, monkeypatch):
+    """weights.bin is listed at 3 MiB, then cut to 1 MiB: sendfile runs dry mid-file, the push
+    fails with what to do, ssh is killed and reaped (no zombie), and the receiver, seeing its
+    input end inside a file, removes that file's temporary name: nothing half-written."""
+    spawned = []
+    real_spawn = os.posix_spawnp
+
+    def spy(*args, **kwargs):
+        spawned.append(real_spawn(*args, **kwargs))
+        return spawned[-1]
+    monkeypatch.setattr(push.os, "posix_spawnp", spy)
+    files = files_of(workspace)
+    os.truncate(workspace / "weights.bin", 1 << 20)
+    remote = tmp_path / "remote"
+    with pytest.raises(push.PushFailed, match=r"weights.bin changed while being sent; run the "
+                                              r"sync again"):
+        push.push(argv_for(sshd_nodes), files, str(remote))
+    [pid] = spawned
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)                     # already reaped
+    deadline = time.monotonic() + 30                    # the node notices its input ended
+    while time.monotonic() < deadline and not no_temporaries(remote):
+        time.sleep(0.05)
+    assert no_temporaries(remote)
+    assert not (remote / "weights.bin").exists()

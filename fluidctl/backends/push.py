@@ -33,9 +33,8 @@ caller to fall back to SFTP (no ``ssh`` client here, no ``python3`` on the node)
 from __future__ import annotations
 
 import os
-import stat
+import signal
 import struct
-import subprocess
 import threading
 
 from fluidctl.digest import file_digest
@@ -53,33 +52,35 @@ RECEIVER = r'''
 import os, struct, sys
 inp, out = sys.stdin.buffer, sys.stdout.buffer
 req = inp.read(int(inp.readline())).split(b"\0")
-root, compare, fields = req[0], req[1], req[2:]
-files = [(fields[k], int(fields[k + 1]), int(fields[k + 2]), int(fields[k + 3]))
-         for k in range(0, len(fields), 4)]
-answer = []
+root, compare, fields = req[0], req[1], req[2:]     # 4 per file: path, size, mtime_ns, mode
+count = len(fields) // 4
 try:
     top = os.open(root, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY)
 except OSError:
-    top = -1                        # not there yet: every file is needed
-for i, (rel, size, mtime_ns, mode) in enumerate(files):
-    try:
-        if top < 0:
-            raise FileNotFoundError
-        st = os.stat(rel, dir_fd=top)   # relative to the directory: no path joins
-    except OSError:
-        answer.append(b"%d" % i)
-        continue
-    if st.st_size != size or st.st_mode & 0o170000 != 0o100000:
-        answer.append(b"%d" % i)
-    elif compare == b"hash":
-        import hashlib
-        h = hashlib.sha256()
-        with open(os.path.join(root, rel), "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        answer.append(b"%d:%s" % (i, h.hexdigest().encode()))
-    elif st.st_mtime_ns // 10**9 != mtime_ns // 10**9:   # whole seconds, as SFTP keeps them
-        answer.append(b"%d" % i)
+    top = -1
+if top < 0:                         # not there yet: every file is needed
+    answer = [b"%d" % i for i in range(count)]
+else:
+    answer = []
+    stat = os.stat
+    for i in range(count):
+        k = 4 * i
+        try:
+            st = stat(fields[k], dir_fd=top)    # relative to the directory: no path joins
+        except OSError:
+            answer.append(b"%d" % i)
+            continue
+        if st.st_size != int(fields[k + 1]) or st.st_mode & 0o170000 != 0o100000:
+            answer.append(b"%d" % i)
+        elif compare == b"hash":
+            import hashlib
+            h = hashlib.sha256()
+            with open(os.path.join(root, fields[k]), "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            answer.append(b"%d:%s" % (i, h.hexdigest().encode()))
+        elif st.st_mtime_ns // 10**9 != int(fields[k + 2]) // 10**9:   # whole seconds, as SFTP
+            answer.append(b"%d" % i)
 out.write(b" ".join(answer) + b"\n")
 out.flush()
 errors, made, tmp = [], set(), None
@@ -96,7 +97,7 @@ try:
         i, left = struct.unpack(">IQ", head)
         if i == 0xFFFFFFFF:
             break
-        rel, _, mtime_ns, mode = files[i]
+        rel, mtime_ns, mode = fields[4 * i], int(fields[4 * i + 2]), int(fields[4 * i + 3])
         path = os.path.join(root, rel)
         fd = -1
         try:
@@ -185,6 +186,36 @@ class LocalFile:
         return f"LocalFile({self.rel!r}, {self.size} bytes)"
 
 
+class FileList:
+    """The files of a push, listed once for every node, by index (the protocol's file number):
+    ``fluidctl.backends.sync.walk``'s (relative path, path, stat) entries, a :class:`LocalFile`
+    made only for a file that is sent, and the request's file fields encoded once, however
+    many nodes are sent the same list."""
+
+    def __init__(self, entries: Sequence[tuple]):
+        self.entries = entries
+        self._fields: Optional[bytes] = None
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, index: int) -> LocalFile:
+        rel, path, st = self.entries[index]
+        return LocalFile(rel, str(path), st.st_size, st.st_mtime_ns, st.st_mode & 0o7777)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self.entries)))
+
+    def fields(self) -> bytes:
+        """Path, size, mtime_ns and mode of every file, NUL-separated (no path holds a NUL),
+        paths as the bytes the file system holds: a name that is not UTF-8 arrives as it is."""
+        if self._fields is None:
+            text = "\0".join([f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_mode & 0o7777}"
+                              for rel, _, st in self.entries])
+            self._fields = os.fsencode(text)
+        return self._fields
+
+
 class PushResult:
     """What a push did: the files sent (relative paths), their bytes, how many were current.
     (Plain classes, not dataclasses: the decorator alone costs this start-up-sensitive path
@@ -247,6 +278,7 @@ def with_fast_cipher(argvs: Sequence[List[str]]) -> List[List[str]]:
         if not may_set[config]:
             procs.append("default")
             continue
+        import subprocess
         try:
             procs.append(subprocess.Popen(argv[:-2] + ["-G"] + argv[-2:],
                                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -318,35 +350,65 @@ def config_may_set(config: Optional[str], keyword: str) -> bool:
     return any(mentions(path, base, must_exist, 0) for path, base, must_exist in tops)
 
 
-def scan(files: Sequence[tuple]) -> List[LocalFile]:
+def scan(files: Sequence[tuple]) -> FileList:
     """(relative path, path, stat) as ``fluidctl.backends.sync.walk`` lists them -> what the
     receiver is told about each file."""
-    return [LocalFile(rel, str(path), st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode))
-            for rel, path, st in files]
+    return FileList(files)
 
 
 class _Channel:
-    """The ssh process: stdin written raw, stdout read by line, stderr kept for messages."""
+    """The ssh process: stdin written raw, stdout read by line, stderr kept for messages.
+    Started with ``os.posix_spawnp`` on pipes of its own (ssh closes every other descriptor
+    itself): ``subprocess`` and what it imports would be ~4 ms of ``cluster sync``'s start-up,
+    before the first handshake. A thread reads stderr to its end, then reaps ssh."""
 
     def __init__(self, argv: List[str]):
+        pipes = []
         try:
-            self.proc = subprocess.Popen(argv + [REMOTE_COMMAND], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         bufsize=0)
+            for _ in range(3):
+                pipes.append(os.pipe())         # not inheritable: exec closes our ends
+            actions = [(os.POSIX_SPAWN_DUP2, pipes[0][0], 0), (os.POSIX_SPAWN_DUP2, pipes[1][1], 1),
+                       (os.POSIX_SPAWN_DUP2, pipes[2][1], 2)]
+            self.pid = os.posix_spawnp(argv[0], argv + [REMOTE_COMMAND], os.environ,
+                                       file_actions=actions,
+                                       setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
         except FileNotFoundError:
+            for pair in pipes:
+                os.close(pair[0])
+                os.close(pair[1])
             raise PushUnavailable(f"{argv[0]} not found") from None
-        self.fd = self.proc.stdin.fileno()
+        except BaseException:
+            for pair in pipes:
+                os.close(pair[0])
+                os.close(pair[1])
+            raise
+        for fd in (pipes[0][0], pipes[1][1], pipes[2][1]):
+            os.close(fd)
+        self.fd = pipes[0][1]
+        self.stdout = open(pipes[1][0], "rb")
+        self._stderr_fd = pipes[2][0]
         self.stderr = b""
-        self._drain = threading.Thread(target=self._read_stderr, daemon=True)
+        self.returncode: Optional[int] = None
+        self._exited = threading.Event()
+        self._drain = threading.Thread(target=self._read_stderr_then_reap, daemon=True)
         self._drain.start()
 
-    def _read_stderr(self) -> None:
-        self.stderr = self.proc.stderr.read()
+    def _read_stderr_then_reap(self) -> None:
+        with open(self._stderr_fd, "rb") as err:
+            self.stderr = err.read()
+        _, status = os.waitpid(self.pid, 0)
+        self.returncode = os.waitstatus_to_exitcode(status)
+        self._exited.set()
 
     def write(self, data) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(self.fd, view):]
+
+    def close_stdin(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def sendfile(self, path: str, size: int) -> int:
         """Up to ``size`` bytes of a file into the pipe; returns how many were sent."""
@@ -360,15 +422,14 @@ class _Channel:
         return sent
 
     def reply(self) -> bytes:
-        line = self.proc.stdout.readline()
+        line = self.stdout.readline()
         if not line.endswith(b"\n"):
             raise self.failure()
         return line[:-1]
 
     def failure(self) -> Exception:
         self.close()
-        self._drain.join(5)
-        code = self.proc.returncode
+        code = self.returncode
         text = self.stderr.decode(errors="replace").strip().splitlines()
         reason = text[-1] if text else f"exit code {code}"
         if code == 127:
@@ -376,19 +437,22 @@ class _Channel:
         return PushFailed(reason)
 
     def close(self) -> None:
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        """Close ssh's stdin and wait for it to exit (30 s at most, then kill it)."""
+        self.close_stdin()
+        if not self._exited.wait(30):
+            self._kill()
+            self._exited.wait()
+        self.stdout.close()
+
+    def _kill(self) -> None:
+        if not self._exited.is_set():
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        self._kill()
         self.close()
 
 
@@ -404,7 +468,7 @@ def connect(ssh_argv: List[str]) -> "_Channel":
     return channel
 
 
-def push(ssh_argv: List[str], files: Sequence[LocalFile], remote_dir: str,
+def push(ssh_argv: List[str], files: FileList, remote_dir: str,
          compare: str = "mtime", on_bytes: Optional[Callable[[int], None]] = None,
          channel: Optional["_Channel"] = None) -> PushResult:
     """Make ``remote_dir`` on the node hold ``files`` (missing or changed ones are sent; by size
@@ -425,7 +489,7 @@ def push(ssh_argv: List[str], files: Sequence[LocalFile], remote_dir: str,
         result = PushResult(remote_dir, unchanged=len(files) - len(need))
         _stream(channel, files, sorted(need), result, on_bytes)
         channel.write(HEADER.pack(END, 0))
-        channel.proc.stdin.close()
+        channel.close_stdin()
         errors = []
         while True:
             line = channel.reply()
@@ -440,24 +504,21 @@ def push(ssh_argv: List[str], files: Sequence[LocalFile], remote_dir: str,
     channel.close()
     if errors:
         raise PushFailed(f"{len(errors)} file(s) not written: {'; '.join(errors[:5])}")
-    if channel.proc.returncode:
+    if channel.returncode:
         raise channel.failure()
     return result
 
 
-def _request(files: Sequence[LocalFile], remote_dir: str, compare: str) -> bytes:
-    """The file list, as the receiver reads it: its length on a line, then NUL-separated fields
-    (no path holds a NUL): the directory, the comparison, then path, size, mtime_ns and mode of
-    every file. Paths go as the bytes the file system holds (``os.fsencode``), so a name that is
-    not UTF-8 arrives as it is."""
-    fields = [os.fsencode(remote_dir), compare.encode()]
-    for f in files:
-        fields += (os.fsencode(f.rel), b"%d" % f.size, b"%d" % f.mtime_ns, b"%d" % f.mode)
-    body = b"\0".join(fields)
-    return b"%d\n" % len(body) + body
+def _request(files: FileList, remote_dir: str, compare: str) -> bytes:
+    """The file list, as the receiver reads it: its length on a line, then NUL-separated fields:
+    the directory, the comparison, then path, size, mtime_ns and mode of every file."""
+    head = os.fsencode(remote_dir) + b"\0" + compare.encode()
+    fields = files.fields()
+    body_len = len(head) + (1 + len(fields) if len(files) else 0)
+    return b"%d\n" % body_len + head + (b"\0" + fields if len(files) else b"")
 
 
-def _stream(channel: _Channel, files: Sequence[LocalFile], need: List[int], result: PushResult,
+def _stream(channel: _Channel, files: FileList, need: List[int], result: PushResult,
             on_bytes: Optional[Callable[[int], None]]) -> None:
     batch = bytearray()
     for index in need:
