@@ -37,8 +37,6 @@ import signal
 import struct
 import threading
 
-from fluidctl.digest import file_digest
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:           # annotations only: importing typing is ~3 ms of start-up
     from typing import Callable, List, Optional, Sequence
@@ -484,6 +482,7 @@ def push(ssh_argv: List[str], files: FileList, remote_dir: str,
             if not remote_digest:
                 need.add(int(index))
                 continue
+            from fluidctl.digest import file_digest     # --checksum only
             if file_digest(files[int(index)].path, "sha256") != remote_digest.decode():
                 need.add(int(index))
         result = PushResult(remote_dir, unchanged=len(files) - len(need))
