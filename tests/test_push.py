@@ -305,3 +305,28 @@ def test_a_file_that_shrinks_while_sent_stops_the_push_and_leaves_nothing_half_w
         time.sleep(0.05)
     assert no_temporaries(remote)
     assert not (remote / "weights.bin").exists()
+
+
+def test_every_node_s_ssh_starts_before_any_stderr_reader(sshd_nodes, workspace, tmp_path,
+                                                           monkeypatch):
+    """connect_all spawns every ssh first: a thread's start waits for that thread to run, and
+    under load held the next node's ssh back by milliseconds. Both nodes are then synced."""
+    events = []
+    real_spawn, real_reap = os.posix_spawnp, push._Channel._reap
+    monkeypatch.setattr(push.os, "posix_spawnp",
+                        lambda *a, **k: events.append("spawn") or real_spawn(*a, **k))
+
+    def reap(channel):
+        events.append("reader")
+        real_reap(channel)
+    monkeypatch.setattr(push._Channel, "_reap", reap)
+    argvs = [argv_for(sshd_nodes, alias) for alias in ("node1", "node2")]
+    channels = push.connect_all(argvs)
+    assert events[:4] == ["spawn", "spawn", "reader", "reader"]
+    files = files_of(workspace)
+    for argv, channel, alias in zip(argvs, channels, ("node1", "node2")):
+        result = push.push(argv, files, str(tmp_path / alias), channel=channel)
+        assert result.unchanged == 0 and len(result.sent) == len(files)
+        assert (tmp_path / alias / "weights.bin").read_bytes() == \
+            (workspace / "weights.bin").read_bytes()
+        assert channel.returncode == 0

@@ -388,15 +388,31 @@ class _Channel:
         self.stderr = b""
         self.returncode: Optional[int] = None
         self._exited = threading.Event()
+        self._lock = threading.Lock()
         self._drain = threading.Thread(target=self._read_stderr_then_reap, daemon=True)
-        self._drain.start()
+
+    def start(self) -> None:
+        """Send the receiver's code (it fits the pipe: never blocks) and start reading stderr."""
+        code = RECEIVER.encode()
+        try:
+            self.write(b"%d\n" % len(code) + code)
+        except (BrokenPipeError, ConnectionResetError):
+            pass                                # told by push, from ssh's stderr
+        self._reap()
+
+    def _reap(self) -> None:
+        """Start the thread that reads stderr to its end and then reaps ssh (once)."""
+        if self._drain.ident is None:
+            self._drain.start()
 
     def _read_stderr_then_reap(self) -> None:
         with open(self._stderr_fd, "rb") as err:
             self.stderr = err.read()
-        _, status = os.waitpid(self.pid, 0)
-        self.returncode = os.waitstatus_to_exitcode(status)
-        self._exited.set()
+        os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)     # ended, not yet reaped
+        with self._lock:                # so _kill never signals a pid already given back
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+            self._exited.set()
 
     def write(self, data) -> None:
         view = memoryview(data)
@@ -437,17 +453,16 @@ class _Channel:
     def close(self) -> None:
         """Close ssh's stdin and wait for it to exit (30 s at most, then kill it)."""
         self.close_stdin()
+        self._reap()
         if not self._exited.wait(30):
             self._kill()
             self._exited.wait()
         self.stdout.close()
 
     def _kill(self) -> None:
-        if not self._exited.is_set():
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        with self._lock:
+            if not self._exited.is_set():
+                os.kill(self.pid, signal.SIGKILL)   # not reaped yet: the pid is still ssh's
 
     def kill(self) -> None:
         self._kill()
@@ -457,13 +472,24 @@ class _Channel:
 def connect(ssh_argv: List[str]) -> "_Channel":
     """Start ssh and send it the receiver's code at once, so that the handshake and the node's
     python3 start while the caller is still listing its files; then ``push(..., channel=)``."""
-    channel = _Channel(ssh_argv)
-    code = RECEIVER.encode()
+    return connect_all([ssh_argv])[0]
+
+
+def connect_all(ssh_argvs: Sequence[List[str]]) -> List["_Channel"]:
+    """``connect`` for every node, every ssh started before any is given its code or its
+    stderr reader: a thread's start waits for the new thread to run, which under load (the
+    first ssh starting on the same CPUs) held the next node's ssh back by up to 4 ms."""
+    channels: List[_Channel] = []
     try:
-        channel.write(b"%d\n" % len(code) + code)      # fits the pipe: never blocks
-    except (BrokenPipeError, ConnectionResetError):
-        pass                                           # told by push, from ssh's stderr
-    return channel
+        for argv in ssh_argvs:
+            channels.append(_Channel(argv))
+    except BaseException:
+        for channel in channels:
+            channel.kill()
+        raise
+    for channel in channels:
+        channel.start()
+    return channels
 
 
 def push(ssh_argv: List[str], files: FileList, remote_dir: str,

@@ -37,12 +37,10 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
                               accept_new=accept_new_host_keys, timeout=timeout) for h in hosts]
     argvs = dict(zip((h.name for h in hosts), push.with_fast_cipher(argvs)))
     # every node's ssh handshake and python3 start while the files are listed here
-    channels = {}
-    for name, argv in argvs.items():
-        try:
-            channels[name] = push.connect(argv)
-        except push.PushUnavailable:        # no ssh client here: every node over SFTP
-            break
+    try:
+        channels = dict(zip(argvs, push.connect_all(list(argvs.values()))))
+    except push.PushUnavailable:            # no ssh client here: every node over SFTP
+        channels = {}
     from fluidctl.backends.sync import DEFAULT_EXCLUDES, walk
     try:
         files = push.scan(walk(source, (*DEFAULT_EXCLUDES, *excludes)))
