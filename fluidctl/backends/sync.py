@@ -17,8 +17,6 @@ import re
 import stat
 import threading
 
-from fluidctl.digest import file_digest
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:       # annotations only: paramiko and pathlib are slow to import, typing ~3 ms
     from pathlib import Path
@@ -169,6 +167,7 @@ def plan_sync(node: SSHNode, source: Path, remote_dir: str,
         else:
             plan.unchanged += 1
     if same_size:
+        from fluidctl.digest import file_digest
         digests = node.remote_sha256([f.remote for f in same_size])
         for item in same_size:
             if digests.get(item.remote) == file_digest(str(item.local), "sha256"):
