@@ -17,6 +17,7 @@ Hypothesis-made ones.
 from __future__ import annotations
 
 import os
+import sys
 
 FLAG, VALUE, MULTI = "flag", "value", "multi"
 
@@ -185,6 +186,6 @@ def parse(args):
     params = command.parse(args[len(words):])
     if params is None:
         return None
-    import importlib
     module, function = command.run.split(":")
-    return getattr(importlib.import_module(module), function), params
+    __import__(module)          # importlib (and the warnings it imports) would be ~0.5 ms more
+    return getattr(sys.modules[module], function), params

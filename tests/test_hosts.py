@@ -1,11 +1,14 @@
 """Hostfile formats, their errors (with line numbers), and ssh config resolution."""
 import getpass
 import os
+import re
 
 import paramiko
 import pytest
+from hypothesis import example, given, settings, strategies as st
 
 from fluidctl.errors import UsageError
+from fluidctl.planning import hosts
 from fluidctl.planning.hosts import (Host, format_hostfile, load_hosts, parse_hostfile,
                                    parse_hostfile_text, parse_hosts_arg)
 from fluidctl.backends.sshconfig import load_config, resolve, resolve_hosts
@@ -160,3 +163,38 @@ def test_a_host_is_a_value():
     assert host.replace(slots=8).slots == 8 and host.slots == 4
     assert copy.deepcopy(host) == pickle.loads(pickle.dumps(host)) == host
     assert repr(host).startswith("Host(name='n1', address='n1', port=2222")
+
+
+# The regexes the hand-written readers replaced (fluidctl.planning.hosts imported re for them):
+# the grammar's specification, and the oracle the readers are held to.
+_NAME = r"[A-Za-z0-9_](?:[A-Za-z0-9_.\-]*[A-Za-z0-9_])?"
+HOST_RE = re.compile(r"^(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.\-]*)@)?"
+                     r"(?:\[(?P<ipv6>[0-9A-Fa-f:.%]+)\]|(?P<name>" + _NAME + r"))"
+                     r"(?::(?P<number>\d+))?$")
+OPTION_RE = re.compile(r"^(?P<key>[A-Za-z_\-]+)=(?P<value>\S*)$")
+TRICKY = "aZ09_.-@[]:%=fF\n\t \u0663\u00e9\u00b2x"      # Arabic-Indic 3, e-acute, superscript 2
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(st.text(alphabet=TRICKY, max_size=14),
+                 st.from_regex(HOST_RE, fullmatch=True)))
+@example("node1:\u00b2")      # a superscript is a digit to isdigit(), not to the regex's \d
+@example("node1:\u0663")      # an Arabic-Indic three is one to both
+@example("bob@node1:4\n")     # '$' let one final newline through
+@example("[fe80::1%eth0]:22")
+@example("a@b@c")
+def test_the_host_reader_agrees_with_the_regex_it_replaced(text):
+    match = HOST_RE.match(text)
+    expected = (match["user"], match["ipv6"], match["name"], match["number"]) if match else None
+    assert hosts.split_host(text) == expected
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.one_of(st.text(alphabet=TRICKY, max_size=10),
+                 st.from_regex(OPTION_RE, fullmatch=True)))
+@example("slots=4\n")
+@example("slots=4\u00a0")    # a no-break space is whitespace to \S
+@example("max-slots==2")
+def test_the_option_reader_agrees_with_the_regex_it_replaced(text):
+    match = OPTION_RE.match(text)
+    assert hosts.split_option(text) == ((match["key"], match["value"]) if match else None)

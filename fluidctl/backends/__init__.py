@@ -6,8 +6,6 @@ implementing ``fluidctl.backends.base.Launcher`` and one line here.
 """
 from __future__ import annotations
 
-import importlib
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:           # annotations only: importing typing is ~3 ms of start-up
     from typing import Callable, List, Optional
@@ -27,5 +25,6 @@ def names() -> List[str]:
 
 def launcher(name: str, log: Optional[Callable[[str], None]] = None):
     """A new Launcher for ``--backend name``; ``log`` receives its launch.log lines."""
+    import importlib        # here: cluster sync imports this package and needs none of it
     module, _, cls = LAUNCHERS[name].partition(":")
     return getattr(importlib.import_module(module), cls)(log)

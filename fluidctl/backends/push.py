@@ -32,10 +32,14 @@ caller to fall back to SFTP (no ``ssh`` client here, no ``python3`` on the node)
 """
 from __future__ import annotations
 
+import _thread       # threading, with what it imports (functools, collections), is ~4.5 ms
 import os
-import signal
 import struct
-import threading
+
+try:        # the numbers themselves: signal.py wraps them in enums, ~1.5 ms of start-up
+    from _signal import SIGKILL, SIGPIPE, SIGXFSZ
+except ImportError:                                 # not CPython
+    from signal import SIGKILL, SIGPIPE, SIGXFSZ
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:           # annotations only: importing typing is ~3 ms of start-up
@@ -358,7 +362,7 @@ class _Channel:
     """The ssh process: stdin written raw, stdout read by line, stderr kept for messages.
     Started with ``os.posix_spawnp`` on pipes of its own (ssh closes every other descriptor
     itself): ``subprocess`` and what it imports would be ~4 ms of ``cluster sync``'s start-up,
-    before the first handshake. A thread reads stderr to its end, then reaps ssh."""
+    before the first handshake. A thread (``_thread``'s) reads stderr to its end, then reaps ssh."""
 
     def __init__(self, argv: List[str]):
         pipes = []
@@ -369,7 +373,7 @@ class _Channel:
                        (os.POSIX_SPAWN_DUP2, pipes[2][1], 2)]
             self.pid = os.posix_spawnp(argv[0], argv + [REMOTE_COMMAND], os.environ,
                                        file_actions=actions,
-                                       setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+                                       setsigdef=(SIGPIPE, SIGXFSZ))
         except FileNotFoundError:
             for pair in pipes:
                 os.close(pair[0])
@@ -387,9 +391,10 @@ class _Channel:
         self._stderr_fd = pipes[2][0]
         self.stderr = b""
         self.returncode: Optional[int] = None
-        self._exited = threading.Event()
-        self._lock = threading.Lock()
-        self._drain = threading.Thread(target=self._read_stderr_then_reap, daemon=True)
+        self._reaped = _thread.allocate_lock()   # held until ssh is reaped: an event to wait on
+        self._reaped.acquire()
+        self._lock = _thread.allocate_lock()
+        self._reading = False
 
     def start(self) -> None:
         """Send the receiver's code (it fits the pipe: never blocks) and start reading stderr."""
@@ -402,17 +407,34 @@ class _Channel:
 
     def _reap(self) -> None:
         """Start the thread that reads stderr to its end and then reaps ssh (once)."""
-        if self._drain.ident is None:
-            self._drain.start()
+        if not self._reading:
+            self._reading = True
+            _thread.start_new_thread(self._read_stderr_then_reap, ())
+
+    def _wait_reaped(self, timeout: float = -1) -> bool:
+        if self._reaped.acquire(timeout=timeout):
+            self._reaped.release()
+            return True
+        return False
 
     def _read_stderr_then_reap(self) -> None:
-        with open(self._stderr_fd, "rb") as err:
-            self.stderr = err.read()
-        os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)     # ended, not yet reaped
-        with self._lock:                # so _kill never signals a pid already given back
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-            self._exited.set()
+        try:
+            with open(self._stderr_fd, "rb") as err:
+                self.stderr = err.read()
+            os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)     # ended, not yet reaped
+        except ChildProcessError:           # close() reaped it already
+            pass
+        finally:
+            self._reap_now()
+
+    def _reap_now(self) -> None:
+        """Reap ssh (waiting for it to end) unless that is done, and wake whoever waits.
+        Under the lock _kill takes: a kill never reaches a pid already given back."""
+        with self._lock:
+            if self.returncode is None:
+                _, status = os.waitpid(self.pid, 0)
+                self.returncode = os.waitstatus_to_exitcode(status)
+                self._reaped.release()
 
     def write(self, data) -> None:
         view = memoryview(data)
@@ -454,15 +476,16 @@ class _Channel:
         """Close ssh's stdin and wait for it to exit (30 s at most, then kill it)."""
         self.close_stdin()
         self._reap()
-        if not self._exited.wait(30):
+        if not self._wait_reaped(30):
             self._kill()
-            self._exited.wait()
+            if not self._wait_reaped(5):    # a child of ssh's own (ProxyCommand) holds stderr
+                self._reap_now()
         self.stdout.close()
 
     def _kill(self) -> None:
         with self._lock:
-            if not self._exited.is_set():
-                os.kill(self.pid, signal.SIGKILL)   # not reaped yet: the pid is still ssh's
+            if self.returncode is None:
+                os.kill(self.pid, SIGKILL)   # not reaped yet: the pid is still ssh's
 
     def kill(self) -> None:
         self._kill()
