@@ -36,10 +36,7 @@ import _thread       # threading, with what it imports (functools, collections),
 import os
 import struct
 
-try:        # the numbers themselves: signal.py wraps them in enums, ~1.5 ms of start-up
-    from _signal import SIGKILL, SIGPIPE, SIGXFSZ
-except ImportError:                                 # not CPython
-    from signal import SIGKILL, SIGPIPE, SIGXFSZ
+from fluidctl.sigs import SIGKILL, SIGPIPE, SIGXFSZ
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:           # annotations only: importing typing is ~3 ms of start-up

@@ -4,11 +4,9 @@ a small file's whole run); ``commands/shard_data.py`` is the click command (--he
 forms, click's own messages) and calls the same ``run``."""
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 
-from fluidctl import digest, sharding
+from fluidctl import digest, sharding, sigs
 from fluidctl.errors import FluidctlError, UsageError
 
 
@@ -29,7 +27,7 @@ def run(inputs=(), trainers=None, out_dir=None, verify_dir=None, by="lines", fmt
         if value is None or value == ():
             raise UsageError(f"missing {what}",
                              "fluidctl shard-data train.txt --trainers 4 -o shards/; see --help")
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)    # clean up the staging dir, as on Ctrl-C
+    sigs.signal(sigs.SIGTERM, _exit_on_sigterm)    # clean up the staging dir, as on Ctrl-C
     targets = None
     if to_hosts:            # every node is reachable before anything is written
         from fluidctl.sharding import distribute
@@ -108,6 +106,7 @@ class RichProgress(sharding.Progress):
                              TimeRemainingColumn(), console=console, transient=True)
         self._task = None
         self._records = 0
+        import threading                    # rich imported it already: free here
         self._lock = threading.Lock()
 
     def __enter__(self):

@@ -19,11 +19,17 @@ from fluidctl.sharding import tuning
 NEWLINE = 10
 _TO_ONES = bytes(1 if b == NEWLINE else 0 for b in range(256))    # newline -> 1, else 0
 _sz = None                          # the stringzilla module, False once it failed to import
+_counted_without = 0                # bytes counted before StringZilla was wanted
 
 
-def _stringzilla():
-    global _sz
+def _stringzilla(n: int):
+    """The stringzilla module, imported once ``tuning.STRINGZILLA_FROM`` bytes were counted
+    without it (so a small file never pays its import); None before, False without it."""
+    global _sz, _counted_without
     if _sz is None:
+        _counted_without += n
+        if _counted_without < tuning.STRINGZILLA_FROM:
+            return None
         try:
             import stringzilla
             _sz = stringzilla
@@ -38,7 +44,7 @@ def count_newlines(data, scratch=None) -> int:
     n = len(data)
     if not n:
         return 0
-    sz = _stringzilla()
+    sz = _stringzilla(n)
     if sz and scratch is not None and len(scratch) >= n:
         ones = memoryview(scratch)[:n]
         sz.translate(data, _TO_ONES, out=ones)
