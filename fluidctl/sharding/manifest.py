@@ -78,12 +78,9 @@ def _float(value: float) -> str:
 
 
 def _key(key) -> str:
+    """A key as json writes it: a str as it is, a number, bool or None as its JSON text."""
     if isinstance(key, str):
         return key
-    if key is None or key is True or key is False:
-        return "null" if key is None else "true" if key else "false"
-    if isinstance(key, int):
-        return int.__repr__(key)
-    if isinstance(key, float):
-        return _float(key)
+    if key is None or isinstance(key, (int, float)):
+        return to_json(key)
     raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
