@@ -77,3 +77,49 @@ def test_a_rank_under_srun_starts_without_click(tmp_path):
     for heavy in ("click", "fluidctl.planning.plan", "fluidctl.commands.worker", "rich",
                   "dataclasses", "socket", "traceback"):    # ~6, 2 and 2 ms of every rank
         assert heavy not in mods, f"a rank under srun imported {heavy}"
+
+
+QUICK_PATHS_NEVER_IMPORT = ("re", "typing", "json", "threading", "signal", "enum", "shutil",
+                            "subprocess", "click", "dataclasses")
+
+
+def _bare_imports(argv, cwd) -> set:
+    """Modules ``fluidctl ARGV`` imports under ``python -S`` (no site hooks: this sandbox's
+    .pth files import re and typing for every process), the checkout and site-packages on
+    sys.path by hand."""
+    import fluidctl
+    import sysconfig
+    repo = str(__import__("pathlib").Path(fluidctl.__file__).parent.parent)
+    code = (f"import sys; sys.path[:0] = [{repo!r}]; "
+            f"sys.path.append({sysconfig.get_paths()['purelib']!r}); "
+            f"sys.path.append({sysconfig.get_paths()['platlib']!r}); "
+            f"sys.argv = ['fluidctl', *{[str(a) for a in argv]!r}]; "
+            "from fluidctl.cli import main; main()")
+    res = subprocess.run([sys.executable, "-S", "-X", "importtime", "-c", code], cwd=cwd,
+                         capture_output=True, text=True, timeout=120)
+    mods = {line.rsplit("|", 1)[1].strip() for line in res.stderr.splitlines()
+            if line.startswith("import time:") and "|" in line}
+    return res.returncode, mods, res.stderr
+
+
+def test_small_shard_data_and_cluster_sync_import_only_what_they_use(tmp_path):
+    """Issue 16's start-up: a 1-line shard-data (replacing its output) and a cluster sync
+    reach their work without re, typing, json, threading, signal's enums, shutil or
+    subprocess (each 1-5 ms in a plain venv; fluidctl's own script does not import re)."""
+    data = tmp_path / "one.txt"
+    data.write_text("one record\n")
+    for _ in range(2):                                  # the second run replaces the output
+        code, mods, err = _bare_imports(["shard-data", data, "-n", 1, "-o", tmp_path / "out",
+                                         "-q", "--force"], tmp_path)
+        assert code == 0, err[-2000:]
+    assert "xxhash" in mods and "fluidctl.sharding.engine" in mods      # the run did happen
+    assert not mods & set(QUICK_PATHS_NEVER_IMPORT), mods & set(QUICK_PATHS_NEVER_IMPORT)
+    config = tmp_path / "ssh_config"
+    config.write_text("Host deadnode\n    HostName 127.0.0.1\n    Port 1\n")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("x = 1\n")
+    code, mods, err = _bare_imports(["cluster", "sync", "--hosts", "deadnode", "--ssh-config",
+                                     config, "--timeout", 5, tmp_path / "src"], tmp_path)
+    assert code == 1 and "failed to sync" in err, err[-2000:]
+    assert "fluidctl.backends.push" in mods
+    assert not mods & set(QUICK_PATHS_NEVER_IMPORT), mods & set(QUICK_PATHS_NEVER_IMPORT)
