@@ -85,14 +85,12 @@ QUICK_PATHS_NEVER_IMPORT = ("re", "typing", "json", "threading", "signal", "enum
 
 def _bare_imports(argv, cwd) -> set:
     """Modules ``fluidctl ARGV`` imports under ``python -S`` (no site hooks: this sandbox's
-    .pth files import re and typing for every process), the checkout and site-packages on
-    sys.path by hand."""
+    .pth files import re and typing for every process), with this checkout and this
+    interpreter's sys.path (site-packages included) set by hand."""
     import fluidctl
-    import sysconfig
     repo = str(__import__("pathlib").Path(fluidctl.__file__).parent.parent)
-    code = (f"import sys; sys.path[:0] = [{repo!r}]; "
-            f"sys.path.append({sysconfig.get_paths()['purelib']!r}); "
-            f"sys.path.append({sysconfig.get_paths()['platlib']!r}); "
+    path = [repo] + [p for p in sys.path if p]          # this interpreter's, hooks not rerun
+    code = (f"import sys; sys.path[:] = {path!r}; "
             f"sys.argv = ['fluidctl', *{[str(a) for a in argv]!r}]; "
             "from fluidctl.cli import main; main()")
     res = subprocess.run([sys.executable, "-S", "-X", "importtime", "-c", code], cwd=cwd,
