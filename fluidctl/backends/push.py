@@ -20,7 +20,7 @@ then every file streams through the one connection:
 4. The receiver answers ``E <path>: <reason>`` per file it could not write (permission
    denied, disk full), if any, then ``done``.
 
-The receiver imports only os, struct and sys (hashlib with ``compare="hash"``): json (which
+The receiver imports only os and sys (hashlib with ``compare="hash"``): json (which
 imports re) would double its start-up. It runs under the node's ``/usr/bin/python3`` where
 there is one (see ``REMOTE_COMMAND``), and ``with_fast_cipher`` picks AES-GCM where the user's
 ssh config leaves the cipher to OpenSSH's default.
@@ -48,7 +48,7 @@ BATCH = 1 << 20                          # small files are gathered into writes 
 SENDFILE_FROM = 256 << 10                # files this large go through sendfile
 
 RECEIVER = r'''
-import os, struct, sys
+import os, sys
 inp, out = sys.stdin.buffer, sys.stdout.buffer
 req = inp.read(int(inp.readline())).split(b"\0")
 root, compare, fields = req[0], req[1], req[2:]     # 4 per file: path, size, mtime_ns, mode
@@ -93,7 +93,7 @@ try:
         head = inp.read(12)
         if len(head) < 12:
             sys.exit(3)                     # the sender went away: leave nothing behind
-        i, left = struct.unpack(">IQ", head)
+        i, left = int.from_bytes(head[:4], "big"), int.from_bytes(head[4:], "big")   # HEADER
         if i == 0xFFFFFFFF:
             break
         rel, mtime_ns, mode = fields[4 * i], int(fields[4 * i + 2]), int(fields[4 * i + 3])
