@@ -330,3 +330,37 @@ def test_every_node_s_ssh_starts_before_any_stderr_reader(sshd_nodes, workspace,
         assert (tmp_path / alias / "weights.bin").read_bytes() == \
             (workspace / "weights.bin").read_bytes()
         assert channel.returncode == 0
+
+
+def test_ctrl_c_mid_transfer_leaves_no_ssh_and_nothing_half_written(sshd_nodes, tmp_path):
+    """SIGINT while a large file streams to two nodes: fluidctl exits 130, its ssh processes
+    end, and each node's receiver, its input cut inside a file, removes that file's
+    temporary name: the nodes hold no partial file."""
+    import psutil
+    import signal
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(src / "big.bin", "wb") as f:
+        f.truncate(768 << 20)                           # sparse: instant to make, slow to send
+    remote = tmp_path / "remote"
+    proc = subprocess.Popen([sys.executable, "-m", "fluidctl", "cluster", "sync", "--hosts",
+                             "node1,node2", "--ssh-config", str(sshd_nodes.config),
+                             "--remote-dir", str(remote / "{host}"), str(src)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and no_temporaries(remote) and proc.poll() is None:
+        time.sleep(0.02)                                # until bytes are arriving on a node
+    assert not no_temporaries(remote), "the transfer never started"
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert any(c.name() == "ssh" for c in children)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, alive
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not no_temporaries(remote):
+        time.sleep(0.05)
+    assert no_temporaries(remote)
+    assert not list(remote.rglob("big.bin"))
