@@ -312,14 +312,14 @@ def test_every_node_s_ssh_starts_before_any_stderr_reader(sshd_nodes, workspace,
     """connect_all spawns every ssh first: a thread's start waits for that thread to run, and
     under load held the next node's ssh back by milliseconds. Both nodes are then synced."""
     events = []
-    real_spawn, real_reap = os.posix_spawnp, push._Channel._reap
+    real_spawn, real_reap = os.posix_spawnp, push._Channel._start_reader
     monkeypatch.setattr(push.os, "posix_spawnp",
                         lambda *a, **k: events.append("spawn") or real_spawn(*a, **k))
 
     def reap(channel):
         events.append("reader")
         real_reap(channel)
-    monkeypatch.setattr(push._Channel, "_reap", reap)
+    monkeypatch.setattr(push._Channel, "_start_reader", reap)
     argvs = [argv_for(sshd_nodes, alias) for alias in ("node1", "node2")]
     channels = push.connect_all(argvs)
     assert events[:4] == ["spawn", "spawn", "reader", "reader"]

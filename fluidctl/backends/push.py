@@ -202,8 +202,8 @@ class FileList:
         rel, path, st = self.entries[index]
         return LocalFile(rel, str(path), st.st_size, st.st_mtime_ns, st.st_mode & 0o7777)
 
-    def __iter__(self):
-        return (self[i] for i in range(len(self.entries)))
+    def total_bytes(self) -> int:
+        return sum(st.st_size for _, _, st in self.entries)
 
     def fields(self) -> bytes:
         """Path, size, mtime_ns and mode of every file, NUL-separated (no path holds a NUL),
@@ -371,15 +371,12 @@ class _Channel:
             self.pid = os.posix_spawnp(argv[0], argv + [REMOTE_COMMAND], os.environ,
                                        file_actions=actions,
                                        setsigdef=(SIGPIPE, SIGXFSZ))
-        except FileNotFoundError:
+        except BaseException as exc:
             for pair in pipes:
                 os.close(pair[0])
                 os.close(pair[1])
-            raise PushUnavailable(f"{argv[0]} not found") from None
-        except BaseException:
-            for pair in pipes:
-                os.close(pair[0])
-                os.close(pair[1])
+            if isinstance(exc, FileNotFoundError):
+                raise PushUnavailable(f"{argv[0]} not found") from None
             raise
         for fd in (pipes[0][0], pipes[1][1], pipes[2][1]):
             os.close(fd)
@@ -400,9 +397,9 @@ class _Channel:
             self.write(b"%d\n" % len(code) + code)
         except (BrokenPipeError, ConnectionResetError):
             pass                                # told by push, from ssh's stderr
-        self._reap()
+        self._start_reader()
 
-    def _reap(self) -> None:
+    def _start_reader(self) -> None:
         """Start the thread that reads stderr to its end and then reaps ssh (once)."""
         if not self._reading:
             self._reading = True
@@ -472,7 +469,7 @@ class _Channel:
     def close(self) -> None:
         """Close ssh's stdin and wait for it to exit (30 s at most, then kill it)."""
         self.close_stdin()
-        self._reap()
+        self._start_reader()
         if not self._wait_reaped(30):
             self._kill()
             if not self._wait_reaped(5):    # a child of ssh's own (ProxyCommand) holds stderr
@@ -557,10 +554,10 @@ def push(ssh_argv: List[str], files: FileList, remote_dir: str,
 def _request(files: FileList, remote_dir: str, compare: str) -> bytes:
     """The file list, as the receiver reads it: its length on a line, then NUL-separated fields:
     the directory, the comparison, then path, size, mtime_ns and mode of every file."""
-    head = os.fsencode(remote_dir) + b"\0" + compare.encode()
-    fields = files.fields()
-    body_len = len(head) + (1 + len(fields) if len(files) else 0)
-    return b"%d\n" % body_len + head + (b"\0" + fields if len(files) else b"")
+    body = os.fsencode(remote_dir) + b"\0" + compare.encode()
+    if len(files):
+        body += b"\0" + files.fields()
+    return b"%d\n" % len(body) + body
 
 
 def _stream(channel: _Channel, files: FileList, need: List[int], result: PushResult,

@@ -2,7 +2,7 @@
 
 ``cluster sync`` goes through ``fluidctl.backends.push`` (OpenSSH, one stream) and comes here
 only when that cannot reach a node; ``shard-data --to-hosts`` sends its shards with
-``send_files``. ``local_files`` and ``excluded`` (what a sync sends) serve both.
+``send_files``. ``walk`` and ``local_files`` (what a sync sends) serve both.
 
 Its own module because it is a policy over a connection (what to exclude, how to decide a file
 changed, how to write it atomically), not part of connecting or running commands: ``cluster
@@ -78,12 +78,6 @@ def _name_tests(patterns: Sequence[str]):
         else:
             names.add(pattern)
     return names, tuple(suffixes), (_matcher(others) if others else None)
-
-
-def excluded(rel: str, patterns: Sequence[str]) -> bool:
-    """rsync-like: a pattern matches the relative path or any one of its components."""
-    match = _matcher(patterns)
-    return bool(match(rel)) or any(match(part) for part in rel.split("/"))
 
 
 def _by_name(entry: os.DirEntry) -> str:

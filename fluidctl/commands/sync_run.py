@@ -49,7 +49,8 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
             channel.kill()
         raise
     compare = "hash" if checksum else "mtime"
-    progress = _SyncProgress({h.name: sum(f.size for f in files) for h in hosts})
+    total = files.total_bytes()
+    progress = _SyncProgress({h.name: total for h in hosts})
     outcomes = {}
 
     def one(host):
