@@ -1,6 +1,6 @@
 """What the hang watchdog costs a training step: the runtime's progress counter.
 
-Every completed collective bumps an 8-byte counter mapped from /dev/shm (fluidctl/progress.py);
+Every completed collective bumps an 8-byte counter mapped from /dev/shm (fluidctl/diagnostics/progress.py);
 the launcher reads every rank's counter once per poll. Prints the median time of one bump and
 of one read of all counters, over --repeat rounds.
 
@@ -10,7 +10,7 @@ import argparse
 import statistics
 import timeit
 
-from fluidctl import progress
+from fluidctl.diagnostics import progress
 from fluidctl.paths import DiagDir
 
 

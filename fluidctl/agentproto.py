@@ -1,5 +1,5 @@
-"""The node agent's line protocol, both ends: the launcher (``backends/agent.py``) and the agent
-on each node (``launch/agent.py``). One line each way; an agent line is MARK, a tag, "|", text.
+"""The node agent's line protocol, both ends: the launcher (``backends/ssh.py``) and the agent
+on each node (``node/agent.py``). One line each way; an agent line is MARK, a tag, "|", text.
 
 Its own module, standard library only, so the agent can answer its first line (the probe)
 before it imports the supervisor, the planner and the diagnostics it needs later: the launcher
@@ -16,7 +16,8 @@ STACKS_TAG = "stacks"       # the answer to a "dump" line on stdin: this node's 
 ENDS_TAG = "ends"           # the last record: every process's final state on this node
 DUMP_COMMAND = "dump"       # a line the launcher writes to the agent's stdin
 CR_MARK = "\x1f"            # a streamed line that ended with a lone \r (a progress bar)
-AGENT_MODULE = "fluidctl.launch.agent"
+AGENT_MODULE = "fluidctl.node.agent"
+DOCTOR_CONNECT_TIMEOUT = 5.0  # seconds a node gives the master port in the rendezvous check
 
 
 def tag_for(role: str, rank: int) -> str:

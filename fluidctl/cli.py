@@ -102,7 +102,7 @@ def main(argv=None) -> None:
         print(f"fluidctl, version {__version__}", flush=True)
         sys.exit(0)
     if len(args) >= 2 and args[0] == "worker" and not args[1].startswith("-"):
-        from fluidctl.commands.worker_run import run
+        from fluidctl.node.worker import run
         _without_click(run, args[1], args[2:])
     try:
         from fluidctl import fastargs

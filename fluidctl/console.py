@@ -11,7 +11,7 @@ import time
 from functools import lru_cache
 from typing import List, Optional
 
-from fluidctl.failures import Failure, log_tail
+from fluidctl.diagnostics.failures import Failure, log_tail
 
 
 @lru_cache(maxsize=None)

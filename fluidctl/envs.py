@@ -77,7 +77,7 @@ LOG_DIR = "FLUIDCTL_LOG_DIR"
 GPUS = "FLUIDCTL_GPUS"                  # "all" or a --gpus value: ranks started by mpirun or
                                         # torchrun take the node's GPUs by local rank
 VENV = "FLUIDCTL_VENV"                  # the nodes' environment (cluster setup, train, check)
-DIAG_DIR = "FLUIDCTL_DIAG_DIR"          # the node's progress counters / stack files (progress.py)
+DIAG_DIR = "FLUIDCTL_DIAG_DIR"          # the node's progress counters / stack files (diagnostics/progress.py)
 HANG_TIMEOUT = "FLUIDCTL_HANG_TIMEOUT"  # default of fluidctl train --hang-timeout
 PYSPY = "FLUIDCTL_PYSPY"                # py-spy to use for stack dumps; empty: never py-spy
 SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process_vm_readv)

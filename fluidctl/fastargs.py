@@ -141,7 +141,7 @@ _HOST_DEFAULTS = {"hostfile": None, "hosts_arg": None, "ssh_config": None, "time
 
 COMMANDS = {
     ("cluster", "sync"): Command(
-        "fluidctl.commands.sync_run:run",
+        "fluidctl.cluster.sync:run",
         {**_HOST_OPTIONS,
          "--remote-dir": ("remote_dir", VALUE, text),
          "--exclude": ("excludes", MULTI, text),
@@ -149,7 +149,7 @@ COMMANDS = {
         ("src", existing_path, ".", False),
         {**_HOST_DEFAULTS, "remote_dir": None, "excludes": (), "checksum": False}),
     ("shard-data",): Command(
-        "fluidctl.commands.shard_data_run:run",
+        "fluidctl.sharding.run:run",
         {"-n": ("trainers", VALUE, integer), "--trainers": ("trainers", VALUE, integer),
          "-o": ("out_dir", VALUE, text), "--output": ("out_dir", VALUE, text),
          "--verify": ("verify_dir", VALUE, text),

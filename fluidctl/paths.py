@@ -157,7 +157,7 @@ class LogLayout(NamedTuple):
 
 class DiagDir(NamedTuple):
     """A node's diagnostics directory for one job (FLUIDCTL_DIAG_DIR): the runtime's progress
-    counters and faulthandler stack files (see fluidctl/progress.py). Made by the process that
+    counters and faulthandler stack files (see fluidctl/diagnostics/progress.py). Made by the process that
     supervises the node's ranks (``create``), in /dev/shm when it can, removed at the end."""
     root: Path
 

@@ -152,13 +152,13 @@ def test_real_handshake_ends_every_rank_with_the_same_clear_error(tmp_path):
 def test_gpu_stack_line_from_the_real_packages():
     """What cluster check shows per node: from package metadata without GPUs listed, from the
     imported CuPy/NCCL and CUDA when nvidia-smi lists some."""
-    from fluidctl.gpustack import nccl_version_text
+    from fluidctl.node.gpustack import nccl_version_text
     assert [nccl_version_text(c) for c in (23203, 21805, 2708)] == ["2.32.3", "2.18.5", "2.7.8"]
-    cheap = _python("import fluidctl.gpustack as g; print(g.describe(0))")
+    cheap = _python("import fluidctl.node.gpustack as g; print(g.describe(0))")
     assert cheap.returncode == 0, cheap.stderr
     assert re.fullmatch(r"CuPy 1\d\.\d+\.\d+, NCCL 2\.\d+\.\d+, no usable GPU\n", cheap.stdout)
     if not _real_gpu():
-        full = _python("import fluidctl.gpustack as g; print(g.describe(2))")
+        full = _python("import fluidctl.node.gpustack as g; print(g.describe(2))")
         assert re.fullmatch(r"CuPy 1\d\.\d+\.\d+, NCCL 2\.\d+\.\d+, no usable GPU "
                             r"\(cudaErrorInsufficientDriver\)\n", full.stdout), full.stdout
 

@@ -34,7 +34,7 @@ def hang_dir(log_dir: Path) -> Path:
 
 @pytest.mark.parametrize("pyspy", [True, False], ids=["py-spy", "faulthandler"])
 def test_hang_is_diagnosed_with_both_stacks_and_exit_124(tmp_path, pyspy):
-    from fluidctl import stacks
+    from fluidctl.diagnostics import stacks
     if pyspy and not stacks.pyspy_path():
         pytest.skip("py-spy not installed (pip install 'fluidctl[debug]')")
     env = {} if pyspy else {"FLUIDCTL_PYSPY": ""}
@@ -288,7 +288,7 @@ def test_a_busy_master_port_is_reported_before_any_rank_starts(tmp_path, nodes):
 
 
 def test_an_unreachable_master_is_named_by_the_node_that_cannot_reach_it(tmp_path, nodes):
-    from fluidctl.backends import doctor
+    from fluidctl.node import doctor
     # the agents' own check, as node 2 runs it: nothing listens on the master port
     from fluidctl.net import bind_socket
     s = bind_socket("127.0.0.2", 0)

@@ -12,8 +12,8 @@ import pytest
 import rankspawn
 from fluidctl import envs
 from fluidctl.backends import mpi as mpi_backend
-from fluidctl.commands import worker_run as worker
-from fluidctl.launch import agent
+from fluidctl.node import worker
+from fluidctl.node import agent
 from fluidctl.planning import devices
 from fluidctl.planning import plan as planning
 

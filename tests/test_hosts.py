@@ -11,7 +11,7 @@ from fluidctl.errors import UsageError
 from fluidctl.planning import hosts
 from fluidctl.planning.hosts import (Host, format_hostfile, load_hosts, parse_hostfile,
                                    parse_hostfile_text, parse_hosts_arg)
-from fluidctl.backends.sshconfig import load_config, resolve, resolve_hosts
+from fluidctl.remote.sshconfig import load_config, resolve, resolve_hosts
 
 
 def test_every_hostfile_format():

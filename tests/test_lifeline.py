@@ -1,4 +1,4 @@
-"""The launcher's watchdog (fluidctl/lifeline.py), a POSIX sh loop: what it kills and removes
+"""The launcher's watchdog (fluidctl/procs/lifeline.py), a POSIX sh loop: what it kills and removes
 when the launcher dies, what it leaves alone at a normal end, and which lines it refuses."""
 import os
 import signal
@@ -7,7 +7,7 @@ import sys
 
 import psutil
 
-from fluidctl import lifeline
+from fluidctl.procs import lifeline
 from launchutil import wait_for
 
 
@@ -98,7 +98,7 @@ def test_has_children_sees_a_child_of_any_thread():
     started by another thread is listed under that thread's task."""
     code = (
         "import subprocess, threading\n"
-        "from fluidctl.backends.local import _has_children\n"
+        "from fluidctl.procs.local import _has_children\n"
         "seen = [_has_children()]\n"
         "p = subprocess.Popen(['sleep', '30'])\n"
         "seen.append(_has_children())\n"
@@ -118,7 +118,7 @@ def test_has_children_scans_again_when_a_thread_ends_meanwhile():
     is not 'unknown': the scan is made again, and a clean process is still found childless."""
     code = (
         "import os\n"
-        "from fluidctl.backends import local\n"
+        "from fluidctl.procs import local\n"
         "real, calls = os.listdir, []\n"
         "def listdir(path):\n"
         "    calls.append(path)\n"
@@ -136,7 +136,7 @@ def test_the_sweep_reaps_dead_descendants_and_reports_only_live_ones():
     and their tees.)"""
     code = (
         "import subprocess, time, psutil\n"
-        "from fluidctl.backends import local\n"
+        "from fluidctl.procs import local\n"
         "assert local.become_subreaper()\n"
         "subprocess.run(['sh', '-c', 'sleep 0.2 & sleep 30 & exit 0'])\n"
         "me, deadline = psutil.Process(), time.monotonic() + 20\n"
@@ -156,7 +156,7 @@ def test_only_dead_descendants_cost_no_psutil_import():
     reaped without importing psutil (~5-12 ms of every Slurm launch's exit)."""
     code = (
         "import subprocess, sys, time\n"
-        "from fluidctl.backends import local\n"
+        "from fluidctl.procs import local\n"
         "assert local.become_subreaper()\n"
         "subprocess.run(['sh', '-c', 'sleep 0.1 & exit 0'])\n"
         "deadline = time.monotonic() + 20\n"

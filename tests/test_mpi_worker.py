@@ -187,7 +187,7 @@ def test_master_port_never_repeats_a_rank_endpoint(monkeypatch):
     """Ports are probed and released, so the kernel may hand the same one out twice: the
     master's is drawn again until it differs from every endpoint on that address."""
     from fluidctl import net
-    from fluidctl.commands import worker_run as worker
+    from fluidctl.node import worker
     draws = iter([5001, 5002, 6000])
     monkeypatch.setattr(net, "free_port", lambda address: next(draws))   # imported at the call
     pairs = [("127.0.0.1", 5001), ("127.0.0.1", 5002), ("127.0.0.2", 6000)]

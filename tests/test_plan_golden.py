@@ -62,8 +62,8 @@ def test_multi_node_uneven_slots():
              planning.remote_node("n2", "10.0.0.2", 2, None, None, [], 0)]
     spec = job(cfg, nodes, multi_node_logs=True)
     ports = {0: [7000, 7001], 1: [7100, 7101]}
-    commands = [LaunchCommand("n1", [PY, "-m", "fluidctl.launch.agent", "--ports", "2"]),
-                LaunchCommand("n2", [PY, "-m", "fluidctl.launch.agent", "--ports", "3"])]
+    commands = [LaunchCommand("n1", [PY, "-m", "fluidctl.node.agent", "--ports", "2"]),
+                LaunchCommand("n2", [PY, "-m", "fluidctl.node.agent", "--ports", "3"])]
     check("multinode_collective", planning.plan(spec, ports, backend="ssh", commands=commands))
 
 

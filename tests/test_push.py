@@ -1,4 +1,4 @@
-"""cluster sync's transport (fluidctl.backends.push): one OpenSSH process per node and a
+"""cluster sync's transport (fluidctl.remote.push): one OpenSSH process per node and a
 standard-library receiver, against real sshd nodes on loopback; and the SFTP fallback."""
 import os
 import re
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fluidctl.backends import push
-from fluidctl.backends.sync import DEFAULT_EXCLUDES, walk
+from fluidctl.remote import push
+from fluidctl.remote.sftp import DEFAULT_EXCLUDES, walk
 from fluidctl.commands import cluster as cluster_cmd
 
 
@@ -118,7 +118,7 @@ def test_ssh_command_follows_the_user_s_choices():
 
 
 def test_cluster_timeout_default_is_the_ssh_backend_s():
-    from fluidctl.backends import ssh
+    from fluidctl.remote import ssh
     assert cluster_cmd.SSH_TIMEOUT == ssh.DEFAULT_TIMEOUT
 
 

@@ -380,7 +380,7 @@ def test_a_hang_inside_an_allocation_is_diagnosed_on_every_node(slurm, tmp_path,
     """Rank 1 never reaches the allreduce ranks 0, 2 and 3 wait in: after --hang-timeout the
     launcher has every rank's stack taken on its own node (an overlapping srun step), prints
     who waits where, writes the hang directory and failure.json, cancels the step, exits 124."""
-    from fluidctl import stacks
+    from fluidctl.diagnostics import stacks
     if pyspy and not stacks.pyspy_path():
         pytest.skip("py-spy not installed (pip install 'fluidctl[debug]')")
     alloc = slurm.allocate(2, 2)

@@ -9,9 +9,10 @@ import time
 import psutil
 import pytest
 
-from fluidctl.backends import fabric, nodecheck, ssh, sync
+from fluidctl.remote import fabric, ssh, sftp as sync
+from fluidctl.cluster import check as nodecheck
 from fluidctl.planning.hosts import Host, parse_hostfile
-from fluidctl.backends.sshconfig import resolve, resolve_hosts, load_config
+from fluidctl.remote.sshconfig import resolve, resolve_hosts, load_config
 
 TIMEOUT = 5.0
 

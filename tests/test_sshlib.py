@@ -4,7 +4,7 @@ import sys
 
 
 def test_launch_path_does_not_import_invoke():
-    code = ("import sys, fluidctl.backends.sshconfig, fluidctl.backends.ssh; "
+    code = ("import sys, fluidctl.remote.sshconfig, fluidctl.remote.ssh; "
             "print('invoke' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
@@ -14,7 +14,7 @@ def test_launch_path_does_not_import_invoke():
 def test_match_exec_still_works(tmp_path):
     cfg = tmp_path / "ssh_config"
     cfg.write_text('Match exec "true"\n    HostName 10.9.8.7\n    Port 2222\n')
-    code = ("from fluidctl.backends.sshconfig import load_config; "
+    code = ("from fluidctl.remote.sshconfig import load_config; "
             f"c = load_config({str(cfg)!r}).lookup('anyhost'); print(c['hostname'], c['port'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

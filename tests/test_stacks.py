@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from fluidctl import progress, stacks
+from fluidctl.diagnostics import progress, stacks
 from fluidctl.paths import DiagDir
 
 # a "rank": registers progress/faulthandler the way fluidctl.runtime.init() does, then waits
 RANK = textwrap.dedent("""
     import os, sys, threading, time
-    from fluidctl import progress
+    from fluidctl.diagnostics import progress
     progress.start(int(sys.argv[1]))
     def allreduce():                     # stands in for a collective that never completes
         threading.Event().wait()
@@ -180,6 +180,6 @@ def test_diagnostics_modules_are_ground_floor():
     """progress (imported by every rank), triage and stacks (imported by node agents) import
     nothing of the launcher, nor the CLI's heavy libraries."""
     from test_layering import BLOCKED, run_blocked
-    result = run_blocked(["fluidctl.progress", "fluidctl.triage", "fluidctl.stacks"],
+    result = run_blocked(["fluidctl.diagnostics.progress", "fluidctl.diagnostics.triage", "fluidctl.diagnostics.stacks"],
                          BLOCKED + ["numpy"])
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

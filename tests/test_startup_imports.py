@@ -36,13 +36,13 @@ def test_a_clean_local_launch_skips_what_only_failures_need(tmp_path):
     script.write_text("pass\n")
     mods = imported(["train", "--nproc", 2, script], tmp_path)
     assert "fluidctl.launch.supervisor" in mods
-    for heavy in ("psutil", "fluidctl.stacks", "concurrent.futures", "secrets", "numpy",
+    for heavy in ("psutil", "fluidctl.diagnostics.stacks", "concurrent.futures", "secrets", "numpy",
                   "paramiko", "rich"):
         assert heavy not in mods, f"a clean 'fluidctl train' imported {heavy}"
 
 
 @pytest.mark.parametrize("module, absent", [
-    ("fluidctl.launch.agent", ("fluidctl.backends.agent", "fluidctl.diagnose",
+    ("fluidctl.node.agent", ("fluidctl.backends.ssh", "fluidctl.diagnostics.watch",
                                "fluidctl.planning.plan", "paramiko", "psutil")),
 ])
 def test_the_node_agent_answers_its_probe_light(tmp_path, module, absent):
@@ -73,7 +73,7 @@ def test_a_rank_under_srun_starts_without_click(tmp_path):
     assert log.splitlines()[-1] == "ran"
     mods = {line.rsplit("|", 1)[1].strip() for line in (res.stderr + log).splitlines()
             if line.startswith("import time:") and "|" in line} - _modules([], tmp_path, "pass")
-    assert "fluidctl.commands.worker_run" in mods
+    assert "fluidctl.node.worker" in mods
     for heavy in ("click", "fluidctl.planning.plan", "fluidctl.commands.worker", "rich",
                   "dataclasses", "socket", "traceback"):    # ~6, 2 and 2 ms of every rank
         assert heavy not in mods, f"a rank under srun imported {heavy}"
@@ -119,5 +119,5 @@ def test_small_shard_data_and_cluster_sync_import_only_what_they_use(tmp_path):
     code, mods, err = _bare_imports(["cluster", "sync", "--hosts", "deadnode", "--ssh-config",
                                      config, "--timeout", 5, tmp_path / "src"], tmp_path)
     assert code == 1 and "failed to sync" in err, err[-2000:]
-    assert "fluidctl.backends.push" in mods
+    assert "fluidctl.remote.push" in mods
     assert not mods & set(QUICK_PATHS_NEVER_IMPORT), mods & set(QUICK_PATHS_NEVER_IMPORT)

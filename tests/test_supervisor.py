@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from fluidctl.failures import Failure
+from fluidctl.diagnostics.failures import Failure
 from fluidctl.launch.supervisor import RunOptions, Supervisor
 
 

@@ -1,4 +1,4 @@
-"""What ``cluster sync`` lists: ``fluidctl.backends.sync.walk`` against a plain reference walk,
+"""What ``cluster sync`` lists: ``fluidctl.remote.sftp.walk`` against a plain reference walk,
 and its quick exclusion tests against fnmatch's own matching."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fluidctl.backends import sync
+from fluidctl.remote import sftp as sync
 
 
 def reference_walk(source, excludes):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fluidctl import triage
+from fluidctl.diagnostics import triage
 
 # recorded on this machine (cgroup v1, kernel 6.x): `dmesg` after a worker hit a 100 MB limit
 DMESG = """\

@@ -12,8 +12,8 @@ if TYPE_CHECKING:           # annotations only: importing typing is ~3 ms of sta
 
 LAUNCHERS = {
     "local": "fluidctl.backends.local:LocalLauncher",
-    "ssh": "fluidctl.backends.agent:SSHLauncher",
-    "fabric": "fluidctl.backends.agent:FabricLauncher",
+    "ssh": "fluidctl.backends.ssh:SSHLauncher",
+    "fabric": "fluidctl.backends.ssh:FabricLauncher",
     "mpi": "fluidctl.backends.mpi:MPILauncher",
     "slurm": "fluidctl.backends.slurm:SlurmLauncher",
 }

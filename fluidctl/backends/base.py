@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
-from fluidctl.failures import Failure
+from fluidctl.diagnostics.failures import Failure
 
 if TYPE_CHECKING:
-    from fluidctl.diagnose import Diagnostics
+    from fluidctl.diagnostics.watch import Diagnostics
     from fluidctl.planning.config import LaunchConfig
     from fluidctl.planning.plan import Plan
 
@@ -129,9 +129,9 @@ class BaseLauncher:
         return [(p.log, prefix(p)) for p in plan.procs]
 
     def diagnostics(self, config: "LaunchConfig") -> "Diagnostics":
-        """The job's diagnostics (fluidctl/diagnose.py): failure triage, --hang-timeout,
+        """The job's diagnostics (fluidctl/diagnostics/watch.py): failure triage, --hang-timeout,
         fluidctl dump, failure.json. Kept, so ``start`` can hand ranks its ``env()``."""
-        from fluidctl.diagnose import Diagnostics
+        from fluidctl.diagnostics.watch import Diagnostics
         self._diagnostics = Diagnostics.for_job(config)
         return self._diagnostics
 

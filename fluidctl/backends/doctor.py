@@ -17,82 +17,17 @@ network interfaces; the interface holding each node's address, when the same nam
 node (e.g. ``eth0``; several names are given as a list), is exported as NCCL_SOCKET_IFNAME and
 GLOO_SOCKET_IFNAME unless the user set them.
 
-``node_checks`` runs in the agent (standard library and fluidctl.net only); the rest runs in
-the launcher.
+The node's half (``node_checks``) is ``fluidctl.node.doctor``; this is the launcher's.
 """
 from __future__ import annotations
 
-import errno
 import ipaddress
-import socket
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
-CONNECT_TIMEOUT = 5.0
+from fluidctl.agentproto import DOCTOR_CONNECT_TIMEOUT as CONNECT_TIMEOUT
+
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
-
-# --- on the node (the agent) -----------------------------------------------------------------
-
-def interfaces() -> Dict[str, List[Tuple[str, str]]]:
-    """This node's IPv4 interfaces that are up: {name: [(address, netmask)]}."""
-    import psutil
-    stats = psutil.net_if_stats()
-    found: Dict[str, List[Tuple[str, str]]] = {}
-    for name, addrs in psutil.net_if_addrs().items():
-        if name in stats and not stats[name].isup:
-            continue
-        v4 = [(a.address, a.netmask or "255.255.255.255") for a in addrs
-              if a.family == socket.AF_INET]
-        if v4:
-            found[name] = v4
-    return found
-
-
-def node_checks(request: dict) -> Tuple[List[str], Optional[socket.socket]]:
-    """Problems on this node, and the master socket left listening (node 0) until the plan
-    arrives. ``request``: {"address", "ports": [[port, what]], "listen": [addr, port] or
-    None, "connect": [addr, port] or None}."""
-    from fluidctl.net import bind_socket
-    problems: List[str] = []
-    address = request["address"]
-    for port, what in request.get("ports", []):
-        try:
-            bind_socket(address, int(port)).close()
-        except OSError as exc:
-            problems.append(_bind_problem(exc, address, int(port), what))
-    held = None
-    if request.get("listen"):
-        addr, port = request["listen"]
-        try:
-            held = bind_socket(addr, int(port))
-            held.listen(64)
-        except OSError as exc:
-            if exc.errno == errno.EADDRNOTAVAIL:
-                problems.append(f"MASTER_ADDR {addr} is not an address of this node, but rank 0 "
-                                f"runs here (list this node under the address its peers reach "
-                                f"it by)")
-            else:
-                problems.append(_bind_problem(exc, addr, int(port), "the master port"))
-    if request.get("connect"):
-        addr, port = request["connect"]
-        try:
-            socket.create_connection((addr, int(port)), timeout=CONNECT_TIMEOUT).close()
-        except OSError as exc:
-            why = exc.strerror or "timed out"
-            problems.append(f"cannot reach the master {addr}:{port} ({why}: open the port "
-                            f"between the nodes, or list node 0 under an address this node "
-                            f"can reach)")
-    return problems, held
-
-
-def _bind_problem(exc: OSError, addr: str, port: int, what: str) -> str:
-    if exc.errno == errno.EADDRINUSE:
-        return (f"port {addr}:{port} ({what}) is in use (stop what holds it, or let fluidctl "
-                f"pick free ports: drop --started-port)")
-    return f"cannot bind {addr}:{port} ({what}): {exc.strerror}"
-
-
-# --- in the launcher -------------------------------------------------------------------------
 
 def node_interface(address: str, ifaces: Dict[str, List[Sequence[str]]]) -> Optional[str]:
     """The interface whose network holds ``address`` (127.0.0.2 is on lo's 127.0.0.0/8)."""
@@ -156,7 +91,7 @@ def examine(the_plan, hosts, agents, timeout: float) -> List[str]:
 
     problems = ask(0)
     if not problems:            # the others connect to node 0's listening master port
-        from fluidctl.backends.ssh import parallel
+        from fluidctl.remote.ssh import parallel
         for found in parallel(list(range(1, len(agents))), ask):
             problems += found
     return problems

@@ -26,8 +26,8 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 from fluidctl import envs
 from fluidctl.backends.base import BaseLauncher
-from fluidctl.backends.local import LocalProcess
-from fluidctl.failures import Failure
+from fluidctl.procs.local import LocalProcess
+from fluidctl.diagnostics.failures import Failure
 from fluidctl.errors import UsageError
 from fluidctl.planning.hosts import Host, format_hostfile
 
@@ -229,7 +229,7 @@ class MPILauncher(BaseLauncher):
         job = config.job(nodes)
         rank_argv = worker_argv(job.script, job.script_args, config.interpreter)
         if config.hosts and config.node_venv:    # the nodes' `cluster setup` venv, if there
-            from fluidctl.backends.provision import prefer_venv
+            from fluidctl.planning.venv import prefer_venv
             if "{host}" in config.node_venv:
                 raise UsageError(f"--venv {config.node_venv} differs per node, but mpirun "
                                  "starts the same command on every node",
@@ -263,9 +263,9 @@ class MPILauncher(BaseLauncher):
 
     def diagnostics(self, config):
         """The ranks are mpirun's: their stacks are taken on each node by a second mpirun of
-        ``fluidctl.launch.nodestacks``, one per node (``nodediag``); LOG_DIR holds the
+        ``fluidctl.node.stacks``, one per node (``nodediag``); LOG_DIR holds the
         diagnostics directory, so a node that does not share it has no stacks to give."""
-        from fluidctl.backends.nodediag import SharedDirDiagnostics
+        from fluidctl.diagnostics.shareddir import SharedDirDiagnostics
         hostfile = str(config.layout.mpi_hostfile) if self.hosts else None
         takers_env = environment({})
         names = export_names({}, takers_env)
@@ -273,7 +273,7 @@ class MPILauncher(BaseLauncher):
             names.append(envs.PYSPY)
 
         def stack_takers(diag_dir: str) -> List[str]:
-            return command([config.interpreter, "-m", "fluidctl.launch.nodestacks", diag_dir],
+            return command([config.interpreter, "-m", "fluidctl.node.stacks", diag_dir],
                            max(1, len(self.hosts)), hosts=self.hosts, hostfile=hostfile,
                            env_names=names, ssh_config=config.ssh_config,
                            map_by="ppr:1:node" if self.hosts else "slot")

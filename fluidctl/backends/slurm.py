@@ -29,9 +29,9 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from fluidctl import envs
 from fluidctl.backends import slurmctl
 from fluidctl.backends.base import BaseLauncher
-from fluidctl.backends.local import LocalProcess
+from fluidctl.procs.local import LocalProcess
 from fluidctl.errors import UsageError
-from fluidctl.failures import Failure
+from fluidctl.diagnostics.failures import Failure
 from fluidctl.paths import LogLayout
 from fluidctl.planning import slurm as planning
 
@@ -246,7 +246,7 @@ class SubmittedJob:
     kill = terminate
 
     def failure(self) -> Failure:
-        from fluidctl.diagnose import HANG_EXIT
+        from fluidctl.diagnostics.watch import HANG_EXIT
         if self._code == HANG_EXIT:         # the job's own fluidctl found it hung (its report)
             return Failure(self.label, self.host, HANG_EXIT, self.log,
                            detail=_hang_detail(self.layout), kind="hang")
@@ -375,15 +375,15 @@ class SlurmLauncher(BaseLauncher):
         """Inside an allocation, stacks taken on the nodes by an overlapping srun step
         (``nodediag``); a submitted job's own fluidctl (in its batch script) watches for hangs
         and keeps job.json and failure.json, not this follower."""
-        from fluidctl.diagnose import Diagnostics
+        from fluidctl.diagnostics.watch import Diagnostics
         if self.alloc is None:
             self._diagnostics = Diagnostics(log_root=None, tail_lines=config.log_tail)
             return self._diagnostics
-        from fluidctl.backends.nodediag import SharedDirDiagnostics
+        from fluidctl.diagnostics.shareddir import SharedDirDiagnostics
 
         def stack_takers(diag_dir: str) -> List[str]:
             return srun_argv(nodes=len(self.nodes), ntasks_per_node=1, name=step_name(),
-                             command=[self.python, "-m", "fluidctl.launch.nodestacks", diag_dir],
+                             command=[self.python, "-m", "fluidctl.node.stacks", diag_dir],
                              nodelist=self.nodes, overlap=True, fail_fast=False)
         self._diagnostics = SharedDirDiagnostics.for_job(config, stack_takers=stack_takers,
                                                          world=self.world)

@@ -1,504 +1,509 @@
-"""Nodes over SSH with paramiko: connect with a timeout (through ProxyJump hops if configured),
-run commands streaming their output line by line, notice a lost connection, and connect to many
-nodes in parallel. Workspace sync lives in ``fluidctl.backends.sync``, the ``cluster check``
-probes in ``fluidctl.backends.nodecheck``; both drive the SSHNode defined here.
+"""The ``ssh`` and ``fabric`` backends: SSH (paramiko) or Fabric connections, one node agent
+per node (``SSHLauncher``, ``FabricLauncher``; the node side is ``fluidctl.node.agent``).
 
-Host settings and host-key policy come from ``fluidctl.backends.sshconfig``; this module only
-moves bytes. Every failure a user can cause ends as a short ``reason`` naming what to change.
+Every node is connected to and started on in parallel; each node's agent
+(``python -m fluidctl.node.agent``) first reports on its node (versions, disk, GPUs, free
+ports); ``prepare`` plans from those reports. If any node cannot be reached or
+fails the check, the launcher says which and why in one line, closes every agent's stdin (they
+exit without starting anything) and nothing runs anywhere. Otherwise each agent receives its
+share of the plan on stdin and runs it with the same supervisor as the local launcher.
+Every rank's log is LOG_DIR/<host>/workerlog.N (serverlog.N) here, written once: streamed back
+line by line and written by the launcher, or, when the agent finds the launcher's shared
+marker (``LogLayout.shared_marker``, a fresh random name per job) at its own LOG_DIR, written
+there by the rank itself (a shared file system; nothing is streamed). The launcher's own
+supervisor sees each agent as one handle: a failure on any node (or a lost connection) stops
+every node within the grace period, and restarts restart every node.
 """
 from __future__ import annotations
 
-import logging
-import posixpath
-import shlex
-import signal as signal_module
-import socket
-import stat
+import json
+import os
+import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
+from collections import deque
+from dataclasses import replace
+from typing import Dict, List, Optional, Sequence
 
-from fluidctl.backends.sshlib import paramiko
-
-from fluidctl.lines import LineSplitter
+from fluidctl import __version__
+# the conversation with a node agent (one tagged line each way): fluidctl/agentproto.py, which
+# is all of this side the agent imports
+from fluidctl.agentproto import (AGENT_MODULE, BEAT_TAG, CR_MARK, DOCTOR_TAG, DUMP_COMMAND,
+                                 ENDS_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, STACKS_TAG,
+                                 parse_line, tag_for)
+from fluidctl.backends.base import BaseLauncher
+from fluidctl.diagnostics.watch import Diagnostics, StackDump, local_activity
+from fluidctl.errors import UsageError
+from fluidctl.diagnostics.failures import Failure
+from fluidctl.planning import plan as planning
 from fluidctl.planning.hosts import Host
-from fluidctl.backends.sshconfig import (HostKeyError, HostKeyPolicy, SSHTarget, connect_kwargs,
-                                       load_known_hosts)
+from fluidctl.planning.plan import LaunchCommand, Plan, ProcSpec
 
-# paramiko logs every failed handshake with a traceback; the reasons below say it in one line.
-logging.getLogger("paramiko").addHandler(logging.NullHandler())
-logging.getLogger("paramiko").propagate = False
-
-DEFAULT_TIMEOUT = 10.0
-PID_MARK = "FLUIDCTL_PID="
-# on_line(stream, line): stream is "stdout" or "stderr"
-LineCallback = Callable[[str, str], None]
-Command = Union[str, Sequence[str]]
-
-
-class ConnectFailed(Exception):
-    """Could not reach or log into a node; ``str()`` is the reason, naming what to change."""
+def agent_argv(python: str, ports: int, venv: Optional[str] = None,
+               host: str = "") -> List[str]:
+    """The node agent's command; with ``venv``, run by that venv's python where it exists on
+    the node (``cluster setup``'s environment), else by ``python``."""
+    argv = [python, "-m", AGENT_MODULE, "--ports", str(ports)]
+    if venv:
+        from fluidctl.planning.venv import prefer_venv
+        argv = prefer_venv(argv, venv, host)
+    return argv
 
 
-class ConnectionLost(Exception):
-    """The SSH connection to a node died while a command ran."""
+def node_class(backend: str):
+    if backend == "fabric":
+        from fluidctl.remote.fabric import FabricNode
+        return FabricNode
+    from fluidctl.remote.ssh import SSHNode
+    return SSHNode
 
 
-def describe_connect_error(exc: BaseException, target: SSHTarget, timeout: float,
-                           timeout_option: str = "--timeout") -> str:
-    """One sentence per failure a user meets, saying what to check; ``timeout_option`` is the
-    flag of the calling command that sets ``timeout`` ("" when it has none)."""
-    where = f"{target.hostname}:{target.port}"
-    slow = f"; raise {timeout_option} for slow networks" if timeout_option else ""
-    if isinstance(exc, HostKeyError):
-        return f"{exc} (check the key, then add it to known_hosts, or pass --accept-new-host-keys)"
-    if isinstance(exc, paramiko.BadHostKeyException):
-        return (f"host key of {target.alias} ({target.key_name}) does not match known_hosts: "
-                f"refusing to connect (if the node was reinstalled, remove the old key with "
-                f"ssh-keygen -R '{target.key_name}')")
-    if isinstance(exc, paramiko.AuthenticationException):
-        keys = ", ".join(target.identity_files) or "default keys and agent"
-        return (f"authentication as {target.user} failed at {where} with {keys} "
-                "(check User and IdentityFile in the ssh config, or install the key with ssh-copy-id)")
-    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or \
-            isinstance(exc, ConnectionRefusedError):
-        return f"connection refused at {where} (is sshd running there? check Port in the ssh config)"
-    if isinstance(exc, socket.gaierror):
-        return f"cannot resolve {target.hostname} (check the hostfile or HostName in the ssh config)"
-    if isinstance(exc, (socket.timeout, TimeoutError)):
-        return (f"no answer from {where} within {timeout:g}s (is the node up and the address "
-                f"right?{slow})")
-    text = str(exc) or type(exc).__name__
-    if any(word in text.lower() for word in ("banner", "no existing session", "negotiation")):
-        return (f"no SSH handshake with {where} within {timeout:g}s (is sshd listening on that "
-                f"port?{slow})")
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"cannot connect to {where}: {exc.strerror}"
-    return f"ssh to {where} failed: {text}"
+class RemoteAgent:
+    """One node's agent, seen by the supervisor as a handle (backends.base.Handle)."""
 
+    service = False
 
-def shell_command(command: Command, env: Optional[Mapping[str, str]] = None,
-                  cwd: Optional[str] = None, report_pid: bool = False) -> str:
-    """The one string sent to the remote shell. The environment is exported inline (sshd only
-    accepts the variables its AcceptEnv lists); an argv list is exec'd so its pid is the
-    session's; ``report_pid`` prints that pid first so the process group can be signalled."""
-    parts = []
-    if report_pid:
-        parts.append(f"printf '{PID_MARK}%s\\n' $$")
-    if cwd:
-        parts.append(f"cd {shlex.quote(cwd)} || exit 97")
-    if env:
-        parts.append("export " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()))
-    if isinstance(command, str):
-        parts.append(command)
-    else:
-        parts.append("exec " + " ".join(shlex.quote(str(a)) for a in command))
-    return "; ".join(parts)
-
-
-@dataclass
-class CommandResult:
-    host: str
-    exit_code: int
-    stdout: str = ""
-    stderr: str = ""
-
-
-def _handle_channel_request(channel: paramiko.Channel, m: paramiko.Message) -> None:
-    """paramiko ignores the ``exit-signal`` request sshd sends when a command dies of a signal;
-    note it on the channel so such a command reports -signum (as subprocess does)."""
-    start = m.packet.tell()
-    try:
-        if m.get_text() == "exit-signal":
-            m.get_boolean()
-            channel.exit_signal = m.get_text()
-    except Exception:
-        pass
-    m.packet.seek(start)
-    paramiko.Channel._handle_request(channel, m)
-
-
-def record_exit_signals(transport: paramiko.Transport) -> None:
-    table = dict(paramiko.Transport._channel_handler_table)
-    table[paramiko.common.MSG_CHANNEL_REQUEST] = _handle_channel_request
-    transport._channel_handler_table = table
-
-
-class RemoteProcess:
-    """A command running on a node: its output is read by two threads and handed, line by line,
-    to ``on_line``. ``wait`` returns its exit code (-N if signal N ended it) or raises
-    ConnectionLost. The Fabric backend reuses everything but the readers."""
-
-    def __init__(self, node: "SSHNode", channel: paramiko.Channel,
-                 on_line: Optional[LineCallback], capture: bool, report_pid: bool):
-        self._setup(node, on_line, capture, report_pid)
-        self.channel = channel
-        self._readers = [
-            threading.Thread(target=self._read, args=("stdout", channel.recv), daemon=True,
-                             name=f"ssh-out-{node.host.name}"),
-            threading.Thread(target=self._read, args=("stderr", channel.recv_stderr), daemon=True,
-                             name=f"ssh-err-{node.host.name}"),
-        ]
-        for reader in self._readers:
-            reader.start()
-
-    def _setup(self, node, on_line, capture, report_pid) -> None:
-        self.node = node
-        self.channel: Optional[paramiko.Channel] = None
+    def __init__(self, node, label: str, *, python: str, remote_dir: str, ports: int,
+                 launch_log, venv: Optional[str] = None):
+        from fluidctl.remote.ssh import RemoteProcess, shell_command
+        self.node, self.label, self.host = node, f"node {label}", label
+        self.launch_log = launch_log
+        self.copies: Dict[str, str] = {}
+        self.log = ""
+        self._files: Dict[str, object] = {}
+        self._lock = threading.Lock()
+        self._probed = threading.Event()
+        self.probe: Optional[dict] = None
+        self._record: Optional[dict] = None
+        self._tail = deque(maxlen=20)
+        self._lost = ""
+        self.progress = 0                       # collectives completed on the node (beats)
+        self.ends: Optional[List[dict]] = None  # the node's processes' final states
+        self.ends_came = threading.Event()
+        self._stacks: Optional[dict] = None
+        self._stacks_came = threading.Event()
+        self._doctor: Optional[list] = None
+        self._doctor_came = threading.Event()
+        # our own channel, so stdin stays open: the plan goes there, and its closing tells the
+        # agent that the launcher is gone
+        self.channel = node.client.get_transport().open_session(timeout=node.timeout)
+        self.channel.exec_command(shell_command(agent_argv(python, ports, venv, label),
+                                                cwd=remote_dir, report_pid=True))
+        self.proc = RemoteProcess(node, self.channel, self._line, capture=False, report_pid=True)
         self.pid: Optional[int] = None
-        self._pid_known = threading.Event()
-        self._expect_pid = report_pid
-        if not report_pid:
-            self._pid_known.set()
-        self._on_line = on_line
-        self._captured: Dict[str, List[str]] = {"stdout": [], "stderr": []} if capture else {}
-        self._closed_by_us = False
+        # the supervisor waits on descriptors: a pipe that turns readable when the agent ends
+        # (or its connection dies), so an end is noticed at once, not at the next poll
+        self._ended_r, self._ended_w = os.pipe()
+        threading.Thread(target=self._watch_end, daemon=True,
+                         name=f"agent-end-{label}").start()
+
+    def _watch_end(self) -> None:
+        """Owns the pipe's write end (so it is never written after being closed)."""
+        while not self.channel.status_event.wait(0.5):
+            transport = self.channel.get_transport()
+            if self.channel.closed or transport is None or not transport.is_active():
+                break
+        try:
+            os.write(self._ended_w, b"x")
+        except OSError:                     # the read end is gone: nobody is waiting
+            pass
+        os.close(self._ended_w)
+
+    # --- the conversation ------------------------------------------------------------------
+    def wait_probe(self, timeout: float) -> Optional[dict]:
+        """The node's report, or None if the agent did not give one (see ``why_no_probe``)."""
+        deadline = time.monotonic() + timeout
+        while not self._probed.wait(0.05):
+            if time.monotonic() > deadline or self.channel.exit_status_ready() \
+                    or self.channel.closed:
+                break
+        if self.probe is None:
+            self._probed.wait(0.5)         # an agent that just exited: let its output arrive
+        self.pid = self.proc.wait_pid(timeout=1.0)
+        return self.probe
+
+    def why_no_probe(self, python: str, remote_dir: str, timeout: float) -> str:
+        if not self.channel.exit_status_ready():
+            return f"no answer from fluidctl on the node within {timeout:g}s (raise --ssh-timeout)"
+        code = self.channel.recv_exit_status()
+        said = " ".join(list(self._tail)[-2:])
+        if code == 97:
+            return (f"remote dir {remote_dir} does not exist (run fluidctl cluster sync, or pass "
+                    "--remote-dir)")
+        if code == 127:
+            return f"python {python} not found there (pass --python with the remote interpreter)"
+        if "No module named fluidctl" in said or "No module named 'fluidctl" in said:
+            return (f"fluidctl {__version__} is not installed for {python} there (install the "
+                    "same version on every node)")
+        return f"node agent exited with code {code}: {said}"
+
+    def send_plan(self, spec: dict, procs: Sequence[ProcSpec]) -> None:
+        self.copies = {tag_for(p.role, p.rank): p.log for p in procs}
+        self.log = next((p.log for p in procs if p.role == "trainer"), procs[0].log)
+        self.channel.sendall((json.dumps(spec) + "\n").encode())
+
+    def doctor(self, request: dict, timeout: float) -> Optional[List[str]]:
+        """The node's rendezvous problems (backends/doctor.py), None without an answer."""
+        self._doctor, self._doctor_came = None, threading.Event()
+        try:
+            self.channel.sendall((json.dumps({"doctor": request}) + "\n").encode())
+        except (OSError, EOFError):
+            return None
+        self._doctor_came.wait(timeout)
+        return self._doctor
+
+    def ask_stacks(self) -> None:
+        """Ask the agent for its ranks' stacks (answered by a ``stacks`` record)."""
+        self._stacks, self._stacks_came = None, threading.Event()
+        try:
+            self.channel.sendall((DUMP_COMMAND + "\n").encode())
+        except (OSError, EOFError):
+            self._stacks_came.set()
+
+    def stacks(self, timeout: float) -> Optional[dict]:
+        self._stacks_came.wait(timeout)
+        return self._stacks
+
+    def abandon(self) -> None:
+        """Tell an agent that nothing will run (EOF on its stdin) and let go of it."""
+        try:
+            self.channel.shutdown_write()
+        except (OSError, EOFError):
+            pass
+        self.proc.close()
 
     def _line(self, stream: str, line: str) -> None:
-        if self._expect_pid and stream == "stdout" and not self._pid_known.is_set():
-            if line.startswith(PID_MARK):
-                self.pid = int(line[len(PID_MARK):])
-                self._pid_known.set()
-                return
-        if self._captured:
-            self._captured[stream].append(line)
-        if self._on_line:
-            self._on_line(stream, line)
+        parsed = parse_line(line) if stream == "stdout" else None
+        if parsed is None:
+            self._tail.append(line)
+            self.launch_log(f"[{self.host}] {line}")
+            return
+        tag, text = parsed
+        if tag in self.copies:
+            with self._lock:
+                f = self._files.get(tag)
+                if f is None:
+                    f = self._files[tag] = open(self.copies[tag], "a", encoding="utf-8")
+                # a progress bar's state ended with a lone \r on the node: keep it so
+                f.write(text[:-len(CR_MARK)] + "\r" if text.endswith(CR_MARK) else text + "\n")
+                f.flush()
+        elif tag == PROBE_TAG:
+            self.probe = json.loads(text)
+            self._probed.set()
+        elif tag == FAILURE_TAG:
+            self._record = json.loads(text)
+        elif tag == SAY_TAG:
+            self.launch_log(f"[{self.host}] {text}")
+        elif tag == BEAT_TAG:
+            self.progress = int(text) if text.isdigit() else self.progress
+        elif tag == STACKS_TAG:
+            self._stacks = json.loads(text)
+            self._stacks_came.set()
+        elif tag == ENDS_TAG:
+            self.ends = json.loads(text)
+            self.ends_came.set()
+        elif tag == DOCTOR_TAG:
+            self._doctor = json.loads(text)
+            self._doctor_came.set()
+        else:
+            self.launch_log(f"[{self.host}] unknown agent line: {line}")
 
-    def _read(self, stream: str, recv) -> None:
-        splitter = LineSplitter(lambda line: self._line(stream, line))
-        try:
-            while True:
-                data = recv(65536)
-                if not data:
-                    break
-                splitter.feed(data)
-        except (OSError, EOFError, paramiko.SSHException):
-            pass
-        finally:
-            splitter.close()
-            if stream == "stdout":
-                self._pid_known.set()
-
-    def wait_pid(self, timeout: Optional[float] = None) -> Optional[int]:
-        self._pid_known.wait(timeout)
-        return self.pid
+    # --- the Handle protocol ---------------------------------------------------------------
+    def fileno(self) -> int:
+        return self._ended_r
 
     def poll(self) -> Optional[int]:
-        """The exit code once done, else None, without blocking; raises ConnectionLost if the
-        connection died or the node stopped answering keepalives."""
-        if not self.channel.exit_status_ready():
-            transport = self.channel.get_transport()
-            if self.channel.closed or transport is None or not transport.is_active() or \
-                    not self.node.responsive():
-                return self.wait(timeout=1.0)
-            return None
-        return self.wait(timeout=1.0)
-
-    def _wait_status(self, deadline: Optional[float]) -> None:
-        """Until the channel reports an exit or closes; keepalive pings catch a silent peer."""
-        while not self.channel.status_event.wait(0.2):
-            transport = self.channel.get_transport()
-            if transport is None or not transport.is_active() or not self.node.responsive():
-                return
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"command on {self.node.host.name} still running")
-
-    def _exit_code(self) -> int:
-        if self.channel.exit_status_ready() and self.channel.exit_status != -1:
-            return self.channel.exit_status
-        name = getattr(self.channel, "exit_signal", None)
-        if name:
-            try:
-                return -int(signal_module.Signals["SIG" + name])
-            except KeyError:
-                return 255
-        if self._closed_by_us:
-            return -int(signal_module.SIGHUP)
-        raise ConnectionLost(f"connection to {self.node.host.name} "
-                             f"({self.node.target.hostname}:{self.node.target.port}) was lost")
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        """Block until the command ends (its output fully read). ``timeout`` raises
-        TimeoutError; a dead connection raises ConnectionLost."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self._wait_status(deadline)
-        for reader in self._readers:
-            reader.join(None if deadline is None else max(0.1, deadline - time.monotonic()))
-        return self._exit_code()
-
-    @property
-    def stdout(self) -> str:
-        return "\n".join(self._captured.get("stdout", []))
-
-    @property
-    def stderr(self) -> str:
-        return "\n".join(self._captured.get("stderr", []))
-
-    def send_signal(self, sig: int = signal_module.SIGTERM) -> bool:
-        """Signal the remote process group (needs ``report_pid``), over a new channel."""
-        pid = self.wait_pid(timeout=5)
-        if pid is None or self.channel.exit_status_ready():
-            return False
-        name = signal_module.Signals(sig).name[3:]
+        from fluidctl.remote.ssh import ConnectionLost
+        if self._lost:
+            return 255
         try:
-            return self.node.run(f"kill -{name} -- -{pid} 2>/dev/null || kill -{name} {pid}",
-                                 timeout=self.node.timeout).exit_code == 0
-        except (ConnectionLost, ConnectFailed, TimeoutError, paramiko.SSHException, OSError):
-            return False
+            return self.proc.poll()
+        except ConnectionLost as exc:
+            self._lost = str(exc)
+            return 255
+
+    def terminate(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)      # the agent stops its ranks (TERM, grace, KILL)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGINT)       # a second signal: the agent kills at once
+
+    def failure(self) -> Failure:
+        if self._record:
+            r = self._record
+            return Failure(r["label"], self.host, r["returncode"],
+                           self.copies.get(r["label"], self.log), r.get("pid"),
+                           r.get("when") or time.time(), r.get("detail", ""),
+                           explanation=r.get("explanation", ""), kind=r.get("kind", ""),
+                           started=r.get("started"))
+        code = 255 if self._lost else self.poll()
+        detail = (f"SSH connection lost ({self._lost})" if self._lost else
+                  "node agent failed: " + (" | ".join(list(self._tail)[-3:]) or f"exit {code}"))
+        return Failure(self.label, self.host, code if code is not None else 255, self.log,
+                       self.pid, detail=detail)
 
     def close(self) -> None:
-        """Close the channel (the remote side sees EOF; use send_signal to stop it first)."""
-        self._closed_by_us = True
-        self.channel.close()
+        with self._lock:
+            for f in self._files.values():
+                f.close()
+            self._files.clear()
+        self.proc.close()
+        if self._ended_r >= 0:
+            os.close(self._ended_r)
+            self._ended_r = -1
 
 
-class SSHNode:
-    """One connected node. ``host.address`` is updated to the address actually reached."""
+def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remote_dir: str,
+             timeout: float, ports_wanted: Dict[str, int], launch_log,
+             nodes: Optional[Dict[str, object]] = None, venv: Optional[str] = None):
+    """Connect to every node (unless ``nodes`` are connected already) and start its agent,
+    each node on its own thread from start to probe; one bad node is a one-line error naming
+    every node that failed, after every agent was told to exit and every connection closed.
+    Returns ({name: node}, [agent per host])."""
+    from fluidctl.remote.ssh import ConnectFailed, parallel
+    cls = node_class(backend)
+    given = nodes or {}
 
-    def __init__(self, host: Host, target: SSHTarget, timeout: float = DEFAULT_TIMEOUT,
-                 keepalive: float = 5.0, timeout_option: str = "--timeout"):
-        self.host = host
-        self.target = target
-        self.timeout = timeout
-        self.timeout_option = timeout_option    # the flag that sets timeout, for messages
-        self.keepalive = keepalive
-        self.client: Optional[paramiko.SSHClient] = None
-        self._hops: List[paramiko.SSHClient] = []
-        self._sftp: Optional[paramiko.SFTPClient] = None
-        self._ping_lock = threading.Lock()
-        self._pending_ping = None          # (monotonic time sent, answered event)
-        self._last_ping = time.monotonic()
-
-    # --- connection -----------------------------------------------------------------------
-    def _client_for(self, target: SSHTarget, sock) -> paramiko.SSHClient:
-        client = paramiko.SSHClient()
-        load_known_hosts(client, target)
-        client.set_missing_host_key_policy(HostKeyPolicy(target))
-        try:
-            client.connect(target.hostname, port=target.port, sock=sock,
-                           **connect_kwargs(target, self.timeout))
-        except BaseException:
-            client.close()
-            raise
-        return client
-
-    def connect(self) -> "SSHNode":
-        """Open the connection, raising ConnectFailed with a reason that says what to fix."""
-        self._reaching = self.target
-        try:
-            self._open()
-        except Exception as exc:
-            self.close()
-            where = self._reaching
-            reason = describe_connect_error(exc, where, self.timeout, self.timeout_option)
-            if where is not self.target:
-                reason = f"via jump host {where.alias}: {reason}"
-            raise ConnectFailed(reason) from None
-        transport = self.client.get_transport()
-        record_exit_signals(transport)
-        if self.keepalive:
-            transport.set_keepalive(max(1, int(self.keepalive)))
-        return self
-
-    def _open(self) -> None:
-        """Through each ProxyJump hop in turn (a direct-tcpip channel is the next socket)."""
-        sock = None
-        for hop in self.target.proxy_jump:
-            self._reaching = hop
-            client = self._client_for(hop, sock)
-            self._hops.append(client)
-            sock = client.get_transport().open_channel(
-                "direct-tcpip", (self.target.hostname, self.target.port), ("127.0.0.1", 0),
-                timeout=self.timeout)
-        self._reaching = self.target
-        if sock is None and self.target.proxy_command:
-            sock = paramiko.ProxyCommand(self.target.proxy_command)
-        self.client = self._client_for(self.target, sock)
-
-    @property
-    def peer_address(self) -> str:
-        """The address the connection reached (for endpoints); the HostName through a jump."""
-        if self.target.proxy_jump or self.target.proxy_command:
-            return self.target.hostname
-        try:
-            return self.client.get_transport().getpeername()[0]
-        except (AttributeError, OSError):
-            return self.target.hostname
-
-    def _ping(self) -> threading.Event:
-        """Send a keepalive request from a thread; the event is set when the server answers."""
-        transport = self.client.get_transport() if self.client else None
-        answered = threading.Event()
-
-        def ping():
-            try:
-                transport.global_request("keepalive@openssh.com", wait=True)
-            except Exception:
-                return
-            answered.set()
-        if transport is not None and transport.is_active():
-            threading.Thread(target=ping, daemon=True, name=f"ssh-ping-{self.host.name}").start()
-        return answered
-
-    def responsive(self) -> bool:
-        """Non-blocking liveness for polling loops: a keepalive goes out every ``keepalive``
-        seconds; one unanswered for longer than that means the peer is gone, and the transport
-        is closed so every reader on it ends. Always True with keepalive=0."""
-        if not self.keepalive or self.client is None:
-            return True
-        now = time.monotonic()
-        with self._ping_lock:
-            pending = self._pending_ping
-            if pending is not None:
-                sent, answered = pending
-                if answered.is_set():
-                    self._pending_ping = None
-                elif now - sent > self.keepalive:
-                    transport = self.client.get_transport()
-                    if transport is not None:
-                        transport.close()
-                    return False
-            if self._pending_ping is None and now - self._last_ping >= self.keepalive:
-                self._last_ping = now
-                self._pending_ping = (now, self._ping())
-        return True
-
-    def close(self) -> None:
-        if self._sftp is not None:
-            self._sftp.close()
-            self._sftp = None
-        for client in [self.client, *reversed(self._hops)]:
-            if client is not None:
-                client.close()
-        self.client = None
-        self._hops = []
-
-    def __enter__(self):
-        return self.connect() if self.client is None else self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    # --- commands -------------------------------------------------------------------------
-    def start(self, command: Command, on_line: Optional[LineCallback] = None,
-              env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-              capture: bool = False, report_pid: bool = True) -> RemoteProcess:
-        transport = self.client.get_transport() if self.client else None
-        if transport is None or not transport.is_active():
-            raise ConnectionLost(f"not connected to {self.host.name}")
-        channel = transport.open_session(timeout=self.timeout)
-        channel.exec_command(shell_command(command, env, cwd, report_pid))
-        channel.shutdown_write()
-        return RemoteProcess(self, channel, on_line, capture, report_pid)
-
-    def run(self, command: Command, on_line: Optional[LineCallback] = None,
-            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-            timeout: Optional[float] = None) -> CommandResult:
-        """Run to the end; output goes to ``on_line`` as it comes and is returned too."""
-        proc = self.start(command, on_line, env, cwd, capture=True, report_pid=False)
-        try:
-            code = proc.wait(timeout)
-        except TimeoutError:
-            proc.close()
-            raise
-        return CommandResult(self.host.name, code, proc.stdout, proc.stderr)
-
-    # --- files ----------------------------------------------------------------------------
-    @property
-    def sftp(self) -> paramiko.SFTPClient:
-        if self._sftp is None:
-            self._sftp = self.client.open_sftp()
-            self._sftp.get_channel().settimeout(max(self.timeout, 30.0))
-        return self._sftp
-
-    def remote_tree(self, remote_dir: str) -> Dict[str, paramiko.SFTPAttributes]:
-        """relative path -> attributes of every file under ``remote_dir`` (empty if absent)."""
-        found: Dict[str, paramiko.SFTPAttributes] = {}
-        pending = [""]
-        while pending:
-            rel = pending.pop()
-            try:
-                entries = self.sftp.listdir_attr(posixpath.join(remote_dir, rel) if rel else remote_dir)
-            except FileNotFoundError:
-                continue
-            for entry in entries:
-                path = posixpath.join(rel, entry.filename) if rel else entry.filename
-                if stat.S_ISDIR(entry.st_mode or 0):
-                    pending.append(path)
-                    found[path + "/"] = entry
-                else:
-                    found[path] = entry
-        return found
-
-    def makedirs(self, remote_dir: str, known: Optional[set] = None) -> None:
-        known = known if known is not None else set()
-        parts = []
-        path = remote_dir.rstrip("/") or "/"
-        while path not in ("", "/") and path not in known:
-            parts.append(path)
-            path = posixpath.dirname(path)
-        for path in reversed(parts):
-            try:
-                self.sftp.mkdir(path)
-            except OSError:
-                try:
-                    if not stat.S_ISDIR(self.sftp.stat(path).st_mode):
-                        raise
-                except FileNotFoundError:
-                    raise
-            known.add(path)
-
-    def remote_sha256(self, paths: Sequence[str]) -> Dict[str, str]:
-        if not paths:
-            return {}
-        result = self.run(["sha256sum", "--", *paths])
-        digests = {}
-        for line in result.stdout.splitlines():
-            digest, _, name = line.partition("  ")
-            digests[name] = digest
-        return digests
-
-
-# --- many nodes -----------------------------------------------------------------------------
-@dataclass
-class Connected:
-    """Result of connecting to every node: the ones that answered and why the others did not."""
-    nodes: Dict[str, SSHNode]
-    failures: Dict[str, str]
-
-    def close(self) -> None:
-        for node in self.nodes.values():
-            node.close()
-
-
-def parallel(items: Sequence, fn: Callable, workers: int = 32) -> List:
-    """``fn`` over ``items`` in threads, results in input order."""
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
-        return list(pool.map(fn, items))
-
-
-def connect_all(hosts: Sequence[Host], targets: Mapping[str, SSHTarget],
-                timeout: float = DEFAULT_TIMEOUT, node_class=None,
-                timeout_option: str = "--timeout") -> Connected:
-    """Connect to every node at once; the slowest bounds the wait (``timeout`` each)."""
-    node_class = node_class or SSHNode
-
-    def one(host):
-        node = node_class(host, targets[host.name], timeout=timeout,
-                          timeout_option=timeout_option)
-        try:
-            return host.name, node.connect(), None
-        except ConnectFailed as exc:
-            return host.name, None, str(exc)
-    nodes, failures = {}, {}
-    for name, node, reason in parallel(list(hosts), one):
+    def one(host: Host):
+        node = given.get(host.name)
         if node is None:
-            failures[name] = reason
-        else:
-            nodes[name] = node
-    return Connected(nodes, failures)
+            node = cls(host, targets[host.name], timeout=timeout, timeout_option="--ssh-timeout")
+            try:
+                node.connect()
+            except ConnectFailed as exc:
+                return None, None, str(exc)
+        try:
+            agent = RemoteAgent(node, host.name, python=python, remote_dir=remote_dir,
+                                ports=ports_wanted.get(host.name, 0), launch_log=launch_log,
+                                venv=venv)
+        except Exception as exc:
+            return node, None, f"could not start fluidctl there: {exc}"
+        info = agent.wait_probe(timeout)
+        if info is None:
+            return node, agent, agent.why_no_probe(python, remote_dir, timeout)
+        if info.get("fluidctl") != __version__:
+            return node, agent, (f"fluidctl {info.get('fluidctl')} there, {__version__} here "
+                                 "(install the same version on every node)")
+        return node, agent, ""
+
+    results = parallel(list(hosts), one)
+    connected = {h.name: node for h, (node, _, _) in zip(hosts, results) if node is not None}
+    agents = [agent for _, agent, _ in results]
+    failures = [(h.name, why) for h, (_, _, why) in zip(hosts, results) if why]
+    if failures:
+        for agent in agents:
+            if agent is not None:
+                agent.abandon()
+        if not given:
+            for node in connected.values():
+                node.close()
+        raise UsageError("; ".join(f"node {name}: {why}" for name, why in failures),
+                         "fix the node(s) or the hostfile; 'fluidctl cluster check' shows "
+                         "every node; nothing was started")
+    return connected, agents
+
+
+def agent_spec(the_plan: Plan, node_index: int, *, attempt: int, max_restarts: int,
+               grace: float, label: str, marker: str = "") -> dict:
+    """A node's share of the plan; ``marker``: the nonce of the launcher's shared marker
+    (``LogLayout.shared_marker``), which tells the agent whether its LOG_DIR is ours."""
+    procs = [replace(p, log="") for p in the_plan.on_node(node_index)]
+    return {"procs": [p.to_json() for p in procs], "attempt": attempt,
+            "max_restarts": max_restarts, "grace": grace, "log_dir": the_plan.job.log_dir,
+            "host": label, "marker": marker}
+
+
+def make_shared_marker(layout) -> str:
+    """Make the launcher's shared marker in its (existing) log dir; returns its nonce."""
+    nonce = os.urandom(16).hex()        # what secrets.token_hex reads, without its import
+    os.close(os.open(layout.shared_marker(nonce), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    return nonce
+
+
+class SSHLauncher(BaseLauncher):
+    """``--backend ssh``: every node over paramiko, one node agent each. ``prepare`` connects
+    and probes every node (a one-line error naming each bad node, nothing started); the
+    connections stay open for ``start`` and are closed by ``close``."""
+    name = "ssh"
+
+    def __init__(self, log=None):
+        super().__init__(log)
+        self.hosts: List[Host] = []
+        self.connected: Dict[str, object] = {}
+        self.agents: List[RemoteAgent] = []
+        self.config = None
+        self.marker = ""            # the nonce of our shared marker in LOG_DIR, once made
+
+    def prepare(self, config) -> Plan:
+        from fluidctl.remote.sshconfig import resolve_hosts
+        if not config.hosts:
+            raise UsageError(f"--backend {self.name} needs nodes", "pass --hostfile or --hosts")
+        self.config = config
+        resolved, targets = resolve_hosts(list(config.hosts), config.ssh_config,
+                                          config.accept_new_host_keys)
+        self.hosts = resolved
+        names = [h.name for h in resolved]
+        on_pservers = planning.pserver_counts(config.mode, config.pserver_endpoints,
+                                              config.pservers, config.pserver_hosts, names)
+        slots = [h.slots if h.slots_given else None for h in resolved]
+        wanted = {h.name: planning.ports_to_probe(n, config.nproc, k)
+                  for h, n, k in zip(resolved, slots, on_pservers)}
+        self.connected, self.agents = bring_up(
+            resolved, targets, backend=self.name, python=config.interpreter,
+            remote_dir=self.remote_dir, timeout=config.ssh_timeout, ports_wanted=wanted,
+            launch_log=self.log, venv=config.node_venv)
+        nodes = [planning.remote_node(h.name, self.connected[h.name].peer_address or h.address,
+                                      n, config.nproc, config.gpus, agent.probe["gpu_ids"], k)
+                 for h, n, agent, k in zip(resolved, slots, self.agents, on_pservers)]
+        config = self._socket_ifnames(config, nodes)
+        job = config.job(nodes, planning.relative_script(config.script, os.getcwd()),
+                         multi_node_logs=True)
+        ports = {i: planning.node_ports(job.ports_needed(i), config.started_port,
+                                        agent.probe["ports"])
+                 for i, agent in enumerate(self.agents)}
+        commands = [LaunchCommand(h.name, agent_argv(config.interpreter, wanted[h.name],
+                                                     config.node_venv, h.name))
+                    for h in resolved]
+        the_plan = planning.plan(job, ports, backend=self.name, commands=commands)
+        if config.node_venv:    # each node's ranks run with its agent's python (its venv)
+            from fluidctl.planning.venv import use_node_interpreters
+            the_plan = use_node_interpreters(the_plan, [a.probe.get("executable")
+                                                        for a in self.agents])
+        self._rendezvous_doctor(the_plan)
+        return the_plan
+
+    def _socket_ifnames(self, config, nodes):
+        """The config with NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME set to the interface every
+        node is reached on, unless the user set either (backends/doctor.py)."""
+        from types import MappingProxyType
+        from fluidctl.backends import doctor
+        if any(name in config.user_env for name in doctor.IFNAME_VARS):
+            return config
+        ifname = doctor.socket_ifnames([n.address for n in nodes],
+                                       [a.probe for a in self.agents])
+        if not ifname:
+            self.log("network interfaces differ or are unknown: NCCL/GLOO_SOCKET_IFNAME not set")
+            return config
+        self.log(f"NCCL_SOCKET_IFNAME=GLOO_SOCKET_IFNAME={ifname}: the interface(s) the nodes "
+                 "are reached on")
+        env = {**config.user_env, **{name: ifname for name in doctor.IFNAME_VARS}}
+        return replace(config, user_env=MappingProxyType(env))
+
+    def _rendezvous_doctor(self, the_plan: Plan) -> None:
+        """Ports free on every node, the master reachable from every node, MASTER_ADDR on
+        node 0: one line per problem, and nothing starts."""
+        import click
+        from fluidctl.backends import doctor
+        problems = doctor.examine(the_plan, self.hosts, self.agents, self.config.ssh_timeout)
+        if problems:
+            for line in problems:
+                click.echo(f"error: {line}", err=True)
+            raise UsageError(f"the rendezvous check found {len(problems)} problem(s)",
+                             "fix the lines above; nothing was started")
+
+    def diagnostics(self, config):
+        """Ranks run under the node agents: their stacks come from a "dump" line to each
+        agent, their progress from the agents' heartbeats."""
+        self._diagnostics = AgentDiagnostics.for_job(config, launcher=self)
+        return self._diagnostics
+
+    @property
+    def remote_dir(self) -> str:
+        return self.config.remote_dir or os.getcwd()
+
+    def start(self, plan: Plan, attempt: int) -> List[RemoteAgent]:
+        """Hand every agent its share of the plan; a restart starts fresh agents over the
+        same connections."""
+        config = self.config
+        if not self.marker:
+            self.marker = make_shared_marker(config.layout)
+        if attempt:
+            self.agents = bring_up(self.hosts, None, backend=self.name,
+                                   python=config.interpreter, remote_dir=self.remote_dir,
+                                   timeout=config.ssh_timeout, ports_wanted={},
+                                   launch_log=self.log, nodes=self.connected,
+                                   venv=config.node_venv)[1]
+        handles = []
+        for i, agent in enumerate(self.agents):
+            procs = plan.on_node(i)
+            if not procs:
+                agent.abandon()
+                continue
+            agent.send_plan(agent_spec(plan, i, attempt=attempt,
+                                       max_restarts=config.max_restarts,
+                                       grace=config.grace_period, label=self.hosts[i].name,
+                                       marker=self.marker),
+                            procs)
+            handles.append(agent)
+        self.running = handles
+        return handles
+
+    def close(self) -> None:
+        for agent in self.agents:
+            agent.abandon()
+        for node in self.connected.values():
+            node.close()
+        self.agents, self.connected = [], {}
+        if self.marker:
+            self.config.layout.shared_marker(self.marker).unlink(missing_ok=True)
+            self.marker = ""
+
+
+STACKS_TIMEOUT = 60.0       # how long the launcher waits for a node's stacks
+ENDS_WAIT = 5.0             # how long a failed job's report waits for the agents' last records
+
+
+class AgentDiagnostics(Diagnostics):
+    """Diagnostics of ranks that run under node agents (``launcher.running``)."""
+
+    def __init__(self, launcher: "SSHLauncher", **kw):
+        super().__init__(**kw)
+        self.launcher = launcher
+
+    def agents(self) -> List[RemoteAgent]:
+        return list(getattr(self.launcher, "running", []))
+
+    def stacks(self, handles) -> StackDump:
+        dump = StackDump()
+        agents = [h for h in handles if h.poll() is None]
+        for agent in agents:
+            agent.ask_stacks()
+        for agent in agents:
+            record = agent.stacks(STACKS_TIMEOUT)
+            if record is None:
+                dump.notes.append(f"node {agent.host}: no stacks within "
+                                  f"{STACKS_TIMEOUT:g}s")
+                continue
+            dump.merge(StackDump.from_json(record))
+        return dump
+
+    def hosts(self, handles) -> Dict[int, str]:
+        return {int(tag.split()[1]): agent.host for agent in handles
+                for tag in agent.copies if tag.startswith("trainer ")}
+
+    def activity(self, logs):
+        sizes = local_activity(logs, self.diag)
+        return lambda: (sizes(), tuple(a.progress for a in self.agents()))
+
+    def ends(self, result) -> List[dict]:
+        """Every rank's final state as its agent reported it (the agent's last record, which
+        may still be on its way when the agent's exit is seen); a node whose agent sent none
+        (killed, connection lost) is one line."""
+        if getattr(self, "_ends_of", (None,))[0] is result:
+            return self._ends_of[1]
+        by_node = {e["label"]: e for e in result.ends}
+        out = []
+        deadline = time.monotonic() + ENDS_WAIT
+        for agent in self.agents():
+            agent.ends_came.wait(max(0.0, deadline - time.monotonic()))
+            if agent.ends:
+                out += [dict(e, host=agent.host) for e in agent.ends]
+            elif agent.label in by_node:
+                out.append(by_node[agent.label])
+        self._ends_of = (result, out)
+        return out
+
+
+class FabricLauncher(SSHLauncher):
+    """``--backend fabric``: the same agents, each node reached through Fabric's Connection."""
+    name = "fabric"

@@ -1,13 +1,13 @@
 """``fluidctl cluster setup | check | sync | exec``: provision, look at, fill and drive the nodes
 of a hostfile.
 
-Thin commands over ``fluidctl.backends.ssh`` (and ``backends.provision`` for setup): hosts come
+Thin commands over ``fluidctl.remote.ssh`` (and ``backends.provision`` for setup): hosts come
 from ``--hostfile``/``--hosts``, SSH settings from ``~/.ssh/config`` (or ``--ssh-config``), every
 node is handled in parallel, and a node that fails is named with its reason; the exit code is 1
 if any node failed (setup: the number of nodes that failed).
 
 paramiko (a quarter of a second to import) is imported inside the commands that use it:
-``sync`` goes through OpenSSH (``fluidctl.backends.push``) and needs it only to fall back to SFTP.
+``sync`` goes through OpenSSH (``fluidctl.remote.push``) and needs it only to fall back to SFTP.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from fluidctl.console import console
-from fluidctl.commands.sync_run import DEFAULT_TIMEOUT as SSH_TIMEOUT, fail_nodes
+from fluidctl.cluster.sync import DEFAULT_TIMEOUT as SSH_TIMEOUT, fail_nodes
 from fluidctl.planning.hosts import load_hosts
 from fluidctl.units import human_bytes
 
@@ -48,7 +48,7 @@ def host_options(fn):
 
 
 def _resolve(hostfile, hosts_arg, ssh_config, accept_new):
-    from fluidctl.backends.sshconfig import resolve_hosts
+    from fluidctl.remote.sshconfig import resolve_hosts
     hosts = load_hosts(hostfile, hosts_arg)
     return resolve_hosts(hosts, ssh_config, accept_new)
 
@@ -86,8 +86,8 @@ Example:
                    "exists, its python is checked and its versions compared with this machine's.")
 def check(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, python, remote_dir,
           venv):
-    from fluidctl.backends import provision
-    from fluidctl.backends.nodecheck import check_nodes
+    from fluidctl.cluster import setup as provision
+    from fluidctl.cluster.check import check_nodes
     from fluidctl.paths import NODE_VENV
     from rich.table import Table
     hosts, targets = _resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
@@ -141,8 +141,8 @@ Examples:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote_dir, command):
     from rich.text import Text
-    from fluidctl.backends import ssh
-    from fluidctl.backends.sshlib import paramiko
+    from fluidctl.remote import ssh
+    from fluidctl.remote.sshlib import paramiko
     hosts, targets = _resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
     text = " ".join(command)       # as ssh does: the remote shell sees the words joined
     out, err = console(), console(stderr=True)
@@ -208,7 +208,7 @@ Examples:
                    "that reset mtimes).")
 @click.argument("src", default=".", type=click.Path(exists=True))
 def sync(**params):
-    from fluidctl.commands.sync_run import run
+    from fluidctl.cluster.sync import run
     run(**params)
 
 
@@ -252,9 +252,10 @@ def setup(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, requir
           venv, system_site_packages, no_deps, wheelhouse, dry_run):
     import sys
     from rich.table import Table
-    from fluidctl import wheelhouse as wheels
-    from fluidctl.backends import provision, ssh
-    from fluidctl.backends.sshlib import paramiko
+    from fluidctl.cluster import wheelhouse as wheels
+    from fluidctl.cluster import setup as provision
+    from fluidctl.remote import ssh
+    from fluidctl.remote.sshlib import paramiko
     from fluidctl.paths import NODE_VENV, wheelhouse_dir
     hosts, targets = _resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
     venv = venv or NODE_VENV

@@ -95,5 +95,5 @@ In the training script (reads PADDLE_TRAINER_ID / PADDLE_TRAINERS_NUM):
 @click.option("-q", "--quiet", is_flag=True,
               help="No progress bar and no summary table. Example: -q")
 def shard_data(**params):
-    from fluidctl.commands.shard_data_run import run
+    from fluidctl.sharding.run import run
     run(**params)

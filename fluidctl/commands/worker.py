@@ -1,6 +1,6 @@
 """``fluidctl worker SCRIPT [ARGS]``, the click command: its help and the odd forms (an
 option before SCRIPT, no SCRIPT). The plain form never gets here: ``fluidctl.cli.main`` runs
-``worker_run.run`` without importing click (see fluidctl/commands/worker_run.py)."""
+``worker_run.run`` without importing click (see fluidctl/node/worker.py)."""
 from __future__ import annotations
 
 import click
@@ -26,5 +26,5 @@ Example:
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def worker(script, args):
-    from fluidctl.commands.worker_run import run
+    from fluidctl.node.worker import run
     run(script, list(args))

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
-from fluidctl import lifeline
-from fluidctl.backends import local
+from fluidctl.procs import lifeline
+from fluidctl.procs import local
 from fluidctl.backends.base import Handle
 from fluidctl.launch.echo import LogEcho
 from fluidctl.planning.plan import Plan
@@ -22,7 +22,7 @@ from fluidctl.launch.supervisor import LaunchLog, RunOptions, RunResult, Supervi
 from fluidctl.paths import LogLayout
 
 if TYPE_CHECKING:
-    from fluidctl.diagnose import Diagnostics
+    from fluidctl.diagnostics.watch import Diagnostics
 
 HEARTBEAT = 2.0
 DUMP_REQUEST = signal.SIGUSR1       # `fluidctl dump` asks the running launcher for stacks
@@ -102,7 +102,7 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
     failure; with ``fresh`` False (a node agent's restart) the logs are kept and only what is
     written from now on is echoed. ``heartbeat()`` (a line) is written every HEARTBEAT seconds so that a console which
     went away (a dropped SSH connection) is noticed even when the workers are silent;
-    ``on_broken`` is then called. ``diagnostics`` (fluidctl/diagnose.py): failure triage, the
+    ``on_broken`` is then called. ``diagnostics`` (fluidctl/diagnostics/watch.py): failure triage, the
     ``--hang-timeout`` watchdog (``on_hang(summary lines, dump dir)`` prints what it found),
     ``fluidctl dump`` requests (SIGUSR1), failure.json and job.json in its ``log_root``."""
     if fresh:
@@ -166,7 +166,7 @@ class _Watch:
         self._previous = None
 
     def start(self) -> None:
-        from fluidctl import diagnose
+        from fluidctl.diagnostics import watch as diagnose
         if self.d.hang_timeout:
             self.dog = diagnose.Watchdog(self.d.hang_timeout, self.d.activity(self.logs),
                                          self._hung)
@@ -186,7 +186,7 @@ class _Watch:
                 diagnose.write_job_state(self.d.log_root)
 
     def _dump(self, kind: str, header: str):
-        from fluidctl import diagnose
+        from fluidctl.diagnostics import watch as diagnose
         handles = self.supervisor.handles()
         dump = self.d.stacks(handles)
         where = None
@@ -196,7 +196,7 @@ class _Watch:
         return dump, where
 
     def _hung(self) -> None:
-        from fluidctl import diagnose
+        from fluidctl.diagnostics import watch as diagnose
         why = (f"no rank wrote to its log and no collective completed for "
                f"{self.d.hang_timeout:g}s")
         self.launch_log(f"hang: {why}; taking every rank's stack")
@@ -233,7 +233,7 @@ class _Watch:
             signal.signal(DUMP_REQUEST, self._previous)
 
     def finish(self, result: RunResult) -> None:
-        from fluidctl import diagnose
+        from fluidctl.diagnostics import watch as diagnose
         if self.d.log_root is not None:
             diagnose.clear_job_state(self.d.log_root)
             if result.exit_code != 0 and (result.failure is not None or self.hang):

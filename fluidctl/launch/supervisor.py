@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, List, Optional
 
-from fluidctl.failures import Failure, describe_exit
+from fluidctl.diagnostics.failures import Failure, describe_exit
 
 if TYPE_CHECKING:
     from fluidctl.backends.base import Handle

@@ -15,7 +15,8 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from fluidctl import envs, progress
+from fluidctl import envs
+from fluidctl.diagnostics import progress
 
 __all__ = ["init", "finalize", "Context", "CollectiveError", "DistributedOptimizer",
            "DistributeStrategy", "optim", "get_context"]

@@ -64,8 +64,8 @@ def remote_out_dir(out_dir: str, remote_dir: Optional[str], host: str) -> str:
 
 
 def connect(hosts: Sequence[Host], *, ssh_config, accept_new: bool, timeout: float):
-    from fluidctl.backends.ssh import connect_all
-    from fluidctl.backends.sshconfig import resolve_hosts
+    from fluidctl.remote.ssh import connect_all
+    from fluidctl.remote.sshconfig import resolve_hosts
     resolved, targets = resolve_hosts(hosts, ssh_config, accept_new)
     connected = connect_all(resolved, targets, timeout=timeout, timeout_option="")
     if connected.failures:
@@ -78,8 +78,8 @@ def connect(hosts: Sequence[Host], *, ssh_config, accept_new: bool, timeout: flo
 def send_shards(manifest: dict, out_dir: str, hosts: Sequence[Host], nodes, placed,
                 remote_dir: Optional[str], on_bytes=None) -> Dict[str, List[str]]:
     """Send every node its shards and the manifest; verify; return {node: [remote paths]}."""
-    from fluidctl.backends.ssh import parallel
-    from fluidctl.backends.sync import FileToSend, SyncPlan, send_files
+    from fluidctl.remote.ssh import parallel
+    from fluidctl.remote.sftp import FileToSend, SyncPlan, send_files
     from fluidctl.runtime.data import shard_digest
 
     shards = manifest["shards"]

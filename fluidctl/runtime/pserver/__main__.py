@@ -98,7 +98,7 @@ def serve(cfg: ServerConfig, ready_fd: Optional[int] = None) -> int:
         raise UsageError("no job token: a pserver never serves without one",
                          f"pass --token-file FILE or set {envs.JOB_TOKEN}")
     if cfg.watch_parent:
-        from fluidctl import lifeline
+        from fluidctl.procs import lifeline
         lifeline.set_pdeathsig(signal.SIGTERM)
     server = PServer(cfg)
     try:

@@ -44,7 +44,7 @@ class Failure:
     pid: Optional[int] = None
     when: float = field(default_factory=time.time)
     detail: str = ""            # e.g. "SSH connection lost"
-    explanation: str = ""       # triage: why, in words (fluidctl/triage.py)
+    explanation: str = ""       # triage: why, in words (fluidctl/diagnostics/triage.py)
     kind: str = ""              # triage: oom | nccl | exception | signal | exit | hang
     started: Optional[float] = None     # when the job (attempt) started, for "N s after start"
     tail: List[str] = field(default_factory=list)   # log lines when the log is not here

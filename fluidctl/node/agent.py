@@ -1,6 +1,6 @@
 """The node agent: the per-node supervisor that the SSH and Fabric backends
-(``fluidctl.backends.agent``, which also holds the line protocol) start on each remote
-node as ``python -m fluidctl.launch.agent --ports N`` (users never type it; no click, so it
+(``fluidctl.backends.ssh``, which also holds the line protocol) start on each remote
+node as ``python -m fluidctl.node.agent --ports N`` (users never type it; no click, so it
 starts fast).
 
 One SSH exec per node does everything, because on real clusters every exec pays for a login
@@ -39,7 +39,7 @@ def probe(ports: int) -> dict:
     """What the launcher needs to know about this node before it plans."""
     from fluidctl.planning import devices
     from fluidctl.net import free_ports
-    from fluidctl.backends import doctor
+    from fluidctl.node import doctor
     free = free_ports(ports, "")
     gpus = devices.discover_gpus(os.environ)       # ids as this node's CUDA_VISIBLE_DEVICES
     return {"python": sys.version.split()[0], "fluidctl": __version__,
@@ -86,9 +86,9 @@ def node_agent(ports: int) -> None:
     """Run this node's share of a job (started by fluidctl over SSH). The probe goes out first:
     the launcher plans while the supervisor, the planner and the diagnostics load here."""
     emit(PROBE_TAG, json.dumps(probe(ports)))
-    from fluidctl.backends.local import start_procs
+    from fluidctl.procs.local import start_procs
     from fluidctl.launch import run
-    from fluidctl.diagnose import Diagnostics
+    from fluidctl.diagnostics.watch import Diagnostics
     from fluidctl.planning.plan import ProcSpec
     from fluidctl.launch.supervisor import LaunchLog, RunOptions
     from fluidctl.paths import LogLayout
@@ -105,7 +105,7 @@ def node_agent(ports: int) -> None:
                              "hand")
         if "doctor" not in spec:
             break
-        from fluidctl.backends import doctor
+        from fluidctl.node import doctor
         problems, held = doctor.node_checks(spec["doctor"])
         emit(DOCTOR_TAG, json.dumps(problems))
     if held is not None:

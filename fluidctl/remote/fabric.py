@@ -1,10 +1,10 @@
-"""The same node interface as ``fluidctl.backends.ssh``, through Fabric: a ``fabric.Connection``
+"""The same node interface as ``fluidctl.remote.ssh``, through Fabric: a ``fabric.Connection``
 per node (ProxyJump hops become Fabric gateways), commands through Fabric's runners, and many
 nodes at once through ``ssh.parallel`` like the paramiko nodes.
 
 Fabric trusts unknown host keys by default (AutoAddPolicy); here every connection gets
 fluidctl's policy instead, so unknown keys are refused unless the user opted in, exactly as in
-the paramiko backend. Host settings are resolved by ``fluidctl.backends.sshconfig``, not by
+the paramiko backend. Host settings are resolved by ``fluidctl.remote.sshconfig``, not by
 Fabric's own ssh-config loading, so both backends reach the same address with the same key.
 """
 from __future__ import annotations
@@ -14,11 +14,10 @@ from typing import Mapping, Optional
 
 import fabric
 
-from fluidctl.backends import ssh
+from fluidctl.remote import ssh
 from fluidctl.lines import LineSplitter
-from fluidctl.backends.ssh import (Command, ConnectionLost, LineCallback, RemoteProcess,
-                                   shell_command)
-from fluidctl.backends.sshconfig import HostKeyPolicy, SSHTarget, connect_kwargs, load_known_hosts
+from fluidctl.remote.ssh import Command, ConnectionLost, LineCallback, RemoteProcess, shell_command
+from fluidctl.remote.sshconfig import HostKeyPolicy, SSHTarget, connect_kwargs, load_known_hosts
 
 
 class _LineStream:

@@ -1,6 +1,6 @@
 """Workspace sync over SFTP: send a local tree to a node, only the files that changed.
 
-``cluster sync`` goes through ``fluidctl.backends.push`` (OpenSSH, one stream) and comes here
+``cluster sync`` goes through ``fluidctl.remote.push`` (OpenSSH, one stream) and comes here
 only when that cannot reach a node; ``shard-data --to-hosts`` sends its shards with
 ``send_files``. ``walk`` and ``local_files`` (what a sync sends) serve both.
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:       # annotations only: paramiko and pathlib are slow to imp
     from pathlib import Path
     from typing import Callable, List, Optional, Sequence, Tuple
 
-    from fluidctl.backends.ssh import SSHNode
+    from fluidctl.remote.ssh import SSHNode
 
 DEFAULT_EXCLUDES = (".git", "__pycache__", "*.pyc", ".pytest_cache")
 

@@ -1,4 +1,4 @@
-"""One line on what a GPU rank would get on this node: ``python -m fluidctl.gpustack GPUS``
+"""One line on what a GPU rank would get on this node: ``python -m fluidctl.node.gpustack GPUS``
 prints e.g. ``CuPy 14.2.0, NCCL 2.32.3, no usable GPU`` (what ``cluster check`` shows).
 
 Cheap where it can be: versions come from the installed distributions' metadata; CuPy and NCCL

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fluidctl.envs import PYSPY
-from fluidctl.progress import DUMP_SIGNAL
+from fluidctl.diagnostics.progress import DUMP_SIGNAL
 
 PYSPY_TIMEOUT = 20.0
 

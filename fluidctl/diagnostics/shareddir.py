@@ -6,7 +6,7 @@ The job's diagnostics directory is made hidden in LOG_DIR, which these backends'
 with the launcher (the ranks write their logs there too): the runtime's progress counters and
 faulthandler files land there, and each rank's ``fluidctl worker`` writes ``rank.N`` (its node,
 ``DiagDir.this_node``, and its pid). The watchdog reads logs and counters from it as it does on
-one machine. Stacks are taken on each node by ``fluidctl.launch.nodestacks``, started once per
+one machine. Stacks are taken on each node by ``fluidctl.node.stacks``, started once per
 node by the backend's own launcher (``stack_takers(dir)``: an overlapping srun step, a second
 mpirun), which answers in ``stacks.<node>.json``; they are merged here. On a network file
 system what the ranks write is seen here with the client's caching delay (seconds to a
@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional
 
-from fluidctl.diagnose import Diagnostics, StackDump
+from fluidctl.diagnostics.watch import Diagnostics, StackDump
 
 STACKS_TIMEOUT = 60.0       # seconds for the stack takers (their launch, py-spy per rank)
 

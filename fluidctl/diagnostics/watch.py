@@ -1,9 +1,9 @@
 """The launcher's side of diagnostics: gathering what the engines need and writing results.
 
 - ``Triage``: taken when an attempt starts (the memory cgroup's oom_kill count and the clock),
-  it explains a failure afterwards (``fluidctl.triage``): OOM kill, signal, NCCL error class,
+  it explains a failure afterwards (``fluidctl.diagnostics.triage``): OOM kill, signal, NCCL error class,
   Python exception, and the time since start.
-- ``take_stacks`` / ``write_dump``: every rank's Python stack (``fluidctl.stacks``: py-spy,
+- ``take_stacks`` / ``write_dump``: every rank's Python stack (``fluidctl.diagnostics.stacks``: py-spy,
   else the runtime's faulthandler signal), grouped, written to LOG_DIR/hang-<time>/ (or
   dump-<time>/ for ``fluidctl dump``) with summary.txt, atomically.
 - ``Watchdog``: ``--hang-timeout``: calls ``on_hang`` once nothing changed for that long
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Hashable, List, Optional, Sequence
 
-from fluidctl import progress, triage
-from fluidctl.failures import Failure, log_tail
+from fluidctl.diagnostics import progress, triage
+from fluidctl.diagnostics.failures import Failure, log_tail
 from fluidctl.paths import DiagDir, hang_dir
 
 HANG_EXIT = 124             # the job was stopped because it hung (timeout(1)'s code)
@@ -120,7 +120,7 @@ class StackDump:
                    why={int(k): v for k, v in data["why"].items()},
                    method={int(k): v for k, v in data["method"].items()},
                    notes=list(data["notes"]))
-        from fluidctl import stacks
+        from fluidctl.diagnostics import stacks
         for rank, text in dump.texts.items():
             parse = (stacks.parse_pyspy if dump.method.get(rank) == "py-spy"
                      else stacks.parse_faulthandler)
@@ -130,7 +130,7 @@ class StackDump:
         return dump
 
     def summary(self) -> List[str]:
-        from fluidctl import stacks
+        from fluidctl.diagnostics import stacks
         return stacks.summary(self.frames, self.why)
 
 
@@ -138,7 +138,7 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir]) -> StackDump
     """Every target's stack, in parallel: py-spy, else the faulthandler signal. (stacks and
     concurrent.futures are imported here, on a hang, not by every launch.)"""
     from concurrent.futures import ThreadPoolExecutor
-    from fluidctl import stacks
+    from fluidctl.diagnostics import stacks
     dump = StackDump()
 
     def one(t: Target):

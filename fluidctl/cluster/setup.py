@@ -14,7 +14,7 @@ Per node (every node at once, each on its own thread and connection):
 
 A node whose wheelhouse key and wheels match its record only runs the verification (the
 no-op re-run). ``inspect`` reads a node's environment for ``cluster check`` and the launchers;
-``prefer_venv`` makes a remote command use the venv's interpreter where it exists.
+``fluidctl.planning.venv`` makes a remote command use the venv's interpreter where it exists.
 """
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl import __version__
-from fluidctl.backends.ssh import ConnectionLost, SSHNode
-from fluidctl.backends.sync import FileToSend, SyncPlan, send_files
+from fluidctl.remote.ssh import ConnectionLost, SSHNode
+from fluidctl.remote.sftp import FileToSend, SyncPlan, send_files
 from fluidctl.paths import NODE_ENV_RECORD, NODE_WHEELHOUSE, node_venv
-from fluidctl.wheelhouse import Wheel, Wheelhouse, pip_error
+from fluidctl.cluster.wheelhouse import Wheel, Wheelhouse, pip_error
 
 ENV_MARK = "FLUIDCTL_ENV="
 
@@ -323,7 +323,7 @@ def inspect(node: SSHNode, venv_spec: str, timeout: Optional[float] = None) -> E
 def inspect_all(hosts, targets, venv_spec: str, timeout: float) -> Dict[str, EnvStatus]:
     """``inspect`` on every node at once; nodes that cannot be reached are left out (the
     caller's own checks name them)."""
-    from fluidctl.backends.ssh import connect_all, parallel
+    from fluidctl.remote.ssh import connect_all, parallel
     connected = connect_all(hosts, targets, timeout=timeout)
     try:
         found = parallel(list(connected.nodes.values()),
@@ -331,26 +331,3 @@ def inspect_all(hosts, targets, venv_spec: str, timeout: float) -> Dict[str, Env
     finally:
         connected.close()
     return {status.host: status for status in found}
-
-
-# --- launchers ------------------------------------------------------------------------------
-PREFER = ('case "$1" in /*) v="$1";; *) v="$HOME/$1";; esac; '
-          'if [ -x "$v/bin/python" ]; then p="$v/bin/python"; else p="$2"; fi; '
-          'shift 2; exec "$p" "$@"')
-
-
-def prefer_venv(argv: Sequence[str], venv: str, host: str) -> List[str]:
-    """``argv`` (an interpreter, then its arguments) run by the node's venv python if the venv
-    exists there, else as it is; decided by the node's shell, so no extra round trip."""
-    return ["/bin/sh", "-c", PREFER, "sh", node_venv(venv, host), *argv]
-
-
-def use_node_interpreters(plan, executables: Sequence[str]):
-    """The plan with each node's processes started by the interpreter that node's agent runs
-    with (``executables[i]`` for node i) where they would have used the job's python."""
-    from dataclasses import replace
-    python = plan.job.python
-    procs = [replace(p, argv=[executables[p.node], *p.argv[1:]])
-             if p.argv and p.argv[0] == python and executables[p.node] else p
-             for p in plan.procs]
-    return replace(plan, procs=procs)

@@ -187,7 +187,7 @@ class LocalFile:
 
 class FileList:
     """The files of a push, listed once for every node, by index (the protocol's file number):
-    ``fluidctl.backends.sync.walk``'s (relative path, path, stat) entries, a :class:`LocalFile`
+    ``fluidctl.remote.sftp.walk``'s (relative path, path, stat) entries, a :class:`LocalFile`
     made only for a file that is sent, and the request's file fields encoded once, however
     many nodes are sent the same list."""
 
@@ -350,7 +350,7 @@ def config_may_set(config: Optional[str], keyword: str) -> bool:
 
 
 def scan(files: Sequence[tuple]) -> FileList:
-    """(relative path, path, stat) as ``fluidctl.backends.sync.walk`` lists them -> what the
+    """(relative path, path, stat) as ``fluidctl.remote.sftp.walk`` lists them -> what the
     receiver is told about each file."""
     return FileList(files)
 

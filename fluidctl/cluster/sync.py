@@ -15,7 +15,7 @@ import os
 
 from fluidctl.errors import FluidctlError
 
-DEFAULT_TIMEOUT = 10.0      # fluidctl.backends.ssh.DEFAULT_TIMEOUT (tests check they agree)
+DEFAULT_TIMEOUT = 10.0      # fluidctl.remote.ssh.DEFAULT_TIMEOUT (tests check they agree)
 
 
 def fail_nodes(what: str, failures: dict, total: int) -> FluidctlError:
@@ -28,7 +28,7 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
         accept_new_host_keys=False, remote_dir=None, excludes=(), checksum=False,
         src=".") -> None:
     """Push ``src`` to every node at once (see ``fluidctl cluster sync --help``)."""
-    from fluidctl.backends import push
+    from fluidctl.remote import push
     from fluidctl.planning.hosts import load_hosts
     source = os.path.realpath(src)
     default_dir = source if os.path.isdir(source) else os.path.dirname(source)
@@ -41,7 +41,7 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
         channels = dict(zip(argvs, push.connect_all(list(argvs.values()))))
     except push.PushUnavailable:            # no ssh client here: every node over SFTP
         channels = {}
-    from fluidctl.backends.sync import DEFAULT_EXCLUDES, walk
+    from fluidctl.remote.sftp import DEFAULT_EXCLUDES, walk
     try:
         files = push.scan(walk(source, (*DEFAULT_EXCLUDES, *excludes)))
     except BaseException:
@@ -137,9 +137,9 @@ def _sync_sftp(host, source, where, excludes, compare, ssh_config, accept_new, t
     """The fallback: paramiko + SFTP (no ssh client here, or no python3 on the node); returns
     (remote dir, files sent, bytes sent, unchanged) or the reason it failed."""
     from pathlib import Path
-    from fluidctl.backends import ssh
-    from fluidctl.backends.sshconfig import resolve_hosts
-    from fluidctl.backends.sync import DEFAULT_EXCLUDES, plan_sync, send_files
+    from fluidctl.remote import ssh
+    from fluidctl.remote.sshconfig import resolve_hosts
+    from fluidctl.remote.sftp import DEFAULT_EXCLUDES, plan_sync, send_files
     resolved, targets = resolve_hosts([host], ssh_config, accept_new)
     connected = ssh.connect_all(resolved, targets, timeout=timeout)
     try:

@@ -13,13 +13,12 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from fluidctl.backends.sshlib import paramiko
+from fluidctl.remote.sshlib import paramiko
 
 from fluidctl import __version__
-from fluidctl.backends.ssh import (DEFAULT_TIMEOUT, ConnectFailed, ConnectionLost, SSHNode,
-                                   parallel)
+from fluidctl.remote.ssh import DEFAULT_TIMEOUT, ConnectFailed, ConnectionLost, SSHNode, parallel
 from fluidctl.planning.hosts import Host
-from fluidctl.backends.sshconfig import resolve_hosts
+from fluidctl.remote.sshconfig import resolve_hosts
 
 
 @dataclass
@@ -49,7 +48,7 @@ def probe_script(python: str, remote_dir: Optional[str]) -> str:
         "if command -v nvidia-smi >/dev/null 2>&1; then "
         "g=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); else g=0; fi; echo gpus=$g",
         # fluidctl's version and the CuPy/NCCL line in one light interpreter start
-        f"{py} -m fluidctl.gpustack --probe $g 2>/dev/null || "
+        f"{py} -m fluidctl.node.gpustack --probe $g 2>/dev/null || "
         f"echo fluidctl=$({py} -m fluidctl --version 2>/dev/null | tail -n 1)",
     ])
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fluidctl.backends.sshlib import enable_match_exec, paramiko
+from fluidctl.remote.sshlib import enable_match_exec, paramiko
 
 from fluidctl.errors import UsageError
 from fluidctl.planning.hosts import Host

@@ -7,7 +7,7 @@ index). ``fluidctl-wheelhouse.json`` beside the wheels records a key of what it 
 (fluidctl's sources, the requirements file, the options) and every wheel's sha256: a second
 build with the same key is a no-op, and nodes compare those hashes to decide what to receive.
 
-No SSH here: pushing and installing on the nodes is ``fluidctl.backends.provision``.
+No SSH here: pushing and installing on the nodes is ``fluidctl.cluster.setup``.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ shared LOG_DIR). This takes the stacks of the ranks on this node as the launcher
 processes -- not ``scancel --signal``, which would also reach their children (a data loader's
 workers die of SIGUSR2) -- and writes DIAG_DIR/stacks.<node>.json for the launcher to merge.
 
-    python -m fluidctl.launch.nodestacks DIAG_DIR
+    python -m fluidctl.node.stacks DIAG_DIR
 """
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from typing import List, Optional
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from fluidctl.diagnose import StackDump, Target, take_stacks
+    from fluidctl.diagnostics.watch import StackDump, Target, take_stacks
     from fluidctl.paths import DiagDir
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m fluidctl.launch.nodestacks DIAG_DIR", file=sys.stderr)
+        print("usage: python -m fluidctl.node.stacks DIAG_DIR", file=sys.stderr)
         return 2
     diag = DiagDir(Path(args[0]))
     node = DiagDir.this_node(os.environ)

@@ -1,0 +1,2 @@
+"""The click-free bodies of `fluidctl cluster ...`: setup (the wheelhouse, venvs on nodes), check,
+exec and sync."""
