@@ -74,7 +74,8 @@ def wheel_name(file: str):
 
 def source_root() -> Optional[Path]:
     """The checkout fluidctl runs from (editable or source tree), None for a wheel install."""
-    root = Path(__file__).resolve().parent.parent
+    import fluidctl
+    root = Path(fluidctl.__file__).resolve().parent.parent
     return root if any((root / name).is_file() for name in SOURCE_FILES) else None
 
 

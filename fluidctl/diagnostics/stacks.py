@@ -189,7 +189,8 @@ def main_stack(threads: Sequence[Thread]) -> List[Frame]:
 
 _LIBRARY = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep,
             os.sep + "lib" + os.sep + "python3")
-_FLUIDCTL = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# the fluidctl package (this module is one level below it)
+_FLUIDCTL = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _is_user(frame: Frame) -> bool:
