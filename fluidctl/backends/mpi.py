@@ -29,6 +29,7 @@ from fluidctl.backends.base import BaseLauncher
 from fluidctl.procs.local import LocalProcess
 from fluidctl.diagnostics.failures import Failure
 from fluidctl.errors import UsageError
+from fluidctl.paths import write_atomic
 from fluidctl.planning.hosts import Host, format_hostfile
 
 # what horovod exports by default: without them a remote rank may not find python or its libs
@@ -81,9 +82,7 @@ def write_hostfile(hosts: Sequence[Host], path, use_alias: bool = True) -> Path:
     """``format_hostfile`` into ``path``, written to a temp name and renamed into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(format_hostfile(list(hosts), use_alias))
-    os.replace(tmp, path)
+    write_atomic(path, format_hostfile(list(hosts), use_alias))
     return path
 
 

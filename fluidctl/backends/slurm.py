@@ -31,7 +31,7 @@ from fluidctl.backends import slurmctl
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.procs.local import LocalProcess
 from fluidctl.errors import UsageError
-from fluidctl.diagnostics.failures import Failure
+from fluidctl.diagnostics.failures import Failure, FailureKind
 from fluidctl.paths import LogLayout
 from fluidctl.planning import slurm as slurmplan
 
@@ -116,7 +116,7 @@ def srun_failure(srun_output: str, layout: LogLayout, role: str = "trainer"
         failure.explanation = ("killed for memory: Slurm's memory limit for the step was "
                                f"exhausted (srun.log: {line}); ask for more with --mem or "
                                "--mem-per-cpu, or use less")
-        failure.kind = "oom"
+        failure.kind = FailureKind.OOM
     return failure
 
 
@@ -153,7 +153,7 @@ def _refused_step(srun_output: str, layout: LogLayout, role: str) -> Optional[Fa
     hint = next((h for known, h in _REFUSAL_HINTS.items() if reason.startswith(known)), "")
     failure.explanation = (f"Slurm refused to start the step in job {job}: {reason}"
                            + (f"; {hint}" if hint else ""))
-    failure.kind = "refused"
+    failure.kind = FailureKind.REFUSED
     return failure
 
 
@@ -249,7 +249,7 @@ class SubmittedJob:
         from fluidctl.diagnostics.watch import HANG_EXIT
         if self._code == HANG_EXIT:         # the job's own fluidctl found it hung (its report)
             return Failure(self.label, self.host, HANG_EXIT, self.log,
-                           detail=_hang_detail(self.layout), kind="hang")
+                           detail=_hang_detail(self.layout), kind=FailureKind.HANG)
         try:
             failure = srun_failure(self.layout.srun.read_text(errors="replace"), self.layout)
         except OSError:

@@ -112,7 +112,7 @@ class Failure:
         return {"label": self.label, "host": self.host, "pid": self.pid,
                 "returncode": self.returncode, "exit_code": self.exit_code,
                 "signal": signal_of(self.returncode) if self.returncode < 0 else None,
-                "reason": self.reason, "kind": self.kind.value,
+                "reason": self.reason, "kind": FailureKind(self.kind).value,
                 "explanation": self.explanation, "when": self.when,
                 "seconds_since_start": round(since, 3) if since else None,
                 "log": self.log,
