@@ -64,9 +64,9 @@ class Launcher(Protocol):
         """Check what this backend needs (hosts, mpirun, connections), gather the facts the
         planner needs and return ``fluidctl.planning.plan.make_plan(...)``'s Plan
         (``backend`` set to ``name``; ``commands``: what the backend runs itself, for
-        --dry-run). A mistake is a ``UsageError``. Nothing is started for the job and nothing is written under the log
-        dir (a dry run stops here); held resources (connections, reserved ports) are released
-        by ``close``."""
+        --dry-run). A mistake is a ``UsageError``. Nothing is started for the job and nothing
+        is written under the log dir (a dry run stops here); held resources (connections,
+        reserved ports) are released by ``close``."""
 
     def start(self, plan: "Plan", attempt: int) -> List[Handle]:
         """Start every process of ``plan`` for attempt ``attempt`` (0 first, then each

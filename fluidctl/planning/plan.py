@@ -1,9 +1,9 @@
 """Planning: which process runs where, with which rank, endpoint, devices and environment.
 
-Pure: ``make_plan(job, ports)`` does no I/O, so every rank's environment can be unit-tested and shown
-by ``--dry-run`` without starting anything. Backends only start what the plan says: they gather
-facts (a node's GPUs, free ports, the address it was reached at) and hand them to the functions
-here, which decide (``local_node``, ``remote_node``, ``pserver_counts``, ``ports_to_probe``,
+Pure: ``make_plan(job, ports)`` does no I/O, so every rank's environment can be unit-tested and
+shown by ``--dry-run`` without starting anything. Backends only start what the plan says: they
+gather facts (a node's GPUs, free ports, the address it was reached at) and hand them to the
+functions here, which decide (``local_node``, ``remote_node``, ``pserver_counts``, ``ports_to_probe``,
 ``node_ports``, ``place_ranks``, ``make_plan``).
 
 ``Plan.to_json()`` is what ``fluidctl train --dry-run --json`` prints, the same schema for
