@@ -11,7 +11,7 @@ import time
 from functools import lru_cache
 from typing import List, Optional
 
-from fluidctl.diagnostics.failures import Failure, log_tail
+from fluidctl.diagnostics.failures import Failure, describe_end, log_tail
 
 
 @lru_cache(maxsize=None)
@@ -23,14 +23,14 @@ def console(stderr: bool = False) -> "Console":
     return out
 
 
-def plan_table(the_plan) -> "Table":
+def plan_table(plan) -> "Table":
     from rich.table import Table
-    master = the_plan.master or "chosen by rank 0 at start"
-    table = Table(title=f"fluidctl plan: {the_plan.job.mode} mode over {the_plan.backend}, "
+    master = plan.master or "chosen by rank 0 at start"
+    table = Table(title=f"fluidctl plan: {plan.job.mode} mode over {plan.backend}, "
                         f"master {master}")
     for column in ("rank", "role", "host", "endpoint", "devices", "log", "command"):
         table.add_column(column, overflow="fold")
-    for p in the_plan.procs:
+    for p in plan.procs:
         table.add_row(str(p.rank), p.role, p.host, p.endpoint or "-", ",".join(p.devices) or "cpu",
                       p.log, shlex.join(p.argv))
     return table
@@ -58,7 +58,7 @@ def print_failure(failure: Failure, tail_lines: int, report: Optional[str] = Non
     if failure.others:
         err.print("  the other processes:", markup=False)
         for other in failure.others:
-            err.print(f"    {other['label']} on {other['host']}: {other['state']}", markup=False)
+            err.print(f"    {other.label} on {other.host}: {describe_end(other)}", markup=False)
     if report:
         err.print(f"  report for tools: {report}", markup=False)
     full = _disk_full(failure.log)

@@ -19,6 +19,37 @@ LOCK_NAME = ".fluidctl.lock"
 SHARED_MARKER = ".fluidctl.shared."
 
 
+def write_atomic(path, data, mode: Optional[int] = None) -> None:
+    """Write ``data`` (str as UTF-8, or bytes) to ``path`` so that a reader sees the old file
+    or the whole new one, never half of it, even after a crash: a temporary name in the same
+    directory, fsync, rename. ``mode``: the file's exact permissions (else as open() makes
+    them), set before any byte is written, so a private file is never readable by others."""
+    path = os.fspath(path)
+    where, name = os.path.split(path)
+    tmp = os.path.join(where, f".{name}.{os.getpid()}.tmp")
+    if isinstance(data, str):
+        data = data.encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                 0o666 if mode is None else mode)
+    try:
+        try:
+            if mode is not None:
+                os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def _rank_logs(where: Path) -> list:
     """workerlog.N and serverlog.N directly in ``where``."""
     return [p for p in sorted(where.glob("workerlog.*")) + sorted(where.glob("serverlog.*"))

@@ -6,7 +6,7 @@ import json
 from fluidctl import backends
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.launch.execute import launch
-from fluidctl.planning import plan as planning
+from fluidctl.planning import plan as planner
 from fluidctl.planning.config import LaunchConfig
 
 CLOSED = []
@@ -17,8 +17,8 @@ class OneNodeLauncher(BaseLauncher):
 
     def prepare(self, config):
         self.log("prepared")
-        node = planning.local_node(config.nproc, None, config.mode, None, (), [])
-        return planning.plan(config.job([node]), {0: [7000, 7001, 7002]}, backend=self.name)
+        node = planner.local_node(config.nproc, None, config.mode, None, (), [])
+        return planner.make_plan(config.job([node]), {0: [7000, 7001, 7002]}, backend=self.name)
 
     def close(self):
         CLOSED.append(self.name)

@@ -15,7 +15,7 @@ from fluidctl.backends import mpi as mpi_backend
 from fluidctl.node import worker
 from fluidctl.node import agent
 from fluidctl.planning import devices
-from fluidctl.planning import plan as planning
+from fluidctl.planning import plan as planner
 
 ROOT = rankspawn.ROOT
 DOUBLE = os.path.join(ROOT, "tests", "cupy_double")
@@ -58,10 +58,10 @@ def test_node_agent_reports_the_ids_cuda_visible_devices_leaves(tmp_path, monkey
     monkeypatch.setenv("PATH", fake_smi(tmp_path))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     probe = agent.probe(0)
-    assert probe["gpu_ids"] == ["2", "3"] and probe["gpus"] == 2
-    node = planning.remote_node("n1", "10.0.0.1", None, None, None, probe["gpu_ids"], 0)
+    assert probe.gpu_ids == ["2", "3"] and probe.gpus == 2
+    node = planner.remote_node("n1", "10.0.0.1", None, None, None, probe.gpu_ids, 0)
     assert node.gpus == ("2", "3")           # was ("0", "1"): rebuilt as range(count)
-    node = planning.remote_node("n1", "10.0.0.1", None, None, "1", probe["gpu_ids"], 0)
+    node = planner.remote_node("n1", "10.0.0.1", None, None, "1", probe.gpu_ids, 0)
     assert node.gpus == ("2",)
 
 
@@ -150,7 +150,7 @@ def test_pserver_trainers_use_their_gpu(tmp_path):
 
 def test_pserver_mode_trainers_get_the_device_names_too(monkeypatch):
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
-    env = planning._local_names(1, 2, 0, 1, "127.0.0.1:9", ("0", "1"), [["0", "1"]])
+    env = planner._local_names(1, 2, 0, 1, "127.0.0.1:9", ("0", "1"), [["0", "1"]])
     assert env["FLAGS_selected_gpus"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert env["PADDLE_WORLD_DEVICE_IDS"] == "0,1"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"

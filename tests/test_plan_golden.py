@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fluidctl import envs
-from fluidctl.planning import plan as planning
+from fluidctl.planning import plan as planner
 from fluidctl.planning.config import LaunchConfig
 from fluidctl.planning.hosts import parse_hostfile_text
 from fluidctl.planning.plan import LaunchCommand
@@ -51,42 +51,42 @@ def check(name, plan):
 
 def test_local_collective_two_gpus():
     cfg = config(gpus="0,1")
-    node = planning.local_node(cfg.nproc, cfg.gpus, cfg.mode, cfg.pservers,
-                               cfg.pserver_endpoints, ["0", "1", "2"])
-    check("local_collective", planning.plan(job(cfg, [node]), {0: [7000, 7001, 7002]}))
+    node = planner.local_node(cfg.nproc, cfg.gpus, cfg.mode, cfg.pservers,
+                              cfg.pserver_endpoints, ["0", "1", "2"])
+    check("local_collective", planner.make_plan(job(cfg, [node]), {0: [7000, 7001, 7002]}))
 
 
 def test_multi_node_uneven_slots():
     cfg = config(backend="ssh", hosts=tuple(parse_hostfile_text("n1 slots=1\nn2 slots=2\n")))
-    nodes = [planning.remote_node("n1", "10.0.0.1", 1, None, None, [], 0),
-             planning.remote_node("n2", "10.0.0.2", 2, None, None, [], 0)]
+    nodes = [planner.remote_node("n1", "10.0.0.1", 1, None, None, [], 0),
+             planner.remote_node("n2", "10.0.0.2", 2, None, None, [], 0)]
     spec = job(cfg, nodes, multi_node_logs=True)
     ports = {0: [7000, 7001], 1: [7100, 7101]}
     commands = [LaunchCommand("n1", [PY, "-m", "fluidctl.node.agent", "--ports", "2"]),
                 LaunchCommand("n2", [PY, "-m", "fluidctl.node.agent", "--ports", "3"])]
-    check("multinode_collective", planning.plan(spec, ports, backend="ssh", commands=commands))
+    check("multinode_collective", planner.make_plan(spec, ports, backend="ssh", commands=commands))
 
 
 def test_pserver_mode_two_nodes_pservers_round_robin():
     cfg = config(backend="ssh", mode="pserver", pservers=3,
                  pserver_args=("--checkpoint-dir", "/ckpt"))
-    counts = planning.pserver_counts(cfg.mode, cfg.pserver_endpoints, cfg.pservers,
-                                     cfg.pserver_hosts, ["n1", "n2"])
+    counts = planner.pserver_counts(cfg.mode, cfg.pserver_endpoints, cfg.pservers,
+                                    cfg.pserver_hosts, ["n1", "n2"])
     assert counts == [2, 1]
-    nodes = [planning.remote_node(n, a, 1, None, None, [], k)
+    nodes = [planner.remote_node(n, a, 1, None, None, [], k)
              for n, a, k in (("n1", "10.0.0.1", 2), ("n2", "10.0.0.2", 1))]
     ports = {0: [7000, 7001, 7002, 7003], 1: [7100, 7101]}
-    check("pserver_two_nodes", planning.plan(job(cfg, nodes, multi_node_logs=True), ports,
-                                             backend="ssh"))
+    check("pserver_two_nodes", planner.make_plan(job(cfg, nodes, multi_node_logs=True), ports,
+                                                 backend="ssh"))
 
 
 def test_mpi_over_two_hosts():
     hosts = tuple(parse_hostfile_text("n1 slots=2\nn2\n"))
     cfg = config(backend="mpi", hosts=hosts, nproc=3)
-    nodes = planning.mpi_nodes(cfg.hosts, cfg.nproc)
+    nodes = planner.mpi_nodes(cfg.hosts, cfg.nproc)
     assert [n.nproc for n in nodes] == [2, 3]
     argv = [PY, "-m", "fluidctl", "worker", "train.py", "--epochs", "3"]
-    plan = planning.plan_mpi(job(cfg, nodes), argv, commands=[LaunchCommand("127.0.0.1", [
+    plan = planner.plan_mpi(job(cfg, nodes), argv, commands=[LaunchCommand("127.0.0.1", [
         "mpirun", "-np", "5", "--hostfile", "mylog/mpi.hostfile", *argv])])
     data = plan.to_json()
     for proc in data["procs"]:                   # the log dir is made absolute for the ranks

@@ -100,19 +100,19 @@ def test_gpus_beyond_the_allocation_s_are_refused_before_srun(gpus, message):
     are what such an allocation has); more, or an id past the last, is one line, since the
     extra ranks would otherwise start and each fail on a device that is not there."""
     from fluidctl.errors import UsageError
-    from fluidctl.planning import slurm as planning
-    alloc = planning.allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[1-2]",
-                                 "SLURM_GPUS_ON_NODE": "4"})
+    from fluidctl.planning import slurm as slurmplan
+    alloc = slurmplan.allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[1-2]",
+                                  "SLURM_GPUS_ON_NODE": "4"})
     if message is None:
-        planning.check_gpus(alloc, gpus)
+        slurmplan.check_gpus(alloc, gpus)
     else:
         with pytest.raises(UsageError) as refused:
-            planning.check_gpus(alloc, gpus)
+            slurmplan.check_gpus(alloc, gpus)
         assert refused.value.one_line() == "error: " + message
-    planning.check_gpus(planning.allocation({"SLURM_JOB_ID": "7",             # no GPUs known:
-                                             "SLURM_JOB_NODELIST": "n1"}), "8")  # not judged
-    typed = planning.allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1",
-                                 "SLURM_GPUS_PER_NODE": "a100:4"})     # --gpus-per-node a100:4
+    slurmplan.check_gpus(slurmplan.allocation({"SLURM_JOB_ID": "7",             # no GPUs known:
+                                               "SLURM_JOB_NODELIST": "n1"}), "8")  # not judged
+    typed = slurmplan.allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1",
+                                  "SLURM_GPUS_PER_NODE": "a100:4"})     # --gpus-per-node a100:4
     assert typed.gpus_per_node == 4
 
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from fluidctl.diagnostics.failures import Failure
+from fluidctl.diagnostics.failures import Failure, describe_end
 from fluidctl.launch.supervisor import RunOptions, Supervisor
 
 
@@ -180,7 +180,7 @@ def test_abort_from_another_thread_stops_the_job_without_restart_and_records_eve
     result = box["sup"].run()
     assert (result.exit_code, result.aborted, result.failure) == (124, "hung", None)
     assert stuck.signals == ["TERM"]
-    ends = {e["label"]: e["state"] for e in result.ends}
+    ends = {e.label: describe_end(e) for e in result.ends}
     assert ends == {"trainer 0": "finished",
                     "trainer 1": "still running; stopped by fluidctl (signal SIGTERM)"}
     box["sup"].abort(1, "too late")          # after the run: ignored, no closed fd written
@@ -188,6 +188,6 @@ def test_abort_from_another_thread_stops_the_job_without_restart_and_records_eve
 
 def test_ends_name_the_failure_and_the_stopped():
     result, _, _, _ = supervise([[FakeHandle("trainer 0", 3), FakeHandle("trainer 1")]])
-    ends = {e["label"]: e["state"] for e in result.ends}
+    ends = {e.label: describe_end(e) for e in result.ends}
     assert ends == {"trainer 0": "failed: exit code 3",
                     "trainer 1": "still running; stopped by fluidctl (signal SIGTERM)"}

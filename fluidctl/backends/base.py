@@ -62,11 +62,11 @@ class Launcher(Protocol):
 
     def prepare(self, config: "LaunchConfig") -> "Plan":
         """Check what this backend needs (hosts, mpirun, connections), gather the facts the
-        planner needs and return ``fluidctl.planning.plan.plan(...)``'s Plan (``backend`` set
-        to ``name``; ``commands``: what the backend runs itself, for --dry-run). A mistake is
-        a ``UsageError``. Nothing is started for the job and nothing is written under the log
-        dir (a dry run stops here); held resources (connections, reserved ports) are released
-        by ``close``."""
+        planner needs and return ``fluidctl.planning.plan.make_plan(...)``'s Plan
+        (``backend`` set to ``name``; ``commands``: what the backend runs itself, for
+        --dry-run). A mistake is a ``UsageError``. Nothing is started for the job and nothing
+        is written under the log dir (a dry run stops here); held resources (connections,
+        reserved ports) are released by ``close``."""
 
     def start(self, plan: "Plan", attempt: int) -> List[Handle]:
         """Start every process of ``plan`` for attempt ``attempt`` (0 first, then each
@@ -85,6 +85,14 @@ class Launcher(Protocol):
 
     def diagnostics(self, config: "LaunchConfig") -> "Diagnostics":
         """The job's diagnostics (stacks, progress, triage) as this backend gets them."""
+
+    def describe(self, plan: "Plan") -> str:
+        """Text --dry-run prints after the plan table ("" for none)."""
+
+    @property
+    def owns_log_dir(self) -> bool:
+        """True when this process runs the job's processes, and so locks the log dir and
+        clears stale logs in it; False when it only submits and follows (sbatch)."""
 
     def close(self) -> None:
         """Release whatever prepare or start still holds (idempotent)."""

@@ -48,13 +48,14 @@ def node_interface(address: str, ifaces: Dict[str, List[Sequence[str]]]) -> Opti
     return None
 
 
-def socket_ifnames(addresses: Sequence[str], probes: Sequence[dict]) -> Optional[str]:
+def socket_ifnames(addresses: Sequence[str], ifaces: Sequence[dict]) -> Optional[str]:
     """NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME for nodes at ``addresses``: the interface each
     node is reached on, one name when they agree, a comma-separated list when they differ;
-    None when any node's interface is unknown (nothing is exported then)."""
+    None when any node's interface is unknown (nothing is exported then). ``ifaces``: each
+    node's interfaces, as its agent's probe lists them."""
     names = []
-    for address, probe in zip(addresses, probes):
-        name = node_interface(address, probe.get("ifaces") or {})
+    for address, node_ifaces in zip(addresses, ifaces):
+        name = node_interface(address, node_ifaces or {})
         if name is None:
             return None
         if name not in names:
@@ -62,25 +63,25 @@ def socket_ifnames(addresses: Sequence[str], probes: Sequence[dict]) -> Optional
     return ",".join(names) if names else None
 
 
-def requests(the_plan) -> List[dict]:
+def requests(plan) -> List[dict]:
     """What each node's agent checks: its ports; node 0 listens on the master port, every
     other node connects to it."""
     from fluidctl import envs
-    master_addr, master_port = envs.split_endpoint(the_plan.master)
+    master_addr, master_port = envs.split_endpoint(plan.master)
     out = []
-    for i, node in enumerate(the_plan.job.nodes):
+    for i, node in enumerate(plan.job.nodes):
         ports = [[int(envs.split_endpoint(p.endpoint)[1]), f"{p.label}'s endpoint"]
-                 for p in the_plan.on_node(i)]
+                 for p in plan.on_node(i)]
         out.append({"address": node.address, "ports": ports,
                     "listen": [master_addr, int(master_port)] if i == 0 else None,
                     "connect": None if i == 0 else [master_addr, int(master_port)]})
     return out
 
 
-def examine(the_plan, hosts, agents, timeout: float) -> List[str]:
+def examine(plan, hosts, agents, timeout: float) -> List[str]:
     """Run the checks through the agents (node 0 first: it must be listening before the
     others connect); one line per problem, naming the node."""
-    reqs = requests(the_plan)
+    reqs = requests(plan)
 
     def ask(i: int) -> List[str]:
         reply = agents[i].doctor(reqs[i], timeout + CONNECT_TIMEOUT)

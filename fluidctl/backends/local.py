@@ -25,18 +25,18 @@ class LocalLauncher(BaseLauncher):
 
     def prepare(self, config: "LaunchConfig") -> "Plan":
         from fluidctl.net import PortReservation
-        from fluidctl.planning import devices, plan as planning
+        from fluidctl.planning import devices, plan as planner
         if config.hosts:
             raise UsageError("--backend local runs on this machine only",
                              "drop --hostfile/--hosts, or use --backend ssh|fabric|mpi")
         available = (devices.discover_gpus(os.environ)
-                     if planning.wants_gpus(config.nproc, config.gpus) else [])
-        node = planning.local_node(config.nproc, config.gpus, config.mode, config.pservers,
-                                   config.pserver_endpoints, available)
+                     if planner.wants_gpus(config.nproc, config.gpus) else [])
+        node = planner.local_node(config.nproc, config.gpus, config.mode, config.pservers,
+                                  config.pserver_endpoints, available)
         job = config.job([node])
         self._reservation = PortReservation(node.address, job.ports_needed(0),
                                             config.started_port)
-        return planning.plan(job, {0: self._reservation.ports}, backend=self.name)
+        return planner.make_plan(job, {0: self._reservation.ports}, backend=self.name)
 
     def start(self, plan: "Plan", attempt: int) -> List[LocalProcess]:
         handles = start_procs(plan.procs, attempt, extra_env=self.diag_env())

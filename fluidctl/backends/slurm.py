@@ -31,9 +31,9 @@ from fluidctl.backends import slurmctl
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.procs.local import LocalProcess
 from fluidctl.errors import UsageError
-from fluidctl.diagnostics.failures import Failure
+from fluidctl.diagnostics.failures import Failure, FailureKind
 from fluidctl.paths import LogLayout
-from fluidctl.planning import slurm as planning
+from fluidctl.planning import slurm as slurmplan
 
 STEP_PREFIX = "fluidctl"
 
@@ -116,7 +116,7 @@ def srun_failure(srun_output: str, layout: LogLayout, role: str = "trainer"
         failure.explanation = ("killed for memory: Slurm's memory limit for the step was "
                                f"exhausted (srun.log: {line}); ask for more with --mem or "
                                "--mem-per-cpu, or use less")
-        failure.kind = "oom"
+        failure.kind = FailureKind.OOM
     return failure
 
 
@@ -153,7 +153,7 @@ def _refused_step(srun_output: str, layout: LogLayout, role: str) -> Optional[Fa
     hint = next((h for known, h in _REFUSAL_HINTS.items() if reason.startswith(known)), "")
     failure.explanation = (f"Slurm refused to start the step in job {job}: {reason}"
                            + (f"; {hint}" if hint else ""))
-    failure.kind = "refused"
+    failure.kind = FailureKind.REFUSED
     return failure
 
 
@@ -249,7 +249,7 @@ class SubmittedJob:
         from fluidctl.diagnostics.watch import HANG_EXIT
         if self._code == HANG_EXIT:         # the job's own fluidctl found it hung (its report)
             return Failure(self.label, self.host, HANG_EXIT, self.log,
-                           detail=_hang_detail(self.layout), kind="hang")
+                           detail=_hang_detail(self.layout), kind=FailureKind.HANG)
         try:
             failure = srun_failure(self.layout.srun.read_text(errors="replace"), self.layout)
         except OSError:
@@ -282,7 +282,7 @@ class SlurmLauncher(BaseLauncher):
     def __init__(self, log=None):
         super().__init__(log)
         self.config = None
-        self.alloc: Optional[planning.Allocation] = None
+        self.alloc: Optional[slurmplan.Allocation] = None
         self.steps: List[dict] = []
         self.spec: Optional[slurmctl.SbatchSpec] = None
         self.nodes: List[str] = []          # the trainers' nodes (inside an allocation)
@@ -299,21 +299,21 @@ class SlurmLauncher(BaseLauncher):
         if config.hosts or config.pserver_endpoints:
             raise UsageError("--backend slurm takes its nodes from Slurm",
                              "drop --hostfile/--hosts/--pserver-endpoints; use --nodes")
-        alloc = planning.allocation(os.environ)
+        alloc = slurmplan.allocation(os.environ)
         if options.detach:
             alloc = None                      # --detach always submits a new job
         self.alloc = alloc
-        nodes = planning.job_nodes(options, alloc)
-        per_node = planning.ranks_per_node(config.nproc, config.gpus, alloc)
-        pservers = planning.pserver_count(config.mode, config.pservers, len(nodes))
+        nodes = slurmplan.job_nodes(options, alloc)
+        per_node = slurmplan.ranks_per_node(config.nproc, config.gpus, alloc)
+        pservers = slurmplan.pserver_count(config.mode, config.pservers, len(nodes))
         job = config.job([])
         python = config.interpreter
         rank_argv = worker_command(python, config.script, config.script_args)
         pserver_argv = worker_command(python, python, ["-u", "-m", "fluidctl.runtime.pserver",
                                                        "--no-state", *config.pserver_args])
         layout = LogLayout(config.layout.root.resolve())
-        env = planning.step_env(log_dir=layout.root, token=config.token,
-                                user_env=config.user_env)
+        env = slurmplan.step_env(log_dir=layout.root, token=config.token,
+                                 user_env=config.user_env)
         from fluidctl.planning.plan import LaunchCommand, Node
         job.nodes = [Node(n, per_node, (), n, 1 if i < pservers else 0)
                      for i, n in enumerate(nodes)]
@@ -322,18 +322,18 @@ class SlurmLauncher(BaseLauncher):
             slurmctl.test_only(self.spec)
             commands = [LaunchCommand("login node", ["sbatch", "--parsable",
                                                      str(layout.sbatch_script)])]
-            return planning.plan_slurm(job, nodes, per_node, pservers, rank_argv, pserver_argv,
-                                       env, [f"{n}:?" for n in nodes[:pservers]], commands)
-        planning.check_gpus(alloc, config.gpus)
-        planning.check_cpus(alloc, nodes, per_node, os.environ, options.slurm_args)
+            return slurmplan.plan_slurm(job, nodes, per_node, pservers, rank_argv, pserver_argv,
+                                        env, [f"{n}:?" for n in nodes[:pservers]], commands)
+        slurmplan.check_gpus(alloc, config.gpus)
+        slurmplan.check_cpus(alloc, nodes, per_node, os.environ, options.slurm_args)
         slurmctl.find("srun")
         self.nodes, self.python, self.world = list(nodes), python, len(nodes) * per_node
-        eps = planning.pserver_endpoints(alloc.job_id, nodes, pservers)
+        eps = slurmplan.pserver_endpoints(alloc.job_id, nodes, pservers)
         self.steps = self._steps(nodes, per_node, pservers, eps, rank_argv, pserver_argv)
         commands = [LaunchCommand(f"allocation {alloc.job_id}", step["argv"])
                     for step in self.steps]
-        return planning.plan_slurm(job, nodes, per_node, pservers, rank_argv, pserver_argv, env,
-                                   eps, commands)
+        return slurmplan.plan_slurm(job, nodes, per_node, pservers, rank_argv, pserver_argv, env,
+                                    eps, commands)
 
     def _steps(self, nodes, per_node, pservers, eps, rank_argv, pserver_argv) -> List[dict]:
         extra = self.config.slurm.slurm_args
@@ -365,7 +365,7 @@ class SlurmLauncher(BaseLauncher):
         return slurmctl.SbatchSpec(
             job_name=options.job_name or (Path(config.script).stem or "fluidctl"),
             nodes=nodes, ntasks_per_node=per_node,
-            command=planning.inner_train_argv(config, layout.root), workdir=os.getcwd(),
+            command=slurmplan.inner_train_argv(config, layout.root), workdir=os.getcwd(),
             output=str(layout.slurm_output), exit_file=str(layout.job_exit("%j")),
             gpus_per_node=per_node if config.gpus is not None else 0, options=options,
             header=f"written by fluidctl {__version__} (fluidctl train --backend slurm); "

@@ -11,7 +11,6 @@ LOG_DIR. ``squeue --json`` is avoided on purpose: its shape changes across Slurm
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -108,13 +107,6 @@ def sbatch_script(spec: SbatchSpec) -> str:
     return "\n".join(lines)
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
 # --- records of submitted jobs -------------------------------------------------------------
 @dataclass
 class JobRecord:
@@ -132,7 +124,7 @@ class JobRecord:
     def save(self) -> Path:
         path = paths.job_record(self.job_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(asdict(self), indent=1) + "\n")
+        paths.write_atomic(path, json.dumps(asdict(self), indent=1) + "\n", 0o644)
         return path
 
     @property
@@ -184,7 +176,7 @@ def submit(spec: SbatchSpec, script_path: Path, log_dir: Path, cluster: str = ""
            ) -> JobRecord:
     """Write the script, ``sbatch --parsable`` it, record the job. A refusal (no such
     partition, bad --time, ...) is a UsageError carrying sbatch's own reason."""
-    write_atomic(script_path, sbatch_script(spec), 0o755)
+    paths.write_atomic(script_path, sbatch_script(spec), 0o755)
     res = client("sbatch", "--parsable", str(script_path))
     if res.returncode != 0:
         raise UsageError(f"sbatch refused the job: {first_error_line(res.stderr + res.stdout)}",

@@ -29,13 +29,14 @@ from fluidctl import __version__
 # the conversation with a node agent (one tagged line each way): fluidctl/agentproto.py, which
 # is all of this side the agent imports
 from fluidctl.agentproto import (AGENT_MODULE, BEAT_TAG, CR_MARK, DOCTOR_TAG, DUMP_COMMAND,
-                                 ENDS_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, STACKS_TAG,
-                                 parse_line, tag_for)
+                                 ENDS_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, STACKS_TAG, Ends,
+                                 NodeShare, ProcessEnd, Probe, RecordError, parse_line,
+                                 tag_for)
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.diagnostics.watch import Diagnostics, StackDump, local_activity
 from fluidctl.errors import UsageError
 from fluidctl.diagnostics.failures import Failure
-from fluidctl.planning import plan as planning
+from fluidctl.planning import plan as planner
 from fluidctl.planning.hosts import Host
 from fluidctl.planning.plan import LaunchCommand, Plan, ProcSpec
 
@@ -73,12 +74,12 @@ class RemoteAgent:
         self._files: Dict[str, object] = {}
         self._lock = threading.Lock()
         self._probed = threading.Event()
-        self.probe: Optional[dict] = None
-        self._record: Optional[dict] = None
+        self.probe: Optional[Probe] = None
+        self._record: Optional[Failure] = None
         self._tail = deque(maxlen=20)
         self._lost = ""
         self.progress = 0                       # collectives completed on the node (beats)
-        self.ends: Optional[List[dict]] = None  # the node's processes' final states
+        self.ends: Optional[List[ProcessEnd]] = None    # the node's processes' final states
         self.ends_came = threading.Event()
         self._stacks: Optional[dict] = None
         self._stacks_came = threading.Event()
@@ -110,7 +111,7 @@ class RemoteAgent:
         os.close(self._ended_w)
 
     # --- the conversation ------------------------------------------------------------------
-    def wait_probe(self, timeout: float) -> Optional[dict]:
+    def wait_probe(self, timeout: float) -> Optional[Probe]:
         """The node's report, or None if the agent did not give one (see ``why_no_probe``)."""
         deadline = time.monotonic() + timeout
         while not self._probed.wait(0.05):
@@ -137,27 +138,29 @@ class RemoteAgent:
                     "same version on every node)")
         return f"node agent exited with code {code}: {said}"
 
-    def send_plan(self, spec: dict, procs: Sequence[ProcSpec]) -> None:
+    def send_plan(self, share: NodeShare, procs: Sequence[ProcSpec]) -> None:
         self.copies = {tag_for(p.role, p.rank): p.log for p in procs}
         self.log = next((p.log for p in procs if p.role == "trainer"), procs[0].log)
-        self.channel.sendall((json.dumps(spec) + "\n").encode())
+        self.channel.sendall((share.to_wire() + "\n").encode())
 
     def doctor(self, request: dict, timeout: float) -> Optional[List[str]]:
         """The node's rendezvous problems (backends/doctor.py), None without an answer."""
+        from fluidctl.remote.ssh import NODE_LOST
         self._doctor, self._doctor_came = None, threading.Event()
         try:
             self.channel.sendall((json.dumps({"doctor": request}) + "\n").encode())
-        except (OSError, EOFError):
+        except NODE_LOST:
             return None
         self._doctor_came.wait(timeout)
         return self._doctor
 
     def ask_stacks(self) -> None:
         """Ask the agent for its ranks' stacks (answered by a ``stacks`` record)."""
+        from fluidctl.remote.ssh import NODE_LOST
         self._stacks, self._stacks_came = None, threading.Event()
         try:
             self.channel.sendall((DUMP_COMMAND + "\n").encode())
-        except (OSError, EOFError):
+        except NODE_LOST:
             self._stacks_came.set()
 
     def stacks(self, timeout: float) -> Optional[dict]:
@@ -166,9 +169,10 @@ class RemoteAgent:
 
     def abandon(self) -> None:
         """Tell an agent that nothing will run (EOF on its stdin) and let go of it."""
+        from fluidctl.remote.ssh import NODE_LOST
         try:
             self.channel.shutdown_write()
-        except (OSError, EOFError):
+        except NODE_LOST:
             pass
         self.proc.close()
 
@@ -187,11 +191,20 @@ class RemoteAgent:
                 # a progress bar's state ended with a lone \r on the node: keep it so
                 f.write(text[:-len(CR_MARK)] + "\r" if text.endswith(CR_MARK) else text + "\n")
                 f.flush()
-        elif tag == PROBE_TAG:
-            self.probe = json.loads(text)
+        else:
+            try:
+                self._record_line(tag, text)
+            except (RecordError, ValueError) as exc:    # not what this version sends
+                self._tail.append(f"unreadable {tag} record: {exc}")
+                self.launch_log(f"[{self.host}] unreadable {tag} record: {exc}")
+
+    def _record_line(self, tag: str, text: str) -> None:
+        """A record from the agent (RecordError or ValueError when it is malformed)."""
+        if tag == PROBE_TAG:
+            self.probe = Probe.from_wire(text)
             self._probed.set()
         elif tag == FAILURE_TAG:
-            self._record = json.loads(text)
+            self._record = Failure.from_record(json.loads(text))
         elif tag == SAY_TAG:
             self.launch_log(f"[{self.host}] {text}")
         elif tag == BEAT_TAG:
@@ -200,13 +213,13 @@ class RemoteAgent:
             self._stacks = json.loads(text)
             self._stacks_came.set()
         elif tag == ENDS_TAG:
-            self.ends = json.loads(text)
+            self.ends = Ends.from_wire(text).ends
             self.ends_came.set()
         elif tag == DOCTOR_TAG:
             self._doctor = json.loads(text)
             self._doctor_came.set()
         else:
-            self.launch_log(f"[{self.host}] unknown agent line: {line}")
+            self.launch_log(f"[{self.host}] unknown agent line: {tag}|{text}")
 
     # --- the Handle protocol ---------------------------------------------------------------
     def fileno(self) -> int:
@@ -229,13 +242,9 @@ class RemoteAgent:
         self.proc.send_signal(signal.SIGINT)       # a second signal: the agent kills at once
 
     def failure(self) -> Failure:
-        if self._record:
-            r = self._record
-            return Failure(r["label"], self.host, r["returncode"],
-                           self.copies.get(r["label"], self.log), r.get("pid"),
-                           r.get("when") or time.time(), r.get("detail", ""),
-                           explanation=r.get("explanation", ""), kind=r.get("kind", ""),
-                           started=r.get("started"))
+        if self._record:        # the agent's own report; the log is our copy of its log
+            return replace(self._record, host=self.host,
+                           log=self.copies.get(self._record.label, self.log))
         code = 255 if self._lost else self.poll()
         detail = (f"SSH connection lost ({self._lost})" if self._lost else
                   "node agent failed: " + (" | ".join(list(self._tail)[-3:]) or f"exit {code}"))
@@ -281,8 +290,8 @@ def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remot
         info = agent.wait_probe(timeout)
         if info is None:
             return node, agent, agent.why_no_probe(python, remote_dir, timeout)
-        if info.get("fluidctl") != __version__:
-            return node, agent, (f"fluidctl {info.get('fluidctl')} there, {__version__} here "
+        if info.fluidctl != __version__:
+            return node, agent, (f"fluidctl {info.fluidctl} there, {__version__} here "
                                  "(install the same version on every node)")
         return node, agent, ""
 
@@ -303,14 +312,13 @@ def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remot
     return connected, agents
 
 
-def agent_spec(the_plan: Plan, node_index: int, *, attempt: int, max_restarts: int,
-               grace: float, label: str, marker: str = "") -> dict:
+def node_share(plan: Plan, node_index: int, *, attempt: int, max_restarts: int,
+               grace: float, label: str, marker: str = "") -> NodeShare:
     """A node's share of the plan; ``marker``: the nonce of the launcher's shared marker
     (``LogLayout.shared_marker``), which tells the agent whether its LOG_DIR is ours."""
-    procs = [replace(p, log="") for p in the_plan.on_node(node_index)]
-    return {"procs": [p.to_json() for p in procs], "attempt": attempt,
-            "max_restarts": max_restarts, "grace": grace, "log_dir": the_plan.job.log_dir,
-            "host": label, "marker": marker}
+    procs = [replace(p, log="") for p in plan.on_node(node_index)]
+    return NodeShare([p.to_json() for p in procs], plan.job.log_dir, label, attempt=attempt,
+                     max_restarts=max_restarts, grace=grace, marker=marker)
 
 
 def make_shared_marker(layout) -> str:
@@ -343,34 +351,33 @@ class SSHLauncher(BaseLauncher):
                                           config.accept_new_host_keys)
         self.hosts = resolved
         names = [h.name for h in resolved]
-        on_pservers = planning.pserver_counts(config.mode, config.pserver_endpoints,
-                                              config.pservers, config.pserver_hosts, names)
+        on_pservers = planner.pserver_counts(config.mode, config.pserver_endpoints,
+                                             config.pservers, config.pserver_hosts, names)
         slots = [h.slots if h.slots_given else None for h in resolved]
-        wanted = {h.name: planning.ports_to_probe(n, config.nproc, k)
+        wanted = {h.name: planner.ports_to_probe(n, config.nproc, k)
                   for h, n, k in zip(resolved, slots, on_pservers)}
         self.connected, self.agents = bring_up(
             resolved, targets, backend=self.name, python=config.interpreter,
             remote_dir=self.remote_dir, timeout=config.ssh_timeout, ports_wanted=wanted,
             launch_log=self.log, venv=config.node_venv)
-        nodes = [planning.remote_node(h.name, self.connected[h.name].peer_address or h.address,
-                                      n, config.nproc, config.gpus, agent.probe["gpu_ids"], k)
+        nodes = [planner.remote_node(h.name, self.connected[h.name].peer_address or h.address,
+                                     n, config.nproc, config.gpus, agent.probe.gpu_ids, k)
                  for h, n, agent, k in zip(resolved, slots, self.agents, on_pservers)]
         config = self._socket_ifnames(config, nodes)
-        job = config.job(nodes, planning.relative_script(config.script, os.getcwd()),
+        job = config.job(nodes, planner.relative_script(config.script, os.getcwd()),
                          multi_node_logs=True)
-        ports = {i: planning.node_ports(job.ports_needed(i), config.started_port,
-                                        agent.probe["ports"])
+        ports = {i: planner.node_ports(job.ports_needed(i), config.started_port,
+                                       agent.probe.ports)
                  for i, agent in enumerate(self.agents)}
         commands = [LaunchCommand(h.name, agent_argv(config.interpreter, wanted[h.name],
                                                      config.node_venv, h.name))
                     for h in resolved]
-        the_plan = planning.plan(job, ports, backend=self.name, commands=commands)
+        plan = planner.make_plan(job, ports, backend=self.name, commands=commands)
         if config.node_venv:    # each node's ranks run with its agent's python (its venv)
             from fluidctl.planning.venv import use_node_interpreters
-            the_plan = use_node_interpreters(the_plan, [a.probe.get("executable")
-                                                        for a in self.agents])
-        self._rendezvous_doctor(the_plan)
-        return the_plan
+            plan = use_node_interpreters(plan, [a.probe.executable for a in self.agents])
+        self._rendezvous_doctor(plan)
+        return plan
 
     def _socket_ifnames(self, config, nodes):
         """The config with NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME set to the interface every
@@ -380,7 +387,7 @@ class SSHLauncher(BaseLauncher):
         if any(name in config.user_env for name in doctor.IFNAME_VARS):
             return config
         ifname = doctor.socket_ifnames([n.address for n in nodes],
-                                       [a.probe for a in self.agents])
+                                       [a.probe.ifaces for a in self.agents])
         if not ifname:
             self.log("network interfaces differ or are unknown: NCCL/GLOO_SOCKET_IFNAME not set")
             return config
@@ -389,12 +396,12 @@ class SSHLauncher(BaseLauncher):
         env = {**config.user_env, **{name: ifname for name in doctor.IFNAME_VARS}}
         return replace(config, user_env=MappingProxyType(env))
 
-    def _rendezvous_doctor(self, the_plan: Plan) -> None:
+    def _rendezvous_doctor(self, plan: Plan) -> None:
         """Ports free on every node, the master reachable from every node, MASTER_ADDR on
         node 0: one line per problem, and nothing starts."""
         import click
         from fluidctl.backends import doctor
-        problems = doctor.examine(the_plan, self.hosts, self.agents, self.config.ssh_timeout)
+        problems = doctor.examine(plan, self.hosts, self.agents, self.config.ssh_timeout)
         if problems:
             for line in problems:
                 click.echo(f"error: {line}", err=True)
@@ -429,7 +436,7 @@ class SSHLauncher(BaseLauncher):
             if not procs:
                 agent.abandon()
                 continue
-            agent.send_plan(agent_spec(plan, i, attempt=attempt,
+            agent.send_plan(node_share(plan, i, attempt=attempt,
                                        max_restarts=config.max_restarts,
                                        grace=config.grace_period, label=self.hosts[i].name,
                                        marker=self.marker),
@@ -485,19 +492,20 @@ class AgentDiagnostics(Diagnostics):
         sizes = local_activity(logs, self.diag)
         return lambda: (sizes(), tuple(a.progress for a in self.agents()))
 
-    def ends(self, result) -> List[dict]:
+    def ends(self, result) -> List[ProcessEnd]:
         """Every rank's final state as its agent reported it (the agent's last record, which
         may still be on its way when the agent's exit is seen); a node whose agent sent none
         (killed, connection lost) is one line."""
         if getattr(self, "_ends_of", (None,))[0] is result:
             return self._ends_of[1]
-        by_node = {e["label"]: e for e in result.ends}
+        by_node = {e.label: e for e in result.ends}
         out = []
         deadline = time.monotonic() + ENDS_WAIT
         for agent in self.agents():
             agent.ends_came.wait(max(0.0, deadline - time.monotonic()))
             if agent.ends:
-                out += [dict(e, host=agent.host) for e in agent.ends]
+                out += [ProcessEnd(e.label, agent.host, e.pid, e.state, e.returncode)
+                        for e in agent.ends]
             elif agent.label in by_node:
                 out.append(by_node[agent.label])
         self._ends_of = (result, out)

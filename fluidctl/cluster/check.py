@@ -13,10 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from fluidctl.remote.sshlib import paramiko
-
 from fluidctl import __version__
-from fluidctl.remote.ssh import DEFAULT_TIMEOUT, ConnectFailed, ConnectionLost, SSHNode, parallel
+from fluidctl.remote.ssh import DEFAULT_TIMEOUT, NODE_LOST, ConnectFailed, SSHNode, parallel
 from fluidctl.planning.hosts import Host
 from fluidctl.remote.sshconfig import resolve_hosts
 
@@ -106,7 +104,7 @@ def check_nodes(hosts: Sequence[Host], ssh_config=None, timeout: float = DEFAULT
             check.reason = str(exc)
         except TimeoutError:
             check.reason = f"checks did not finish within {timeout:g}s (raise --timeout)"
-        except (ConnectionLost, paramiko.SSHException, OSError) as exc:
+        except NODE_LOST as exc:
             check.reason = f"connection failed during the checks: {exc}"
         finally:
             node.close()

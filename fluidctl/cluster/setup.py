@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl import __version__
-from fluidctl.remote.ssh import ConnectionLost, SSHNode
+from fluidctl.remote.ssh import NODE_LOST, SSHNode
 from fluidctl.remote.sftp import FileToSend, SyncPlan, send_files
 from fluidctl.paths import NODE_ENV_RECORD, NODE_WHEELHOUSE, node_venv
 from fluidctl.cluster.wheelhouse import Wheel, Wheelhouse, pip_error
@@ -303,7 +303,7 @@ def inspect(node: SSHNode, venv_spec: str, timeout: Optional[float] = None) -> E
     try:
         result = node.run(inspect_command(node_venv(venv_spec, node.host.name)),
                           timeout=timeout)
-    except (ConnectionLost, TimeoutError, OSError) as exc:
+    except NODE_LOST as exc:
         status.error = f"cannot read the environment: {exc}"
         return status
     line = next((l for l in result.stdout.splitlines() if l.startswith(ENV_MARK)), "")

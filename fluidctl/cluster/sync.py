@@ -148,11 +148,11 @@ def _sync_sftp(host, source, where, excludes, compare, ssh_config, accept_new, t
         node = connected.nodes[host.name]
         try:
             plan = plan_sync(node, Path(source), where, (*DEFAULT_EXCLUDES, *excludes), compare)
-        except (OSError, ssh.ConnectionLost) as exc:
+        except ssh.NODE_LOST as exc:
             return f"cannot list {where}: {exc}"
         try:
             send_files(node, plan, on_bytes)
-        except (OSError, ssh.ConnectionLost) as exc:
+        except ssh.NODE_LOST as exc:
             return f"copy failed: {exc}"
         return where, len(plan.send), plan.bytes, plan.unchanged
     finally:

@@ -142,7 +142,6 @@ Examples:
 def exec_(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote_dir, command):
     from rich.text import Text
     from fluidctl.remote import ssh
-    from fluidctl.remote.sshlib import paramiko
     hosts, targets = _resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
     text = " ".join(command)       # as ssh does: the remote shell sees the words joined
     out, err = console(), console(stderr=True)
@@ -162,7 +161,7 @@ def exec_(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, remote
             try:
                 procs[name] = node.start(text, cwd=remote_dir,
                                          on_line=functools.partial(on_line, name))
-            except (ssh.ConnectionLost, paramiko.SSHException, OSError) as exc:
+            except ssh.NODE_LOST as exc:
                 failures[name] = f"cannot start the command: {exc}"
         for name, proc in procs.items():
             try:
@@ -255,7 +254,6 @@ def setup(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, requir
     from fluidctl.cluster import wheelhouse as wheels
     from fluidctl.cluster import setup as provision
     from fluidctl.remote import ssh
-    from fluidctl.remote.sshlib import paramiko
     from fluidctl.paths import NODE_VENV, wheelhouse_dir
     hosts, targets = _resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
     venv = venv or NODE_VENV
@@ -271,7 +269,7 @@ def setup(hostfile, hosts_arg, ssh_config, timeout, accept_new_host_keys, requir
         try:
             return provision.setup_node(node, house, venv, python, system_site_packages,
                                         dry_run)
-        except (OSError, ssh.ConnectionLost, paramiko.SSHException) as exc:
+        except ssh.NODE_LOST as exc:
             return provision.NodeSetup(node.host.name, reason=f"connection failed: {exc}")
     try:
         results = {r.host: r for r in ssh.parallel(list(connected.nodes.values()), one)}

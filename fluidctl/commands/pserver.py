@@ -147,11 +147,7 @@ def _ensure_state_dir() -> None:
 
 def _write_private(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    paths.write_atomic(path, text, 0o600)
 
 
 def _refuse_if_running(port: int) -> None:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence
 
+from fluidctl.diagnostics.failures import FailureKind, signal_of
 from fluidctl.units import human_bytes
 
 SIGNAL_MEANING = {
@@ -42,18 +42,6 @@ SIGNAL_MEANING = {
     "SIGHUP": "hung up (SIGHUP: its terminal or session went away)",
     "SIGPIPE": "wrote to a closed pipe (SIGPIPE)",
 }
-
-
-def signal_of(returncode: int) -> Optional[str]:
-    """The signal's name for a Popen-style return code (negative) or a shell's 128+N."""
-    number = -returncode if returncode < 0 else (returncode - 128 if 128 < returncode < 160
-                                                   else 0)
-    if not number:
-        return None
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def explain_signal(name: str) -> str:
@@ -277,7 +265,7 @@ def python_exception(lines: Sequence[str]) -> Optional[PyException]:
 
 @dataclass
 class Explanation:
-    kind: str           # "oom", "nccl", "exception", "signal", "exit"
+    kind: FailureKind
     text: str
 
 
@@ -292,20 +280,23 @@ def explain(returncode: int, tail: Sequence[str], *, pid: Optional[int] = None,
         if mine:
             r = mine[-1]
             where = "its memory cgroup's limit" if r.cgroup else "the machine's memory"
-            return Explanation("oom", f"killed for memory: it used {human_bytes(r.rss_bytes)} "
-                                      f"when the kernel's OOM killer stopped it ({where} was "
-                                      f"exhausted; kernel record: Killed process {r.pid} "
-                                      f"({r.comm}))")
+            return Explanation(FailureKind.OOM,
+                               f"killed for memory: it used {human_bytes(r.rss_bytes)} "
+                               f"when the kernel's OOM killer stopped it ({where} was "
+                               f"exhausted; kernel record: Killed process {r.pid} "
+                               f"({r.comm}))")
         if cgroup_oom_kills > 0:
             limit = f" of {human_bytes(cgroup_limit)}" if cgroup_limit else ""
-            return Explanation("oom", f"killed for memory: the job's memory cgroup limit{limit} "
-                                      f"was hit (memory oom_kill count +{cgroup_oom_kills})")
+            return Explanation(FailureKind.OOM,
+                               f"killed for memory: the job's memory cgroup limit{limit} "
+                               f"was hit (memory oom_kill count +{cgroup_oom_kills})")
     nccl = nccl_error(tail)
     exc = python_exception(tail)
     if nccl:
-        return Explanation("nccl", f"NCCL error {nccl}" + (f"; raised as {exc}" if exc else ""))
+        return Explanation(FailureKind.NCCL,
+                           f"NCCL error {nccl}" + (f"; raised as {exc}" if exc else ""))
     if exc:
-        return Explanation("exception", str(exc))
+        return Explanation(FailureKind.EXCEPTION, str(exc))
     if sig:
-        return Explanation("signal", explain_signal(sig))
-    return Explanation("exit", f"exit code {returncode} (no traceback in its log)")
+        return Explanation(FailureKind.SIGNAL, explain_signal(sig))
+    return Explanation(FailureKind.EXIT, f"exit code {returncode} (no traceback in its log)")

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Callable, Dict, Hashable, List, Optional, Sequence
 
 from fluidctl.diagnostics import progress, triage
-from fluidctl.diagnostics.failures import Failure, log_tail
-from fluidctl.paths import DiagDir, hang_dir
+from fluidctl.agentproto import ProcessEnd
+from fluidctl.diagnostics.failures import Failure, end_record, log_tail
+from fluidctl.paths import DiagDir, hang_dir, write_atomic
 
 HANG_EXIT = 124             # the job was stopped because it hung (timeout(1)'s code)
 TRIAGE_TAIL = 200           # log lines searched for a traceback or an NCCL error
@@ -65,26 +66,13 @@ class Triage:
             failure.explanation = f"(triage failed: {exc})"
 
 
-def failure_record(failure: Failure, tail_lines: int) -> dict:
-    since = failure.when - failure.started if failure.started else None
-    return {"label": failure.label, "host": failure.host, "pid": failure.pid,
-            "returncode": failure.returncode, "exit_code": failure.exit_code,
-            "signal": triage.signal_of(failure.returncode) if failure.returncode < 0 else None,
-            "reason": failure.reason, "kind": failure.kind, "explanation": failure.explanation,
-            "when": failure.when, "seconds_since_start": round(since, 3) if since else None,
-            "log": failure.log, "log_tail": log_tail(failure.log, tail_lines)
-            if failure.log else list(failure.tail)}
-
-
 def write_failure_json(path: Path, exit_code: int, failure: Optional[Failure],
-                       ends: Sequence[dict], tail_lines: int,
+                       ends: Sequence[ProcessEnd], tail_lines: int,
                        hang: Optional[dict] = None) -> None:
     record = {"exit_code": exit_code,
-              "first_failure": failure_record(failure, tail_lines) if failure else None,
-              "processes": list(ends), "hang": hang}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, path)
+              "first_failure": failure.to_record(tail_lines) if failure else None,
+              "processes": [end_record(e) for e in ends], "hang": hang}
+    write_atomic(path, json.dumps(record, indent=2) + "\n")
 
 
 # --- stacks ----------------------------------------------------------------------------------
@@ -279,8 +267,8 @@ class Diagnostics:
         """Collectives completed by this node's ranks (the agent's heartbeat carries it)."""
         return sum(progress.read_all(self.diag).values())
 
-    def ends(self, result) -> List[dict]:
-        """Every process's final state (label, host, pid, state)."""
+    def ends(self, result) -> List[ProcessEnd]:
+        """Every process's final state."""
         return list(result.ends)
 
     def close(self) -> None:
@@ -291,14 +279,11 @@ def write_job_state(root: Path) -> None:
     """LOG_DIR/job.json while the job runs: the launcher's pid and host, for ``fluidctl dump``
     (LOG_DIR may be on a file system other machines see: a pid means nothing there)."""
     from fluidctl.paths import LogLayout
-    path = LogLayout(root).job_state
-    tmp = path.with_name(path.name + ".tmp")
     from fluidctl import envs
     state = {"pid": os.getpid(), "host": os.uname().nodename, "started": time.time()}
     if os.environ.get(envs.SLURM_JOB_ID):        # where `fluidctl dump` can reach it from
         state["slurm_job_id"] = os.environ[envs.SLURM_JOB_ID]
-    tmp.write_text(json.dumps(state) + "\n")
-    os.replace(tmp, path)
+    write_atomic(LogLayout(root).job_state, json.dumps(state) + "\n")
 
 
 def clear_job_state(root: Path) -> None:

@@ -34,7 +34,7 @@ def launch(config: "LaunchConfig", launcher_name: Optional[str] = None, *,
         config.check_tee_ranks(len(plan.trainers))
         if dry_run:
             print_plan(plan, as_json, show_secrets)
-            if not as_json and getattr(launcher, "describe", None):
+            if not as_json:
                 print(launcher.describe(plan), end="")
             return 0
         return execute(plan, launcher, config, launch_log).exit_code
@@ -49,7 +49,7 @@ def execute(plan: Plan, launcher: "Launcher", config: "LaunchConfig",
     job failed."""
     layout = config.layout
     layout.create()
-    owner = getattr(launcher, "owns_log_dir", True)
+    owner = launcher.owns_log_dir
     lock = _lock_log_dir(layout) if owner else None
     try:
         return _execute(plan, launcher, config, launch_log, layout, owner)
@@ -73,12 +73,14 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
     if owner:
         for stale in run.clear_stale(layout, logs):
             launch_log(f"removed {stale}: an earlier job's log, not this job's")
-    return run.run_supervised(
-        lambda attempt: launcher.start(plan, attempt), logs=logs,
-        launch_log=launch_log, options=RunOptions(config.grace_period, config.max_restarts),
+    shown = run.ConsoleOutput(
         sources=launcher.echo_sources(plan, config.tee, config.tee_ranks),
         report=run.failure_reporter(config.log_tail, layout.failure_json),
-        diagnostics=launcher.diagnostics(config), on_hang=run.hang_reporter)
+        on_hang=run.hang_reporter)
+    return run.run_supervised(
+        lambda attempt: launcher.start(plan, attempt), logs=logs, launch_log=launch_log,
+        options=RunOptions(config.grace_period, config.max_restarts), shown=shown,
+        watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config)))
 
 
 def _lock_log_dir(layout) -> int:

@@ -6,20 +6,21 @@ echo, the supervisor, the sweep of leftover descendants, and the one failure rep
 """
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
+from typing import IO, TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 from fluidctl.procs import lifeline
 from fluidctl.procs import local
 from fluidctl.backends.base import Handle
+from fluidctl.diagnostics.failures import Failure
 from fluidctl.launch.echo import LogEcho
 from fluidctl.planning.plan import Plan
 from fluidctl.launch.supervisor import LaunchLog, RunOptions, RunResult, Supervisor
-from fluidctl.paths import LogLayout
+from fluidctl.paths import LogLayout, write_atomic
 
 if TYPE_CHECKING:
     from fluidctl.diagnostics.watch import Diagnostics
@@ -79,45 +80,60 @@ def append_header(paths: Sequence[str], attempt: int, max_restarts: int) -> None
             f.write(restart_header(attempt, max_restarts))
 
 
-def write_endpoints(layout: LogLayout, the_plan: Plan) -> None:
-    lines = [f"master {the_plan.master}"]
-    lines += [f"{p.role} {p.rank} {p.host} {p.endpoint}" for p in the_plan.procs]
-    tmp = layout.endpoints.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, layout.endpoints)
+def write_endpoints(layout: LogLayout, plan: Plan) -> None:
+    lines = [f"master {plan.master}"]
+    lines += [f"{p.role} {p.rank} {p.host} {p.endpoint}" for p in plan.procs]
+    write_atomic(layout.endpoints, "\n".join(lines) + "\n")
+
+
+@dataclass
+class ConsoleOutput:
+    """What the console shows of a supervised job: the logs it echoes (``sources``: (path,
+    line prefix)) to ``out`` (stdout if None), a ``cr_mark`` written for a line's lone \\r (a
+    node agent streaming to its launcher), ``report(failure)`` printing the failure, and
+    ``on_hang(summary lines, dump dir)`` printing what the hang watchdog found."""
+    sources: List[Tuple[str, str]] = field(default_factory=list)
+    out: Optional[IO[str]] = None
+    cr_mark: str = ""
+    report: Optional[Callable[[Failure], None]] = None
+    on_hang: Optional[Callable[[List[str], Optional[Path]], None]] = None
+
+
+@dataclass
+class RunWatchers:
+    """What watches a supervised job besides its supervisor: ``heartbeat()`` (a line written
+    every HEARTBEAT seconds, so a console that went away, such as a dropped SSH connection, is
+    noticed even when the workers are silent; ``on_broken()`` is called then) and
+    ``diagnostics`` (fluidctl/diagnostics/watch.py: failure triage, the ``--hang-timeout``
+    watchdog, ``fluidctl dump`` requests (SIGUSR1), failure.json and job.json in its
+    ``log_root``)."""
+    heartbeat: Optional[Callable[[], str]] = None
+    on_broken: Optional[Callable[[], None]] = None
+    diagnostics: Optional["Diagnostics"] = None
 
 
 def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
-                   launch_log: LaunchLog, options: RunOptions,
-                   sources: List[Tuple[str, str]], out=None,
-                   report: Optional[Callable] = None,
-                   on_broken: Optional[Callable[[], None]] = None,
-                   heartbeat: Optional[Callable[[], str]] = None, fresh: bool = True,
-                   cr_mark: str = "",
-                   diagnostics: Optional["Diagnostics"] = None,
-                   on_hang: Optional[Callable[[List[str], Optional[Path]], None]] = None
-                   ) -> RunResult:
+                   launch_log: LaunchLog, options: RunOptions, shown: ConsoleOutput,
+                   watchers: Optional[RunWatchers] = None, fresh: bool = True) -> RunResult:
     """Supervise attempts made by ``start`` with the console echo running; ``logs`` are
-    truncated first and get a header before each restart; ``report(failure)`` prints the
-    failure; with ``fresh`` False (a node agent's restart) the logs are kept and only what is
-    written from now on is echoed. ``heartbeat()`` (a line) is written every HEARTBEAT seconds so that a console which
-    went away (a dropped SSH connection) is noticed even when the workers are silent;
-    ``on_broken`` is then called. ``diagnostics`` (fluidctl/diagnostics/watch.py): failure triage, the
-    ``--hang-timeout`` watchdog (``on_hang(summary lines, dump dir)`` prints what it found),
-    ``fluidctl dump`` requests (SIGUSR1), failure.json and job.json in its ``log_root``."""
+    truncated first and get a header before each restart; with ``fresh`` False (a node
+    agent's restart) the logs are kept and only what is written from now on is echoed."""
+    watchers = watchers or RunWatchers()
+    diagnostics = watchers.diagnostics
     if fresh:
         fresh_logs(logs)
     local.become_subreaper()
     lifeline.start_watchdog()           # kills the job's process groups if we are SIGKILLed
     if diagnostics:
         lifeline.remove_on_death(diagnostics.diag.root)     # and removes its /dev/shm dir
-    echo = LogEcho(sources, out, on_broken, from_end=not fresh, cr_mark=cr_mark)
+    echo = LogEcho(shown.sources, shown.out, watchers.on_broken, from_end=not fresh,
+                   cr_mark=shown.cr_mark)
     echo.start()
     beating = threading.Event()
-    if heartbeat:
+    if watchers.heartbeat:
         def beat():
             while not beating.wait(HEARTBEAT):
-                echo.say(heartbeat())
+                echo.say(watchers.heartbeat())
         threading.Thread(target=beat, name="fluidctl-heartbeat", daemon=True).start()
 
     def before_restart(attempt: int) -> None:
@@ -125,7 +141,8 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
 
     supervisor = Supervisor(start, options, log=launch_log, say=echo.say,
                             before_restart=before_restart)
-    watch = _Watch(supervisor, diagnostics, logs, launch_log, on_hang) if diagnostics else None
+    watch = (_Watch(supervisor, diagnostics, logs, launch_log, shown.on_hang)
+             if diagnostics else None)
     try:
         if watch:
             watch.start()
@@ -143,10 +160,10 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
         if result.failure is not None:
             diagnostics.triage.explain(result.failure)
             result.failure.others = [e for e in diagnostics.ends(result)
-                                     if e["label"] != result.failure.label]
+                                     if e.label != result.failure.label]
         watch.finish(result)
-    if result.failure is not None and report is not None:
-        report(result.failure)
+    if result.failure is not None and shown.report is not None:
+        shown.report(result.failure)
     launch_log(f"exit code {result.exit_code}")
     return result
 

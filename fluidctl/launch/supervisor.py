@@ -15,9 +15,10 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
-from fluidctl.diagnostics.failures import Failure, describe_exit
+from fluidctl.agentproto import EndState, ProcessEnd
+from fluidctl.diagnostics.failures import Failure
 
 if TYPE_CHECKING:
     from fluidctl.backends.base import Handle
@@ -38,7 +39,7 @@ class RunResult:
     failure: Optional[Failure] = None
     signal: Optional[int] = None
     attempts: int = 1
-    ends: List[dict] = field(default_factory=list)   # every process: label, host, state
+    ends: List[ProcessEnd] = field(default_factory=list)     # every process's final state
     aborted: str = ""           # why fluidctl stopped the job itself (a hang)
 
 
@@ -90,7 +91,7 @@ class Supervisor:
         self._abort: Optional[tuple] = None
         self._abort_lock = threading.Lock()
         self._closed = False
-        self._ends: dict = {}
+        self._ends: Dict[str, ProcessEnd] = {}
         self._stopping = False
         self._handles: List[Handle] = []
         self._wake_r, self._wake_w = os.pipe()
@@ -125,8 +126,10 @@ class Supervisor:
         """The handles of the running attempt."""
         return list(self._handles)
 
-    def _ended(self, h: Handle, state: str) -> None:
-        self._ends[h.label] = {"label": h.label, "host": h.host, "pid": h.pid, "state": state}
+    def _ended(self, h: Handle, code: Optional[int], stopped: bool = False) -> None:
+        state = (EndState.STOPPED if stopped else EndState.FINISHED if code == 0
+                 else EndState.FAILED)
+        self._ends[h.label] = ProcessEnd(h.label, h.host, h.pid, state, code)
 
     def _result(self, code: int, **kw) -> RunResult:
         return RunResult(code, ends=list(self._ends.values()), **kw)
@@ -205,7 +208,7 @@ class Supervisor:
                     if h.fileno() >= 0:
                         selector.unregister(h.fileno())
                     self.log(f"{h.label} (pid {h.pid}) ended with code {code}")
-                    self._ended(h, "finished" if code == 0 else f"failed: {describe_exit(code)}")
+                    self._ended(h, code)
                     if code != 0:
                         return h.failure()
                     if h.service:
@@ -242,13 +245,11 @@ class Supervisor:
             live = self._wait_all(live, KILL_WAIT)
         for h in stopped:
             self.log(f"{h.label} (pid {h.pid}) stopped with code {h.poll()}")
-            code = h.poll()
-            self._ended(h, "still running; stopped by fluidctl"
-                        + (f" ({describe_exit(code)})" if code is not None else ""))
+            self._ended(h, h.poll(), stopped=True)
         for h in handles:
             code = h.poll()
             if code is not None and h.label not in self._ends:     # ended on its own meanwhile
-                self._ended(h, "finished" if code == 0 else f"failed: {describe_exit(code)}")
+                self._ended(h, code)
             if code is not None:
                 h.close()
 

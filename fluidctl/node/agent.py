@@ -26,7 +26,8 @@ from pathlib import Path
 
 from fluidctl import __version__
 from fluidctl.agentproto import (BEAT_TAG, CR_MARK, DOCTOR_TAG, DUMP_COMMAND, ENDS_TAG,
-                                 FAILURE_TAG, MARK, PROBE_TAG, SAY_TAG, STACKS_TAG, tag_for)
+                                 FAILURE_TAG, MARK, PROBE_TAG, SAY_TAG, STACKS_TAG, Ends,
+                                 NodeShare, Probe, RecordError, tag_for)
 from fluidctl.errors import UsageError
 
 
@@ -35,18 +36,16 @@ def emit(tag: str, text: str) -> None:
     sys.stdout.flush()
 
 
-def probe(ports: int) -> dict:
+def probe(ports: int) -> Probe:
     """What the launcher needs to know about this node before it plans."""
     from fluidctl.planning import devices
     from fluidctl.net import free_ports
     from fluidctl.node import doctor
     free = free_ports(ports, "")
     gpus = devices.discover_gpus(os.environ)       # ids as this node's CUDA_VISIBLE_DEVICES
-    return {"python": sys.version.split()[0], "fluidctl": __version__,
-            "executable": sys.executable,
-            "disk_free": shutil.disk_usage(".").free, "cwd": os.getcwd(),
-            "gpus": len(gpus), "gpu_ids": gpus, "ports": free,
-            "ifaces": doctor.interfaces()}
+    return Probe(sys.version.split()[0], __version__, sys.executable,
+                 shutil.disk_usage(".").free, os.getcwd(), list(gpus), list(free),
+                 doctor.interfaces())
 
 
 def shares_log_dir(layout, nonce: str) -> bool:
@@ -82,50 +81,63 @@ def main(argv=None) -> None:
         sys.exit(exc.exit_code)
 
 
+def _read_share() -> NodeShare:
+    """Answer the launcher's rendezvous checks until its plan for this node comes; exit
+    quietly on an empty line (the launcher decided not to run: a dry run, a bad node)."""
+    not_by_hand = "the node agent is started by fluidctl train; do not run it by hand"
+    held = None                           # node 0: the master port, listening until the plan
+    while True:
+        line = sys.stdin.readline()
+        if not line.strip():
+            sys.exit(0)
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise UsageError(f"unreadable node plan: {exc}", not_by_hand)
+        if not (isinstance(record, dict) and "doctor" in record):
+            break
+        from fluidctl.node import doctor
+        problems, held = doctor.node_checks(record["doctor"])
+        emit(DOCTOR_TAG, json.dumps(problems))
+    if held is not None:
+        held.close()
+    try:
+        return NodeShare.from_record(record)
+    except RecordError as exc:
+        raise UsageError(str(exc), not_by_hand) from None
+
+
 def node_agent(ports: int) -> None:
     """Run this node's share of a job (started by fluidctl over SSH). The probe goes out first:
     the launcher plans while the supervisor, the planner and the diagnostics load here."""
-    emit(PROBE_TAG, json.dumps(probe(ports)))
+    emit(PROBE_TAG, probe(ports).to_wire())
     from fluidctl.procs.local import start_procs
     from fluidctl.launch import run
     from fluidctl.diagnostics.watch import Diagnostics
     from fluidctl.planning.plan import ProcSpec
     from fluidctl.launch.supervisor import LaunchLog, RunOptions
     from fluidctl.paths import LogLayout
-    held = None                           # node 0: the master port, listening until the plan
-    while True:
-        line = sys.stdin.readline()
-        if not line.strip():              # the launcher decided not to run (dry run, bad node)
-            sys.exit(0)
-        try:
-            spec = json.loads(line)
-        except ValueError as exc:
-            raise UsageError(f"unreadable node plan: {exc}",
-                             "the node agent is started by fluidctl train; do not run it by "
-                             "hand")
-        if "doctor" not in spec:
-            break
-        from fluidctl.node import doctor
-        problems, held = doctor.node_checks(spec["doctor"])
-        emit(DOCTOR_TAG, json.dumps(problems))
-    if held is not None:
-        held.close()
-    procs = [ProcSpec(**p) for p in spec["procs"]]
-    layout = LogLayout(Path(spec["log_dir"]), spec["host"])     # LOG_DIR/<host>/, as there
+    share = _read_share()
+    try:
+        procs = [ProcSpec(**p) for p in share.procs]
+    except TypeError as exc:
+        raise UsageError(f"the node plan's processes are not this version's ({exc})",
+                         "install the same fluidctl version on every node") from None
+    layout = LogLayout(Path(share.log_dir), share.host)     # LOG_DIR/<host>/, as there
     layout.create()
     logs = [str(layout.for_role(p.role, p.rank)) for p in procs]
-    launch_log = LaunchLog(str(layout.node_launch(spec["host"])))
-    attempt = int(spec.get("attempt", 0))
-    launch_log(f"node agent for {spec['host']}: attempt {attempt}, "
+    launch_log = LaunchLog(str(layout.node_launch(share.host)))
+    attempt = share.attempt
+    launch_log(f"node agent for {share.host}: attempt {attempt}, "
                + ", ".join(p.label for p in procs))
-    shared = shares_log_dir(layout, spec.get("marker", ""))
+    shared = shares_log_dir(layout, share.marker)
     if shared:          # the launcher's own files: it empties them, it writes restart headers
         launch_log(f"{layout.dir.resolve()} is the launcher's (its marker is here): the "
                    "ranks write their logs there, nothing is streamed")
         emit(SAY_TAG, f"LOG_DIR is shared with the launcher: {len(logs)} log(s) in "
                       f"{layout.dir} written by the ranks there, not streamed")
     elif attempt:
-        run.append_header(logs, attempt, int(spec.get("max_restarts", attempt)))
+        run.append_header(logs, attempt, share.max_restarts)
     else:
         for stale in run.clear_stale(layout, logs):
             launch_log(f"removed {stale}: an earlier job's log, not this job's")
@@ -136,26 +148,22 @@ def node_agent(ports: int) -> None:
         diagnostics.current = start_procs(procs, attempt, logs, extra_env=diagnostics.env())
         return diagnostics.current
 
-    def report(failure):
-        emit(FAILURE_TAG, json.dumps({
-            "label": failure.label, "host": failure.host, "returncode": failure.returncode,
-            "pid": failure.pid, "when": failure.when, "detail": failure.detail,
-            "explanation": failure.explanation, "kind": failure.kind,
-            "started": failure.started}))
-
     def lost():
         launch_log("stdout broke: the launcher is gone; stopping this node's processes")
         os.kill(os.getpid(), signal.SIGTERM)
 
-    result = run.run_supervised(
-        start, logs=logs, fresh=not attempt and not shared, launch_log=launch_log,
-        options=RunOptions(float(spec.get("grace", 5.0)), 0),
+    shown = run.ConsoleOutput(
         sources=[] if shared else [(log, f"{MARK}{tag_for(p.role, p.rank)}|")
                                    for p, log in zip(procs, logs)],
-        report=report, on_broken=lost, cr_mark=CR_MARK, diagnostics=diagnostics,
-        heartbeat=lambda: f"{MARK}{BEAT_TAG}|{diagnostics.progress()}")
+        cr_mark=CR_MARK,
+        report=lambda failure: emit(FAILURE_TAG, json.dumps(failure.to_record())))
+    watchers = run.RunWatchers(heartbeat=lambda: f"{MARK}{BEAT_TAG}|{diagnostics.progress()}",
+                               on_broken=lost, diagnostics=diagnostics)
+    result = run.run_supervised(start, logs=logs, fresh=not attempt and not shared,
+                                launch_log=launch_log, options=RunOptions(share.grace, 0),
+                                shown=shown, watchers=watchers)
     try:
-        emit(ENDS_TAG, json.dumps(result.ends))
+        emit(ENDS_TAG, Ends(result.ends).to_wire())
     except (BrokenPipeError, ValueError):   # the launcher is gone
         pass
     launch_log.close()

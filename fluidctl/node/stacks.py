@@ -21,7 +21,7 @@ from typing import List, Optional
 
 def main(argv: Optional[List[str]] = None) -> int:
     from fluidctl.diagnostics.watch import StackDump, Target, take_stacks
-    from fluidctl.paths import DiagDir
+    from fluidctl.paths import DiagDir, write_atomic
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m fluidctl.node.stacks DIAG_DIR", file=sys.stderr)
@@ -31,10 +31,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     targets = [Target(rank, pid, node, f"trainer {rank}")
                for rank, (where, pid) in sorted(diag.ranks().items()) if where == node]
     dump = take_stacks(targets, diag) if targets else StackDump()
-    out = diag.node_stacks(node)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(dump.to_json()))
-    os.replace(tmp, out)
+    write_atomic(diag.node_stacks(node), json.dumps(dump.to_json()))
     return 0
 
 

@@ -1,10 +1,10 @@
 """Planning: which process runs where, with which rank, endpoint, devices and environment.
 
-Pure: ``plan(job, ports)`` does no I/O, so every rank's environment can be unit-tested and shown
-by ``--dry-run`` without starting anything. Backends only start what the plan says: they gather
-facts (a node's GPUs, free ports, the address it was reached at) and hand them to the functions
-here, which decide (``local_node``, ``remote_node``, ``pserver_counts``, ``ports_to_probe``,
-``node_ports``, ``place_ranks``, ``plan``).
+Pure: ``make_plan(job, ports)`` does no I/O, so every rank's environment can be unit-tested and
+shown by ``--dry-run`` without starting anything. Backends only start what the plan says: they
+gather facts (a node's GPUs, free ports, the address it was reached at) and hand them to the
+functions here, which decide (``local_node``, ``remote_node``, ``pserver_counts``, ``ports_to_probe``,
+``node_ports``, ``place_ranks``, ``make_plan``).
 
 ``Plan.to_json()`` is what ``fluidctl train --dry-run --json`` prints, the same schema for
 every backend (see docs/architecture.md, "The plan as JSON").
@@ -218,8 +218,8 @@ def relative_script(script: str, cwd: str) -> str:
     return absolute if rel.startswith("..") else rel
 
 
-def plan(job: JobSpec, ports: Mapping[int, Sequence[int]], backend: str = "local",
-         commands: Sequence[LaunchCommand] = ()) -> Plan:
+def make_plan(job: JobSpec, ports: Mapping[int, Sequence[int]], backend: str = "local",
+              commands: Sequence[LaunchCommand] = ()) -> Plan:
     """Lay the job out. ``ports[i]`` are the ports reserved on node i (``job.ports_needed(i)``
     of them): trainers first, then pservers, then (node 0) the master's. ``backend`` and
     ``commands`` (what that backend runs itself) are recorded for --dry-run."""

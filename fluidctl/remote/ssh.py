@@ -46,6 +46,11 @@ class ConnectionLost(Exception):
     """The SSH connection to a node died while a command ran."""
 
 
+# "the node is gone": what talking to a node raises once its connection died (TimeoutError is
+# an OSError); caught as one tuple wherever a dead node ends the conversation
+NODE_LOST = (ConnectionLost, EOFError, OSError, paramiko.SSHException)
+
+
 def describe_connect_error(exc: BaseException, target: SSHTarget, timeout: float,
                            timeout_option: str = "--timeout") -> str:
     """One sentence per failure a user meets, saying what to check; ``timeout_option`` is the
@@ -175,7 +180,7 @@ class RemoteProcess:
                 if not data:
                     break
                 splitter.feed(data)
-        except (OSError, EOFError, paramiko.SSHException):
+        except NODE_LOST:
             pass
         finally:
             splitter.close()
@@ -246,7 +251,7 @@ class RemoteProcess:
         try:
             return self.node.run(f"kill -{name} -- -{pid} 2>/dev/null || kill -{name} {pid}",
                                  timeout=self.node.timeout).exit_code == 0
-        except (ConnectionLost, ConnectFailed, TimeoutError, paramiko.SSHException, OSError):
+        except (ConnectFailed, *NODE_LOST):
             return False
 
     def close(self) -> None:

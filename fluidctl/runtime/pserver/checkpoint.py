@@ -24,6 +24,7 @@ from typing import Dict, Optional
 import numpy as np
 
 import fluidctl.runtime.optim as optim
+from fluidctl.paths import write_atomic
 from fluidctl.runtime.pserver.protocol import BadRequest, safe_dtype, safe_shape
 from fluidctl.runtime.pserver.shard import ShardState
 from fluidctl.runtime.pserver.sparse import SparseTable
@@ -97,12 +98,7 @@ def save(state: ShardState, directory: Path) -> Path:
         "sparse": [t.meta() for t in state.sparse.values()],
         "arrays": entries,
     }
-    tmp_manifest = directory / f".{MANIFEST}.tmp"
-    with open(tmp_manifest, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp_manifest, directory / MANIFEST)
+    write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1))
     _fsync_dir(directory)
     for old in directory.glob("shard-*.bin"):
         if old.name != data_name:

@@ -225,11 +225,12 @@ class PServer:
             return
         from fluidctl import paths
         try:
-            _atomic_write(paths.pserver_state_file(self.port),
-                          json.dumps(self.state(), indent=1))
+            state_file = paths.pserver_state_file(self.port)
+            state_file.parent.mkdir(parents=True, exist_ok=True)
+            paths.write_atomic(state_file, json.dumps(self.state(), indent=1))
             pid_file = paths.pserver_pid_file(self.port)
             if not pid_file.exists():
-                _atomic_write(pid_file, f"{os.getpid()}\n")
+                paths.write_atomic(pid_file, f"{os.getpid()}\n")
         except OSError as exc:
             if strict:
                 raise
@@ -416,16 +417,4 @@ def _try_send(sock, header) -> None:
         pass
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
 
