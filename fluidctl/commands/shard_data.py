@@ -1,5 +1,5 @@
 """``fluidctl shard-data``, the click command: its options and help. The work (options ->
-ShardOptions -> fluidctl.sharding.shard()) is ``commands/shard_data_run.run``, which
+ShardOptions -> fluidctl.sharding.shard()) is ``fluidctl.sharding.run.run``, which
 ``fluidctl.cli`` also calls directly for the plain forms (``fluidctl.fastargs``)."""
 from __future__ import annotations
 

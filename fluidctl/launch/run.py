@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 from fluidctl.procs import lifeline
 from fluidctl.procs import local
 from fluidctl.backends.base import Handle
+from fluidctl.diagnostics.dump import DUMP_REQUEST      # `fluidctl dump` asks for stacks
 from fluidctl.launch.echo import LogEcho
 from fluidctl.planning.plan import Plan
 from fluidctl.launch.supervisor import LaunchLog, RunOptions, RunResult, Supervisor
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     from fluidctl.diagnostics.watch import Diagnostics
 
 HEARTBEAT = 2.0
-DUMP_REQUEST = signal.SIGUSR1       # `fluidctl dump` asks the running launcher for stacks
 
 
 def failure_reporter(tail_lines: int, json_path: Optional[Path] = None) -> Callable:
