@@ -28,26 +28,37 @@ def click_params(path, argv):
 
 
 @pytest.mark.parametrize("path", list(fastargs.COMMANDS))
-def test_the_table_is_the_click_command_s(path, paths):
+def test_the_click_command_is_built_from_the_table(path, paths):
+    """The table is the one declaration: click's command has its options and no other, each
+    with its kind, destination and help, and gives its defaults when nothing is passed."""
     table = fastargs.COMMANDS[path]
     command = click_command(path)
     absent = click_params(path, [])             # every value when nothing is given
     names = set()
     for param in command.params:
         if isinstance(param, click.Argument):
-            dest, _, default, many = table.argument
-            assert (param.name, absent[param.name], many) == (dest, default, param.nargs == -1)
+            arg = table.argument
+            assert (param.name, absent[param.name], param.nargs == -1) == (
+                arg.dest, arg.default, arg.many)
             continue
         assert param.name in table.defaults, f"--{param.name} missing from fastargs"
         assert not param.envvar, f"--{param.name} reads an environment variable: not here"
         assert table.defaults[param.name] == absent[param.name], param.name
         for name in param.opts:
             names.add(name)
-            dest, kind, _ = table.options[name]
-            assert dest == param.name
-            assert kind == (fastargs.FLAG if param.is_flag else
-                            fastargs.MULTI if param.multiple else fastargs.VALUE), name
+            declared = table.options[name]
+            assert declared.dest == param.name and declared.help == param.help
+            assert declared.kind == (fastargs.FLAG if param.is_flag else
+                                     fastargs.MULTI if param.multiple else fastargs.VALUE), name
     assert set(table.options) == names - {"--help"}
+
+
+def test_the_other_cluster_commands_share_the_host_options():
+    """check, exec and setup take --hostfile ... --accept-new-host-keys from the same table."""
+    for name in ("check", "exec", "setup"):
+        params = {p.name: p for p in click_command(("cluster", name)).params}
+        for declared in fastargs.HOST_OPTIONS:
+            assert params[declared.dest].help == declared.help, (name, declared.dest)
 
 
 SYNC = ("cluster", "sync")

@@ -7,30 +7,11 @@ from __future__ import annotations
 
 import click
 
-from fluidctl.cluster.sync import DEFAULT_TIMEOUT as SSH_TIMEOUT
+from fluidctl import fastargs
+from fluidctl.commands import fastoptions
 
 
-def host_options(fn):
-    """--hostfile/--hosts, --ssh-config, --timeout, --accept-new-host-keys: every subcommand."""
-    options = [
-        click.option("--hostfile", type=click.Path(dir_okay=False),
-                     help="Nodes, one per line: 'node1 slots=4', 'node1:4', 'user@node1' "
-                          "(e.g. --hostfile hosts.txt)."),
-        click.option("--hosts", "hosts_arg", metavar="LIST",
-                     help="Nodes on the command line instead (e.g. --hosts node1:2,node2:2)."),
-        click.option("--ssh-config", type=click.Path(dir_okay=False),
-                     help="ssh config for Host aliases, ports, users and keys "
-                          "(default ~/.ssh/config; e.g. --ssh-config cluster.conf)."),
-        click.option("--timeout", type=click.FloatRange(min=0.1), default=SSH_TIMEOUT,
-                     show_default=True,
-                     help="Seconds to wait for each node (e.g. --timeout 30)."),
-        click.option("--accept-new-host-keys", is_flag=True,
-                     help="Trust and record host keys not yet in known_hosts (like ssh "
-                          "-o StrictHostKeyChecking=accept-new); changed keys are still refused."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+host_options = fastoptions.options(fastargs.HOST_OPTIONS)     # every subcommand's
 
 
 @click.group(help="""Provision, check, fill and drive the nodes of a hostfile over SSH.
@@ -99,17 +80,7 @@ there, the node is synced over SFTP instead.
 Examples:
   fluidctl cluster sync --hostfile hosts.txt .
   fluidctl cluster sync --hostfile hosts.txt --remote-dir /data/job --exclude '*.ckpt' src/""")
-@host_options
-@click.option("--remote-dir", metavar="DIR",
-              help="Where the files go on each node; '{host}' is replaced by the node's name "
-                   "(default: the same absolute path as here; e.g. --remote-dir /data/job).")
-@click.option("--exclude", "excludes", multiple=True, metavar="PATTERN",
-              help="Skip files or directories matching a glob, repeatable (e.g. --exclude "
-                   "'*.ckpt' --exclude data/raw); .git, __pycache__ and *.pyc are always skipped.")
-@click.option("--checksum", is_flag=True,
-              help="Compare content (sha256) instead of size and mtime (e.g. after a checkout "
-                   "that reset mtimes).")
-@click.argument("src", default=".", type=click.Path(exists=True))
+@fastoptions.parameters(fastargs.CLUSTER_SYNC)
 def sync(**params):
     from fluidctl.cluster.sync import run
     run(**params)
