@@ -74,7 +74,7 @@ def wheel_name(file: str):
 
 def source_root() -> Optional[Path]:
     """The checkout fluidctl runs from (editable or source tree), None for a wheel install."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]           # fluidctl/cluster/wheelhouse.py
     return root if any((root / name).is_file() for name in SOURCE_FILES) else None
 
 
