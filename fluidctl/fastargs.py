@@ -77,17 +77,52 @@ EXISTING_PATH = Type(_existing_path, lambda click: click.Path(exists=True))
 INT = Type(_integer, lambda click: int)
 
 
+def choice(choices) -> Type:
+    """click.Choice: ``choices`` a tuple, or a function giving it (read when a value is
+    checked, so the module that holds them is imported only then)."""
+    def convert(value: str) -> str:
+        if value not in (choices() if callable(choices) else choices):
+            raise Refused(value)
+        return value
+    return Type(convert, lambda click: click.Choice(choices() if callable(choices)
+                                                    else choices))
+
+
 def sharding_choice(name: str) -> Type:
-    """click.Choice(fluidctl.sharding.<name>), read when a value is checked."""
+    """click.Choice(fluidctl.sharding.<name>)."""
     def choices():
         from fluidctl import sharding
         return getattr(sharding, name)
+    return choice(choices)
 
-    def convert(value: str) -> str:
-        if value not in choices():
+
+def int_at_least(low: int) -> Type:
+    """click's INT where click refuses values below ``low`` (an IntRange, or a callback)."""
+    def convert(value: str) -> int:
+        number = _integer(value)
+        if number < low:
             raise Refused(value)
-        return value
-    return Type(convert, lambda click: click.Choice(choices()))
+        return number
+    return Type(convert, lambda click: click.IntRange(min=low))
+
+
+def _number(value: str) -> float:
+    """click's FLOAT (leading '-' left to click)."""
+    try:
+        return float(_text(value))
+    except ValueError:
+        raise Refused(value) from None
+
+
+def _directory_path(value: str) -> str:
+    """click.Path(file_okay=False)."""
+    if os.path.isfile(_text(value)):
+        raise Refused(value)
+    return value
+
+
+NUMBER = Type(_number, lambda click: float)
+DIRECTORY = Type(_directory_path, lambda click: click.Path(file_okay=False))
 
 
 def float_at_least(low: float) -> Type:
@@ -105,53 +140,69 @@ def float_at_least(low: float) -> Type:
 
 class Option:
     """One option: its names, destination, kind (FLAG, VALUE or MULTI: repeatable, a tuple),
-    value type, default, help, and how click shows it (metavar, show_default)."""
-    __slots__ = ("names", "dest", "kind", "type", "default", "help", "metavar", "show_default")
+    value type, default, help, and how click shows it (metavar, show_default). A FLAG sets
+    ``flag_value`` (``--sync/--async``: two options, one destination); ``envvar`` is read, as
+    click reads it, when the option is absent."""
+    __slots__ = ("names", "dest", "kind", "type", "default", "help", "metavar", "show_default",
+                 "flag_value", "envvar")
 
     def __init__(self, names, dest, kind=VALUE, type=TEXT, default=None, help="",
-                 metavar=None, show_default=False):
+                 metavar=None, show_default=False, flag_value=True, envvar=None):
         self.names, self.dest, self.kind, self.type = tuple(names), dest, kind, type
-        self.default = (False if kind == FLAG else () if kind == MULTI else default)
+        self.default = (default or False if kind == FLAG else () if kind == MULTI else default)
         self.help, self.metavar, self.show_default = help, metavar, show_default
+        self.flag_value, self.envvar = flag_value, envvar
 
 
 class Argument:
     """A command's positional: destination, type, default, whether it takes any number
-    (click's nargs=-1, a tuple), and its metavar."""
-    __slots__ = ("dest", "type", "default", "many", "metavar")
+    (click's nargs=-1, a tuple) or must be given, and its metavar."""
+    __slots__ = ("dest", "type", "default", "many", "metavar", "required")
 
-    def __init__(self, dest, type=TEXT, default=None, many=False, metavar=None):
+    def __init__(self, dest, type=TEXT, default=None, many=False, metavar=None,
+                 required=False):
         self.dest, self.type, self.many, self.metavar = dest, type, many, metavar
-        self.default = () if many else default
+        self.default, self.required = () if many else default, required
 
 
 class Command:
     """One command's table: ``declared`` its options in help order, ``argument`` its
-    positional, ``run`` the "module:function" called with every destination's value."""
+    positional, ``run`` the "module:function" called with every destination's value. With
+    ``rest``, the first positional ends the options and every word after it goes, as it is,
+    to ``rest`` (click's allow_interspersed_args=False and an UNPROCESSED nargs=-1)."""
 
-    def __init__(self, run: str, declared, argument: Argument):
+    def __init__(self, run: str, declared, argument: Argument, rest=None):
         self.run, self.declared, self.argument = run, tuple(declared), argument
+        self.rest = rest
         self.options = {name: o for o in self.declared for name in o.names}
-        self.defaults = {o.dest: o.default for o in self.declared}
+        self.defaults = {}
+        for o in self.declared:
+            self.defaults.setdefault(o.dest, o.default)
+        if rest:
+            self.defaults[rest] = ()
 
     def parse(self, args) -> dict | None:
         params = dict(self.defaults)
-        positional = []
+        positional, given = [], set()
         i = 0
         while i < len(args):
             arg = args[i]
             i += 1
             if not arg.startswith("-") or arg == "-":
                 positional.append(arg)
+                if self.rest:
+                    params[self.rest] = tuple(args[i:])
+                    break
                 continue
             name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
             option = self.options.get(name)
             if option is None:          # --help, -x, --, an unknown or misspelt option
                 return None
+            given.add(option.dest)
             if option.kind == FLAG:
                 if eq:
                     return None
-                params[option.dest] = True
+                params[option.dest] = option.flag_value
                 continue
             if not eq:
                 if i == len(args):
@@ -164,18 +215,30 @@ class Command:
                 return None
             params[option.dest] = (params[option.dest] + (value,) if option.kind == MULTI
                                    else value)
-        argument = self.argument
         try:
-            if argument.many:
-                params[argument.dest] = tuple(argument.type(p) for p in positional)
-            elif len(positional) > 1:
-                return None
-            else:
-                params[argument.dest] = (argument.type(positional[0]) if positional
-                                         else argument.default)
+            self._from_environment(params, given)
+            self._positional(params, positional)
         except Refused:
             return None
         return params
+
+    def _from_environment(self, params: dict, given: set) -> None:
+        """An absent option's environment variable, where set and not empty (as click)."""
+        for option in self.declared:
+            if option.envvar and option.dest not in given:
+                value = os.environ.get(option.envvar)
+                if value:
+                    params[option.dest] = option.type(value)
+
+    def _positional(self, params: dict, positional: list) -> None:
+        argument = self.argument
+        if argument.many:
+            params[argument.dest] = tuple(argument.type(p) for p in positional)
+        elif len(positional) > 1 or (argument.required and not positional):
+            raise Refused(positional)
+        else:
+            params[argument.dest] = (argument.type(positional[0]) if positional
+                                     else argument.default)
 
 
 SSH_TIMEOUT = 10.0      # fluidctl.remote.ssh.DEFAULT_TIMEOUT (tests check they agree)
@@ -265,7 +328,68 @@ SHARD_DATA = Command("fluidctl.sharding.run:run", (
            help="No progress bar and no summary table. Example: -q"),
 ), Argument("inputs", many=True, metavar="INPUT..."))
 
-COMMANDS = {("cluster", "sync"): CLUSTER_SYNC, ("shard-data",): SHARD_DATA}
+
+
+def _backend_names():
+    from fluidctl import backends
+    return backends.names()
+
+
+def _tee_choices():
+    from fluidctl.planning.config import TEE_CHOICES
+    return TEE_CHOICES
+
+
+# ``fluidctl train``'s plain forms: how to parse them, not their help, which is declared with
+# the click command (commands/train.py); tests/test_fastargs.py holds this table to it.
+TRAIN = Command("fluidctl.launch.train:run", (
+    Option(["--nproc", "--nproc-per-node"], "nproc", type=int_at_least(1)),
+    Option(["--gpus"], "gpus"),
+    Option(["--mode"], "mode", type=choice(("collective", "pserver")), default="collective"),
+    Option(["--pservers"], "pservers", type=int_at_least(1)),
+    Option(["--pserver-endpoints"], "pserver_endpoints"),
+    Option(["--token-file"], "token_file"),
+    Option(["--sync"], "sync", FLAG, default=True),
+    Option(["--async"], "sync", FLAG, default=True, flag_value=False),
+    Option(["--checkpoint-dir"], "checkpoint_dir", type=DIRECTORY),
+    Option(["--checkpoint-every"], "checkpoint_every", type=int_at_least(1)),
+    Option(["--hostfile"], "hostfile"),
+    Option(["--hosts"], "hosts_arg"),
+    Option(["--backend"], "backend", type=choice(_backend_names)),
+    Option(["--nodes"], "nodes", type=int_at_least(1)),
+    Option(["--partition"], "partition"),
+    Option(["--time"], "time_limit"),
+    Option(["--account"], "account"),
+    Option(["--qos"], "qos"),
+    Option(["--constraint"], "constraint"),
+    Option(["--exclude"], "exclude"),
+    Option(["--slurm-arg"], "slurm_args", MULTI),
+    Option(["--job-name"], "job_name"),
+    Option(["--detach"], "detach", FLAG),
+    Option(["--ssh-config"], "ssh_config"),
+    Option(["--accept-new-host-keys"], "accept_new_host_keys", FLAG),
+    Option(["--remote-dir"], "remote_dir"),
+    Option(["--python"], "python"),
+    Option(["--venv"], "venv", envvar="FLUIDCTL_VENV"),
+    Option(["--export"], "exports", MULTI),
+    Option(["--pserver-hosts"], "pserver_hosts"),
+    Option(["--ssh-timeout"], "ssh_timeout", type=NUMBER, default=SSH_TIMEOUT),
+    Option(["--started-port"], "started_port", type=INT),
+    Option(["--log-dir"], "log_dir", default="mylog"),
+    Option(["--env"], "env_pairs", MULTI),
+    Option(["--env-file"], "env_file"),
+    Option(["--grace-period"], "grace_period", type=NUMBER, default=5.0),
+    Option(["--max-restarts"], "max_restarts", type=int_at_least(0), default=0),
+    Option(["--tee"], "tee", type=choice(_tee_choices), default="rank0"),
+    Option(["--tee-ranks"], "tee_ranks"),
+    Option(["--hang-timeout"], "hang_timeout", type=NUMBER, envvar="FLUIDCTL_HANG_TIMEOUT"),
+    Option(["--log-tail"], "log_tail", type=int_at_least(0), default=20),
+    Option(["--dry-run"], "dry_run", FLAG),
+    Option(["--json"], "as_json", FLAG),
+    Option(["--show-secrets"], "show_secrets", FLAG),
+), Argument("script", required=True), rest="script_args")
+
+COMMANDS = {("cluster", "sync"): CLUSTER_SYNC, ("shard-data",): SHARD_DATA, ("train",): TRAIN}
 
 
 def parse(args):

@@ -2,7 +2,9 @@
 
 Checking and freezing the options is ``LaunchConfig.from_options``; the backend (``--backend``,
 a name in ``fluidctl.backends.LAUNCHERS``) plans and starts; ``launch.execute`` supervises and
-reports.
+reports. The plain forms are parsed without click by ``fluidctl.fastargs.TRAIN`` (a fifth of
+the launcher's start-up is click); tests/test_fastargs.py fails until an option added here is
+added there too.
 """
 from __future__ import annotations
 
