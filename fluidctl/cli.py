@@ -4,9 +4,9 @@ Commands are imported lazily (only the one being run), so ``fluidctl worker`` an
 ``fluidctl train`` start fast, and every error a user can cause is printed as one line with
 exit code 2 instead of click's multi-line usage block. ``fluidctl worker SCRIPT ...``, which
 every rank of an srun or mpirun job runs, does not even import click (half of a rank's
-start-up): that one form has nothing to parse. Nor do the plain forms of the quick commands
-in ``fluidctl.fastargs`` (``cluster sync``, ``shard-data``): parsed there, else by click;
-``--version`` is answered at once.
+start-up): that one form has nothing to parse. Nor do the plain forms of the commands in
+``fluidctl.fastargs`` (``cluster sync``, ``shard-data``, ``train``): parsed there, else by
+click; ``--version`` is answered at once.
 """
 import sys
 

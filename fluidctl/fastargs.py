@@ -1,4 +1,4 @@
-"""The plain forms of a few quick commands, parsed without click.
+"""The quick commands' options, declared once, and their plain forms parsed without click.
 
 Importing click (and what it pulls in: inspect, pathlib, typing, ...) is 15-30 ms of start-up,
 as much as some of these commands' work: ``cluster sync`` with one file changed is a few
@@ -10,14 +10,17 @@ called. Anything else (``--help``, short options run together, an unknown name, 
 would not pass click's own check, a missing value) gives None and click parses it as always,
 so every message a user sees about the command line is still click's.
 
-tests/test_fastargs.py holds each table here to its click command: the same options, kinds,
-destinations and defaults, and the same values from both parsers over a corpus of argvs and
+The tables here are the one declaration of these options, help text included:
+``fluidctl.commands.fastoptions`` builds the click commands' parameters from them, and
+tests/test_fastargs.py checks that both parsers give the same values over a corpus of argvs and
 Hypothesis-made ones.
 """
 from __future__ import annotations
 
 import os
 import sys
+
+from fluidctl.digest import DEFAULT as DEFAULT_DIGEST
 
 FLAG, VALUE, MULTI = "flag", "value", "multi"
 
@@ -26,45 +29,103 @@ class Refused(Exception):
     """A value click would refuse, or might: let click parse (and word the error)."""
 
 
-def text(value: str) -> str:
+class Type:
+    """A value's converter here (raising Refused where click might refuse it) and the click
+    type that stands for it, made on demand by ``click_type(click)``: click is not imported
+    here."""
+
+    def __init__(self, convert, click_type=None):
+        self.convert, self._click_type = convert, click_type
+
+    def __call__(self, value: str):
+        return self.convert(value)
+
+    def click_type(self, click):
+        """The click type (None: click's default, a string)."""
+        return self._click_type(click) if self._click_type else None
+
+
+def _text(value: str) -> str:
     if value.startswith("-"):       # click would take it; a forgotten value is likelier
         raise Refused(value)
     return value
 
 
-def file_path(value: str) -> str:
-    """click.Path(dir_okay=False)."""
-    if os.path.isdir(text(value)):
+def _file_path(value: str) -> str:
+    if os.path.isdir(_text(value)):
         raise Refused(value)
     return value
 
 
-def existing_path(value: str) -> str:
-    """click.Path(exists=True)."""
-    if not os.path.exists(text(value)):
+def _existing_path(value: str) -> str:
+    if not os.path.exists(_text(value)):
         raise Refused(value)
     return value
 
 
-def integer(value: str) -> int:
+def _integer(value: str) -> int:
     """click's INT (leading '-' left to click)."""
     try:
-        return int(text(value))
+        return int(_text(value))
     except ValueError:
         raise Refused(value) from None
 
 
-def sharding_choice(name: str):
-    """click.Choice(fluidctl.sharding.<name>), read when a value is checked."""
+TEXT = Type(_text)
+FILE = Type(_file_path, lambda click: click.Path(dir_okay=False))
+EXISTING_PATH = Type(_existing_path, lambda click: click.Path(exists=True))
+INT = Type(_integer, lambda click: int)
+
+
+def choice(choices) -> Type:
+    """click.Choice: ``choices`` a tuple, or a function giving it (read when a value is
+    checked, so the module that holds them is imported only then)."""
     def convert(value: str) -> str:
-        from fluidctl import sharding
-        if value not in getattr(sharding, name):
+        if value not in (choices() if callable(choices) else choices):
             raise Refused(value)
         return value
-    return convert
+    return Type(convert, lambda click: click.Choice(choices() if callable(choices)
+                                                    else choices))
 
 
-def float_at_least(low: float):
+def sharding_choice(name: str) -> Type:
+    """click.Choice(fluidctl.sharding.<name>)."""
+    def choices():
+        from fluidctl import sharding
+        return getattr(sharding, name)
+    return choice(choices)
+
+
+def int_at_least(low: int) -> Type:
+    """click's INT where click refuses values below ``low`` (an IntRange, or a callback)."""
+    def convert(value: str) -> int:
+        number = _integer(value)
+        if number < low:
+            raise Refused(value)
+        return number
+    return Type(convert, lambda click: click.IntRange(min=low))
+
+
+def _number(value: str) -> float:
+    """click's FLOAT (leading '-' left to click)."""
+    try:
+        return float(_text(value))
+    except ValueError:
+        raise Refused(value) from None
+
+
+def _directory_path(value: str) -> str:
+    """click.Path(file_okay=False)."""
+    if os.path.isfile(_text(value)):
+        raise Refused(value)
+    return value
+
+
+NUMBER = Type(_number, lambda click: float)
+DIRECTORY = Type(_directory_path, lambda click: click.Path(file_okay=False))
+
+
+def float_at_least(low: float) -> Type:
     """click.FloatRange(min=low)."""
     def convert(value: str) -> float:
         try:
@@ -74,37 +135,74 @@ def float_at_least(low: float):
         if not number >= low:       # also refuses nan
             raise Refused(value)
         return number
-    return convert
+    return Type(convert, lambda click: click.FloatRange(min=low))
+
+
+class Option:
+    """One option: its names, destination, kind (FLAG, VALUE or MULTI: repeatable, a tuple),
+    value type, default, help, and how click shows it (metavar, show_default). A FLAG sets
+    ``flag_value`` (``--sync/--async``: two options, one destination); ``envvar`` is read, as
+    click reads it, when the option is absent."""
+    __slots__ = ("names", "dest", "kind", "type", "default", "help", "metavar", "show_default",
+                 "flag_value", "envvar")
+
+    def __init__(self, names, dest, kind=VALUE, type=TEXT, default=None, help="",
+                 metavar=None, show_default=False, flag_value=True, envvar=None):
+        self.names, self.dest, self.kind, self.type = tuple(names), dest, kind, type
+        self.default = (default or False if kind == FLAG else () if kind == MULTI else default)
+        self.help, self.metavar, self.show_default = help, metavar, show_default
+        self.flag_value, self.envvar = flag_value, envvar
+
+
+class Argument:
+    """A command's positional: destination, type, default, whether it takes any number
+    (click's nargs=-1, a tuple) or must be given, and its metavar."""
+    __slots__ = ("dest", "type", "default", "many", "metavar", "required")
+
+    def __init__(self, dest, type=TEXT, default=None, many=False, metavar=None,
+                 required=False):
+        self.dest, self.type, self.many, self.metavar = dest, type, many, metavar
+        self.default, self.required = () if many else default, required
 
 
 class Command:
-    """One command's table: ``options`` maps each option name to (destination, kind,
-    converter); ``argument`` is its positional (destination, converter, default, and whether
-    it takes any number: click's nargs=-1, a tuple); ``defaults`` holds every option's value
-    when absent; ``run`` is "module:function", called with them all."""
+    """One command's table: ``declared`` its options in help order, ``argument`` its
+    positional, ``run`` the "module:function" called with every destination's value. With
+    ``rest``, the first positional ends the options and every word after it goes, as it is,
+    to ``rest`` (click's allow_interspersed_args=False and an UNPROCESSED nargs=-1)."""
 
-    def __init__(self, run: str, options: dict, argument: tuple, defaults: dict):
-        self.run, self.options, self.argument, self.defaults = run, options, argument, defaults
+    def __init__(self, run: str, declared, argument: Argument, rest=None):
+        self.run, self.declared, self.argument = run, tuple(declared), argument
+        self.rest = rest
+        self.options = {name: o for o in self.declared for name in o.names}
+        self.defaults = {}
+        for o in self.declared:
+            self.defaults.setdefault(o.dest, o.default)
+        if rest:
+            self.defaults[rest] = ()
 
     def parse(self, args) -> dict | None:
         params = dict(self.defaults)
-        positional = []
+        positional, given = [], set()
         i = 0
         while i < len(args):
             arg = args[i]
             i += 1
             if not arg.startswith("-") or arg == "-":
                 positional.append(arg)
+                if self.rest:
+                    params[self.rest] = tuple(args[i:])
+                    break
                 continue
             name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
-            spec = self.options.get(name)
-            if spec is None:            # --help, -x, --, an unknown or misspelt option
+            option = self.options.get(name)
+            if option is None:          # --help, -x, --, an unknown or misspelt option
                 return None
-            dest, kind, convert = spec
-            if kind == FLAG:
+            given.add(option.dest)
+            if option.kind == FLAG:
                 if eq:
                     return None
-                params[dest] = True
+                params[option.dest] = option.flag_value
                 continue
             if not eq:
                 if i == len(args):
@@ -112,67 +210,186 @@ class Command:
                 value = args[i]
                 i += 1
             try:
-                value = convert(value)
+                value = option.type(value)
             except Refused:
                 return None
-            params[dest] = params[dest] + (value,) if kind == MULTI else value
-        dest, convert, default, many = self.argument
+            params[option.dest] = (params[option.dest] + (value,) if option.kind == MULTI
+                                   else value)
         try:
-            if many:
-                params[dest] = tuple(convert(p) for p in positional)
-            elif len(positional) > 1:
-                return None
-            else:
-                params[dest] = convert(positional[0]) if positional else default
+            self._from_environment(params, given)
+            self._positional(params, positional)
         except Refused:
             return None
         return params
 
+    def _from_environment(self, params: dict, given: set) -> None:
+        """An absent option's environment variable, where set and not empty (as click)."""
+        for option in self.declared:
+            if option.envvar and option.dest not in given:
+                value = os.environ.get(option.envvar)
+                if value:
+                    params[option.dest] = option.type(value)
 
-_HOST_OPTIONS = {
-    "--hostfile": ("hostfile", VALUE, file_path),
-    "--hosts": ("hosts_arg", VALUE, text),
-    "--ssh-config": ("ssh_config", VALUE, file_path),
-    "--timeout": ("timeout", VALUE, float_at_least(0.1)),
-    "--accept-new-host-keys": ("accept_new_host_keys", FLAG, None),
-}
-_HOST_DEFAULTS = {"hostfile": None, "hosts_arg": None, "ssh_config": None, "timeout": 10.0,
-                  "accept_new_host_keys": False}
+    def _positional(self, params: dict, positional: list) -> None:
+        argument = self.argument
+        if argument.many:
+            params[argument.dest] = tuple(argument.type(p) for p in positional)
+        elif len(positional) > 1 or (argument.required and not positional):
+            raise Refused(positional)
+        else:
+            params[argument.dest] = (argument.type(positional[0]) if positional
+                                     else argument.default)
 
-COMMANDS = {
-    ("cluster", "sync"): Command(
-        "fluidctl.cluster.sync:run",
-        {**_HOST_OPTIONS,
-         "--remote-dir": ("remote_dir", VALUE, text),
-         "--exclude": ("excludes", MULTI, text),
-         "--checksum": ("checksum", FLAG, None)},
-        ("src", existing_path, ".", False),
-        {**_HOST_DEFAULTS, "remote_dir": None, "excludes": (), "checksum": False}),
-    ("shard-data",): Command(
-        "fluidctl.sharding.run:run",
-        {"-n": ("trainers", VALUE, integer), "--trainers": ("trainers", VALUE, integer),
-         "-o": ("out_dir", VALUE, text), "--output": ("out_dir", VALUE, text),
-         "--verify": ("verify_dir", VALUE, text),
-         "--by": ("by", VALUE, sharding_choice("BY_CHOICES")),
-         "--format": ("fmt", VALUE, sharding_choice("FORMATS")),
-         "--shuffle": ("shuffle", FLAG, None),
-         "--seed": ("seed", VALUE, integer),
-         "--name": ("name", VALUE, text),
-         "--suffix-length": ("suffix_length", VALUE, integer),
-         "--equalize": ("equalize", VALUE, sharding_choice("EQUALIZE_CHOICES")),
-         "--checksum": ("checksum", VALUE, sharding_choice("CHECKSUM_CHOICES")),
-         "--force": ("force", FLAG, None),
-         "--to-hosts": ("to_hosts", VALUE, text),
-         "--remote-dir": ("remote_dir", VALUE, text),
-         "--ssh-config": ("ssh_config", VALUE, text),
-         "--accept-new-host-keys": ("accept_new_host_keys", FLAG, None),
-         "-q": ("quiet", FLAG, None), "--quiet": ("quiet", FLAG, None)},
-        ("inputs", text, (), True),
-        {"trainers": None, "out_dir": None, "verify_dir": None, "by": "lines", "fmt": "text",
-         "shuffle": False, "seed": 0, "name": None, "suffix_length": 5, "equalize": "none",
-         "checksum": "xxh3-128", "force": False, "to_hosts": None, "remote_dir": None,
-         "ssh_config": None, "accept_new_host_keys": False, "quiet": False}),
-}
+
+SSH_TIMEOUT = 10.0      # fluidctl.remote.ssh.DEFAULT_TIMEOUT (tests check they agree)
+
+# every ``cluster`` command's (setup, check, exec, sync)
+HOST_OPTIONS = (
+    Option(["--hostfile"], "hostfile", type=FILE,
+           help="Nodes, one per line: 'node1 slots=4', 'node1:4', 'user@node1' "
+                "(e.g. --hostfile hosts.txt)."),
+    Option(["--hosts"], "hosts_arg", metavar="LIST",
+           help="Nodes on the command line instead (e.g. --hosts node1:2,node2:2)."),
+    Option(["--ssh-config"], "ssh_config", type=FILE,
+           help="ssh config for Host aliases, ports, users and keys "
+                "(default ~/.ssh/config; e.g. --ssh-config cluster.conf)."),
+    Option(["--timeout"], "timeout", type=float_at_least(0.1), default=SSH_TIMEOUT,
+           show_default=True, help="Seconds to wait for each node (e.g. --timeout 30)."),
+    Option(["--accept-new-host-keys"], "accept_new_host_keys", FLAG,
+           help="Trust and record host keys not yet in known_hosts (like ssh "
+                "-o StrictHostKeyChecking=accept-new); changed keys are still refused."),
+)
+
+CLUSTER_SYNC = Command("fluidctl.cluster.sync:run", HOST_OPTIONS + (
+    Option(["--remote-dir"], "remote_dir", metavar="DIR",
+           help="Where the files go on each node; '{host}' is replaced by the node's name "
+                "(default: the same absolute path as here; e.g. --remote-dir /data/job)."),
+    Option(["--exclude"], "excludes", MULTI, metavar="PATTERN",
+           help="Skip files or directories matching a glob, repeatable (e.g. --exclude "
+                "'*.ckpt' --exclude data/raw); .git, __pycache__ and *.pyc are always skipped."),
+    Option(["--checksum"], "checksum", FLAG,
+           help="Compare content (sha256) instead of size and mtime (e.g. after a checkout "
+                "that reset mtimes)."),
+), Argument("src", EXISTING_PATH, default="."))
+
+SHARD_DATA = Command("fluidctl.sharding.run:run", (
+    Option(["-n", "--trainers"], "trainers", type=INT,
+           help="Number of shards, one per trainer (required). Example: --trainers 4"),
+    Option(["-o", "--output"], "out_dir", metavar="OUT_DIR",
+           help="Directory to create for the shards (required). Example: -o shards/"),
+    Option(["--verify"], "verify_dir", metavar="DIR",
+           help="Instead of sharding: check every shard in DIR (an OUT_DIR of an earlier "
+                "run) against its manifest's sizes and digests; exit 1 naming each shard "
+                "that differs. Example: --verify shards/"),
+    Option(["--by"], "by", type=sharding_choice("BY_CHOICES"), default="lines",
+           show_default=True,
+           help="lines: contiguous ranges of records, order kept; files: whole input files "
+                "per shard, balanced by size. Example: --by files"),
+    Option(["--format"], "fmt", type=sharding_choice("FORMATS"), default="text",
+           show_default=True,
+           help="text: one record per line; csv: the header line is repeated in every shard; "
+                "jsonl: every record must parse. Example: --format csv"),
+    Option(["--shuffle"], "shuffle", FLAG,
+           help="Shuffle records before sharding (shards then get equal record counts, +-1). "
+                "Example: --shuffle --seed 7"),
+    Option(["--seed"], "seed", type=INT, default=0, show_default=True,
+           help="Seed for --shuffle and --equalize pad. Example: --seed 7"),
+    Option(["--name"], "name",
+           help="Shard file name before the numeric suffix [default: the first input's file "
+                "name, .gz removed]. Example: --name train.txt"),
+    Option(["--suffix-length"], "suffix_length", type=INT, default=5, show_default=True,
+           help="Digits of the numeric suffix. Example: --suffix-length 3 gives train.txt-000"),
+    Option(["--equalize"], "equalize", type=sharding_choice("EQUALIZE_CHOICES"),
+           default="none", show_default=True,
+           help="Give every shard the same record count, as NCCL2 jobs need: pad re-samples "
+                "records (seeded) up to the largest shard, truncate cuts to the smallest. "
+                "Example: --equalize pad"),
+    Option(["--checksum"], "checksum", type=sharding_choice("CHECKSUM_CHOICES"),
+           default=DEFAULT_DIGEST, show_default=True,
+           help="Digest of each shard in the manifest, computed during the copy: xxh3-128 "
+                "finds corrupted copies at 0.02 CPU-s/GiB; blake3 and sha256 are "
+                "cryptographic (0.18 and 0.6 CPU-s/GiB; sha256 is what sha256sum checks). "
+                "Example: --checksum sha256"),
+    Option(["--force"], "force", FLAG, help="Replace OUT_DIR if it exists. Example: --force"),
+    Option(["--to-hosts"], "to_hosts", metavar="HOSTFILE",
+           help="Then send shard i only to the node of trainer i (slots= of the hostfile "
+                "must add up to --trainers), plus the manifest to every node, where each "
+                "shard is verified against its digest. Example: --to-hosts hosts"),
+    Option(["--remote-dir"], "remote_dir",
+           help="With --to-hosts: a relative OUT_DIR goes under this directory on the nodes "
+                "[default: this directory's path]; '{host}' is the node's name. "
+                "Example: --remote-dir /data/job"),
+    Option(["--ssh-config"], "ssh_config",
+           help="With --to-hosts: ssh config to read instead of ~/.ssh/config. "
+                "Example: --ssh-config ./ssh.cfg"),
+    Option(["--accept-new-host-keys"], "accept_new_host_keys", FLAG,
+           help="With --to-hosts: trust host keys seen for the first time."),
+    Option(["-q", "--quiet"], "quiet", FLAG,
+           help="No progress bar and no summary table. Example: -q"),
+), Argument("inputs", many=True, metavar="INPUT..."))
+
+
+
+def _backend_names():
+    from fluidctl import backends
+    return backends.names()
+
+
+def _tee_choices():
+    from fluidctl.planning.config import TEE_CHOICES
+    return TEE_CHOICES
+
+
+# ``fluidctl train``'s plain forms: how to parse them, not their help, which is declared with
+# the click command (commands/train.py); tests/test_fastargs.py holds this table to it.
+TRAIN = Command("fluidctl.launch.train:run", (
+    Option(["--nproc", "--nproc-per-node"], "nproc", type=int_at_least(1)),
+    Option(["--gpus"], "gpus"),
+    Option(["--mode"], "mode", type=choice(("collective", "pserver")), default="collective"),
+    Option(["--pservers"], "pservers", type=int_at_least(1)),
+    Option(["--pserver-endpoints"], "pserver_endpoints"),
+    Option(["--token-file"], "token_file"),
+    Option(["--sync"], "sync", FLAG, default=True),
+    Option(["--async"], "sync", FLAG, default=True, flag_value=False),
+    Option(["--checkpoint-dir"], "checkpoint_dir", type=DIRECTORY),
+    Option(["--checkpoint-every"], "checkpoint_every", type=int_at_least(1)),
+    Option(["--hostfile"], "hostfile"),
+    Option(["--hosts"], "hosts_arg"),
+    Option(["--backend"], "backend", type=choice(_backend_names)),
+    Option(["--nodes"], "nodes", type=int_at_least(1)),
+    Option(["--partition"], "partition"),
+    Option(["--time"], "time_limit"),
+    Option(["--account"], "account"),
+    Option(["--qos"], "qos"),
+    Option(["--constraint"], "constraint"),
+    Option(["--exclude"], "exclude"),
+    Option(["--slurm-arg"], "slurm_args", MULTI),
+    Option(["--job-name"], "job_name"),
+    Option(["--detach"], "detach", FLAG),
+    Option(["--ssh-config"], "ssh_config"),
+    Option(["--accept-new-host-keys"], "accept_new_host_keys", FLAG),
+    Option(["--remote-dir"], "remote_dir"),
+    Option(["--python"], "python"),
+    Option(["--venv"], "venv", envvar="FLUIDCTL_VENV"),
+    Option(["--export"], "exports", MULTI),
+    Option(["--pserver-hosts"], "pserver_hosts"),
+    Option(["--ssh-timeout"], "ssh_timeout", type=NUMBER, default=SSH_TIMEOUT),
+    Option(["--started-port"], "started_port", type=INT),
+    Option(["--log-dir"], "log_dir", default="mylog"),
+    Option(["--env"], "env_pairs", MULTI),
+    Option(["--env-file"], "env_file"),
+    Option(["--grace-period"], "grace_period", type=NUMBER, default=5.0),
+    Option(["--max-restarts"], "max_restarts", type=int_at_least(0), default=0),
+    Option(["--tee"], "tee", type=choice(_tee_choices), default="rank0"),
+    Option(["--tee-ranks"], "tee_ranks"),
+    Option(["--hang-timeout"], "hang_timeout", type=NUMBER, envvar="FLUIDCTL_HANG_TIMEOUT"),
+    Option(["--log-tail"], "log_tail", type=int_at_least(0), default=20),
+    Option(["--dry-run"], "dry_run", FLAG),
+    Option(["--json"], "as_json", FLAG),
+    Option(["--show-secrets"], "show_secrets", FLAG),
+), Argument("script", required=True), rest="script_args")
+
+COMMANDS = {("cluster", "sync"): CLUSTER_SYNC, ("shard-data",): SHARD_DATA, ("train",): TRAIN}
 
 
 def parse(args):

@@ -355,14 +355,14 @@ def test_3_a_pserver_stops_when_its_launcher_is_killed(tmp_path):
 
 
 def test_3_status_tells_a_pserver_whose_launcher_died(tmp_path, monkeypatch):
-    from fluidctl.commands import pserver as cmd
+    from fluidctl.pserverctl import records as cmd
     monkeypatch.setenv("FLUIDCTL_STATE_DIR", str(tmp_path))
     dead = subprocess.Popen(["true"])
     dead.wait()
     record = {"pid": os.getpid(), "port": 1, "endpoint": "x:1", "started": time.time(),
               "launcher_pid": dead.pid}
     (tmp_path / "pserver-1.json").write_text(json.dumps(record))
-    monkeypatch.setattr(cmd, "_alive", lambda r: True)
+    monkeypatch.setattr(cmd, "alive", lambda r: True)
     assert [r["state"] for r in cmd.records()] == ["orphaned"]
     record["launcher_pid"] = os.getpid()
     (tmp_path / "pserver-1.json").write_text(json.dumps(record))

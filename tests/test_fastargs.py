@@ -19,6 +19,12 @@ def click_command(path):
     return command
 
 
+def same(parsed, clicked) -> bool:
+    """The same values (nan equal to nan: a float option may be given it)."""
+    return parsed.keys() == clicked.keys() and all(
+        repr(parsed[k]) == repr(clicked[k]) for k in parsed)
+
+
 def click_params(path, argv):
     """What click makes of ``argv`` (its values), or None where click refuses it."""
     try:
@@ -27,27 +33,57 @@ def click_params(path, argv):
         return None
 
 
+# the shortest argv click accepts, where it is not []
+MINIMAL = {("train",): ["x.py"]}
+
+
 @pytest.mark.parametrize("path", list(fastargs.COMMANDS))
-def test_the_table_is_the_click_command_s(path, paths):
+def test_the_table_is_the_click_command_s(path, paths, monkeypatch):
+    """Each table and its click command have the same options and no other, each with its
+    kind, destination, environment variable, help (where the table declares it: the quick
+    commands' click options are built from it) and default."""
+    for option in fastargs.COMMANDS[path].declared:
+        if option.envvar:
+            monkeypatch.delenv(option.envvar, raising=False)
     table = fastargs.COMMANDS[path]
     command = click_command(path)
-    absent = click_params(path, [])             # every value when nothing is given
+    minimal = MINIMAL.get(path, [])
+    absent = click_params(path, minimal)        # every value when nothing is given
+    assert absent == table.parse(minimal)
     names = set()
     for param in command.params:
         if isinstance(param, click.Argument):
-            dest, _, default, many = table.argument
-            assert (param.name, absent[param.name], many) == (dest, default, param.nargs == -1)
+            if param.name == table.rest:
+                assert param.nargs == -1 and command.context_settings.get(
+                    "allow_interspersed_args", command.allow_interspersed_args) is False
+                continue
+            arg = table.argument
+            assert (param.name, param.nargs == -1, param.required) == (
+                arg.dest, arg.many, arg.required)
+            if not arg.required:
+                assert absent[param.name] == arg.default
             continue
         assert param.name in table.defaults, f"--{param.name} missing from fastargs"
-        assert not param.envvar, f"--{param.name} reads an environment variable: not here"
         assert table.defaults[param.name] == absent[param.name], param.name
-        for name in param.opts:
+        for name, flag_value in [(n, True) for n in param.opts] + [
+                (n, False) for n in param.secondary_opts]:
             names.add(name)
-            dest, kind, _ = table.options[name]
-            assert dest == param.name
-            assert kind == (fastargs.FLAG if param.is_flag else
-                            fastargs.MULTI if param.multiple else fastargs.VALUE), name
-    assert set(table.options) == names - {"--help"}
+            declared = table.options[name]
+            assert declared.dest == param.name and declared.envvar == param.envvar, name
+            assert declared.help in ("", param.help), name
+            assert declared.kind == (fastargs.FLAG if param.is_flag else
+                                     fastargs.MULTI if param.multiple else fastargs.VALUE), name
+            if param.is_flag:
+                assert declared.flag_value is flag_value, name
+    assert set(table.options) == names - {"--help", "-h"}
+
+
+def test_the_other_cluster_commands_share_the_host_options():
+    """check, exec and setup take --hostfile ... --accept-new-host-keys from the same table."""
+    for name in ("check", "exec", "setup"):
+        params = {p.name: p for p in click_command(("cluster", name)).params}
+        for declared in fastargs.HOST_OPTIONS:
+            assert params[declared.dest].help == declared.help, (name, declared.dest)
 
 
 SYNC = ("cluster", "sync")
@@ -106,6 +142,14 @@ WORDS = {
                       "--by=files", "--nope", "-", "--", "lines", "files", "jsonl", "csv", "pad",
                       "sha256", "xxh3-128", "none", "4", "-1", "0", " 3", "1_0", "x", "", "shards/",
                       "train.txt", "*.txt"],
+    ("train",): ["--nproc", "--nproc-per-node", "--gpus", "--mode", "--pservers", "--sync",
+                 "--async", "--checkpoint-dir", "--checkpoint-every", "--hosts", "--backend",
+                 "--nodes", "--slurm-arg", "--detach", "--venv", "--export", "--ssh-timeout",
+                 "--started-port", "--env", "--grace-period", "--max-restarts", "--tee",
+                 "--hang-timeout", "--log-tail", "--dry-run", "--json", "--sync=1", "--nproc=2",
+                 "--tee=all", "--nope", "-h", "-n", "-", "--", "train.py", "src", "hosts.txt",
+                 "pserver", "collective", "slurm", "mpi", "all", "none", "0", "1", "-1", "2.5",
+                 "nan", "inf", " 3", "1_0", "x", "", "A=1", "node1:2"],
 }
 
 
@@ -116,10 +160,11 @@ WORDS = {
 def test_no_argv_is_read_otherwise_than_click_reads_it(paths, path, data):
     """Over argvs made of option names, values and paths in any order: where fastargs gives
     values, click accepts the same argv and gives the same values."""
-    argv = data.draw(st.lists(st.sampled_from(WORDS[path]), max_size=7))
+    argv = data.draw(st.lists(st.sampled_from(WORDS[path]), max_size=9 if path == ("train",)
+                              else 7))
     parsed = fastargs.COMMANDS[path].parse(argv)
     if parsed is not None:
-        assert parsed == click_params(path, argv), argv
+        assert same(parsed, click_params(path, argv)), argv
 
 
 def test_shard_data_s_plain_forms_are_parsed_here(paths):
@@ -166,3 +211,58 @@ def test_version_is_printed_as_click_prints_it(capsys):
         with pytest.raises(SystemExit):
             _cli().main(args=[flag], prog_name="fluidctl")
         assert fast == capsys.readouterr().out != ""
+
+
+TRAIN = ("train",)
+
+
+def test_train_s_plain_forms_are_parsed_here(paths):
+    for argv in (["train.py"],
+                 ["--nproc", "4", "train.py", "--epochs", "3", "--nproc", "9"],
+                 ["--gpus", "0,2", "--async", "--mode=pserver", "--pservers", "2", "t.py"],
+                 ["--hosts", "a:2,b:2", "--backend", "slurm", "--nodes", "2", "--partition",
+                  "gpu", "--export", "NCCL_*", "--env", "A=1", "--tee", "all",
+                  "--hang-timeout", "600", "--dry-run", "--json", "t.py", "--", "-x"]):
+        parsed = fastargs.COMMANDS[TRAIN].parse(argv)
+        assert parsed is not None, argv
+        assert parsed == click_params(TRAIN, argv), argv
+    for argv in ([], ["--help"], ["-h"], ["--nproc", "0", "t.py"], ["--", "t.py"],
+                 ["--backend", "k8s", "t.py"], ["--checkpoint-dir", "hosts.txt", "t.py"],
+                 ["--log-tail", "-1", "t.py"], ["--sync=yes", "t.py"], ["-"],
+                 ["--slurm-arg=--mail-type=END", "t.py"]):       # a value like an option
+        assert fastargs.COMMANDS[TRAIN].parse(argv) is None, argv
+
+
+@pytest.mark.parametrize("venv, hang", [("/opt/env", "600"), ("", ""), ("-v", "abc"),
+                                        ("/e", "nan")])
+def test_train_reads_the_environment_as_click_does(paths, monkeypatch, venv, hang):
+    """--venv and --hang-timeout fall back to FLUIDCTL_VENV and FLUIDCTL_HANG_TIMEOUT (an
+    empty one is unset); a value click might refuse is left to click."""
+    monkeypatch.setenv("FLUIDCTL_VENV", venv)
+    monkeypatch.setenv("FLUIDCTL_HANG_TIMEOUT", hang)
+    for argv in (["t.py"], ["--venv", "/given", "--hang-timeout", "5", "t.py"]):
+        parsed = fastargs.COMMANDS[TRAIN].parse(argv)
+        if parsed is not None:
+            assert same(parsed, click_params(TRAIN, argv)), argv
+        else:
+            assert argv == ["t.py"] and (venv, hang) in (("-v", "abc"),), argv
+
+
+def test_a_plain_train_runs_without_click(tmp_path):
+    """``fluidctl train --nproc 2 SCRIPT`` plans, starts and supervises its ranks without
+    importing click; a mistake click would word goes to click, one line, exit 2."""
+    script = tmp_path / "ok.py"
+    script.write_text("print('rank ran')\n")
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print('click' in sys.modules, file=sys.stderr))\n"
+            "from fluidctl.cli import main\n"
+            f"main(sys.argv[1:])\n")
+    argv = [sys.executable, "-c", code, "train", "--nproc", "2", "--log-dir",
+            str(tmp_path / "log"), str(script)]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "rank ran" in r.stdout and r.stderr.strip().splitlines()[-1] == "False", r.stderr
+    r = subprocess.run(argv[:4] + ["--nproc", "0", str(script)], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error: Invalid value for --nproc"), r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "True", r.stderr

@@ -109,6 +109,9 @@ NEVER = {
     "cluster": ENTRY + ("fluidctl.launch", "fluidctl.backends"),
     "backends": ENTRY + ("fluidctl.launch", "fluidctl.cluster"),
     "launch": ENTRY + ("fluidctl.cluster",),
+    "jobs": ENTRY + ("fluidctl.cluster",),
+    "pserverctl": ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.cluster",
+                           "fluidctl.remote", "fluidctl.sharding"),
     "node": ("fluidctl.cli", "fluidctl.commands", "fluidctl.cluster"),
 }
 

@@ -12,7 +12,6 @@ import pytest
 
 from fluidctl.remote import push
 from fluidctl.remote.sftp import DEFAULT_EXCLUDES, walk
-from fluidctl.commands import cluster as cluster_cmd
 
 
 def argv_for(sshd_nodes, alias="node1"):
@@ -118,8 +117,10 @@ def test_ssh_command_follows_the_user_s_choices():
 
 
 def test_cluster_timeout_default_is_the_ssh_backend_s():
+    from fluidctl import fastargs
+    from fluidctl.cluster import sync
     from fluidctl.remote import ssh
-    assert cluster_cmd.SSH_TIMEOUT == ssh.DEFAULT_TIMEOUT
+    assert fastargs.SSH_TIMEOUT == sync.DEFAULT_TIMEOUT == ssh.DEFAULT_TIMEOUT
 
 
 def test_sync_without_an_ssh_client_goes_over_sftp(sshd_nodes, workspace, tmp_path):

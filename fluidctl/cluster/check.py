@@ -111,3 +111,56 @@ def check_nodes(hosts: Sequence[Host], ssh_config=None, timeout: float = DEFAULT
             check.seconds = time.monotonic() - started
         return check
     return parallel(list(hosts), one)
+
+
+def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
+        accept_new_host_keys=False, python=None, remote_dir=None, venv=None) -> None:
+    """``fluidctl cluster check``: every node checked with the interpreter it would run (its
+    ``cluster setup`` venv where one exists), a table, and exit 1 naming each failing node."""
+    from fluidctl.cluster import setup as provision
+    from fluidctl.cluster.nodes import resolve
+    from fluidctl.cluster.sync import fail_nodes
+    from fluidctl.paths import NODE_VENV
+    hosts, targets = resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
+    envs = provision.inspect_all(hosts, targets, venv or NODE_VENV, timeout)
+    groups: dict = {}           # interpreter -> hosts checked with it (a node's venv python)
+    for host in hosts:
+        env = envs.get(host.name)
+        chosen = python or (env.executable if env and env.present else None)
+        groups.setdefault(chosen, []).append(host)
+    found = {}
+    for chosen, members in groups.items():
+        for r in check_nodes(members, targets=targets, timeout=timeout, python=chosen,
+                             remote_dir=remote_dir):
+            found[r.host] = r
+    results = [found[h.name] for h in hosts]
+    for r in results:
+        env = envs.get(r.host)
+        drift = env.differences() if env else []
+        if drift:
+            r.ok = False
+            r.reason = "; ".join([*([r.reason] if r.reason else []), ", ".join(drift)
+                                  + " (run fluidctl cluster setup)"])
+    _print_checks(results, envs)
+    failures = {r.host: r.reason for r in results if not r.ok}
+    if failures:
+        raise fail_nodes("failed the check", failures, len(results))
+
+
+def _print_checks(results: List[NodeCheck], envs: dict) -> None:
+    from rich.table import Table
+    from fluidctl.console import console
+    from fluidctl.units import human_bytes
+    table = Table(title=f"fluidctl cluster check: {len(results)} node(s)")
+    for column in ("host", "address", "status", "env", "python", "fluidctl", "free disk",
+                   "gpus", "CuPy / NCCL", "seconds", "reason"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        status = "[green]ok[/]" if r.ok else "[bold red]FAIL[/]"
+        env = envs.get(r.host)
+        state = "-" if env is None or not env.present else \
+            ("differs" if env.differences() else "ok")
+        table.add_row(r.host, r.address, status, state, r.python or "-", r.fluidctl or "-",
+                      human_bytes(r.disk_free), "-" if r.gpus is None else str(r.gpus),
+                      r.gpu_stack or "-", f"{r.seconds:.2f}", r.reason)
+    console().print(table)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl import __version__
-from fluidctl.remote.ssh import NODE_LOST, SSHNode
+from fluidctl.remote.ssh import DEFAULT_TIMEOUT, NODE_LOST, SSHNode
 from fluidctl.remote.sftp import FileToSend, SyncPlan, send_files
 from fluidctl.paths import NODE_ENV_RECORD, NODE_WHEELHOUSE, node_venv
 from fluidctl.cluster.wheelhouse import Wheel, Wheelhouse, pip_error
@@ -331,3 +331,93 @@ def inspect_all(hosts, targets, venv_spec: str, timeout: float) -> Dict[str, Env
     finally:
         connected.close()
     return {status.host: status for status in found}
+
+
+def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
+        accept_new_host_keys=False, requirements=None, python=None, venv=None,
+        system_site_packages=False, no_deps=False, wheelhouse=None, dry_run=False) -> None:
+    """``fluidctl cluster setup``: build the wheelhouse here once, set up every node at once,
+    print a table (and with ``dry_run`` each node's steps); the exit code is the number of
+    nodes that failed, each named with its reason."""
+    import sys
+    from pathlib import Path
+    from fluidctl.cluster import wheelhouse as wheels
+    from fluidctl.cluster.nodes import ordered, resolve
+    from fluidctl.cluster.sync import fail_nodes
+    from fluidctl.console import console
+    from fluidctl.paths import NODE_VENV, wheelhouse_dir
+    hosts, targets = resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
+    venv = venv or NODE_VENV
+    python = python or f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    house = wheels.build(Path(wheelhouse) if wheelhouse else wheelhouse_dir(),
+                         Path(requirements) if requirements else None, no_deps,
+                         echo=console(stderr=True).print)
+    results, failures = _setup_all(hosts, targets, timeout, house, venv, python,
+                                   system_site_packages, dry_run)
+    _print_setup(hosts, results, house, python, dry_run)
+    if failures:
+        error = fail_nodes("failed the setup", ordered(failures, hosts), len(hosts))
+        error.exit_code = len(failures)
+        raise error
+
+
+def _setup_all(hosts, targets, timeout, house, venv, python, system_site, dry_run):
+    """``setup_node`` on every node at once: ({host: NodeSetup}, {host: reason})."""
+    from fluidctl.remote import ssh
+    connected = ssh.connect_all(hosts, targets, timeout=timeout)
+    failures = dict(connected.failures)
+
+    def one(node):
+        try:
+            return setup_node(node, house, venv, python, system_site, dry_run)
+        except ssh.NODE_LOST as exc:
+            return NodeSetup(node.host.name, reason=f"connection failed: {exc}")
+    try:
+        results = {r.host: r for r in ssh.parallel(list(connected.nodes.values()), one)}
+    finally:
+        connected.close()
+    failures.update({r.host: r.reason for r in results.values() if r.reason})
+    return results, failures
+
+
+def _print_setup(hosts, results: dict, house: Wheelhouse, python: str, dry_run: bool) -> None:
+    from rich.table import Table
+    from fluidctl.console import console
+    from fluidctl.units import human_bytes
+    what = "would push" if dry_run else "pushed"
+    table = Table(title=f"fluidctl cluster setup{' --dry-run' if dry_run else ''}: "
+                        f"{len(house.wheels)} wheel(s), {human_bytes(house.bytes)}")
+    for column in ("host", "venv", "action", what, "install", "status"):
+        table.add_column(column, overflow="fold")
+    details = []
+    for host in hosts:
+        r = results.get(host.name)
+        if r is None:
+            continue
+        pushed = f"{len(r.push)} ({human_bytes(r.push_bytes)})" if r.push else "nothing"
+        if dry_run:
+            status = "-"
+        elif r.ok:
+            status = f"[green]ready[/] fluidctl {r.fluidctl}, {r.seconds:.1f}s"
+        else:
+            status = "[bold red]FAIL[/]"
+        table.add_row(host.name, r.venv, r.action, pushed, str(len(r.install)) if r.install
+                      else "-", status)
+        if dry_run:
+            details.append(f"{host.name}: {r.venv}: " + "; ".join(_dry_steps(r, python)))
+    out = console()
+    out.print(table)
+    for line in details:
+        out.print(line, soft_wrap=True, markup=False)
+
+
+def _dry_steps(r: NodeSetup, python: str) -> List[str]:
+    """What ``cluster setup`` would do on one node, in words."""
+    from fluidctl.units import human_bytes
+    steps = [f"create the venv with {python}" if r.action == "create" else "use the venv there"]
+    steps.append("push " + ", ".join(f"{w.file} ({human_bytes(w.size)})" for w in r.push)
+                 if r.push else "push nothing")
+    if r.remove:
+        steps.append("remove " + ", ".join(r.remove))
+    steps.append("install " + ", ".join(r.install) if r.install else "install nothing")
+    return steps

@@ -1,5 +1,6 @@
 """The Slurm-only options of ``fluidctl train`` (``--backend slurm``), as one decorator, so the
-train command carries them in one line and the backend receives them as one ``SlurmOptions``."""
+train command carries them in one line; ``fluidctl.launch.train.slurm_options`` gathers them
+into one ``SlurmOptions`` for the backend."""
 from __future__ import annotations
 
 import click
@@ -27,21 +28,9 @@ OPTIONS = (
                  help="slurm, from a login node: return once submitted instead of following "
                       "the job (then: fluidctl job logs JOB -f)."),
 )
-NAMES = ("nodes", "partition", "time_limit", "account", "qos", "constraint", "exclude",
-         "slurm_args", "job_name", "detach")
 
 
 def slurm_options(f):
     for option in reversed(OPTIONS):
         f = option(f)
     return f
-
-
-def collect(kwargs: dict):
-    """Pop the Slurm options out of a command's keyword arguments: (SlurmOptions, any given?)."""
-    from fluidctl.planning.slurm import SlurmOptions
-    values = {name: kwargs.pop(name) for name in NAMES}
-    given = any(values.values())
-    values["time"] = values.pop("time_limit")
-    values["slurm_args"] = tuple(values["slurm_args"])
-    return SlurmOptions(**values), given

@@ -1,20 +1,19 @@
-"""``fluidctl train``: options in, a LaunchConfig out, ``fluidctl.launch.execute`` runs it.
+"""``fluidctl train``: options and help only; ``fluidctl.launch.train.run`` does the rest.
 
-Thin on purpose: checking and freezing the options is ``LaunchConfig.from_options``; the
-backend (``--backend``, a name in ``fluidctl.backends.LAUNCHERS``) plans and starts; execute
-supervises and reports.
+Checking and freezing the options is ``LaunchConfig.from_options``; the backend (``--backend``,
+a name in ``fluidctl.backends.LAUNCHERS``) plans and starts; ``launch.execute`` supervises and
+reports. The plain forms are parsed without click by ``fluidctl.fastargs.TRAIN`` (a fifth of
+the launcher's start-up is click); tests/test_fastargs.py fails until an option added here is
+added there too.
 """
 from __future__ import annotations
-
-import sys
 
 import click
 
 from fluidctl import backends, envs
-from fluidctl.commands.slurm_options import collect as collect_slurm, slurm_options
-from fluidctl.errors import UsageError
+from fluidctl.commands.slurm_options import slurm_options
 from fluidctl.paths import DEFAULT_LOG_DIR
-from fluidctl.planning.config import TEE_CHOICES, LaunchConfig
+from fluidctl.planning.config import TEE_CHOICES
 
 CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"],
            "max_content_width": 100}
@@ -136,32 +135,11 @@ def _non_negative(name: str):
               help="With --dry-run --json: print FLUIDCTL_JOB_TOKEN instead of masking it.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def train(nproc, gpus, mode, pservers, pserver_endpoints, token_file, sync, checkpoint_dir,
-          checkpoint_every,
-          hostfile, hosts_arg, backend, ssh_config, accept_new_host_keys, remote_dir, python,
-          venv, exports, pserver_hosts, ssh_timeout, started_port, log_dir, env_pairs, env_file,
-          grace_period, max_restarts, tee, tee_ranks, hang_timeout, log_tail, dry_run, as_json,
-          show_secrets, script, script_args, **slurm_kw):
+def train(**params):
     """Run SCRIPT as a distributed training job.
 
     SCRIPT ending in .py runs with fluidctl's own Python (-u); anything else is executed.
     SCRIPT_ARGS are passed to it untouched, options included.
     """
-    if as_json and not dry_run:
-        raise UsageError("--json only works with --dry-run", "add --dry-run")
-    slurm, slurm_given = collect_slurm(slurm_kw)
-    if slurm_given and backend != "slurm":
-        raise UsageError("--nodes, --partition, --time, ... are Slurm options",
-                         "add --backend slurm")
-    config = LaunchConfig.from_options(
-        script=script, script_args=script_args, backend=backend, hostfile=hostfile,
-        hosts_arg=hosts_arg, env_pairs=env_pairs, env_file=env_file, exports=exports,
-        token_file=token_file, pserver_endpoints=pserver_endpoints, pserver_hosts=pserver_hosts,
-        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, mode=mode,
-        pservers=pservers, grace_period=grace_period, log_dir=log_dir, nproc=nproc, gpus=gpus,
-        sync=sync, python=python, venv=venv, remote_dir=remote_dir, ssh_config=ssh_config,
-        accept_new_host_keys=accept_new_host_keys, ssh_timeout=ssh_timeout,
-        started_port=started_port, max_restarts=max_restarts, tee=tee, log_tail=log_tail,
-        slurm=slurm, tee_ranks=tee_ranks, hang_timeout=hang_timeout)
-    from fluidctl.launch.execute import launch
-    sys.exit(launch(config, dry_run=dry_run, as_json=as_json, show_secrets=show_secrets))
+    from fluidctl.launch.train import run
+    run(**params)

@@ -1,6 +1,6 @@
 """``fluidctl worker SCRIPT [ARGS]``, the click command: its help and the odd forms (an
 option before SCRIPT, no SCRIPT). The plain form never gets here: ``fluidctl.cli.main`` runs
-``worker_run.run`` without importing click (see fluidctl/node/worker.py)."""
+``fluidctl.node.worker.run`` without importing click; this command calls the same ``run``."""
 from __future__ import annotations
 
 import click

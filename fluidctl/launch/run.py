@@ -17,6 +17,7 @@ from fluidctl.procs import lifeline
 from fluidctl.procs import local
 from fluidctl.backends.base import Handle
 from fluidctl.diagnostics.failures import Failure
+from fluidctl.diagnostics.dump import DUMP_REQUEST      # `fluidctl dump` asks for stacks
 from fluidctl.launch.echo import LogEcho
 from fluidctl.planning.plan import Plan
 from fluidctl.launch.supervisor import LaunchLog, RunOptions, RunResult, Supervisor
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from fluidctl.diagnostics.watch import Diagnostics
 
 HEARTBEAT = 2.0
-DUMP_REQUEST = signal.SIGUSR1       # `fluidctl dump` asks the running launcher for stacks
 
 
 def failure_reporter(tail_lines: int, json_path: Optional[Path] = None) -> Callable:

@@ -21,7 +21,8 @@ from fluidctl.planning.devices import gpu_request
 
 @dataclass(frozen=True)
 class SlurmOptions:
-    """The Slurm-only options of ``fluidctl train`` (declared in commands/slurm_options.py)."""
+    """The Slurm-only options of ``fluidctl train`` (declared in commands/slurm_options.py,
+    gathered by launch/train.py)."""
     nodes: Optional[int] = None
     partition: Optional[str] = None
     time: Optional[str] = None

@@ -1,0 +1,67 @@
+"""``fluidctl cluster exec``: one command on every node at once, each output line prefixed with
+its host; Ctrl-C stops it on every node."""
+from __future__ import annotations
+
+import functools
+import signal
+import threading
+
+from fluidctl.remote.ssh import DEFAULT_TIMEOUT
+
+
+def run(command, hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
+        accept_new_host_keys=False, remote_dir=None) -> None:
+    """Run ``command`` (words, joined as ssh joins them) on every node; exit 1 naming each node
+    where it failed or could not run."""
+    from rich.text import Text
+    from fluidctl.cluster.nodes import ordered, resolve
+    from fluidctl.cluster.sync import fail_nodes
+    from fluidctl.console import console
+    from fluidctl.remote import ssh
+    hosts, targets = resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
+    out, err = console(), console(stderr=True)
+    lock = threading.Lock()
+    width = max(len(h.name) for h in hosts)
+
+    def on_line(host, stream, line):
+        with lock:
+            (err if stream == "stderr" else out).print(
+                Text.assemble((f"[{host:<{width}}] ", "cyan"), line), soft_wrap=True)
+
+    connected = ssh.connect_all(hosts, targets, timeout=timeout)
+    failures = dict(connected.failures)
+    try:
+        failures.update(_run_on(connected.nodes, " ".join(command), remote_dir, on_line))
+    finally:
+        connected.close()
+    if failures:
+        raise fail_nodes("failed", ordered(failures, hosts), len(hosts))
+
+
+def _run_on(nodes: dict, text: str, remote_dir, on_line) -> dict:
+    """Start ``text`` on every connected node, wait for each; {host: reason} where it failed.
+    On Ctrl-C every node's command gets SIGTERM before KeyboardInterrupt goes on."""
+    from fluidctl.remote import ssh
+    failures, procs = {}, {}
+    try:
+        for name, node in nodes.items():        # output streams from reader threads
+            try:
+                procs[name] = node.start(text, cwd=remote_dir,
+                                         on_line=functools.partial(on_line, name))
+            except ssh.NODE_LOST as exc:
+                failures[name] = f"cannot start the command: {exc}"
+        for name, proc in procs.items():
+            try:
+                code = proc.wait()
+            except ssh.ConnectionLost as exc:
+                failures[name] = str(exc)
+                continue
+            if code == 97 and remote_dir:
+                failures[name] = f"cannot cd to {remote_dir}"
+            elif code != 0:
+                failures[name] = f"exit code {code}"
+    except KeyboardInterrupt:   # stop the command on every node, leave nothing behind
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        raise
+    return failures

@@ -1,0 +1,122 @@
+"""``fluidctl job list | status | logs | cancel``, without click: the Slurm jobs submitted from
+this machine (records under ``fluidctl.paths.jobs_dir()``).
+
+Works without Slurm's accounting database (sacct): state comes from squeue, scontrol show job
+and the exit-code file the batch script leaves (``fluidctl.backends.slurmctl``).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from fluidctl.backends import slurmctl
+from fluidctl.errors import UsageError
+
+
+def _row(record: slurmctl.JobRecord, st: slurmctl.JobState) -> dict:
+    return {"job_id": record.job_id, "name": record.name, "state": st.state,
+            "exit_code": st.exit_code, "nodes": st.nodes, "reason": st.reason,
+            "source": st.source, "submitted": record.submitted, "log_dir": record.log_dir,
+            "script": record.script, "workdir": record.workdir, "num_nodes": record.nodes,
+            "ntasks_per_node": record.ntasks_per_node}
+
+
+def follow_job(record: slurmctl.JobRecord, sources, out=None) -> slurmctl.JobState:
+    """Echo ``sources`` ([(log path, prefix)]) while the job runs; its final state at the end."""
+    from fluidctl.launch.echo import LogEcho
+    echo = LogEcho([(str(p), prefix) for p, prefix in sources], out=out)
+    echo.start()
+    try:
+        return slurmctl.wait_done(record)
+    finally:
+        echo.finish()
+
+
+def _console():
+    from fluidctl.console import console
+    return console()
+
+
+def list_jobs(as_json: bool = False) -> None:
+    """Every recorded job, newest first, with its state now: a table, or JSON."""
+    records = slurmctl.list_records()
+    found = slurmctl.states(records) if records else {}
+    rows = [_row(r, found[r.job_id]) for r in records]
+    if as_json:
+        print(json.dumps(rows, indent=1), flush=True)
+        return
+    if not rows:
+        from fluidctl import paths
+        _console().print(f"no jobs recorded (under {paths.jobs_dir()})", markup=False)
+        return
+    from rich.table import Table
+    table = Table(title="fluidctl Slurm jobs")
+    for column in ("job", "name", "state", "exit", "nodes", "submitted", "log dir"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(row["job_id"], row["name"], row["state"] + (
+            f" ({row['reason']})" if row["reason"] else ""),
+            "" if row["exit_code"] is None else str(row["exit_code"]), row["nodes"],
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["submitted"])),
+            row["log_dir"])
+    _console().print(table)
+
+
+def status(job_id: str, as_json: bool = False) -> None:
+    """One job's state; exit 1 for a job that ended with a non-zero code."""
+    record = slurmctl.load_record(job_id)
+    st = slurmctl.state(record)
+    if as_json:
+        print(json.dumps(_row(record, st), indent=1), flush=True)
+    else:
+        text = f"job {job_id} ({record.name}): {st.state}"
+        if st.reason:
+            text += f" ({st.reason})"
+        if st.nodes:
+            text += f" on {st.nodes}"
+        if st.exit_code is not None:
+            text += f", exit code {st.exit_code}"
+        print(text)
+        print(f"logs: {record.log_dir}   script: {record.script}", flush=True)
+    if st.done and st.exit_code not in (None, 0):
+        sys.exit(1)
+
+
+def logs(job_id: str, rank: int = 0, batch: bool = False, follow: bool = False) -> None:
+    """Print a rank's log (or the batch script's output); ``follow``: until the job ends, then
+    exit with its exit code (130 on Ctrl-C, after saying how to follow it again)."""
+    record = slurmctl.load_record(job_id)
+    path = record.layout.slurm_output_of(job_id) if batch else record.layout.worker(rank)
+    if not follow:
+        try:
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 16), b""):
+                    sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+        except FileNotFoundError:
+            st = slurmctl.state(record)
+            raise UsageError(f"{path} does not exist (job {job_id} is {st.state})",
+                             "a rank's log appears once the job runs; --rank N picks another "
+                             "rank, --batch the batch script's output") from None
+        return
+    try:
+        st = follow_job(record, [(path, "")])
+    except KeyboardInterrupt:
+        print(slurmctl.how_to_follow(job_id), file=sys.stderr, flush=True)
+        sys.exit(130)
+    print(f"fluidctl: job {job_id} {st.state}" + (
+        f", exit code {st.exit_code}" if st.exit_code is not None else ""), file=sys.stderr,
+        flush=True)
+    sys.exit(st.exit_code or 0)
+
+
+def cancel(job_id: str) -> None:
+    """scancel the job, unless it already ended."""
+    record = slurmctl.load_record(job_id)
+    st = slurmctl.state(record)
+    if st.done:
+        print(f"job {job_id} already ended: {st.state}", flush=True)
+        return
+    slurmctl.cancel(record)
+    print(f"cancelled job {job_id}", flush=True)
