@@ -36,6 +36,7 @@ from fluidctl.paths import LogLayout
 from fluidctl.planning import slurm as planning
 
 STEP_PREFIX = "fluidctl"
+CANCELLED = "cancelled"         # Failure.kind of a cancelled job: the supervisor never restarts it
 
 
 # --- the srun step -------------------------------------------------------------------------
@@ -232,10 +233,13 @@ class SubmittedJob:
                 self._say(f"job {self.record.job_id} {st.state}{why}{where}")
         self._state = st
         if st.done:
-            st = slurmctl.final_state(self.record) if st.state != "UNKNOWN" else st
-            self._state = st
             self._code = st.exit_code if st.exit_code is not None else 1
-            self._say(f"job {self.record.job_id} {st.state}, exit code {self._code}")
+            slurmctl.record_end(self.record, st)
+            if st.state == "CANCELLED":
+                self._say(f"job {self.record.job_id} was cancelled (scancel or 'fluidctl job "
+                          f"cancel'), exit code {self._code}: not restarted")
+            else:
+                self._say(f"job {self.record.job_id} {st.state}, exit code {self._code}")
         return self._code
 
     def terminate(self) -> None:
@@ -250,6 +254,11 @@ class SubmittedJob:
         if self._code == HANG_EXIT:         # the job's own fluidctl found it hung (its report)
             return Failure(self.label, self.host, HANG_EXIT, self.log,
                            detail=_hang_detail(self.layout), kind="hang")
+        if self._state is not None and self._state.state == "CANCELLED":
+            # not a failure of the job's own: a cancel ends the follower, never restarts it
+            return Failure(self.label, self.host, self._code or 1, self.log,
+                           detail=f"cancelled (scancel or 'fluidctl job cancel'), exit code "
+                                  f"{self._code}", kind=CANCELLED)
         try:
             failure = srun_failure(self.layout.srun.read_text(errors="replace"), self.layout)
         except OSError:

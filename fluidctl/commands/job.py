@@ -91,7 +91,8 @@ def list_jobs(as_json):
               help="Print JSON, e.g. fluidctl job status 1234 --json.")
 def status(job_id, as_json):
     """State of one job: PENDING (and why), RUNNING (where), or how it ended and its exit code.
-    Exits 0 for a job that is queued, running or completed, 1 for one that failed.
+    Exits 0 for a job that is queued, running or completed, 1 for one that failed or was
+    cancelled (also once Slurm has forgotten it: fluidctl records how it ended).
 
     \b
     Example:
@@ -112,7 +113,7 @@ def status(job_id, as_json):
             text += f", exit code {st.exit_code}"
         click.echo(text)
         click.echo(f"logs: {record.log_dir}   script: {record.script}")
-    if st.done and st.exit_code not in (None, 0):
+    if st.failed:
         sys.exit(1)
 
 

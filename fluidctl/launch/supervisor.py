@@ -178,7 +178,8 @@ class Supervisor:
                 return self._result(0, attempts=attempt + 1)
             self.log(f"attempt {attempt}: {failure.label} on {failure.host} failed: "
                      f"{failure.reason} (log {failure.log})")
-            if attempt >= self.options.max_restarts:
+            if attempt >= self.options.max_restarts or failure.kind == "cancelled":
+                # a job cancelled from outside (scancel) is over: only failures restart
                 return self._result(failure.exit_code or 1, failure=failure,
                                     attempts=attempt + 1)
             attempt += 1
