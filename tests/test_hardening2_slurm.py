@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from launchutil import BEHAVE, alive, read_pids, wait_for
 
 from fluidctl import paths
@@ -185,3 +187,34 @@ def test_27_14_the_exit_file_ends_a_job_slurm_keeps_completing(slurm, tmp_path):
                                               "-f", str(slurm.conf)], slurm.env())
         slurm.cancel_all()
         slurm.wait_idle(timeout=120)
+
+
+# --- #4 (Slurm case): a SIGKILLed launcher inside an allocation leaves no step --------------
+def test_27_4_kill_9_of_the_launcher_and_srun_cancels_the_step(slurm, tmp_path):
+    alloc = slurm.allocate(2, 1)
+    job_id = alloc["SLURM_JOB_ID"]
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = slurm.env(FLUIDCTL_STATE_DIR=str(tmp_path / "state"), **alloc)
+    proc = subprocess.Popen([sys.executable, "-m", "fluidctl", "train", "--backend", "slurm",
+                             BEHAVE, "--pidfile", str(pids), "--hang"], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(list(pids.glob("*.pids"))) == 2, timeout=60, what="2 ranks")
+        ranks = read_pids(pids, [0, 1])
+        assert len(slurm.steps(job_id)) == 1
+        # kill -9 of the launcher, and of its srun before srun can act on its parent-death
+        # SIGTERM (which it forwards to the step): on a busy cluster it loses that race (the
+        # watchdog SIGKILLs it at once); here, both are SIGKILLed together
+        sruns = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if p.name() == "srun"]
+        assert sruns
+        proc.send_signal(signal.SIGKILL)
+        for p in sruns:
+            p.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        wait_for(lambda: slurm.steps(job_id) == [], timeout=60, what="the step cancelled")
+        wait_for(lambda: not any(alive(p) for p in ranks), timeout=30, what="ranks gone")
+        assert slurm.run("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip() == "RUNNING"
+    finally:
+        stop(proc)

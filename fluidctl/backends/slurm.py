@@ -29,6 +29,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from fluidctl import envs
 from fluidctl.backends import slurmctl
 from fluidctl.backends.base import BaseLauncher
+from fluidctl.procs import lifeline
 from fluidctl.procs.local import LocalProcess
 from fluidctl.errors import UsageError
 from fluidctl.diagnostics.failures import Failure
@@ -165,9 +166,16 @@ class SrunStep(LocalProcess):
     def __init__(self, argv: List[str], env: Mapping[str, str], layout: LogLayout, *,
                  job_id: str, name: str, role: str = "trainer", service: bool = False):
         self.layout, self.job_id, self.step, self.role = layout, job_id, name, role
-        super().__init__(role + "s" if role == "trainer" else "pservers", argv, env,
-                         str(srun_log(layout, role)),
-                         host="slurm", service=service)
+        # if this launcher is SIGKILLed, the step is scancelled (srun may die before it can)
+        self._step_watchdog = lifeline.watch_slurm_step(
+            job_id, name, slurmctl.find("squeue"), slurmctl.find("scancel"))
+        try:
+            super().__init__(role + "s" if role == "trainer" else "pservers", argv, env,
+                             str(srun_log(layout, role)),
+                             host="slurm", service=service)
+        except BaseException:
+            self._step_watchdog.close()
+            raise
 
     def failure(self) -> Failure:
         try:
@@ -183,6 +191,10 @@ class SrunStep(LocalProcess):
     def kill(self) -> None:
         super().kill()
         cancel_step(self.job_id, self.step)
+
+    def close(self) -> None:
+        super().close()
+        self._step_watchdog.close()
 
 
 def cancel_step(job_id: str, name: str) -> None:
