@@ -30,6 +30,7 @@ GOLDEN = """\
 #SBATCH --mail-type=END
 #SBATCH --signal=B:USR2@120
 
+rm -f '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode
 /opt/py/bin/python -m fluidctl train --backend slurm --log-dir '/logs/my run' train.py --lr '0.1 0.2'
 code=$?
 echo "$code" > '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode.tmp && mv -f '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode.tmp '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode

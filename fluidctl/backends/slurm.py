@@ -29,6 +29,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from fluidctl import envs
 from fluidctl.backends import slurmctl
 from fluidctl.backends.base import BaseLauncher
+from fluidctl.procs import lifeline
 from fluidctl.procs.local import LocalProcess
 from fluidctl.errors import UsageError
 from fluidctl.diagnostics.failures import Failure, FailureKind
@@ -164,9 +165,16 @@ class SrunStep(LocalProcess):
     def __init__(self, argv: List[str], env: Mapping[str, str], layout: LogLayout, *,
                  job_id: str, name: str, role: str = "trainer", service: bool = False):
         self.layout, self.job_id, self.step, self.role = layout, job_id, name, role
-        super().__init__(role + "s" if role == "trainer" else "pservers", argv, env,
-                         str(srun_log(layout, role)),
-                         host="slurm", service=service)
+        # if this launcher is SIGKILLed, the step is scancelled (srun may die before it can)
+        self._step_watchdog = lifeline.watch_slurm_step(
+            job_id, name, slurmctl.find("squeue"), slurmctl.find("scancel"))
+        try:
+            super().__init__(role + "s" if role == "trainer" else "pservers", argv, env,
+                             str(srun_log(layout, role)),
+                             host="slurm", service=service)
+        except BaseException:
+            self._step_watchdog.close()
+            raise
 
     def failure(self) -> Failure:
         try:
@@ -182,6 +190,10 @@ class SrunStep(LocalProcess):
     def kill(self) -> None:
         super().kill()
         cancel_step(self.job_id, self.step)
+
+    def close(self) -> None:
+        super().close()
+        self._step_watchdog.close()
 
 
 def cancel_step(job_id: str, name: str) -> None:
@@ -232,10 +244,13 @@ class SubmittedJob:
                 self._say(f"job {self.record.job_id} {st.state}{why}{where}")
         self._state = st
         if st.done:
-            st = slurmctl.final_state(self.record) if st.state != "UNKNOWN" else st
-            self._state = st
             self._code = st.exit_code if st.exit_code is not None else 1
-            self._say(f"job {self.record.job_id} {st.state}, exit code {self._code}")
+            slurmctl.record_end(self.record, st)
+            if st.state == "CANCELLED":
+                self._say(f"job {self.record.job_id} was cancelled (scancel or 'fluidctl job "
+                          f"cancel'), exit code {self._code}: not restarted")
+            else:
+                self._say(f"job {self.record.job_id} {st.state}, exit code {self._code}")
         return self._code
 
     def terminate(self) -> None:
@@ -250,6 +265,11 @@ class SubmittedJob:
         if self._code == HANG_EXIT:         # the job's own fluidctl found it hung (its report)
             return Failure(self.label, self.host, HANG_EXIT, self.log,
                            detail=_hang_detail(self.layout), kind=FailureKind.HANG)
+        if self._state is not None and self._state.state == "CANCELLED":
+            # not a failure of the job's own: a cancel ends the follower, never restarts it
+            return Failure(self.label, self.host, self._code or 1, self.log,
+                           detail=f"cancelled (scancel or 'fluidctl job cancel'), exit code "
+                                  f"{self._code}", kind=FailureKind.CANCELLED)
         try:
             failure = srun_failure(self.layout.srun.read_text(errors="replace"), self.layout)
         except OSError:

@@ -98,6 +98,7 @@ def sbatch_script(spec: SbatchSpec) -> str:
     exit_file = _job_path(spec.exit_file)
     lines += [
         "",
+        f"rm -f {exit_file}",      # a requeued run must not look ended by the last one's code
         " ".join(shlex.quote(word) for word in spec.command),
         "code=$?",
         f'echo "$code" > {exit_file}.tmp && mv -f {exit_file}.tmp {exit_file}',
@@ -120,6 +121,11 @@ class JobRecord:
     submitted: float = field(default_factory=time.time)
     command: List[str] = field(default_factory=list)
     cluster: str = ""
+    # how the job ended, as fluidctl saw it (the follower, `job status`, `job cancel`): what
+    # `job status` shows once Slurm has forgotten the job (MinJobAge, no sacct)
+    final_state: str = ""
+    final_exit_code: Optional[int] = None
+    cancelled: float = 0.0      # when `fluidctl job cancel` cancelled it
 
     def save(self) -> Path:
         path = paths.job_record(self.job_id)
@@ -208,6 +214,11 @@ class JobState:
     def done(self) -> bool:
         return self.state in FINISHED or self.state == "UNKNOWN"
 
+    @property
+    def failed(self) -> bool:
+        """Ended otherwise than COMPLETED with code 0 (failed, cancelled, timed out, ...)."""
+        return self.state in FINISHED and (self.state != "COMPLETED" or bool(self.exit_code))
+
 
 _SQUEUE_FORMAT = "%i|%T|%r|%N"
 
@@ -270,40 +281,122 @@ def _from_exit_file(record: JobRecord) -> Optional[JobState]:
                     "exit-file")
 
 
-def states(records: Sequence[JobRecord]) -> Dict[str, JobState]:
-    """The state of every recorded job: squeue, then scontrol, then the exit file."""
-    found = _squeue(r.job_id for r in records)
-    for record in records:
-        if record.job_id in found:
-            continue
-        state = _scontrol(record.job_id) or _from_exit_file(record)
-        found[record.job_id] = state or JobState(record.job_id, "UNKNOWN", None, "", "",
-                                                 "none")
-    return found
+def _from_record(record: JobRecord) -> Optional[JobState]:
+    """The end fluidctl recorded (a follower's final state, or a cancel), for a job Slurm
+    has forgotten."""
+    if record.final_state:
+        return JobState(record.job_id, record.final_state, record.final_exit_code, "", "",
+                        "record")
+    if record.cancelled:
+        return JobState(record.job_id, "CANCELLED", 128 + 15, "", "", "record")
+    return None
 
 
-def state(record: JobRecord) -> JobState:
-    """One job: scontrol first (it has the exit code), then the exit file."""
-    return (_scontrol(record.job_id) or _from_exit_file(record)
-            or JobState(record.job_id, "UNKNOWN", None, "", "", "none"))
+def record_end(record: JobRecord, st: JobState) -> None:
+    """Keep a finished job's state in its record (re-read first: `job cancel` may have written
+    it meanwhile), so `job status` still knows it after slurmctld has forgotten the job."""
+    if st.state not in FINISHED or (record.final_state, record.final_exit_code) == (
+            st.state, st.exit_code):
+        return
+    try:
+        fresh = load_record(record.job_id)
+    except UsageError:
+        fresh = record
+    fresh.final_state, fresh.final_exit_code = st.state, st.exit_code
+    record.final_state, record.final_exit_code = st.state, st.exit_code
+    try:
+        fresh.save()
+    except OSError:
+        pass            # a read-only state dir must not end the follower
 
 
-def final_state(record: JobRecord) -> JobState:
-    """Once a job has finished, the batch script's own exit file is the most precise code
-    (scontrol may still show COMPLETING); wait briefly for slurmctld to agree."""
-    st = state(record)
+# Slurm keeps a job COMPLETING until every node confirmed the end (a node whose slurmd died
+# holds it there until SlurmdTimeout marks the node down, minutes); the batch script's exit
+# file, or a cancel fluidctl made, ends the job for fluidctl at once
+_ENDING = ("COMPLETING", "RUNNING", "STOPPED", "SUSPENDED")
+
+
+def _settle(record: JobRecord, st: Optional[JobState]) -> Optional[JobState]:
+    if st is None:
+        return None
+    if st.state in FINISHED:
+        st = _precise(record, st)
+        record_end(record, st)
+        return st
+    if st.state in _ENDING:
+        if st.state == "COMPLETING" and not record.cancelled:
+            record.cancelled = _cancelled_since(record)
+        if record.cancelled and st.state == "COMPLETING":
+            ended = JobState(record.job_id, "CANCELLED", 128 + 15, st.nodes, "", "record")
+        else:
+            ended = _from_exit_file(record)
+        if ended is not None:
+            ended.nodes = ended.nodes or st.nodes
+            record_end(record, ended)
+            return ended
+    return st
+
+
+def _cancelled_since(record: JobRecord) -> float:
+    """When `fluidctl job cancel` (another process) cancelled the job, from its record now."""
+    try:
+        return load_record(record.job_id).cancelled
+    except UsageError:
+        return 0.0
+
+
+def _precise(record: JobRecord, st: JobState) -> JobState:
+    """A finished job: the batch script's own exit file has the most precise code, unless
+    Slurm ended the job itself (cancel, time limit, node failure, ...)."""
+    if st.state in ("CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+                    "BOOT_FAIL", "DEADLINE"):
+        return st
+    if record.cancelled:
+        return JobState(record.job_id, "CANCELLED", st.exit_code or 128 + 15, st.nodes, "",
+                        st.source)
     from_file = _from_exit_file(record)
-    if from_file is not None and st.state not in ("CANCELLED", "TIMEOUT", "NODE_FAIL",
-                                                  "PREEMPTED", "OUT_OF_MEMORY"):
+    if from_file is not None:
+        from_file.nodes = st.nodes
         return from_file
     return st
 
 
+def _forgotten(record: JobRecord) -> JobState:
+    return (_from_record(record) or _from_exit_file(record)
+            or JobState(record.job_id, "UNKNOWN", None, "", "", "none"))
+
+
+def states(records: Sequence[JobRecord]) -> Dict[str, JobState]:
+    """The state of every recorded job: squeue, then scontrol, then what fluidctl recorded of
+    its end, then the exit file."""
+    found = _squeue(r.job_id for r in records)
+    for record in records:
+        if record.job_id in found:
+            found[record.job_id] = _settle(record, found[record.job_id])
+            continue
+        found[record.job_id] = _settle(record, _scontrol(record.job_id)) or _forgotten(record)
+    return found
+
+
+def state(record: JobRecord) -> JobState:
+    """One job: scontrol first (it has the exit code), then what fluidctl recorded of its end
+    (the follower's final state, a cancel), then the exit file."""
+    return _settle(record, _scontrol(record.job_id)) or _forgotten(record)
+
+
 def cancel(record: JobRecord) -> None:
+    """scancel the job, and record the cancel: a follower then ends without restarting it,
+    and `job status` says CANCELLED even after Slurm has forgotten the job."""
     res = client("scancel", record.job_id)
     if res.returncode != 0:
         raise FluidctlError(f"scancel {record.job_id} failed: {first_error_line(res.stderr)}",
                             "'fluidctl job status' shows whether it still runs", exit_code=1)
+    try:
+        fresh = load_record(record.job_id)
+    except UsageError:
+        fresh = record
+    fresh.cancelled = record.cancelled = time.time()
+    fresh.save()
 
 
 # --- following a job -----------------------------------------------------------------------
@@ -316,7 +409,7 @@ def wait_done(record: JobRecord, poll: float = POLL, on_state=None) -> JobState:
             on_state(st)
         last = st.state
         if st.done:
-            return final_state(record) if st.state != "UNKNOWN" else st
+            return st
         time.sleep(poll)
 
 

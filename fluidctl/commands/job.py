@@ -39,7 +39,8 @@ def list_jobs(as_json):
               help="Print JSON, e.g. fluidctl job status 1234 --json.")
 def status(job_id, as_json):
     """State of one job: PENDING (and why), RUNNING (where), or how it ended and its exit code.
-    Exits 0 for a job that is queued, running or completed, 1 for one that failed.
+    Exits 0 for a job that is queued, running or completed, 1 for one that failed or was
+    cancelled (also once Slurm has forgotten it: fluidctl records how it ended).
 
     \b
     Example:

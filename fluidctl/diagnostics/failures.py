@@ -76,6 +76,7 @@ class FailureKind(str, Enum):
     EXIT = "exit"
     HANG = "hang"
     REFUSED = "refused"         # Slurm refused to start the step
+    CANCELLED = "cancelled"     # cancelled from outside (scancel): never restarted
 
     def __str__(self) -> str:
         return self.value

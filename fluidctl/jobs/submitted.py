@@ -64,7 +64,8 @@ def list_jobs(as_json: bool = False) -> None:
 
 
 def status(job_id: str, as_json: bool = False) -> None:
-    """One job's state; exit 1 for a job that ended with a non-zero code."""
+    """One job's state; exit 1 for a job that failed or was cancelled (also once Slurm has
+    forgotten it: fluidctl records how it ended)."""
     record = slurmctl.load_record(job_id)
     st = slurmctl.state(record)
     if as_json:
@@ -79,7 +80,7 @@ def status(job_id: str, as_json: bool = False) -> None:
             text += f", exit code {st.exit_code}"
         print(text)
         print(f"logs: {record.log_dir}   script: {record.script}", flush=True)
-    if st.done and st.exit_code not in (None, 0):
+    if st.failed:
         sys.exit(1)
 
 

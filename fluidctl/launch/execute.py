@@ -77,10 +77,31 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
         sources=launcher.echo_sources(plan, config.tee, config.tee_ranks),
         report=run.failure_reporter(config.log_tail, layout.failure_json),
         on_hang=run.hang_reporter)
-    return run.run_supervised(
+    result = run.run_supervised(
         lambda attempt: launcher.start(plan, attempt), logs=logs, launch_log=launch_log,
         options=RunOptions(config.grace_period, config.max_restarts), shown=shown,
         watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config)))
+    if owner:
+        _checkpoint_failures(plan, result, launch_log)
+    return result
+
+
+def _checkpoint_failures(plan: Plan, result: RunResult, launch_log: LaunchLog) -> None:
+    """The pservers' failed checkpoints (their logs say so) reach the job: a warning on the
+    console and in launch.log, and exit code 1 for a job that otherwise succeeded when a
+    pserver's final checkpoint could not be saved (README, "Checkpoints")."""
+    import sys
+    from fluidctl.diagnostics import checkpoints as ckptreport
+    from fluidctl.planning.plan import PSERVER
+    pservers = [(p.label, p.log) for p in plan.procs if p.role == PSERVER]
+    if not pservers:
+        return
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+    if ckptreport.report(pservers, say, launch_log) and result.exit_code == 0:
+        result.exit_code = 1
+        launch_log("exit code 1: a final checkpoint could not be saved")
 
 
 def _lock_log_dir(layout) -> int:

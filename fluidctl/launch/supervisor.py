@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 from fluidctl.agentproto import EndState, ProcessEnd
-from fluidctl.diagnostics.failures import Failure
+from fluidctl.diagnostics.failures import Failure, FailureKind
 
 if TYPE_CHECKING:
     from fluidctl.backends.base import Handle
@@ -181,7 +181,8 @@ class Supervisor:
                 return self._result(0, attempts=attempt + 1)
             self.log(f"attempt {attempt}: {failure.label} on {failure.host} failed: "
                      f"{failure.reason} (log {failure.log})")
-            if attempt >= self.options.max_restarts:
+            if attempt >= self.options.max_restarts or failure.kind == FailureKind.CANCELLED:
+                # a job cancelled from outside (scancel) is over: only failures restart
                 return self._result(failure.exit_code or 1, failure=failure,
                                     attempts=attempt + 1)
             attempt += 1

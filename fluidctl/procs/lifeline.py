@@ -146,3 +146,35 @@ def remove_on_death(path) -> None:
     """Tell the running watchdog (if any) to remove directory ``path`` if this launcher dies."""
     if _current is not None:
         _current.remove_on_death(path)
+
+
+# --- a Slurm step's watchdog: scancel the step if the launcher dies -------------------------
+# An srun step lives in slurmstepd on the nodes, not in any process group of ours: SIGKILL of
+# srun (by the watchdog above, or with its launcher) leaves the step and its ranks running
+# until the allocation ends. srun cancels its step on the parent-death SIGTERM, unless it is
+# SIGKILLed first. So each step gets its own tiny watchdog, in its own session: EOF on its
+# stdin without "done" means the launcher died; it then finds the step by its unique name
+# (squeue -s) and scancels JOBID.STEPID (Slurm sends SIGTERM, then SIGKILL after KillWait).
+_STEP_WATCH_SH = r"""trap '' INT
+while IFS= read -r line; do [ "$line" = done ] && exit 0; done
+"$3" -h -s -j "$1" -o '%i %j' 2>/dev/null | while read -r step name; do
+  [ "$name" = "$2" ] && "$4" "$step" 2>/dev/null
+done
+exit 0
+"""
+
+
+class _StepWatchdog(Watchdog):
+    def __init__(self, argv):
+        import subprocess
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, start_new_session=True,
+                                      close_fds=True)
+
+
+def watch_slurm_step(job_id: str, name: str, squeue: str, scancel: str) -> Watchdog:
+    """Start the watchdog that scancels step ``name`` of job ``job_id`` if this launcher dies
+    (``squeue``/``scancel``: the clients' paths). Returns it; ``close()`` it when the step has
+    ended normally (it then exits without cancelling anything)."""
+    return _StepWatchdog(["/bin/sh", "-c", _STEP_WATCH_SH, "fluidctl-step-watchdog",
+                          str(job_id), name, squeue, scancel])

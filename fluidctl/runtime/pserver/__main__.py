@@ -6,7 +6,8 @@ PADDLE_CURRENT_ENDPOINT) for the address, PADDLE_TRAINERS_NUM, FLUIDCTL_SYNC_MOD
 FLUIDCTL_JOB_TOKEN. ``fluidctl pserver start`` passes flags instead; a flag wins over the
 environment.
 
-SIGTERM or SIGINT: write a checkpoint (when ``--checkpoint-dir`` is set) and exit 0.
+SIGTERM or SIGINT: write a checkpoint (when ``--checkpoint-dir`` is set) and exit 0 (1 when
+that final checkpoint could not be written).
 Bad input (a port in use, an unusable checkpoint directory, an unreadable token file, no job
 token at all, a state directory that cannot be written): one line ``error: ...`` and exit 2.
 Started by the launcher (TRAINING_ROLE=PSERVER in the environment), it stops when the launcher
@@ -126,7 +127,7 @@ def serve(cfg: ServerConfig, ready_fd: Optional[int] = None) -> int:
         os.write(ready_fd, f"{server.endpoint}\n".encode())
         os.close(ready_fd)
     server.serve_forever()
-    return 0
+    return 1 if server.final_checkpoint_failed else 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

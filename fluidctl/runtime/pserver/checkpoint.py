@@ -77,8 +77,36 @@ def save(state: ShardState, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     step = state.step
     data_name = f"shard-{step:010d}.bin"
-    entries, offset = [], 0
     tmp_data = directory / f".{data_name}.tmp"
+    tmp_manifest = directory / f".{MANIFEST}.tmp"
+    try:
+        return _write(state, directory, step, data_name, tmp_data, tmp_manifest)
+    except BaseException:
+        # a failed save (a full disk) leaves nothing behind: its partial files would keep
+        # the disk full and every later checkpoint failing; the previous one stays loadable
+        for tmp in (tmp_data, tmp_manifest):
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+        if _committed_data(directory) != data_name:     # renamed, but its manifest never was
+            try:
+                (directory / data_name).unlink(missing_ok=True)
+            except OSError:
+                pass
+        raise
+
+
+def _committed_data(directory: Path) -> Optional[str]:
+    try:
+        return json.loads((directory / MANIFEST).read_text()).get("data")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _write(state: ShardState, directory: Path, step: int, data_name: str, tmp_data: Path,
+           tmp_manifest: Path) -> Path:
+    entries, offset = [], 0
     with open(tmp_data, "wb") as f:
         for name, arr in _collect(state).items():
             arr = arr if arr.flags.c_contiguous else arr.copy()   # (keeps 0-d arrays 0-d)

@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 import fluidctl.runtime.wire as wire
+from fluidctl.diagnostics import checkpoints as ckptreport
 from fluidctl.runtime.pserver import checkpoint, protocol as P
 from fluidctl.runtime.pserver.protocol import BadRequest, safe_dtype, safe_shape
 from fluidctl.runtime.pserver.shard import ShardState, ShuttingDown
@@ -108,6 +109,7 @@ class PServer:
         self._acceptor: Optional[wire.Acceptor] = None
         self._parent = os.getppid()
         self._state_error: Optional[str] = None
+        self.final_checkpoint_failed = False
         self._handlers = {P.REGISTER: self._register, P.STEP: self._step, P.PULL: self._pull,
                           P.SPULL: self._spull, P.SPUSH: self._spush, P.LEAVE: self._leave,
                           P.STATS: self._stats}
@@ -170,7 +172,7 @@ class PServer:
         self.close_listeners()
         with self.shard.cond:
             if self._ckpt_dir is not None:
-                self._save()
+                self.final_checkpoint_failed = not self._save(final=True)
             self.shard.close()
         with self._conns_lock:
             for conn in self._conns.values():
@@ -198,12 +200,17 @@ class PServer:
         if self._ckpt_dir is not None and every > 0 and step % every == 0:
             self._save()
 
-    def _save(self) -> None:
+    def _save(self, final: bool = False) -> bool:
         try:
             checkpoint.save(self.shard, self._ckpt_dir)
             log.info("checkpoint at step %d in %s", self.shard.step, self._ckpt_dir)
+            return True
         except OSError as exc:
-            log.error("checkpoint at step %d failed: %s", self.shard.step, exc)
+            # the launcher reads this line back (fluidctl/diagnostics/checkpoints.py): a warning on its
+            # console, and a failed job when the final checkpoint is the one that failed
+            log.error(ckptreport.failed_line(self.shard.step, str(self._ckpt_dir), str(exc),
+                                             final=final))
+            return False
 
     # --- state record (read by `fluidctl pserver status`) --------------------------------
     def state(self) -> dict:
