@@ -64,14 +64,14 @@ def sharding_choice(name: str):
     return convert
 
 
-def float_at_least(low: float):
-    """click.FloatRange(min=low)."""
+def float_between(low: float, high: float):
+    """commands.numbers.seconds(low, high): finite, from low to high."""
     def convert(value: str) -> float:
         try:
             number = float(value)
         except ValueError:
             raise Refused(value) from None
-        if not number >= low:       # also refuses nan
+        if not low <= number <= high:       # also refuses nan and inf
             raise Refused(value)
         return number
     return convert
@@ -133,7 +133,7 @@ _HOST_OPTIONS = {
     "--hostfile": ("hostfile", VALUE, file_path),
     "--hosts": ("hosts_arg", VALUE, text),
     "--ssh-config": ("ssh_config", VALUE, file_path),
-    "--timeout": ("timeout", VALUE, float_at_least(0.1)),
+    "--timeout": ("timeout", VALUE, float_between(0.1, 86400)),
     "--accept-new-host-keys": ("accept_new_host_keys", FLAG, None),
 }
 _HOST_DEFAULTS = {"hostfile": None, "hosts_arg": None, "ssh_config": None, "timeout": 10.0,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from fluidctl.commands.numbers import seconds
 from fluidctl.console import console
 from fluidctl.cluster.sync import DEFAULT_TIMEOUT as SSH_TIMEOUT, fail_nodes
 from fluidctl.planning.hosts import load_hosts
@@ -35,7 +36,7 @@ def host_options(fn):
         click.option("--ssh-config", type=click.Path(dir_okay=False),
                      help="ssh config for Host aliases, ports, users and keys "
                           "(default ~/.ssh/config; e.g. --ssh-config cluster.conf)."),
-        click.option("--timeout", type=click.FloatRange(min=0.1), default=SSH_TIMEOUT,
+        click.option("--timeout", type=seconds(0.1, 86400, "--timeout 30"), default=SSH_TIMEOUT,
                      show_default=True,
                      help="Seconds to wait for each node (e.g. --timeout 30)."),
         click.option("--accept-new-host-keys", is_flag=True,

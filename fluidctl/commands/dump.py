@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from fluidctl.commands.numbers import seconds
 from fluidctl.errors import FluidctlError, UsageError
 from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
 
@@ -31,7 +32,7 @@ def _dump_dirs(root: Path):
 @click.command(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
 @click.option("--log-dir", default=DEFAULT_LOG_DIR, show_default=True,
               help="The running job's --log-dir, e.g. --log-dir runs/exp3.")
-@click.option("--timeout", type=float, default=60.0, show_default=True,
+@click.option("--timeout", type=seconds(0.1, 86400, "--timeout 120"), default=60.0, show_default=True,
               help="Seconds to wait for the stacks, e.g. --timeout 120.")
 def dump(log_dir, timeout):
     """Print where every rank of a running job is (Python stacks, ranks grouped by stack);

@@ -4,6 +4,7 @@ Every mistake is a UsageError: one line, exit 2, nothing started.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -12,6 +13,30 @@ from typing import Dict, Iterable, Optional
 from fluidctl.errors import UsageError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_range(flag: str, value, low, high, hint: str, *, above: bool = False,
+                unit: str = ""):
+    """The one check of every numeric option: ``value`` is a finite number from ``low`` to
+    ``high`` (above ``low`` with ``above``; ``high`` None: no upper bound), else a UsageError naming ``flag``. nan and inf are
+    refused everywhere: a timeout of nan or inf waits forever, one of nan turns a check off."""
+    finite = isinstance(value, int) or math.isfinite(value)
+    if finite and (value > low if above else value >= low) and (high is None or value <= high):
+        return value
+    if finite and above and low == 0 and (high is None or value <= high):
+        raise UsageError(f"{flag} {_show(value)} is not positive", hint)
+    what = f"a number{unit}" if isinstance(value, float) else "a whole number"
+    bounds = f"above {_show(low)}" if above else f"from {_show(low)}"
+    bounds = f">= {_show(low)}" if high is None and not above else bounds
+    if high is not None:
+        bounds += f" {'up ' if above else ''}to {_show(high)}"
+    raise UsageError(f"{flag} {_show(value)} is not {what} {bounds}", hint)
+
+
+def _show(number) -> str:
+    if isinstance(number, float) and number.is_integer():
+        return str(int(number))
+    return f"{number:g}" if isinstance(number, float) else str(number)
 
 
 def parse_env_pairs(pairs: Iterable[str], source: str = "--env") -> Dict[str, str]:
