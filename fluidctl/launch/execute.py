@@ -48,18 +48,51 @@ def execute(plan: Plan, launcher: "Launcher", config: "LaunchConfig",
     """Run ``plan`` through ``launcher`` under supervision; print the failure report if the
     job failed."""
     layout = config.layout
-    layout.create()
     owner = getattr(launcher, "owns_log_dir", True)
-    lock = _lock_log_dir(layout) if owner else None
+    lock = None
     try:
+        with _log_dir_errors(layout):
+            layout.create()
+            lock = _lock_log_dir(layout) if owner else None
         return _execute(plan, launcher, config, launch_log, layout, owner)
     finally:
         if lock is not None:
             os.close(lock)
 
 
+class _log_dir_errors:
+    """An OSError while the log dir is made ready (a full disk, a read-only file system),
+    before anything starts: one line, exit 2."""
+
+    def __init__(self, layout):
+        self.layout = layout
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is not None and issubclass(kind, OSError):
+            from fluidctl.errors import UsageError
+            raise UsageError(f"cannot write the log dir {self.layout.root}: "
+                             f"{exc.strerror or exc}",
+                             "free some space or pass another --log-dir") from None
+        return False
+
+
 def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResult:
     launch_log = launch_log or LaunchLog()
+    with _log_dir_errors(layout):
+        _ready_logs(plan, launcher, launch_log, layout, owner)
+    logs = launcher.logs(plan)
+    return run.run_supervised(
+        lambda attempt: launcher.start(plan, attempt), logs=logs,
+        launch_log=launch_log, options=RunOptions(config.grace_period, config.max_restarts),
+        sources=launcher.echo_sources(plan, config.tee, config.tee_ranks),
+        report=run.failure_reporter(config.log_tail, layout.failure_json),
+        diagnostics=launcher.diagnostics(config), on_hang=run.hang_reporter)
+
+
+def _ready_logs(plan, launcher, launch_log, layout, owner: bool) -> None:
     logs = launcher.logs(plan)
     if plan.master:                 # mpi: the ranks choose their endpoints at start
         run.write_endpoints(layout, plan)
@@ -73,12 +106,6 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
     if owner:
         for stale in run.clear_stale(layout, logs):
             launch_log(f"removed {stale}: an earlier job's log, not this job's")
-    return run.run_supervised(
-        lambda attempt: launcher.start(plan, attempt), logs=logs,
-        launch_log=launch_log, options=RunOptions(config.grace_period, config.max_restarts),
-        sources=launcher.echo_sources(plan, config.tee, config.tee_ranks),
-        report=run.failure_reporter(config.log_tail, layout.failure_json),
-        diagnostics=launcher.diagnostics(config), on_hang=run.hang_reporter)
 
 
 def _lock_log_dir(layout) -> int:
