@@ -26,6 +26,13 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 KILL_WAIT = 10.0        # after SIGKILL, how long to wait for the kernel to reap
 
 
+# The codes of a process that our SIGTERM or SIGKILL ended (as a local child, or as a shell or
+# node agent reports it): any other code is the process's own (it failed or finished by itself,
+# while fluidctl was stopping the job).
+_STOPPED_CODES = frozenset({-signal.SIGTERM, -signal.SIGKILL,
+                            128 + signal.SIGTERM, 128 + signal.SIGKILL})
+
+
 @dataclass
 class RunOptions:
     grace_period: float = 5.0
@@ -243,6 +250,9 @@ class Supervisor:
         for h in stopped:
             self.log(f"{h.label} (pid {h.pid}) stopped with code {h.poll()}")
             code = h.poll()
+            if code is not None and code not in _STOPPED_CODES:     # its own end, not ours
+                self._ended(h, "finished" if code == 0 else f"failed: {describe_exit(code)}")
+                continue
             self._ended(h, "still running; stopped by fluidctl"
                         + (f" ({describe_exit(code)})" if code is not None else ""))
         for h in handles:
