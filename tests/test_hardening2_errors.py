@@ -44,6 +44,7 @@ def test_27_11_full_log_dir_at_start_is_one_line(tmp_path, full_disk):
     proc = fluidctl("train", "--log-dir", full_disk / "logs", "t.py", cwd=tmp_path)
     one_line(proc, 2, "log dir", "No space left on device", "--log-dir")
     assert "ran" not in proc.stdout
+    assert not (full_disk / "logs").exists()          # nothing half-made
 
 
 def test_27_11_log_dir_removed_mid_run_then_the_rank_s_code(tmp_path):

@@ -66,6 +66,7 @@ class _log_dir_errors:
 
     def __init__(self, layout):
         self.layout = layout
+        self.made = not os.path.lexists(layout.root)     # by this run: removed on an error
 
     def __enter__(self):
         return self
@@ -73,6 +74,9 @@ class _log_dir_errors:
     def __exit__(self, kind, exc, tb):
         if kind is not None and issubclass(kind, OSError):
             from fluidctl.errors import UsageError
+            if self.made:
+                import shutil
+                shutil.rmtree(self.layout.root, ignore_errors=True)
             raise UsageError(f"cannot write the log dir {self.layout.root}: "
                              f"{exc.strerror or exc}",
                              "free some space or pass another --log-dir") from None

@@ -30,7 +30,7 @@ def check_range(flag: str, value, low, high, hint: str, *, above: bool = False,
     bounds = f">= {_show(low)}" if high is None and not above else bounds
     if high is not None:
         bounds += f" {'up ' if above else ''}to {_show(high)}"
-    raise UsageError(f"{flag} {_show(value)} is not {what} {bounds}", hint)
+    raise UsageError(f"{flag} {value} is not {what} {bounds}", hint)
 
 
 def _show(number) -> str:
