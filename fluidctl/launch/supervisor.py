@@ -26,11 +26,11 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 KILL_WAIT = 10.0        # after SIGKILL, how long to wait for the kernel to reap
 
 
-# The codes of a process that our SIGTERM or SIGKILL ended (as a local child, or as a shell or
-# node agent reports it): any other code is the process's own (it failed or finished by itself,
-# while fluidctl was stopping the job).
-_STOPPED_CODES = frozenset({-signal.SIGTERM, -signal.SIGKILL,
-                            128 + signal.SIGTERM, 128 + signal.SIGKILL})
+# The codes of a process that our SIGTERM, SIGINT (a node agent's "at once", a Slurm job's stop)
+# or SIGKILL ended (as a local child, or as a shell or node agent reports it): any other code is
+# the process's own (it failed or finished by itself while fluidctl was stopping the job).
+_STOPPED_CODES = frozenset(code for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL)
+                           for code in (-sig, 128 + sig))
 
 
 @dataclass
