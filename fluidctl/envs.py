@@ -256,10 +256,20 @@ class DistEnv(NamedTuple):
 
 
 def _int(environ: Mapping[str, str], *names: str, default: int) -> int:
+    """The first of ``names`` set, as a whole number >= 0; a value that is not one is a
+    UsageError naming the variable (one line from the CLI, not int()'s traceback)."""
     for name in names:
         value = environ.get(name)
         if value not in (None, ""):
-            return int(value)
+            try:
+                number = int(value)
+            except ValueError:
+                number = -1
+            if number < 0:
+                from fluidctl.errors import UsageError
+                raise UsageError(f"environment variable {name}={value!r} is not a whole "
+                                 "number >= 0", f"unset {name} or set it to a number, e.g. 0")
+            return number
     return default
 
 
@@ -317,14 +327,14 @@ def from_ompi(environ: Mapping[str, str], endpoints: Sequence[str], master: str,
               gpus_on_node: Sequence[str] = ()) -> Dict[str, str]:
     """``fluidctl worker`` under mpirun: OMPI_* plus exchanged endpoints -> the full contract.
     ``gpus_on_node``: the node's GPUs for the job (FLUIDCTL_GPUS), one per local rank."""
-    rank = int(environ[OMPI_RANK])
+    rank = _int(environ, OMPI_RANK, default=0)
     return collective_env(
         gpus_on_node=gpus_on_node, world_device_ids=[gpus_on_node] * nnodes,
-        rank=rank, world_size=int(environ[OMPI_SIZE]),
-        local_rank=int(environ.get(OMPI_LOCAL_RANK, 0)),
-        local_size=int(environ.get(OMPI_LOCAL_SIZE, 1)),
+        rank=rank, world_size=_int(environ, OMPI_SIZE, default=1),
+        local_rank=_int(environ, OMPI_LOCAL_RANK, default=0),
+        local_size=_int(environ, OMPI_LOCAL_SIZE, default=1),
         nnodes=nnodes, endpoints=endpoints, master=master, node_rank=node_rank, cores=cores,
-        restart_count=int(environ.get(RESTART_COUNT) or 0), token=environ.get(JOB_TOKEN))
+        restart_count=_int(environ, RESTART_COUNT, default=0), token=environ.get(JOB_TOKEN))
 
 
 # --- ssh (read only): where mpirun's daemons, and so their ranks, were reached ---------------

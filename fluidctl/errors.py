@@ -21,3 +21,30 @@ class FluidctlError(Exception):
 
 class UsageError(FluidctlError):
     """Bad input from the command line or a file the user named: exit 2."""
+
+
+def check_range(flag: str, value, low, high, hint: str, *, above: bool = False,
+                unit: str = ""):
+    """The one check of every numeric option: ``value`` is a finite number from ``low`` to
+    ``high`` (above ``low`` with ``above``; ``high`` None: no upper bound), else a UsageError
+    naming ``flag``. nan and inf are refused everywhere: a timeout of nan or inf waits
+    forever, one of nan turns a check off. Here, beside UsageError, so the quick commands
+    check numbers without importing planning."""
+    import math
+    finite = isinstance(value, int) or math.isfinite(value)
+    if finite and (value > low if above else value >= low) and (high is None or value <= high):
+        return value
+    if finite and above and low == 0 and (high is None or value <= high):
+        raise UsageError(f"{flag} {_show(value)} is not positive", hint)
+    what = f"a number{unit}" if isinstance(value, float) else "a whole number"
+    bounds = f"above {_show(low)}" if above else f"from {_show(low)}"
+    bounds = f">= {_show(low)}" if high is None and not above else bounds
+    if high is not None:
+        bounds += f" {'up ' if above else ''}to {_show(high)}"
+    raise UsageError(f"{flag} {value} is not {what} {bounds}", hint)
+
+
+def _show(number) -> str:
+    if isinstance(number, float) and number.is_integer():
+        return str(int(number))
+    return f"{number:g}" if isinstance(number, float) else str(number)

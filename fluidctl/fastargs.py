@@ -96,14 +96,15 @@ def sharding_choice(name: str) -> Type:
     return choice(choices)
 
 
-def int_at_least(low: int) -> Type:
-    """click's INT where click refuses values below ``low`` (an IntRange, or a callback)."""
+def int_at_least(low: int, high: int = None) -> Type:
+    """click's INT where click refuses values below ``low`` (an IntRange, or a callback) or
+    above ``high``."""
     def convert(value: str) -> int:
         number = _integer(value)
-        if number < low:
+        if number < low or (high is not None and number > high):
             raise Refused(value)
         return number
-    return Type(convert, lambda click: click.IntRange(min=low))
+    return Type(convert, lambda click: click.IntRange(min=low, max=high))
 
 
 def _number(value: str) -> float:
@@ -125,17 +126,22 @@ NUMBER = Type(_number, lambda click: float)
 DIRECTORY = Type(_directory_path, lambda click: click.Path(file_okay=False))
 
 
-def float_at_least(low: float) -> Type:
-    """click.FloatRange(min=low)."""
+def float_between(low: float, high: float, example: str, above: bool = False) -> Type:
+    """commands.numbers.seconds(low, high): a finite number from low (or above it) to high;
+    nan, inf and what is out of range go to click, which words the one-line error."""
     def convert(value: str) -> float:
         try:
             number = float(value)
         except ValueError:
             raise Refused(value) from None
-        if not number >= low:       # also refuses nan
+        if not low <= number <= high or (above and number == low):   # refuses nan, inf too
             raise Refused(value)
         return number
-    return Type(convert, lambda click: click.FloatRange(min=low))
+
+    def click_type(click):
+        from fluidctl.commands.numbers import seconds
+        return seconds(low, high, example, above=above)
+    return Type(convert, click_type)
 
 
 class Option:
@@ -253,7 +259,8 @@ HOST_OPTIONS = (
     Option(["--ssh-config"], "ssh_config", type=FILE,
            help="ssh config for Host aliases, ports, users and keys "
                 "(default ~/.ssh/config; e.g. --ssh-config cluster.conf)."),
-    Option(["--timeout"], "timeout", type=float_at_least(0.1), default=SSH_TIMEOUT,
+    Option(["--timeout"], "timeout", type=float_between(0.1, 86400, "--timeout 30"),
+           default=SSH_TIMEOUT,
            show_default=True, help="Seconds to wait for each node (e.g. --timeout 30)."),
     Option(["--accept-new-host-keys"], "accept_new_host_keys", FLAG,
            help="Trust and record host keys not yet in known_hosts (like ssh "
@@ -373,16 +380,20 @@ TRAIN = Command("fluidctl.launch.train:run", (
     Option(["--venv"], "venv", envvar="FLUIDCTL_VENV"),
     Option(["--export"], "exports", MULTI),
     Option(["--pserver-hosts"], "pserver_hosts"),
-    Option(["--ssh-timeout"], "ssh_timeout", type=NUMBER, default=SSH_TIMEOUT),
-    Option(["--started-port"], "started_port", type=INT),
+    Option(["--ssh-timeout"], "ssh_timeout", type=float_between(0.1, 86400, "--ssh-timeout 30"),
+           default=SSH_TIMEOUT),
+    Option(["--started-port"], "started_port", type=int_at_least(1, 65535)),
     Option(["--log-dir"], "log_dir", default="mylog"),
     Option(["--env"], "env_pairs", MULTI),
     Option(["--env-file"], "env_file"),
-    Option(["--grace-period"], "grace_period", type=NUMBER, default=5.0),
+    Option(["--grace-period"], "grace_period", type=float_between(0, 86400, "--grace-period 10"),
+           default=5.0),
     Option(["--max-restarts"], "max_restarts", type=int_at_least(0), default=0),
     Option(["--tee"], "tee", type=choice(_tee_choices), default="rank0"),
     Option(["--tee-ranks"], "tee_ranks"),
-    Option(["--hang-timeout"], "hang_timeout", type=NUMBER, envvar="FLUIDCTL_HANG_TIMEOUT"),
+    Option(["--hang-timeout"], "hang_timeout",
+           type=float_between(0, 30 * 86400, "--hang-timeout 300", above=True),
+           envvar="FLUIDCTL_HANG_TIMEOUT"),
     Option(["--log-tail"], "log_tail", type=int_at_least(0), default=20),
     Option(["--dry-run"], "dry_run", FLAG),
     Option(["--json"], "as_json", FLAG),

@@ -14,8 +14,9 @@ from fluidctl.remote import sftp as sync
 
 
 def reference_walk(source, excludes):
-    """The rule, spelled out slowly: every regular file (symlinks to files included) under
-    ``source``, directories in name order, symlinked directories not entered, a file or
+    """The rule, spelled out slowly: every regular file under ``source`` and every symlink whose
+    target stays inside it (relative, never above the top: rsync's --safe-links) as a symlink
+    (lstat), directories in name order, symlinks never followed, FIFOs left out, a file or
     directory skipped when a pattern matches its relative path or its name."""
     regex = re.compile("|".join(fnmatch.translate(p) for p in excludes)) if excludes else None
 
@@ -29,9 +30,13 @@ def reference_walk(source, excludes):
             full = os.path.join(path, name)
             if skip(rel, name):
                 continue
-            if os.path.isdir(full):
-                if not os.path.islink(full):
-                    visit(full, rel + "/")
+            if os.path.islink(full):
+                target = os.readlink(full)
+                inside = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+                if not os.path.isabs(target) and inside != ".." and not inside.startswith("../"):
+                    out.append((rel, full, os.lstat(full)))
+            elif os.path.isdir(full):
+                visit(full, rel + "/")
             elif os.path.isfile(full):
                 out.append((rel, full, os.stat(full)))
     visit(source, "")
@@ -59,6 +64,11 @@ def tree(tmp_path):
     os.symlink(src / "data", src / "data-link")                 # a symlinked directory
     os.symlink(src / "train.py", src / "train-link.py")         # a symlinked file
     os.symlink(src / "missing", src / "dangling")
+    os.symlink("data", src / "rel-data-link")                  # relative, inside: kept
+    os.symlink("../train.py", src / "pkg" / "up-link.py")
+    os.symlink("missing", src / "rel-dangling")
+    os.symlink("../outside", src / "out-link")                  # climbs out: skipped
+    os.symlink("pkg/../../outside", src / "out-link2")
     os.mkfifo(src / "fifo")
     return src
 

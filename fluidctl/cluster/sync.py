@@ -43,7 +43,7 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
         channels = {}
     from fluidctl.remote.sftp import DEFAULT_EXCLUDES, walk
     try:
-        files = push.scan(walk(source, (*DEFAULT_EXCLUDES, *excludes)))
+        files = push.scan(walk(source, (*DEFAULT_EXCLUDES, *excludes), warn=_warn))
     except BaseException:
         for channel in channels.values():
             channel.kill()
@@ -52,6 +52,7 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
     total = files.total_bytes()
     progress = _SyncProgress({h.name: total for h in hosts})
     outcomes = {}
+    vanished = set()
 
     def one(host):
         where = (remote_dir or default_dir).replace("{host}", host.name)
@@ -61,6 +62,7 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
                                    progress.advancer(host.name), channel=channels[host.name])
                 outcomes[host.name] = (where, len(result.sent), result.sent_bytes,
                                        result.unchanged)
+                vanished.update(result.vanished)
                 return
             except push.PushFailed as exc:
                 outcomes[host.name] = str(exc)
@@ -72,7 +74,7 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
                 return
         outcomes[host.name] = _sync_sftp(host, source, where, excludes, compare, ssh_config,
                                          accept_new_host_keys, timeout,
-                                         progress.advancer(host.name))
+                                         progress.advancer(host.name), vanished)
 
     def worker(host, finished):
         try:
@@ -89,6 +91,8 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
             running.append(finished)
         for finished in running:
             finished.acquire()
+    for rel in sorted(vanished):
+        _warn(f"{rel} vanished during the sync: not sent")
     outcomes = {h.name: outcomes.get(h.name, "no result (internal error)") for h in hosts}
     failures = {name: o for name, o in outcomes.items() if isinstance(o, str)}
     from fluidctl.tables import print_table
@@ -132,8 +136,13 @@ class _SyncProgress:
             self.bar.__exit__(*exc)
 
 
+def _warn(text: str) -> None:
+    import sys
+    print(f"warning: {text}", file=sys.stderr, flush=True)
+
+
 def _sync_sftp(host, source, where, excludes, compare, ssh_config, accept_new, timeout,
-               on_bytes):
+               on_bytes, vanished):
     """The fallback: paramiko + SFTP (no ssh client here, or no python3 on the node); returns
     (remote dir, files sent, bytes sent, unchanged) or the reason it failed."""
     from pathlib import Path
@@ -154,6 +163,10 @@ def _sync_sftp(host, source, where, excludes, compare, ssh_config, accept_new, t
             send_files(node, plan, on_bytes)
         except ssh.NODE_LOST as exc:
             return f"copy failed: {exc}"
-        return where, len(plan.send), plan.bytes, plan.unchanged
+        source_dir = source if os.path.isdir(source) else os.path.dirname(source)
+        vanished.update(os.path.relpath(p, source_dir) for p in plan.vanished)
+        return (where, len(plan.send) - len(plan.vanished),
+                plan.bytes - sum(f.size for f in plan.send if str(f.local) in plan.vanished),
+                plan.unchanged)
     finally:
         connected.close()

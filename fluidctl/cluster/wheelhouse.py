@@ -1,7 +1,9 @@
 """The wheelhouse ``fluidctl cluster setup`` builds on this machine, once, for every node.
 
-It holds fluidctl itself (built from this checkout with ``pip wheel --no-deps``, or the
-installed version downloaded), the user's requirements and, unless ``no_deps``, everything
+It holds fluidctl itself (built from this checkout with ``pip wheel --no-deps``, with build
+isolation as pip builds for users; or, for an installation from a wheel, packed from the
+installed files themselves: "fluidctl" is never fetched by name from an index, where anyone
+could publish that name), the user's requirements and, unless ``no_deps``, everything
 they depend on (``pip wheel``, so sdists are built here and nodes need no compiler and no
 index). ``fluidctl-wheelhouse.json`` beside the wheels records a key of what it was built from
 (fluidctl's sources, the requirements file, the options) and every wheel's sha256: a second
@@ -146,11 +148,93 @@ def _pip(args: List[str], what: str) -> None:
                             exit_code=1)
 
 
+_PIP_SUMMARY = re.compile(r"(?i)error: [a-z]+(-[a-z]+)+|ERROR: (Failed building wheel|Could not "
+                          r"build wheels|Failed to build).*")
+_EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(Error|Exception): .+")
+
+
 def pip_error(output: str) -> str:
-    """pip's own error line: the last 'ERROR:' line, else the last line it printed."""
+    """The cause in pip's output: the last error line of what failed (a build backend's
+    ``error: invalid command 'bdist_wheel'``, an exception), not pip's summary after it
+    (``error: metadata-generation-failed``, ``hint: See above for details.``); else pip's own
+    last 'ERROR:' line, else the last line it printed."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
+    lines = [line.lstrip("│║ ").strip() for line in lines]
+    causes = [line for line in lines if line.lower().startswith("error:")
+              and not _PIP_SUMMARY.fullmatch(line)]
+    if causes:
+        return causes[-1]
+    raised = [line for line in lines if _EXCEPTION.fullmatch(line)]
+    if raised:
+        return raised[-1]
     errors = [line for line in lines if line.startswith("ERROR:")]
     return (errors[-1] if errors else lines[-1] if lines else "no output")
+
+
+def pack_installed(dest: Path) -> Path:
+    """A wheel of the installed fluidctl made from the files its installation recorded
+    (RECORD), written to ``dest``; for installations without a checkout to build from."""
+    import sysconfig
+    from importlib import metadata
+    try:
+        dist = metadata.distribution("fluidctl")
+    except metadata.PackageNotFoundError:
+        dist = None
+    files = list(dist.files or []) if dist is not None else []
+    if not files:
+        raise UsageError("this fluidctl is neither a checkout nor an installation that lists "
+                         "its files, so no wheel of it can be made for the nodes",
+                         "run cluster setup from a fluidctl checkout, or install fluidctl "
+                         "with pip from a wheel or a source tree")
+    version = dist.version
+    info = f"fluidctl-{version}.dist-info"
+    scripts = Path(sysconfig.get_path("scripts")).resolve()
+    entry_scripts = {ep.name for ep in dist.entry_points if ep.group == "console_scripts"}
+    wheel = dest / f"fluidctl-{version}-py3-none-any.whl"
+    record = []
+
+    def add(zf, arcname: str, data: bytes, mode: int = 0o644) -> None:
+        member = zipfile.ZipInfo(arcname, date_time=(1980, 1, 1, 0, 0, 0))
+        member.external_attr = (0o100000 | mode) << 16           # scripts keep their x bit
+        member.compress_type = zipfile.ZIP_DEFLATED
+        zf.writestr(member, data)
+        digest = hashlib.sha256(data).digest()
+        import base64
+        record.append(f"{arcname},sha256={base64.urlsafe_b64encode(digest).rstrip(b'=').decode()},"
+                      f"{len(data)}")
+
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        for file in files:
+            rel = str(file).replace(os.sep, "/")
+            if rel.endswith(".pyc") or "/__pycache__/" in f"/{rel}":
+                continue
+            path = Path(file.locate()).resolve()
+            top = rel.split("/")[0]
+            if top.endswith(".dist-info"):
+                name = rel.split("/", 1)[1]
+                if name in ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "WHEEL"):
+                    continue
+                arcname = f"{info}/{name}"
+            elif top == "..":
+                if path.parent != scripts or path.name in entry_scripts:
+                    continue            # pip writes console_scripts wrappers itself
+                arcname = f"fluidctl-{version}.data/scripts/{path.name}"
+            else:
+                arcname = rel
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise UsageError(f"the installed fluidctl is incomplete: {path}: "
+                                 f"{exc.strerror or exc}", "reinstall fluidctl") from None
+            if arcname.startswith(f"fluidctl-{version}.data/scripts/") and data.startswith(b"#!"):
+                first, _, rest = data.partition(b"\n")
+                if b"python" in first:
+                    data = b"#!python\n" + rest       # pip writes each node's interpreter
+            add(zf, arcname, data, path.stat().st_mode & 0o755)
+        add(zf, f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: fluidctl\n"
+                                 b"Root-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{info}/RECORD", "\n".join(record + [f"{info}/RECORD,,"]) + "\n")
+    return wheel
 
 
 def build_key(requirements: Optional[Path], no_deps: bool) -> str:
@@ -197,12 +281,11 @@ def build(path: Path, requirements: Optional[Path] = None, no_deps: bool = False
         root = source_root()
         if echo:
             echo(f"building the wheelhouse in {path}")
-        if root:
-            _pip(["wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(root)],
+        if root:            # with build isolation: a fresh venv's setuptools has no bdist_wheel
+            _pip(["wheel", "-q", "--no-deps", "-w", str(tmp), str(root)],
                  f"pip wheel {root}")
         else:
-            _pip(["download", "-q", "--no-deps", "--only-binary", ":all:", "-d", str(tmp),
-                  f"fluidctl=={__version__}"], f"pip download fluidctl=={__version__}")
+            pack_installed(tmp)
         own = sorted(tmp.glob("fluidctl-*.whl"))
         more = [] if no_deps else [str(own[0])]
         if requirements is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from fluidctl.commands.numbers import seconds
 from fluidctl.paths import DEFAULT_LOG_DIR
 
 EPILOG = """\b
@@ -16,7 +17,8 @@ Examples:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
 @click.option("--log-dir", default=DEFAULT_LOG_DIR, show_default=True,
               help="The running job's --log-dir, e.g. --log-dir runs/exp3.")
-@click.option("--timeout", type=float, default=60.0, show_default=True,
+@click.option("--timeout", type=seconds(0.1, 86400, "--timeout 120"), default=60.0,
+              show_default=True,
               help="Seconds to wait for the stacks, e.g. --timeout 120.")
 def dump(log_dir, timeout):
     """Print where every rank of a running job is (Python stacks, ranks grouped by stack);

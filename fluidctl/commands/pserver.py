@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import click
 
+from fluidctl.commands.numbers import seconds
+
 
 @click.group(name="pserver", help="""Standalone parameter servers for pserver-mode jobs.
 
@@ -83,7 +85,8 @@ def status(as_json):
 @click.option("--port", type=click.IntRange(1, 65535), default=None,
               help="Stop the pserver listening on this port, e.g. --port 7164.")
 @click.option("--all", "stop_all", is_flag=True, help="Stop every pserver listed by status.")
-@click.option("--timeout", type=click.FloatRange(0), default=30.0, show_default=True,
+@click.option("--timeout", type=seconds(0, 86400, "--timeout 120"), default=30.0,
+              show_default=True,
               help="Seconds to wait for each to checkpoint and exit, e.g. --timeout 120.")
 def stop(port, stop_all, timeout):
     """Stop pservers cleanly (SIGTERM: they checkpoint, then exit).

@@ -11,9 +11,12 @@ from __future__ import annotations
 import click
 
 from fluidctl import backends, envs
+from fluidctl.commands.numbers import Number, seconds
 from fluidctl.commands.slurm_options import slurm_options
 from fluidctl.paths import DEFAULT_LOG_DIR
-from fluidctl.planning.config import TEE_CHOICES
+from fluidctl.planning.config import HANG_HINT, HANG_TIMEOUT_MAX, TEE_CHOICES
+
+HANG_TIMEOUT = Number(float, 0, HANG_TIMEOUT_MAX, HANG_HINT, above=True, unit=" of seconds")
 
 CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"],
            "max_content_width": 100}
@@ -97,9 +100,11 @@ def _non_negative(name: str):
 @click.option("--pserver-hosts", metavar="H,...", default=None,
               help="pserver mode with hosts: the nodes that run pservers (default: round robin "
                    "over all nodes), e.g. --pserver-hosts node1.")
-@click.option("--ssh-timeout", type=float, default=10.0, show_default=True,
+@click.option("--ssh-timeout", type=seconds(0.1, 86400, "--ssh-timeout 30"), default=10.0,
+              show_default=True,
               help="Seconds to wait for each node to connect and answer, e.g. --ssh-timeout 30.")
-@click.option("--started-port", type=int, default=None,
+@click.option("--started-port", type=Number(int, 1, 65535, "e.g. --started-port 6170"),
+              default=None,
               help="Use ports P, P+1, ... instead of free ones, e.g. --started-port 6170.")
 @click.option("--log-dir", default=DEFAULT_LOG_DIR, show_default=True,
               help="Where workerlog.N, serverlog.N, endpoints.log, launch.log, failure.json and "
@@ -108,7 +113,8 @@ def _non_negative(name: str):
               help="Add to every process's environment (repeatable), e.g. --env NCCL_DEBUG=INFO.")
 @click.option("--env-file", type=str, default=None,
               help="KEY=VALUE lines added to every process's environment, e.g. --env-file job.env.")
-@click.option("--grace-period", type=float, default=5.0, show_default=True,
+@click.option("--grace-period", type=seconds(0, 86400, "--grace-period 10"), default=5.0,
+              show_default=True,
               help="Seconds between SIGTERM and SIGKILL when stopping, e.g. --grace-period 10.")
 @click.option("--max-restarts", type=int, default=0, show_default=True,
               callback=_non_negative("--max-restarts"),
@@ -119,7 +125,7 @@ def _non_negative(name: str):
 @click.option("--tee-ranks", metavar="RANKS", default=None,
               help="Echo only these global trainer ranks, prefixed, e.g. --tee-ranks 0,3 "
                    "(instead of --tee).")
-@click.option("--hang-timeout", type=float, default=None, envvar=envs.HANG_TIMEOUT,
+@click.option("--hang-timeout", type=HANG_TIMEOUT, default=None, envvar=envs.HANG_TIMEOUT,
               show_envvar=True,
               help="Seconds without any log output and any completed collective after which "
                    "the job counts as hung: every rank's Python stack is dumped to "

@@ -245,7 +245,7 @@ def python_exception(lines: Sequence[str]) -> Optional[PyException]:
             start = i
             break
     if start is None:
-        return None
+        return _compile_error(lines)
     where = ""
     for line in lines[start + 1:]:
         frame = _FRAME.match(line)
@@ -257,6 +257,25 @@ def python_exception(lines: Sequence[str]) -> Optional[PyException]:
         m = _EXC_LINE.match(line.strip())
         if m and (m.group(2) is not None or m.group(1)[:1].isupper()):
             return PyException(m.group(1), (m.group(2) or "").strip(), where)
+        return None
+    return None
+
+
+_COMPILE_ERRORS = ("SyntaxError", "IndentationError", "TabError")
+
+
+def _compile_error(lines: Sequence[str]) -> Optional[PyException]:
+    """A script that does not compile: Python prints no "Traceback" line, only the place and
+    the error (``  File "t.py", line 2``, the source line, a caret, ``SyntaxError: ...``)."""
+    for i in range(len(lines) - 1, -1, -1):
+        m = _EXC_LINE.match(lines[i].strip())
+        if not (m and m.group(1) in _COMPILE_ERRORS and not lines[i].startswith((" ", "\t"))):
+            continue
+        for j in range(i - 1, max(-1, i - 6), -1):
+            frame = _FRAME.match(lines[j])
+            if frame:
+                where = f"{os.path.basename(frame.group(1))}:{frame.group(2)}"
+                return PyException(m.group(1), (m.group(2) or "").strip(), where)
         return None
     return None
 

@@ -48,31 +48,46 @@ def execute(plan: Plan, launcher: "Launcher", config: "LaunchConfig",
     """Run ``plan`` through ``launcher`` under supervision; print the failure report if the
     job failed."""
     layout = config.layout
-    layout.create()
     owner = launcher.owns_log_dir
-    lock = _lock_log_dir(layout) if owner else None
+    lock = None
     try:
+        with _log_dir_errors(layout):
+            layout.create()
+            lock = _lock_log_dir(layout) if owner else None
         return _execute(plan, launcher, config, launch_log, layout, owner)
     finally:
         if lock is not None:
             os.close(lock)
 
 
+class _log_dir_errors:
+    """An OSError while the log dir is made ready (a full disk, a read-only file system),
+    before anything starts: one line, exit 2."""
+
+    def __init__(self, layout):
+        self.layout = layout
+        self.made = not os.path.lexists(layout.root)     # by this run: removed on an error
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is not None and issubclass(kind, OSError):
+            from fluidctl.errors import UsageError
+            if self.made:
+                import shutil
+                shutil.rmtree(self.layout.root, ignore_errors=True)
+            raise UsageError(f"cannot write the log dir {self.layout.root}: "
+                             f"{exc.strerror or exc}",
+                             "free some space or pass another --log-dir") from None
+        return False
+
+
 def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResult:
     launch_log = launch_log or LaunchLog()
+    with _log_dir_errors(layout):
+        _ready_logs(plan, launcher, launch_log, layout, owner)
     logs = launcher.logs(plan)
-    if plan.master:                 # mpi: the ranks choose their endpoints at start
-        run.write_endpoints(layout, plan)
-    launch_log.attach(str(layout.launch))
-    nodes = len(plan.job.nodes)
-    launch_log(f"fluidctl job over {plan.backend}: {len(plan.trainers)} trainer(s) on "
-               f"{nodes} node(s), mode {plan.job.mode}, master {plan.master or 'chosen by rank 0'}, "
-               f"argv {plan.trainers[0].argv if plan.trainers else []}")
-    for command in plan.commands:
-        launch_log(f"runs on {command.host}: {' '.join(command.argv)}")
-    if owner:
-        for stale in run.clear_stale(layout, logs):
-            launch_log(f"removed {stale}: an earlier job's log, not this job's")
     shown = run.ConsoleOutput(
         sources=launcher.echo_sources(plan, config.tee, config.tee_ranks),
         report=run.failure_reporter(config.log_tail, layout.failure_json),
@@ -102,6 +117,22 @@ def _checkpoint_failures(plan: Plan, result: RunResult, launch_log: LaunchLog) -
     if ckptreport.report(pservers, say, launch_log) and result.exit_code == 0:
         result.exit_code = 1
         launch_log("exit code 1: a final checkpoint could not be saved")
+
+
+def _ready_logs(plan, launcher, launch_log, layout, owner: bool) -> None:
+    logs = launcher.logs(plan)
+    if plan.master:                 # mpi: the ranks choose their endpoints at start
+        run.write_endpoints(layout, plan)
+    launch_log.attach(str(layout.launch))
+    nodes = len(plan.job.nodes)
+    launch_log(f"fluidctl job over {plan.backend}: {len(plan.trainers)} trainer(s) on "
+               f"{nodes} node(s), mode {plan.job.mode}, master {plan.master or 'chosen by rank 0'}, "
+               f"argv {plan.trainers[0].argv if plan.trainers else []}")
+    for command in plan.commands:
+        launch_log(f"runs on {command.host}: {' '.join(command.argv)}")
+    if owner:
+        for stale in run.clear_stale(layout, logs):
+            launch_log(f"removed {stale}: an earlier job's log, not this job's")
 
 
 def _lock_log_dir(layout) -> int:

@@ -7,6 +7,7 @@ echo, the supervisor, the sweep of leftover descendants, and the one failure rep
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,7 +35,8 @@ def failure_reporter(tail_lines: int, json_path: Optional[Path] = None) -> Calla
     ``json_path``: where failure.json is written (named in the report)."""
     def report(failure) -> None:
         from fluidctl.console import print_failure
-        print_failure(failure, tail_lines, str(json_path) if json_path else None)
+        written = json_path is not None and json_path.exists()     # not when the dir went
+        print_failure(failure, tail_lines, str(json_path) if written else None)
     return report
 
 
@@ -254,9 +256,13 @@ class _Watch:
         if self.d.log_root is not None:
             diagnose.clear_job_state(self.d.log_root)
             if result.exit_code != 0 and (result.failure is not None or self.hang):
-                diagnose.write_failure_json(LogLayout(self.d.log_root).failure_json,
-                                            result.exit_code,
-                                            result.failure, self.d.ends(result),
-                                            self.d.tail_lines,
-                                            self.hang)
+                path = LogLayout(self.d.log_root).failure_json
+                try:
+                    diagnose.write_failure_json(path, result.exit_code, result.failure,
+                                                self.d.ends(result), self.d.tail_lines,
+                                                self.hang)
+                except OSError as exc:  # the log dir removed or full: the report still comes
+                    self.launch_log(f"cannot write {path}: {exc.strerror or exc}")
+                    print(f"warning: cannot write {path}: {exc.strerror or exc}",
+                          file=sys.stderr, flush=True)
         self.d.close()

@@ -27,6 +27,13 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 KILL_WAIT = 10.0        # after SIGKILL, how long to wait for the kernel to reap
 
 
+# The codes of a process that our SIGTERM, SIGINT (a node agent's "at once", a Slurm job's stop)
+# or SIGKILL ended (as a local child, or as a shell or node agent reports it): any other code is
+# the process's own (it failed or finished by itself while fluidctl was stopping the job).
+_STOPPED_CODES = frozenset(code for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL)
+                           for code in (-sig, 128 + sig))
+
+
 @dataclass
 class RunOptions:
     grace_period: float = 5.0
@@ -246,7 +253,9 @@ class Supervisor:
             live = self._wait_all(live, KILL_WAIT)
         for h in stopped:
             self.log(f"{h.label} (pid {h.pid}) stopped with code {h.poll()}")
-            self._ended(h, h.poll(), stopped=True)
+            code = h.poll()
+            own_end = code is not None and code not in _STOPPED_CODES   # not fluidctl's signal
+            self._ended(h, code, stopped=not own_end)
         for h in handles:
             code = h.poll()
             if code is not None and h.label not in self._ends:     # ended on its own meanwhile

@@ -221,7 +221,7 @@ def node_gpus(environ: Mapping[str, str]) -> List[str]:
     from fluidctl.planning import devices
     found = devices.select_gpus(None if spec == "all" else spec,
                                 devices.discover_gpus(environ))
-    local_size = int(environ.get(envs.OMPI_LOCAL_SIZE, 1))
+    local_size = envs._int(environ, envs.OMPI_LOCAL_SIZE, default=1)
     if len(found) < local_size:
         raise UsageError(f"{envs.GPUS}={spec}: {local_size} rank(s) on this node but "
                          f"{len(found)} GPU(s) ({','.join(found) or 'none'})",
@@ -354,7 +354,7 @@ def run(script: str, args: Sequence[str]) -> None:
                          "a world of one, since the worker cannot share mpirun's world with a "
                          "program it starts",
                          f"run it as 'mpirun ... {script}', or wrap it in a Python script")
-    rank = int(environ[envs.OMPI_RANK]) if under_mpi else envs.read(environ).rank
+    rank = envs._int(environ, envs.OMPI_RANK, default=0) if under_mpi else envs.read(environ).rank
     env = environ
     under_slurm = not under_mpi and envs.in_slurm_step(environ)
     if under_slurm:

@@ -6,7 +6,6 @@ config's supervision settings. Nothing downstream reads an option again or re-ch
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from types import MappingProxyType
 from typing import Iterable, Mapping, Optional, Sequence, Tuple
 
 from fluidctl import envs
-from fluidctl.errors import UsageError
+from fluidctl.errors import UsageError, check_range
 from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
 from fluidctl.planning import options as opts
 from fluidctl.planning.hosts import Host, load_hosts
@@ -23,6 +22,8 @@ from fluidctl.planning.plan import JobSpec, Node
 from fluidctl.planning.slurm import SlurmOptions
 
 TEE_CHOICES = ("rank0", "all", "none")
+HANG_TIMEOUT_MAX = 30 * 86400       # --hang-timeout: above 0, up to 30 days
+HANG_HINT = "give seconds, e.g. --hang-timeout 600, or leave it out"
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,11 @@ class LaunchConfig:
                      hang_timeout: Optional[float] = None, **settings) -> "LaunchConfig":
         """Check the options of ``fluidctl train`` (a UsageError for the first mistake, before
         anything is started or written) and freeze them; ``settings`` are taken as they are."""
-        if not (math.isfinite(grace_period) and 0 <= grace_period <= 86400):
-            raise UsageError(f"--grace-period {grace_period} is not a number of seconds "
-                             "from 0 to 86400", "e.g. --grace-period 10")
+        check_range("--grace-period", grace_period, 0, 86400, "e.g. --grace-period 10",
+                         unit=" of seconds")
+        if "ssh_timeout" in settings:
+            check_range("--ssh-timeout", settings["ssh_timeout"], 0.1, 86400,
+                             "e.g. --ssh-timeout 30", unit=" of seconds")
         script_path = opts.check_script(script)
         user_env = opts.read_env_file(env_file)
         user_env.update(opts.parse_env_pairs(env_pairs))
@@ -114,9 +117,9 @@ class LaunchConfig:
             raise UsageError("--pservers and --pserver-endpoints both given",
                              "start pservers here (--pservers N) or use running ones, not both")
         backend = backend or ("ssh" if hostfile or hosts_arg else "local")
-        if hang_timeout is not None and hang_timeout <= 0:
-            raise UsageError(f"--hang-timeout {hang_timeout:g} is not positive",
-                             "give seconds, e.g. --hang-timeout 600, or leave it out")
+        if hang_timeout is not None:
+            check_range("--hang-timeout", hang_timeout, 0, HANG_TIMEOUT_MAX, HANG_HINT,
+                             above=True, unit=" of seconds")
         ranks = parse_ranks(tee_ranks)
         if backend == "mpi" and ranks is not None:
             raise UsageError("--tee-ranks needs fluidctl's own supervision of every rank "

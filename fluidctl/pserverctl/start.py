@@ -124,11 +124,30 @@ def _spawn_daemon(argv: List[str], port: int):
     if proc.poll() is None:
         proc.terminate()
     code = proc.wait()
-    raise FluidctlError(f"pserver on port {port} did not start: {_last_error(log)}",
+    last = _last_error(log)
+    if last is None:        # its words did not reach the log: most often a full disk
+        where = log.parent
+        full = _disk_full(where)
+        raise FluidctlError(f"pserver on port {port} did not start: it exited with code {code} "
+                            f"and its log {log} is empty"
+                            + (f": no space left in {where}" if full else ""),
+                            f"free space in {where}, or set FLUIDCTL_STATE_DIR to another "
+                            "directory" if full else "run it without --daemon to see why",
+                            exit_code=code if code else 1)
+    raise FluidctlError(f"pserver on port {port} did not start: {last}",
                         f"see {log}", exit_code=code if code else 1)
 
 
-def _last_error(log: Path) -> str:
+def _disk_full(where: Path) -> bool:
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return False
+    return st.f_bavail == 0 or (st.f_favail == 0 and st.f_files > 0)
+
+
+def _last_error(log: Path) -> Optional[str]:
+    """The server's last error line in ``log`` (its last line), None if the log is empty."""
     try:
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
@@ -136,4 +155,4 @@ def _last_error(log: Path) -> str:
     for line in reversed(lines):
         if line.startswith("error:"):
             return line[len("error:"):].strip()
-    return lines[-1] if lines else "it exited without a word"
+    return lines[-1] if lines else None

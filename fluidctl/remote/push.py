@@ -64,8 +64,16 @@ else:
     stat = os.stat
     for i in range(count):
         k = 4 * i
-        try:
-            st = stat(fields[k], dir_fd=top)    # relative to the directory: no path joins
+        if int(fields[k + 3]) & 0o170000 == 0o120000:     # a symlink: its target, field 2
+            try:
+                same = os.readlink(fields[k], dir_fd=top) == fields[k + 1]
+            except OSError:
+                same = False
+            if not same:
+                answer.append(b"%d" % i)
+            continue
+        try:                                    # relative to the directory: no path joins
+            st = stat(fields[k], dir_fd=top, follow_symlinks=False)
         except OSError:
             answer.append(b"%d" % i)
             continue
@@ -105,6 +113,15 @@ try:
                 os.makedirs(parent, exist_ok=True)
                 made.add(parent)
             tmp = b"%s.fluidctl-%d.tmp" % (path, os.getpid())
+            if mode & 0o170000 == 0o120000:     # a symlink, made as one: nothing follows
+                os.symlink(fields[4 * i + 1], tmp)
+                try:
+                    os.replace(tmp, path)
+                except OSError:             # a directory there, say: named in the answer
+                    os.unlink(tmp)
+                    raise
+                tmp = None
+                continue
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         except OSError as exc:
             failed(rel, exc)
@@ -127,7 +144,7 @@ try:
                     tmp = None
         if fd >= 0:
             try:
-                os.fchmod(fd, mode)
+                os.fchmod(fd, mode & 0o7777)
                 os.utime(fd, ns=(mtime_ns, mtime_ns))
                 os.close(fd)
                 fd = -1
@@ -200,19 +217,31 @@ class FileList:
 
     def __getitem__(self, index: int) -> LocalFile:
         rel, path, st = self.entries[index]
+        if st.st_mode & 0o170000 == 0o120000:              # a symlink: no bytes to send
+            return LocalFile(rel, str(path), 0, st.st_mtime_ns, st.st_mode)
         return LocalFile(rel, str(path), st.st_size, st.st_mtime_ns, st.st_mode & 0o7777)
 
     def total_bytes(self) -> int:
-        return sum(st.st_size for _, _, st in self.entries)
+        return sum(st.st_size for _, _, st in self.entries if st.st_mode & 0o170000 != 0o120000)
 
     def fields(self) -> bytes:
         """Path, size, mtime_ns and mode of every file, NUL-separated (no path holds a NUL),
         paths as the bytes the file system holds: a name that is not UTF-8 arrives as it is."""
         if self._fields is None:
             text = "\0".join([f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_mode & 0o7777}"
-                              for rel, _, st in self.entries])
+                              if st.st_mode & 0o170000 != 0o120000 else
+                              f"{rel}\0{_target(path)}\0{st.st_mtime_ns}\0{st.st_mode}"
+                              for rel, path, st in self.entries])
             self._fields = os.fsencode(text)
         return self._fields
+
+
+def _target(path) -> str:
+    """A symlink's target (its field 2 in place of a size: the receiver makes the same link)."""
+    try:
+        return os.readlink(path)
+    except OSError:         # gone since it was listed: a link to nowhere is still a link
+        return "."
 
 
 class PushResult:
@@ -225,6 +254,7 @@ class PushResult:
         self.sent: List[str] = []
         self.sent_bytes = 0
         self.unchanged = unchanged
+        self.vanished: List[str] = []       # files gone here before they could be sent
 
 
 def ssh_command(host: str, *, user: Optional[str] = None, port: Optional[int] = None,
@@ -440,15 +470,14 @@ class _Channel:
             os.close(self.fd)
             self.fd = -1
 
-    def sendfile(self, path: str, size: int) -> int:
-        """Up to ``size`` bytes of a file into the pipe; returns how many were sent."""
-        with open(path, "rb") as f:
-            sent = 0
-            while sent < size:
-                n = os.sendfile(self.fd, f.fileno(), sent, size - sent)
-                if n == 0:
-                    break
-                sent += n
+    def sendfile(self, f, size: int) -> int:
+        """Up to ``size`` bytes of an open file into the pipe; returns how many were sent."""
+        sent = 0
+        while sent < size:
+            n = os.sendfile(self.fd, f.fileno(), sent, size - sent)
+            if n == 0:
+                break
+            sent += n
         return sent
 
     def reply(self) -> bytes:
@@ -565,16 +594,26 @@ def _stream(channel: _Channel, files: FileList, need: List[int], result: PushRes
     batch = bytearray()
     for index in need:
         item = files[index]
+        if item.mode & 0o170000 == 0o120000:                 # a symlink: its header only
+            batch += HEADER.pack(index, 0)
+            result.sent.append(item.rel)
+            continue
+        try:
+            f = open(item.path, "rb")
+        except FileNotFoundError:       # deleted since it was listed: a warning, as rsync's
+            result.vanished.append(item.rel)
+            continue
         if item.size >= SENDFILE_FROM:
             if batch:
                 channel.write(batch)
                 batch.clear()
             channel.write(HEADER.pack(index, item.size))
-            sent = channel.sendfile(item.path, item.size)
+            with f:
+                sent = channel.sendfile(f, item.size)
             if sent != item.size:       # it shrank since it was listed: the stream must go on
                 raise PushFailed(f"{item.path} changed while being sent; run the sync again")
         else:
-            with open(item.path, "rb") as f:
+            with f:
                 data = f.read(item.size + 1)
             if len(data) != item.size:
                 raise PushFailed(f"{item.path} changed while being sent; run the sync again")

@@ -25,11 +25,13 @@ DEFAULT_EXCLUDES = (".git", "__pycache__", "*.pyc", ".pytest_cache")
 
 
 class FileToSend:
-    """One file of a plan: where it is here and goes there, its size, mtime and mode."""
-    __slots__ = ("local", "remote", "size", "mtime", "mode")
+    """One file of a plan: where it is here and goes there, its size, mtime and mode; ``link``:
+    a symlink's target (it is sent as a symlink), else None."""
+    __slots__ = ("local", "remote", "size", "mtime", "mode", "link")
 
     def __init__(self, local: Path, remote: str, size: int, mtime: float, mode: int):
         self.local, self.remote, self.size, self.mtime, self.mode = local, remote, size, mtime, mode
+        self.link = None
 
 
 class SyncPlan:
@@ -42,6 +44,7 @@ class SyncPlan:
         self.remote_dir = remote_dir
         self.send = send if send is not None else []
         self.unchanged = unchanged
+        self.vanished: List[str] = []       # files gone here before they could be sent
 
     @property
     def bytes(self) -> int:
@@ -84,10 +87,37 @@ def _by_name(entry: os.DirEntry) -> str:
     return entry.name
 
 
-def walk(source: Path, excludes: Sequence[str]) -> List[Tuple[str, str, os.stat_result]]:
-    """(relative posix path, path, stat) of every regular file under ``source`` (or source
-    itself), sorted, skipping what ``excludes`` matches. A directory that matches is not
-    entered, so a file's path and its own name are all that is left to check for it.
+def is_link(st: os.stat_result) -> bool:
+    return stat.S_ISLNK(st.st_mode)
+
+
+def safe_link(rel: str, target: str) -> bool:
+    """Whether a symlink at ``rel`` (relative to the tree) pointing at ``target`` stays inside
+    the tree, judged by its text as rsync's --safe-links does: not absolute, and no ``..``
+    climbs above the tree's top."""
+    if not target or target.startswith("/"):
+        return False
+    depth = rel.count("/")              # directories above the link, inside the tree
+    for part in target.split("/"):
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return False
+        elif part not in ("", "."):
+            depth += 1
+    return True
+
+
+def walk(source: Path, excludes: Sequence[str],
+         warn: Optional[Callable[[str], None]] = None) -> List[Tuple[str, str, os.stat_result]]:
+    """(relative posix path, path, stat) of every regular file and symlink under ``source``
+    (or source itself), sorted, skipping what ``excludes`` matches. A directory that matches is
+    not entered, so a file's path and its own name are all that is left to check for it.
+
+    Nothing outside the tree is ever listed: symlinks are listed as symlinks (their stat is
+    lstat's; as rsync -a keeps them), never followed, and one that points outside the tree
+    (absolute, or climbing above it) is skipped, as are FIFOs, sockets and devices: ``warn``
+    is told each one, by name.
 
     Each directory is read through a descriptor and its files are stat'ed relative to it
     (``fstatat``): the kernel resolves one name per file, not the whole path again, and
@@ -110,19 +140,26 @@ def walk(source: Path, excludes: Sequence[str]) -> List[Tuple[str, str, os.stat_
             if match and (match(rel) or match(name)):
                 continue
             try:
-                if entry.is_dir():          # follows symlinks, as os.walk's listing does
-                    if not entry.is_symlink():
-                        try:
-                            sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-                        except OSError as exc:  # say which directory, not just its name
-                            raise type(exc)(exc.errno, exc.strerror,
-                                            path_dir + name) from None
-                        try:
-                            visit(sub, rel + "/", path_dir + name + "/")
-                        finally:
-                            os.close(sub)
+                if entry.is_symlink():      # kept as a link, never followed
+                    target = os.readlink(name, dir_fd=fd)
+                    if safe_link(rel, target):
+                        append((rel, path_dir + name, entry.stat(follow_symlinks=False)))
+                    elif warn:
+                        warn(f"skipped symlink {rel} -> {target}: it points outside the tree")
+                elif entry.is_dir():
+                    try:
+                        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                    except OSError as exc:  # say which directory, not just its name
+                        raise type(exc)(exc.errno, exc.strerror,
+                                        path_dir + name) from None
+                    try:
+                        visit(sub, rel + "/", path_dir + name + "/")
+                    finally:
+                        os.close(sub)
                 elif entry.is_file():
                     append((rel, path_dir + name, entry.stat()))
+                elif warn:
+                    warn(f"skipped {rel}: {_special_kind(entry)}, not a regular file")
             except FileNotFoundError:       # vanished while listed
                 continue
 
@@ -132,6 +169,15 @@ def walk(source: Path, excludes: Sequence[str]) -> List[Tuple[str, str, os.stat_
     finally:
         os.close(top)
     return files
+
+
+def _special_kind(entry: os.DirEntry) -> str:
+    try:
+        mode = entry.stat(follow_symlinks=False).st_mode
+    except OSError:
+        return "a special file"
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else
+            "a device" if stat.S_ISBLK(mode) or stat.S_ISCHR(mode) else "a special file")
 
 
 def local_files(source: Path, excludes: Sequence[str]) -> List[Tuple[str, Path]]:
@@ -144,15 +190,24 @@ def plan_sync(node: SSHNode, source: Path, remote_dir: str,
               excludes: Sequence[str] = DEFAULT_EXCLUDES, compare: str = "mtime") -> SyncPlan:
     """What must be sent: files missing remotely or differing in size or mtime (``compare=
     'hash'``: in size or sha256, for trees whose mtimes are not kept)."""
+    from pathlib import Path
     remote = node.remote_tree(remote_dir)
     plan = SyncPlan(remote_dir)
     same_size: List[FileToSend] = []
-    for rel, path in local_files(source, excludes):
-        st = path.stat()
-        item = FileToSend(path, posixpath.join(remote_dir, rel), st.st_size, st.st_mtime,
+    for rel, path, st in walk(source, excludes):
+        item = FileToSend(Path(path), posixpath.join(remote_dir, rel), st.st_size, st.st_mtime,
                           stat.S_IMODE(st.st_mode))
         attrs = remote.get(rel)
-        if attrs is None or attrs.st_size != st.st_size:
+        if is_link(st):             # sent as a link: the same target there, or sent again
+            item.link = os.readlink(path)
+            item.size = 0
+            if not (attrs is not None and stat.S_ISLNK(attrs.st_mode or 0)
+                    and node.sftp.readlink(item.remote) == item.link):
+                plan.send.append(item)
+            else:
+                plan.unchanged += 1
+            continue
+        if attrs is None or not stat.S_ISREG(attrs.st_mode or 0) or attrs.st_size != st.st_size:
             plan.send.append(item)
         elif compare == "hash":
             same_size.append(item)
@@ -181,13 +236,25 @@ def send_files(node: SSHNode, plan: SyncPlan,
     for item in plan.send:
         node.makedirs(posixpath.dirname(item.remote), known)
         tmp = f"{item.remote}.fluidctl-{os.getpid()}-{threading.get_ident()}.tmp"
+        if item.link is not None:
+            node.sftp.symlink(item.link, tmp)
+            node.sftp.posix_rename(tmp, item.remote)
+            continue
         last = [0]
 
         def progress(done, _total, last=last):
             if on_bytes:
                 on_bytes(done - last[0])
             last[0] = done
-        node.sftp.put(str(item.local), tmp, callback=progress, confirm=True)
+        try:
+            with open(item.local, "rb") as local:
+                node.sftp.putfo(local, tmp, file_size=item.size, callback=progress,
+                                confirm=True)
+        except FileNotFoundError as exc:
+            if exc.filename is None or os.path.exists(item.local):
+                raise
+            plan.vanished.append(str(item.local))   # deleted here meanwhile: the rest goes on
+            continue
         node.sftp.chmod(tmp, item.mode)
         node.sftp.utime(tmp, (item.mtime, item.mtime))
         node.sftp.posix_rename(tmp, item.remote)

@@ -47,7 +47,7 @@ def shard(opts: ShardOptions, progress: Optional[Progress] = None) -> dict:
             manifest = _manifest(opts, name, results, sources)
             with open(stage.path(MANIFEST_NAME), "w") as f:     # written last
                 f.write(to_json(manifest) + "\n")                # as json.dump(indent=2)
-            stage.commit()
+            stage.commit(opts.force)
         except OSError as exc:
             raise _io_error(exc, opts.out_dir, stage.tmp) from None
     return manifest

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import namedtuple
 
 from fluidctl.errors import UsageError
+from fluidctl.errors import check_range
 from fluidctl import digest
 from fluidctl.shardlayout import FORMATS
 
@@ -12,6 +13,7 @@ from fluidctl.shardlayout import FORMATS
 BY_CHOICES = ("lines", "files")
 EQUALIZE_CHOICES = ("none", "pad", "truncate")
 CHECKSUM_CHOICES = (*digest.ALGORITHMS, "none")   # the default, digest.DEFAULT, first
+MAX_SUFFIX_LENGTH = 20          # 10**20 shards: more than any file system holds
 
 
 # collections.namedtuple, not typing.NamedTuple or dataclasses: typing (which imports re) is ~4 ms
@@ -53,7 +55,10 @@ def check_options(opts: ShardOptions) -> None:
         if value not in choices:
             raise UsageError(f"{flag} {value!r} is not one of {', '.join(choices)}",
                              f"pass {flag} {choices[0]}")
-    if opts.suffix_length < 1 or 10 ** opts.suffix_length < opts.trainers:
+    check_range("--seed", opts.seed, 0, None, "e.g. --seed 7")
+    check_range("--suffix-length", opts.suffix_length, 1, MAX_SUFFIX_LENGTH,
+                f"pass --suffix-length {max(1, len(str(opts.trainers - 1)))}")
+    if 10 ** opts.suffix_length < opts.trainers:
         raise UsageError(f"--suffix-length {opts.suffix_length} cannot number {opts.trainers} shards",
                          f"pass --suffix-length {max(1, len(str(opts.trainers - 1)))} or more")
     if opts.name is not None and (not opts.name or "/" in opts.name or opts.name.startswith(".")):

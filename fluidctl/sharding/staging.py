@@ -63,11 +63,21 @@ class Staging:
     def path(self, name: str) -> str:
         return os.path.join(self.tmp, name)
 
-    def commit(self) -> None:
+    def commit(self, force: bool = True) -> None:
+        """Rename the staging directory to OUT_DIR. Without ``force`` an OUT_DIR that appeared
+        meanwhile (another run's) is never replaced: the rename itself refuses (atomically),
+        this run's output is removed and the error is one line."""
         try:
             os.rmdir(self.work)               # empty unless gzip spools or a shuffle used it
         except OSError:
             _rmtree(self.work, ignore_errors=False)
+        if not force:
+            if not _rename_noreplace(self.tmp, self.out_dir):
+                raise UsageError(f"output {self.out_dir} appeared while this run wrote it "
+                                 "(another shard-data run?); it was left as it is",
+                                 "pass --force to replace it, or choose another -o")
+            self.committed = True
+            return
         old = None
         if os.path.lexists(self.out_dir):
             old = _mkdtemp(os.path.dirname(self.out_dir), f".{os.path.basename(self.out_dir)}.",
@@ -90,6 +100,34 @@ class Staging:
     def __exit__(self, *exc) -> None:
         if not self.committed:
             self._cleanup()
+
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def _rename_noreplace(src: str, dst: str) -> bool:
+    """rename(src, dst) unless dst exists (False then), in one step: renameat2 with
+    RENAME_NOREPLACE; where the kernel or file system lacks it, mkdir(dst) claims the name
+    (atomic) and the rename replaces that empty directory."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None:
+        if renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst),
+                     _RENAME_NOREPLACE) == 0:
+            return True
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            return False
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), dst)
+    try:
+        os.mkdir(dst)
+    except FileExistsError:
+        return False
+    os.rename(src, dst)
+    return True
 
 
 def _start_time(pid: int) -> Optional[int]:

@@ -121,8 +121,8 @@ def serve(cfg: ServerConfig, ready_fd: Optional[int] = None) -> int:
         server.close_listeners()
         from fluidctl import paths
         raise UsageError(f"cannot write the pserver state record in {paths.state_dir()}: "
-                         f"{exc.strerror or exc}", "set FLUIDCTL_STATE_DIR to a writable "
-                         "directory, or pass --no-state") from None
+                         f"{exc.strerror or exc}", "free space there, or set "
+                         "FLUIDCTL_STATE_DIR to a writable directory") from None
     if ready_fd is not None:
         os.write(ready_fd, f"{server.endpoint}\n".encode())
         os.close(ready_fd)

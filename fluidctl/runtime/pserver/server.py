@@ -124,8 +124,13 @@ class PServer:
             raise NoToken("a pserver never serves without a job token")
         if cfg.checkpoint_dir:
             self._ckpt_dir = checkpoint.shard_dir(cfg.checkpoint_dir, cfg.pserver_id)
-            self._lock_fd = checkpoint.lock_dir(self._ckpt_dir)
-            manifest = checkpoint.load(self.shard, self._ckpt_dir)
+            try:            # an OSError here is the directory's, not a port's
+                self._lock_fd = checkpoint.lock_dir(self._ckpt_dir)
+                manifest = checkpoint.load(self.shard, self._ckpt_dir)
+            except OSError as exc:
+                raise checkpoint.CheckpointError(
+                    f"cannot use the checkpoint directory {self._ckpt_dir}: "
+                    f"{exc.strerror or exc}") from None
             if manifest:
                 log.info("loaded checkpoint %s: step %d, %d params, %d sparse tables",
                          self._ckpt_dir, self.shard.step, len(self.shard.dense),
