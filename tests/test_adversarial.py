@@ -33,7 +33,7 @@ import pserverutil as local
 
 TOKEN = "adversarial-token"
 DEADLINE = 2.0                       # FLUIDCTL_HANDSHAKE_TIMEOUT of the servers under attack
-ROOT = Path(__file__).resolve().parent.parent
+from launchutil import ROOT  # noqa: E402  (the repository, whatever the tier's depth)
 
 
 def _wait_for(predicate, timeout=15.0, every=0.05):

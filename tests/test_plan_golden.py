@@ -17,7 +17,9 @@ from fluidctl.planning.config import LaunchConfig
 from fluidctl.planning.hosts import parse_hostfile_text
 from fluidctl.planning.plan import LaunchCommand
 
-GOLDEN = Path(__file__).parent / "golden"
+from launchutil import ROOT  # noqa: E402
+
+GOLDEN = ROOT / "tests" / "golden"
 PY = "/opt/py/bin/python3"
 
 

@@ -15,6 +15,7 @@ import pytest
 from fluidctl import envs
 from fluidctl.runtime import wire
 import pserverutil as local
+from launchutil import TEMPLATES
 
 TOKEN = "e2e-token"
 
@@ -228,7 +229,7 @@ def test_async_applies_every_push(job_factory):
     assert job.close() == [0, 0]
 
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "train_pserver.py"
+TEMPLATE = TEMPLATES / "train_pserver.py"
 
 
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])

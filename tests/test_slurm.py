@@ -2,11 +2,10 @@
 127.0.0.3): plain ``srun`` of ``fluidctl worker`` and of runtime scripts, no launcher."""
 import json
 import sys
-from pathlib import Path
 
 from fluidctl import envs
 
-ROOT = Path(__file__).resolve().parent.parent
+from launchutil import ROOT  # noqa: E402
 RUNTIME_WORKER = str(ROOT / "tests" / "runtime_worker.py")
 
 SHOW = """

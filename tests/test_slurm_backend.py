@@ -12,9 +12,8 @@ import pytest
 
 from fluidctl.backends import slurm as backend
 
-from launchutil import BEHAVE, TEMPLATES, alive, read_pids, wait_for
+from launchutil import BEHAVE, ROOT, TEMPLATES, alive, read_pids, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "scripts"
 
 SHOW = """
