@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from launchutil import ROOT, fluidctl, start_fluidctl, wait_for
-from test_triage import make_memory_cgroup
+from cgroups import make_memory_cgroup
 
 TROUBLE = str(ROOT / "tests" / "scripts" / "trouble.py")
 

@@ -5,9 +5,6 @@ scripts import it, and it imports nothing of the launcher nor the CLI's heavy li
 A top-level module is a contract two processes share or a leaf utility; a feature is a package."""
 import ast
 import pkgutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import fluidctl
@@ -21,29 +18,7 @@ RUNTIME_MODULES = [
     "fluidctl.runtime.pserver.client", "fluidctl.runtime.pserver.server",
     "fluidctl.runtime.pserver.__main__",
 ]
-BLOCKED = ["fluidctl.launch", "fluidctl.backends", "fluidctl.commands", "fluidctl.cli",
-           "fluidctl.console", "click", "rich", "paramiko", "fabric", "invoke"]
-
-
-def run_blocked(modules, blocked, calls=""):
-    code = textwrap.dedent(f"""
-        import importlib, importlib.abc, sys
-        BLOCKED = {blocked!r}
-
-        class Block(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path=None, target=None):
-                if any(name == b or name.startswith(b + ".") for b in BLOCKED):
-                    raise ImportError(f"layering: {{name}} imported")
-                return None
-
-        sys.meta_path.insert(0, Block())
-        for name in {modules!r}:
-            importlib.import_module(name)
-        {calls}
-        print("ok")
-    """)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+from importguard import BLOCKED, run_blocked  # noqa: E402
 
 
 def test_runtime_imports_nothing_from_the_launcher():

@@ -179,7 +179,7 @@ def test_progress_counter_shared_with_the_launcher(diag):
 def test_diagnostics_modules_are_ground_floor():
     """progress (imported by every rank), triage and stacks (imported by node agents) import
     nothing of the launcher, nor the CLI's heavy libraries."""
-    from test_layering import BLOCKED, run_blocked
+    from importguard import BLOCKED, run_blocked
     result = run_blocked(["fluidctl.diagnostics.progress", "fluidctl.diagnostics.triage", "fluidctl.diagnostics.stacks"],
                          BLOCKED + ["numpy"])
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

@@ -3,8 +3,6 @@ OOM kill in a memory-limited cgroup where this machine allows creating one."""
 import os
 import subprocess
 import sys
-import uuid
-from pathlib import Path
 
 import pytest
 
@@ -148,24 +146,7 @@ def test_kernel_log_is_read_here_or_none():
     assert text is None or isinstance(text, str)
 
 
-def make_memory_cgroup(limit: int):
-    """A cgroup v1 memory controller child with ``limit``, or None where not allowed."""
-    root = Path("/sys/fs/cgroup/memory")
-    path = root / f"fluidctl-test-{uuid.uuid4().hex[:8]}"
-    try:
-        path.mkdir()
-        (path / "memory.limit_in_bytes").write_text(str(limit))
-        try:
-            (path / "memory.memsw.limit_in_bytes").write_text(str(limit))
-        except OSError:
-            pass
-    except OSError:
-        try:
-            path.rmdir()
-        except OSError:
-            pass
-        return None
-    return path
+from cgroups import make_memory_cgroup  # noqa: E402
 
 
 def test_a_real_oom_kill_is_recognised_from_the_kernel_record():
