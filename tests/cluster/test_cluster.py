@@ -4,10 +4,13 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psutil
 import pytest
+
+from launchutil import default_sigint
 
 FLUIDCTL = [sys.executable, "-m", "fluidctl"]
 
@@ -134,12 +137,15 @@ def test_sync_pushes_only_changed_files(sshd_nodes, hostfile, tmp_path):
 
 
 def test_exec_ctrl_c_stops_the_command_on_every_node(sshd_nodes, hostfile):
-    marker = "61.2345"                    # a unique argv to find the remote processes by
+    # an argv unique to this run, to find its remote processes by: another suite on this
+    # machine runs the same test, and its sleepers must not count here
+    marker = f"61.{uuid.uuid4().int % 10**12:012d}"
     proc = subprocess.Popen([*FLUIDCTL, "cluster", "exec", "--hostfile", str(hostfile),
                              "--ssh-config", str(sshd_nodes.config), "--",
                              f"echo started; sleep {marker}; echo not-reached"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+                            env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+                            preexec_fn=default_sigint)
     started = {proc.stdout.readline().strip(), proc.stdout.readline().strip()}
     assert started == {"[node1] started", "[node2] started"}
 

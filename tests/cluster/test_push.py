@@ -14,6 +14,8 @@ from fluidctl.remote import push
 from fluidctl.remote.sftp import DEFAULT_EXCLUDES, walk
 from fluidctl.commands import cluster as cluster_cmd
 
+from launchutil import default_sigint
+
 
 def argv_for(sshd_nodes, alias="node1"):
     return push.ssh_command(alias, ssh_config=str(sshd_nodes.config), timeout=10)
@@ -346,7 +348,8 @@ def test_ctrl_c_mid_transfer_leaves_no_ssh_and_nothing_half_written(sshd_nodes, 
     proc = subprocess.Popen([sys.executable, "-m", "fluidctl", "cluster", "sync", "--hosts",
                              "node1,node2", "--ssh-config", str(sshd_nodes.config),
                              "--remote-dir", str(remote / "{host}"), str(src)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and no_temporaries(remote) and proc.poll() is None:
         time.sleep(0.02)                                # until bytes are arriving on a node

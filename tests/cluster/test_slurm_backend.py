@@ -12,7 +12,7 @@ import pytest
 
 from fluidctl.backends import slurm as backend
 
-from launchutil import BEHAVE, ROOT, TEMPLATES, alive, read_pids, wait_for
+from launchutil import BEHAVE, ROOT, default_sigint, TEMPLATES, alive, read_pids, wait_for
 
 SCRIPTS = ROOT / "tests" / "scripts"
 
@@ -34,7 +34,7 @@ def start_fluidctl(slurm, tmp_path, *args, env=None):
     full = slurm.env(FLUIDCTL_STATE_DIR=str(tmp_path / "state"), **(env or {}))
     return subprocess.Popen([sys.executable, "-m", "fluidctl", *map(str, args)], env=full,
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=default_sigint)
 
 
 # --- pure ------------------------------------------------------------------------------------

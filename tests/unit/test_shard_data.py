@@ -22,6 +22,8 @@ from fluidctl.errors import UsageError
 from fluidctl import digest
 from fluidctl.sharding import ShardOptions
 
+from launchutil import default_sigint
+
 
 # --- helpers ---------------------------------------------------------------------------------
 def cli(*args, cwd=None):
@@ -650,7 +652,7 @@ def test_interrupted_run_leaves_nothing(tmp_path, sig, code):
     parent.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "fluidctl", "shard-data", str(data), "-n", "2",
                              "-o", str(parent / "out"), "--shuffle", "-q"],
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     deadline = time.monotonic() + 30
     while not os.listdir(parent) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)            # poll for the staging directory: the work has started
