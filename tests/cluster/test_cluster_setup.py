@@ -210,6 +210,7 @@ def test_train_runs_with_the_provisioned_environment(cluster, ready, tmp_path, b
         assert f"rank {rank} python {python} tinyreq 1.0" in log, log
 
 
+@pytest.mark.usefixtures("openmpi")
 def test_train_backend_mpi_runs_with_the_provisioned_environment(cluster, ready, tmp_path):
     """mpirun starts one command everywhere: the node's shell picks the venv's python where it
     exists (one path for every node, so one node here)."""

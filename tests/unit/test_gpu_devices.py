@@ -11,7 +11,6 @@ import pytest
 
 import rankspawn
 from fluidctl import envs
-from fluidctl.backends import mpi as mpi_backend
 from fluidctl.node import worker
 from fluidctl.node import agent
 from fluidctl.planning import devices
@@ -110,9 +109,8 @@ def test_worker_under_mpirun_takes_the_nodes_gpus_by_local_rank(tmp_path):
         worker.node_gpus(dict(environ, **{envs.GPUS: "1"}))
 
 
+@pytest.mark.usefixtures("openmpi")
 def test_train_backend_mpi_with_gpus_runs_each_rank_on_its_own_gpu(tmp_path):
-    if not mpi_backend.available():
-        pytest.skip("no mpirun")
     env = dict(os.environ, PATH=fake_smi(tmp_path), FLUIDCTL_TIMEOUT="60",
                PYTHONPATH=DOUBLE + os.pathsep + ROOT)
     env.pop("CUDA_VISIBLE_DEVICES", None)
