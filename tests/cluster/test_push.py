@@ -12,7 +12,6 @@ import pytest
 
 from fluidctl.remote import push
 from fluidctl.remote.sftp import DEFAULT_EXCLUDES, walk
-from fluidctl.commands import cluster as cluster_cmd
 
 from launchutil import default_sigint
 
@@ -98,30 +97,6 @@ def test_push_reports_ssh_failures_with_ssh_s_own_words(sshd_nodes, workspace, t
     argv = push.ssh_command("closed", ssh_config=str(config), timeout=5)
     with pytest.raises(push.PushFailed, match="127.0.0.4 port 1: Connection refused"):
         push.push(argv, files_of(workspace), str(tmp_path / "never"))
-
-
-def test_no_python3_on_the_node_means_fall_back(workspace, tmp_path):
-    """A node whose shell cannot find python3 exits 127: the caller falls back to SFTP."""
-    fake_ssh = ["sh", "-c", "echo 'sh: 1: python3: not found' >&2; exit 127", "fake-node"]
-    with pytest.raises(push.PushUnavailable, match="no python3 on the node"):
-        push.push(fake_ssh, files_of(workspace), str(tmp_path / "never"))
-    assert not (tmp_path / "never").exists()
-
-
-def test_ssh_command_follows_the_user_s_choices():
-    argv = push.ssh_command("node1", user="bob", port=2222, ssh_config="/c", accept_new=True,
-                            timeout=7)
-    assert argv[0] == "ssh" and argv[-2:] == ["--", "node1"]
-    joined = " ".join(argv)
-    for part in ("-o BatchMode=yes", "-o ConnectTimeout=7", "-F /c",
-                 "-o StrictHostKeyChecking=accept-new", "-l bob", "-p 2222"):
-        assert part in joined
-    assert "-F" not in push.ssh_command("node1") and "-l" not in push.ssh_command("node1")
-
-
-def test_cluster_timeout_default_is_the_ssh_backend_s():
-    from fluidctl.remote import ssh
-    assert cluster_cmd.SSH_TIMEOUT == ssh.DEFAULT_TIMEOUT
 
 
 def test_sync_without_an_ssh_client_goes_over_sftp(sshd_nodes, workspace, tmp_path):
@@ -235,50 +210,6 @@ def test_a_config_without_ciphers_gets_aes_gcm_without_running_ssh_g(sshd_nodes,
     assert argv[argv.index("-c") + 1] == push.CIPHERS
     monkeypatch.undo()
     assert _negotiated_cipher(argv) == "aes128-gcm@openssh.com"
-
-
-def test_which_configs_may_set_a_keyword(tmp_path, monkeypatch):
-    """config_may_set reads the files ssh would: the -F file alone, else ~/.ssh/config and the
-    system file, following Include (relative to ~/.ssh) and globs; unsure means True."""
-    home = tmp_path / "home"
-    (home / ".ssh" / "conf.d").mkdir(parents=True)
-    monkeypatch.setenv("HOME", str(home))
-    system = tmp_path / "ssh_config"
-    system.write_text("Host *\n    SendEnv LANG\n#   Ciphers aes128-ctr\n")
-    monkeypatch.setattr(push, "SYSTEM_SSH_CONFIG", str(system))
-
-    def config(text):
-        path = tmp_path / "c"
-        path.write_text(text)
-        return str(path)
-    assert not push.config_may_set(None, "ciphers")             # no user file, system silent
-    assert not push.config_may_set(config("Host a\n  HostName b\n"), "ciphers")
-    assert push.config_may_set(config("Host a\n  Ciphers aes256-ctr\n"), "ciphers")
-    assert push.config_may_set(config("Host a\n\tciphers=aes256-ctr\n"), "ciphers")
-    assert push.config_may_set(str(tmp_path / "missing"), "ciphers")        # ssh would fail
-    (home / ".ssh" / "conf.d" / "x.conf").write_text("Match all\n  Ciphers +3des-cbc\n")
-    assert push.config_may_set(config("Include conf.d/*.conf\n"), "ciphers")
-    assert not push.config_may_set(config("Include conf.d/*.none\n"), "ciphers")
-    assert push.config_may_set(config('Include "conf.d/x.conf"\n'), "ciphers")  # unsure
-    (home / ".ssh" / "loop").write_text("Include loop\n")
-    assert push.config_may_set(config("Include loop\n"), "ciphers")          # too deep
-    (home / ".ssh" / "config").write_text("Include conf.d/x.conf\n")
-    assert push.config_may_set(None, "ciphers")                 # the user's file includes it
-    system.write_text("Ciphers aes128-ctr\n")
-    assert not push.config_may_set(config("Host *\n"), "ciphers")    # -F: system file unread
-
-
-@pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK), reason="no /usr/bin/python3")
-def test_the_receiver_runs_under_the_system_python3_not_a_shim_on_path(workspace, tmp_path):
-    """A version manager's python3 first on PATH (slow to start) is passed over for
-    /usr/bin/python3; the node's login shell is played here by sh, as sshd would run it."""
-    shims = tmp_path / "shims"
-    shims.mkdir()
-    (shims / "python3").write_text(f"#!/bin/sh\ntouch {tmp_path / 'shim-ran'}\nexit 1\n")
-    (shims / "python3").chmod(0o755)
-    node = ["env", f"PATH={shims}:/usr/bin:/bin", "sh", "-c"]
-    result = push.push(node, files_of(workspace), str(tmp_path / "remote"))
-    assert "train.py" in result.sent and not (tmp_path / "shim-ran").exists()
 
 
 def test_a_file_that_shrinks_while_sent_stops_the_push_and_leaves_nothing_half_written(

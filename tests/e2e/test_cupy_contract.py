@@ -6,7 +6,6 @@ GPU can be used. The real cupy is only ever imported in subprocesses (the double
 name)."""
 import json
 import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -98,12 +97,6 @@ def test_arrays_streams_and_devices_offer_nothing_real_cupy_lacks(surfaces):
         assert double[key] == real[key], key
 
 
-def test_fluidctl_never_reaches_into_the_double():
-    for path in pathlib.Path(ROOT, "fluidctl").rglob("*.py"):
-        text = path.read_text()
-        assert "_double" not in text and "cupy_double" not in text, path
-
-
 def test_real_communicator_takes_fluidctls_id_form_and_fails_on_the_missing_gpu():
     """Up to the communicator with the real library: the id from the store in the form this
     CuPy wants passes the real signature; creating it is what needs a GPU."""
@@ -163,11 +156,3 @@ def test_gpu_stack_line_from_the_real_packages():
                             r"\(cudaErrorInsufficientDriver\)\n", full.stdout), full.stdout
 
 
-def test_gpu_extra_installs_cupy_with_nccl():
-    """2: cupy-cuda12x alone leaves cupy.cuda.nccl.available False; the extra is the pair."""
-    import configparser
-    cfg = configparser.ConfigParser()
-    cfg.read(os.path.join(ROOT, "setup.cfg"))
-    extra = {line.strip() for line in cfg["options.extras_require"]["gpu"].splitlines()
-             if line.strip()}
-    assert extra == {"cupy-cuda12x>=13", "nvidia-nccl-cu12"}

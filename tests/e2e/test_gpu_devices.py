@@ -41,17 +41,6 @@ def env_of(**kw):
     return envs.collective_env(**base)
 
 
-# --- 10: PADDLE_WORLD_DEVICE_IDS as Paddle writes it --------------------------------------------
-def test_world_device_ids_one_entry_per_trainer_relative_to_its_visible_devices():
-    """Paddle's fleet/launch_utils.py: ",".join(":".join(trainer's accelerators)), the
-    accelerators being indices into CUDA_VISIBLE_DEVICES. The old value was per node,
-    physical ids, ':'-separated ("2,3:0,1")."""
-    env = env_of(gpus_on_node=["2", "3"], world_device_ids=[["2", "3"], ["0", "1"]])
-    assert env["PADDLE_WORLD_DEVICE_IDS"] == "0,1,0,1"
-    assert env["PADDLE_LOCAL_DEVICE_IDS"] == env["FLAGS_selected_gpus"] == "1"
-    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
-
-
 # --- 11: a remote node's own CUDA_VISIBLE_DEVICES ---------------------------------------------
 def test_node_agent_reports_the_ids_cuda_visible_devices_leaves(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", fake_smi(tmp_path))
@@ -62,15 +51,6 @@ def test_node_agent_reports_the_ids_cuda_visible_devices_leaves(tmp_path, monkey
     assert node.gpus == ("2", "3")           # was ("0", "1"): rebuilt as range(count)
     node = planning.remote_node("n1", "10.0.0.1", None, None, "1", probe["gpu_ids"], 0)
     assert node.gpus == ("2",)
-
-
-# --- 13: nvidia-smi's order, UUIDs, MIG --------------------------------------------------------
-def test_gpu_ranks_get_pci_bus_order_unless_the_user_chose(monkeypatch):
-    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
-    assert env_of(gpus_on_node=["0", "1"])["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    assert "CUDA_DEVICE_ORDER" not in env_of()                       # CPU ranks
-    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
-    assert "CUDA_DEVICE_ORDER" not in env_of(gpus_on_node=["0", "1"])  # theirs passes through
 
 
 def test_mig_instances_are_the_devices_and_each_rank_sees_its_own(tmp_path):
@@ -127,12 +107,6 @@ def test_train_backend_mpi_with_gpus_runs_each_rank_on_its_own_gpu(tmp_path):
         [("gpu:0", 0, 0), ("gpu:1", 1, 1)]
 
 
-def test_torchrun_local_rank_picks_the_device_with_fluidctl_gpus():
-    env = envs.read({"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2", envs.GPUS: "all"})
-    assert env.selected_gpu == 1 and env.backend == "nccl"
-    assert envs.read({"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2"}).selected_gpu is None
-
-
 def test_pserver_trainers_use_their_gpu(tmp_path):
     env = dict(os.environ, PYTHONPATH=DOUBLE + os.pathsep + ROOT, CUDA_VISIBLE_DEVICES="4,7",
                **envs.pserver_env(role=envs.ROLE_TRAINER, index=1, trainers=2,
@@ -146,9 +120,3 @@ def test_pserver_trainers_use_their_gpu(tmp_path):
     assert res.stdout.split() == ["pserver", "gpu:1", "1", "1"]
 
 
-def test_pserver_mode_trainers_get_the_device_names_too(monkeypatch):
-    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
-    env = planning._local_names(1, 2, 0, 1, "127.0.0.1:9", ("0", "1"), [["0", "1"]])
-    assert env["FLAGS_selected_gpus"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "0,1"
-    assert env["PADDLE_WORLD_DEVICE_IDS"] == "0,1"
-    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"

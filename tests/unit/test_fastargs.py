@@ -1,8 +1,6 @@
 """fluidctl.fastargs, the click-free parser of the quick commands' plain forms, held to the
 click commands it stands in for: the same options, and never a value click would not give."""
 import os
-import subprocess
-import sys
 
 import click
 import pytest
@@ -132,27 +130,6 @@ def test_shard_data_s_plain_forms_are_parsed_here(paths):
         assert parsed == click_params(("shard-data",), argv), argv
     for argv in (["-qn", "2"], ["-n4"], ["--by", "bytes"], ["--help"], ["-n", "-2"]):
         assert fastargs.COMMANDS[("shard-data",)].parse(argv) is None, argv
-
-
-def test_cluster_sync_runs_without_click(tmp_path):
-    """A plain ``cluster sync`` goes from argv to its ssh without importing click (15-30 ms of
-    the start-up before the first handshake) or subprocess (~4 ms: ssh is started with
-    posix_spawn); its errors keep the one-line contract."""
-    config = tmp_path / "ssh_config"
-    config.write_text("Host deadnode\n    HostName 127.0.0.1\n    Port 1\n")
-    (tmp_path / "src").mkdir()
-    code = ("import atexit, sys\n"
-            "atexit.register(lambda: print('click' in sys.modules or 'subprocess' in sys.modules,"
-            " file=sys.stderr))\n"
-            "from fluidctl.cli import main\n"
-            f"main(['cluster', 'sync', '--hosts', 'deadnode', '--ssh-config', {str(config)!r},"
-            f" '--timeout', '5', {str(tmp_path / 'src')!r}])\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 1, r.stderr
-    assert lines[-1] == "False", r.stderr                 # neither was imported
-    assert lines[0].startswith("error: 1 of 1 node(s) failed to sync: deadnode:"), r.stderr
-    assert "Traceback" not in r.stderr
 
 
 def test_version_is_printed_as_click_prints_it(capsys):

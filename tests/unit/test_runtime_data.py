@@ -2,9 +2,6 @@
 in batches; a shard count that does not match the trainer count is a clear error."""
 import gzip
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -125,20 +122,3 @@ def test_shard_reader_verify_names_a_flipped_byte(shards):
     data.ShardReader(str(shards), 4, environ=env_of(2, 4))                 # not asked: no read
 
 
-def test_trainers_read_disjoint_shards_as_real_processes(shards):
-    """Two processes with the launcher's environment (collective_env), as fluidctl train sets it."""
-    script = ("import sys; from fluidctl.runtime.data import ShardReader\n"
-              "assert 'click' not in sys.modules and 'rich' not in sys.modules\n"
-              "print('\\n'.join(r for b in ShardReader(sys.argv[1], 8) for r in b))\n")
-    collected = []
-    for rank in range(4):
-        env = dict(os.environ)
-        env.update(envs.collective_env(rank=rank, world_size=4, local_rank=rank, local_size=4,
-                                       nnodes=1, endpoints=[f"127.0.0.1:{7000 + i}" for i in range(4)],
-                                       master="127.0.0.1:7000"))
-        out = subprocess.run([sys.executable, "-c", script, str(shards)], env=env,
-                             capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        collected.append(out.stdout.splitlines())
-    assert [r for part in collected for r in part] == [f"line {i}" for i in range(103)]
-    assert all(collected)
