@@ -149,3 +149,7 @@ def test_mpirun_over_two_ssh_nodes_uses_the_addresses_they_were_reached_at(sshd_
     assert all(c["endpoints"] == got[0]["endpoints"] for c in got)
 
 
+def test_available_and_vendor():
+    """available() is true exactly where an Open MPI mpirun is found (it runs --version)."""
+    assert mpi.available() == (MPIRUN is not None and mpi.mpi_vendor(MPIRUN) == "openmpi")
+    assert not mpi.available("/nonexistent/mpirun")
