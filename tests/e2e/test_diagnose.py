@@ -1,5 +1,6 @@
-"""Hang autopsy, fluidctl dump, failure triage and the echo options on real jobs
-(fluidctl train, real processes, the real runtime)."""
+"""Hang autopsy, fluidctl dump, failure triage and the echo options on real jobs on this
+machine (fluidctl train, real processes, the real runtime); over ssh nodes and under mpirun:
+tests/cluster/test_diagnose_cluster.py."""
 import json
 import os
 import signal

@@ -1,5 +1,6 @@
 """fluidctl.runtime.data: a trainer finds its shard from the environment contract and reads it
-in batches; a shard count that does not match the trainer count is a clear error."""
+in batches; a shard count that does not match the trainer count is a clear error. Real trainer
+processes: tests/e2e/test_runtime_data_ranks.py."""
 import gzip
 import json
 from pathlib import Path

@@ -1,6 +1,6 @@
-"""DistributedOptimizer: data-parallel training equals single-process full-batch training, in
-both reduce strategies and both float dtypes; one process works without any environment; in
-pserver mode the same API drives parameter servers."""
+"""DistributedOptimizer in one process: it works without any environment, fuses gradients into
+few buckets and validates its strategy. Across real ranks and parameter servers:
+tests/e2e/test_runtime_optimizer_ranks.py."""
 import numpy as np
 import pytest
 

@@ -1,6 +1,6 @@
-"""fluidctl shard-data: shard contents, manifest, options, and every bad input (one line, exit 2,
-nothing left behind). The engine is called in-process where only its output matters; the CLI
-runs as a real subprocess where exit codes and messages are the point."""
+"""fluidctl shard-data's engine in-process: shard contents, manifest, options, staging and the
+worker pool. The CLI (exit codes, messages, bad input, full disks, signals) runs as a real
+subprocess in tests/e2e/test_shard_data_cli.py."""
 import gzip
 import hashlib
 import json

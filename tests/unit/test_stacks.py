@@ -1,5 +1,5 @@
-"""Stacks of real running processes (py-spy from outside; the runtime's faulthandler signal
-from inside), parsed, grouped by identical stack and summarised; the progress counter."""
+"""Stacks parsed from recorded text, grouped by identical stack and summarised; py-spy's absence
+named; the progress counter. Stacks of live processes are tests/e2e/test_stacks_live.py."""
 import os
 from pathlib import Path
 

@@ -1,5 +1,5 @@
-"""The triage engine on recorded text (kernel OOM records, NCCL errors, tracebacks), and a real
-OOM kill in a memory-limited cgroup where this machine allows creating one."""
+"""The triage engine on recorded text (kernel OOM records, NCCL errors, tracebacks); a real OOM
+kill is tests/e2e/test_triage_oom.py."""
 
 import pytest
 
