@@ -1,7 +1,7 @@
 """Which GPU each rank gets, however the job was started (issue 11, items 10-13): Paddle's
 PADDLE_WORLD_DEVICE_IDS, remote nodes' own CUDA_VISIBLE_DEVICES, --backend mpi, torchrun's
 LOCAL_RANK, pserver mode, nvidia-smi's order and MIG. nvidia-smi is faked; CuPy is the double
-of tests/cupy_double."""
+of tests/cupy_double. The environment's device names alone: tests/unit/test_gpu_device_ids.py."""
 import json
 import os
 import subprocess
