@@ -10,7 +10,7 @@ called. Anything else (``--help``, short options run together, an unknown name, 
 would not pass click's own check, a missing value) gives None and click parses it as always,
 so every message a user sees about the command line is still click's.
 
-tests/test_fastargs.py holds each table here to its click command: the same options, kinds,
+tests/unit/test_fastargs.py holds each table here to its click command: the same options, kinds,
 destinations and defaults, and the same values from both parsers over a corpus of argvs and
 Hypothesis-made ones.
 """

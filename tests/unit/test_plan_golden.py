@@ -2,7 +2,7 @@
 exact ``--dry-run --json`` output for a local, a multi-node, a pserver and an mpi job.
 
 A change to the contract shows up here as a diff of a readable file. After a deliberate change,
-rewrite the records with ``FLUIDCTL_REGOLD=1 python -m pytest tests/test_plan_golden.py`` and
+rewrite the records with ``FLUIDCTL_REGOLD=1 python -m pytest tests/unit/test_plan_golden.py`` and
 review the diff like code.
 """
 import json
