@@ -1,7 +1,6 @@
-"""Hang autopsy, dumps and triage across nodes: two real sshd nodes, and mpirun (one node and over
-ssh)."""
+"""Hang autopsy, dumps, triage and the rendezvous doctor across nodes: two real sshd nodes on
+127.0.0.2 and 127.0.0.3, and mpirun reaching them over ssh. One node: tests/e2e/test_diagnose.py."""
 import json
-import re
 import signal
 from pathlib import Path
 
@@ -16,6 +15,8 @@ def line_of(code: str) -> int:
     """The line of trouble.py holding ``code`` (exactly once)."""
     (n,) = [i for i, l in enumerate(Path(TROUBLE).read_text().splitlines(), 1) if code in l]
     return n
+
+
 STUCK = line_of("    ctx.allreduce(x)  # stuck")
 LOADER = line_of("time.sleep(3600)")
 RAISE = line_of("raise ValueError")
@@ -26,6 +27,8 @@ def hang_dir(log_dir: Path) -> Path:
     (found,) = list(log_dir.glob("hang-*"))
     return found
 
+
+# --- over SSH: two sshd nodes on 127.0.0.2 and 127.0.0.3, two ranks each ---------------------
 
 @pytest.fixture
 def nodes(sshd_nodes):
@@ -148,42 +151,6 @@ def test_socket_interface_is_exported_unless_the_user_set_it(tmp_path, nodes):
                                timeout=120, check=0).stdout)
     env = mine["procs"][0]["env"]
     assert env["NCCL_SOCKET_IFNAME"] == "eth9" and "GLOO_SOCKET_IFNAME" not in env
-
-
-@pytest.mark.usefixtures("openmpi")
-def test_hang_under_mpirun_on_one_node(tmp_path):
-    """--backend mpi: each rank's worker registers in the diagnostics dir in LOG_DIR, and a
-    second mpirun (one stack taker per node) takes the stacks."""
-    proc = fluidctl("train", "--backend", "mpi", "--nproc", 3, "--hang-timeout", 4,
-                    "--log-dir", tmp_path / "log", TROUBLE, "stuck", cwd=tmp_path, timeout=180)
-    assert proc.returncode == 124, proc.stderr
-    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
-    assert f"ranks 0,2 wait in allreduce at trouble.py:{STUCK}" in proc.stderr, proc.stderr
-    assert f"rank 1 is in load_batch at trouble.py:{LOADER}" in proc.stderr
-    where = hang_dir(tmp_path / "log")
-    assert sorted(p.name for p in where.iterdir()) == [
-        "rank-0.txt", "rank-1.txt", "rank-2.txt", "summary.txt"]
-    assert json.loads((tmp_path / "log" / "failure.json").read_text())["hang"]["dir"] == \
-        str(where)
-    assert not list((tmp_path / "log").glob(".fluidctl_diag.*"))
-
-
-@pytest.mark.usefixtures("openmpi")
-def test_a_crash_under_mpirun_is_reported_as_that_rank(tmp_path):
-    """mpirun exits 1 whatever happened; the report names the rank mpirun saw fail first,
-    with its signal, node and pid, and triage explains the crash from its own log."""
-    proc = fluidctl("train", "--backend", "mpi", "--nproc", 3, "--log-dir", tmp_path / "log",
-                    TROUBLE, "segv", cwd=tmp_path, timeout=180)
-    assert proc.returncode == 128 + signal.SIGSEGV, proc.stderr
-    # the pid is there when prterun prints its "noticed that process rank 1 with PID ..."
-    # wording; which of its two wordings it prints is a race inside prterun (~1 run in 5 here)
-    assert re.search(r"fluidctl: trainer 1 failed on \S+: signal SIGSEGV \((pid \d+|at )",
-                     proc.stderr), proc.stderr
-    assert "why: crashed (SIGSEGV" in proc.stderr
-    assert f"log: {tmp_path / 'log' / 'workerlog.1'}" in proc.stderr
-    report = json.loads((tmp_path / "log" / "failure.json").read_text())
-    assert report["first_failure"]["label"] == "trainer 1"
-    assert report["first_failure"]["signal"] == "SIGSEGV"
 
 
 @pytest.mark.usefixtures("openmpi")
