@@ -1,5 +1,5 @@
 """Import a list of modules in a fresh interpreter whose import system refuses a list of
-packages (tests/unit/test_layering.py, tests/unit/test_stacks.py)."""
+packages (tests/e2e/test_layering_imports.py, tests/e2e/test_stacks.py)."""
 import subprocess
 import sys
 import textwrap
