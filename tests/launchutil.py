@@ -1,5 +1,6 @@
 """Helpers for tests that run the real ``fluidctl`` CLI in subprocesses."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,12 +25,21 @@ def fluidctl(*args, cwd, env=None, timeout=120, check=None):
     return proc
 
 
+def default_sigint() -> None:
+    """``preexec_fn`` for a child the test will Ctrl-C: SIGINT back to its default disposition.
+    A shell starts a background job (``nohup python -m pytest -q &``) with SIGINT ignored, exec
+    keeps an ignored signal ignored, and Python then installs no KeyboardInterrupt handler: the
+    child would never see the test's SIGINT. A user's terminal gives a foreground command the
+    default; so does this."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_fluidctl(*args, cwd, env=None):
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.Popen([sys.executable, "-m", "fluidctl", *map(str, args)], cwd=cwd,
                             env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=default_sigint)
 
 
 def wait_for(condition, timeout=30.0, what="condition"):

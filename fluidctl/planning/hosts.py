@@ -22,7 +22,7 @@ if TYPE_CHECKING:           # annotations only: importing typing is ~3 ms of sta
 
 # The host grammar, ``[user@](name|[ipv6])[:number]``, and ``key=value`` options, read by hand
 # rather than by regex: importing re is ~2 ms of ``cluster sync``'s time before its first ssh
-# starts. tests/test_hosts.py holds both readers to the regexes they replace.
+# starts. tests/unit/test_hosts.py holds both readers to the regexes they replace.
 _WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 _NAME_CHARS = _WORD | frozenset(".-")
 _IPV6_CHARS = frozenset("0123456789abcdefABCDEF:.%")

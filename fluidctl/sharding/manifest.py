@@ -46,7 +46,7 @@ def _manifest(opts: ShardOptions, name: str, results: List[ShardResult],
 def to_json(value, level: int = 0) -> str:
     """``json.dumps(value, indent=2)``, byte for byte, for what a manifest holds (dicts, lists,
     strings, numbers, booleans, None), without importing json: json imports re and enum, ~4 ms
-    of a small shard-data run. tests/test_shard_data.py holds it to json.dumps."""
+    of a small shard-data run. tests/unit/test_shard_data.py holds it to json.dumps."""
     if isinstance(value, str):
         return _quote(value)
     if value is None or value is True or value is False:

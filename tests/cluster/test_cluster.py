@@ -1,0 +1,168 @@
+"""``fluidctl cluster check | exec | sync`` run as a user would, against two real sshd nodes."""
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from launchutil import default_sigint
+
+FLUIDCTL = [sys.executable, "-m", "fluidctl"]
+
+
+def fluidctl(*args, timeout=60):
+    return subprocess.run([*FLUIDCTL, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1",
+                                                "HOME": str(Path.home())})
+
+
+@pytest.fixture(scope="module")
+def hostfile(sshd_nodes):
+    return sshd_nodes.hostfile("hosts.txt", slots=2)
+
+
+def table_row(out, first_cell):
+    """The cells of the table row that starts with ``first_cell`` (rich's box, or the plain
+    " | " columns cluster sync prints off a terminal)."""
+    for line in out.splitlines():
+        sep = "│" if "│" in line else "|"
+        cells = [c.strip() for c in line.strip("│ ").split(sep)]
+        if cells and cells[0] == first_cell:
+            return cells
+    raise AssertionError(f"no row {first_cell!r} in:\n{out}")
+
+
+def closed_port(address):
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def test_check_all_nodes_ok(sshd_nodes, hostfile):
+    r = fluidctl("cluster", "check", "--hostfile", hostfile, "--ssh-config", sshd_nodes.config)
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if "node" in line and "ok" in line]
+    assert len(rows) == 2
+    assert "127.0.0.2" in rows[0] and "127.0.0.3" in rows[1]
+    assert all(sys.version.split()[0] in row and "0.1.0" in row for row in rows)
+
+
+def test_check_names_each_failing_node_with_its_reason(sshd_nodes, tmp_path):
+    port = closed_port("127.0.0.4")
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"node1 slots=2\n127.0.0.4:{port} slots=2\n")
+    r = fluidctl("cluster", "check", "--hostfile", hosts, "--ssh-config", sshd_nodes.config,
+                 "--timeout", "3")
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: 1 of 2 node(s) failed the check: 127.0.0.4: "
+                               f"connection refused at 127.0.0.4:{port}")
+    assert "node1" not in r.stderr and "Traceback" not in r.stderr
+    assert "FAIL" in r.stdout
+    # a wrong remote interpreter is named too
+    r = fluidctl("cluster", "check", "--hosts", "node2", "--ssh-config", sshd_nodes.config,
+                 "--python", "/nowhere/python")
+    assert r.returncode == 1 and "node2: python /nowhere/python not found" in r.stderr
+
+
+def test_unknown_host_keys_refused_unless_accepted(sshd_nodes, tmp_path):
+    known = tmp_path / "known_hosts"
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(sshd_nodes.config.read_text().replace(str(sshd_nodes.known_hosts), str(known)))
+    r = fluidctl("cluster", "check", "--hosts", "node1,node2", "--ssh-config", cfg)
+    assert r.returncode == 1
+    assert "2 of 2 node(s) failed" in r.stderr and "not in known_hosts" in r.stderr
+    assert not known.exists()
+    r = fluidctl("cluster", "check", "--hosts", "node1,node2", "--ssh-config", cfg,
+                 "--accept-new-host-keys")
+    assert r.returncode == 0, r.stderr
+    assert len(known.read_text().splitlines()) == 2
+    r = fluidctl("cluster", "check", "--hosts", "node1,node2", "--ssh-config", cfg)
+    assert r.returncode == 0, r.stderr
+
+
+def test_bad_hostfile_is_a_usage_error(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node1 slots=2\nnode2 slots=0\n")
+    r = fluidctl("cluster", "check", "--hostfile", hosts)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith(f"error: hostfile {hosts} line 2: node2 has slots=0 (")
+    r = fluidctl("cluster", "exec", "--", "true")
+    assert r.returncode == 2 and "no hosts given" in r.stderr
+
+
+def test_exec_prefixes_output_and_fails_when_a_node_fails(sshd_nodes, hostfile):
+    r = fluidctl("cluster", "exec", "--hostfile", hostfile, "--ssh-config", sshd_nodes.config,
+                 "--", "echo from $(echo $SSH_CONNECTION | cut -d' ' -f3); echo warn >&2")
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == ["[node1] from 127.0.0.2", "[node2] from 127.0.0.3"]
+    assert sorted(r.stderr.splitlines()) == ["[node1] warn", "[node2] warn"]
+    r = fluidctl("cluster", "exec", "--hostfile", hostfile, "--ssh-config", sshd_nodes.config,
+                 "--", "case $SSH_CONNECTION in *127.0.0.3*) exit 3;; esac; echo fine")
+    assert r.returncode == 1
+    assert "[node1] fine" in r.stdout
+    assert r.stderr.strip() == "error: 1 of 2 node(s) failed: node2: exit code 3"
+
+
+def test_sync_pushes_only_changed_files(sshd_nodes, hostfile, tmp_path):
+    src = tmp_path / "ws"
+    (src / "lib").mkdir(parents=True)
+    (src / "train.py").write_text("print('hello')\n")
+    (src / "lib" / "util.py").write_text("A = 1\n")
+    (src / "model.ckpt").write_bytes(b"x" * 1000)
+    remote = tmp_path / "remote" / "{host}"
+    args = ["cluster", "sync", "--hostfile", hostfile, "--ssh-config", sshd_nodes.config,
+            "--remote-dir", remote, "--exclude", "*.ckpt", src]
+    r = fluidctl(*args)
+    assert r.returncode == 0, r.stderr
+    for node in ("node1", "node2"):
+        there = tmp_path / "remote" / node
+        assert (there / "train.py").read_text() == "print('hello')\n"
+        assert (there / "lib" / "util.py").read_text() == "A = 1\n"
+        assert not (there / "model.ckpt").exists()
+    # columns: host, remote dir, sent files, sent, unchanged
+    assert [table_row(r.stdout, n)[2::2] for n in ("node1", "node2")] == [["2", "0"]] * 2
+    r = fluidctl(*args)
+    assert r.returncode == 0, r.stderr
+    assert [table_row(r.stdout, n)[2::2] for n in ("node1", "node2")] == [["0", "2"]] * 2
+    (src / "lib" / "util.py").write_text("A = 2222\n")
+    r = fluidctl(*args)
+    assert r.returncode == 0, r.stderr
+    assert [table_row(r.stdout, n)[2::2] for n in ("node1", "node2")] == [["1", "1"]] * 2
+    assert (tmp_path / "remote" / "node2" / "lib" / "util.py").read_text() == "A = 2222\n"
+
+
+def test_exec_ctrl_c_stops_the_command_on_every_node(sshd_nodes, hostfile):
+    # an argv unique to this run, to find its remote processes by: another suite on this
+    # machine runs the same test, and its sleepers must not count here
+    marker = f"61.{uuid.uuid4().int % 10**12:012d}"
+    proc = subprocess.Popen([*FLUIDCTL, "cluster", "exec", "--hostfile", str(hostfile),
+                             "--ssh-config", str(sshd_nodes.config), "--",
+                             f"echo started; sleep {marker}; echo not-reached"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+                            preexec_fn=default_sigint)
+    started = {proc.stdout.readline().strip(), proc.stdout.readline().strip()}
+    assert started == {"[node1] started", "[node2] started"}
+
+    def sleepers():
+        found = []
+        for p in psutil.process_iter(["cmdline"]):
+            if p.info["cmdline"] == ["sleep", marker]:
+                found.append(p)
+        return found
+    deadline = time.monotonic() + 10
+    while len(sleepers()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    remote = sleepers()
+    assert len(remote) == 2
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert "not-reached" not in out
+    gone, alive = psutil.wait_procs(remote, timeout=10)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]

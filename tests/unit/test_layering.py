@@ -1,0 +1,87 @@
+"""Imports run one way. From the top: the entry points (cli, commands, node) -> launch ->
+backends -> the wings (cluster, remote, procs, diagnostics) -> planning -> the ground floor
+(envs, paths, net, lines, errors, agentproto), and the runtime sits on that floor: training
+scripts import it, and it imports nothing of the launcher nor the CLI's heavy libraries.
+A top-level module is a contract two processes share or a leaf utility; a feature is a package."""
+import ast
+from pathlib import Path
+
+import fluidctl
+
+
+def imported_names(package_dir):
+    """Every module named by an import statement in the package, at any depth (lazy imports
+    inside functions included), as (file, module)."""
+    for path in sorted(Path(package_dir).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                yield path.name, node.module
+                for alias in node.names:
+                    yield path.name, f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield path.name, alias.name
+
+
+# package -> what it must never import, lazily or not (the layers above it, and side wings)
+ENTRY = ("fluidctl.cli", "fluidctl.commands", "fluidctl.fastargs", "fluidctl.node")
+NEVER = {
+    "runtime": ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.console",
+                        "fluidctl.cluster", "fluidctl.remote", "fluidctl.sharding"),
+    "planning": ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.console",
+                         "fluidctl.cluster", "fluidctl.remote", "fluidctl.procs",
+                         "fluidctl.diagnostics", "fluidctl.runtime"),
+    "diagnostics": ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.console",
+                            "fluidctl.cluster", "fluidctl.remote", "fluidctl.procs"),
+    "procs": ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.console",
+                      "fluidctl.cluster", "fluidctl.remote"),
+    "remote": ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.cluster",
+                       "fluidctl.procs", "fluidctl.diagnostics"),
+    "cluster": ENTRY + ("fluidctl.launch", "fluidctl.backends"),
+    "backends": ENTRY + ("fluidctl.launch", "fluidctl.cluster"),
+    "launch": ENTRY + ("fluidctl.cluster",),
+    "jobs": ENTRY + ("fluidctl.cluster",),
+    "pserverctl": ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.cluster",
+                           "fluidctl.remote", "fluidctl.sharding"),
+    "node": ("fluidctl.cli", "fluidctl.commands", "fluidctl.cluster"),
+}
+
+
+def test_no_import_climbs_the_layers():
+    root = Path(fluidctl.__file__).parent
+    for package, never in NEVER.items():
+        wrong = [(f, m) for f, m in imported_names(root / package)
+                 if any(m == a or m.startswith(a + ".") for a in never)]
+        assert wrong == [], f"fluidctl/{package} imports from above it: {wrong}"
+
+
+def test_backends_hold_launchers_only():
+    """Each backends/ module is a launcher, its client (slurmctl) or the launcher half of the
+    rendezvous doctor: nothing else lives there."""
+    root = Path(fluidctl.__file__).parent / "backends"
+    assert sorted(p.stem for p in root.glob("*.py")) == [
+        "__init__", "base", "doctor", "local", "mpi", "slurm", "slurmctl", "ssh"]
+    from fluidctl import backends
+    for name, spec in backends.LAUNCHERS.items():
+        assert spec.startswith("fluidctl.backends."), (name, spec)
+
+
+def test_top_level_modules_are_contracts_or_leaves():
+    """A feature is a package: the top level keeps only shared contracts and leaf utilities,
+    and none of them imports a package above the ground floor."""
+    root = Path(fluidctl.__file__).parent
+    top = sorted(p.stem for p in root.glob("*.py"))
+    assert top == ["__init__", "__main__", "agentproto", "cli", "console", "digest", "envs",
+                   "errors", "fastargs", "lines", "net", "paths", "shardlayout", "sigs",
+                   "tables", "units"]
+    above = ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.cluster",
+                     "fluidctl.remote", "fluidctl.procs", "fluidctl.planning", "fluidctl.node",
+                     "fluidctl.sharding", "fluidctl.runtime")
+    leaves = [p for p in root.glob("*.py") if p.stem not in ("__main__", "cli", "fastargs",
+                                                               "console", "tables")]
+    for path in leaves:
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for m in mods:
+                assert not any(m == a or m.startswith(a + ".") for a in above), (path.name, m)
