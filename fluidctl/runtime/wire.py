@@ -266,15 +266,17 @@ def client_handshake(sock: socket.socket, token: Optional[str],
         sock.settimeout(old)
 
 
-def connect(endpoint: str, token: Optional[str], timeout: float = HANDSHAKE_TIMEOUT
-            ) -> socket.socket:
-    """Open an authenticated connection to ``host:port`` (TCP_NODELAY set)."""
+def connect(endpoint: str, token: Optional[str], timeout: float = HANDSHAKE_TIMEOUT,
+            io_timeout: Optional[float] = None) -> socket.socket:
+    """Open an authenticated connection to ``host:port`` (TCP_NODELAY set). ``io_timeout``
+    bounds every later send and receive on it (``socket.timeout`` when the peer stays silent
+    that long); None leaves them unbounded, for callers that set their own deadline."""
     host, _, port = endpoint.rpartition(":")
     sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         client_handshake(sock, token, timeout)
-        sock.settimeout(None)
+        sock.settimeout(io_timeout)
         return sock
     except BaseException:
         sock.close()

@@ -1,0 +1,122 @@
+"""Issue 27 (hardening): every blocking network call has a deadline, nothing fluidctl started
+outlives it, promised checkpoints are written before anything is killed, and unauthenticated
+peers cannot fill the disk. Real processes and sockets on loopback, cleaned up by pid."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fluidctl import envs
+import pserverutil as local
+from launchutil import wait_for
+
+TOKEN = "hardening-27-token"
+
+PS_LOOP = r'''
+import os, sys, time
+from pathlib import Path
+import numpy as np
+from fluidctl import envs
+from fluidctl.runtime import optim
+from fluidctl.runtime.pserver.client import PServerOptimizer
+
+out, steps, slow = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+env = envs.read()
+params = {"W": np.zeros((64, 64)), "b": np.zeros(64)}
+opt = PServerOptimizer(params, optimizer=optim.SGD(0.1))
+step = 0
+while steps < 0 or step < steps:
+    if step == 1 and env.rank == 1 and slow:
+        time.sleep(slow)                  # trainer 0 waits in the sync round meanwhile
+    opt.step({"W": np.ones((64, 64)), "b": np.ones(64)})
+    step += 1
+    (out / f"steps.{env.rank}").write_text(str(step))
+opt.close()
+print("done", flush=True)
+'''
+
+
+class PsJob:
+    """One real pserver and ``trainers`` trainer processes running PS_LOOP."""
+
+    def __init__(self, tmp: Path, trainers: int = 2):
+        self.tmp, self.trainers = tmp, trainers
+        self.endpoints = [f"127.0.0.1:{p}" for p in local.free_ports(1)]
+        (tmp / "ps_loop.py").write_text(PS_LOOP)
+        self.server = None
+        self.workers = []
+
+    def start_pserver(self, timeout: str):
+        self.server = local.start_pserver(0, self.endpoints, self.trainers, token=TOKEN,
+                                          log_path=str(self.tmp / "serverlog.0"),
+                                          args=["--no-state"],
+                                          extra_env={envs.TIMEOUT: timeout})
+
+    def start_trainers(self, timeout: str, steps: int, slow: float = 0.0):
+        for t in range(self.trainers):
+            env = local.role_env(envs.ROLE_TRAINER, t, self.endpoints, self.trainers, True,
+                                 TOKEN, {envs.TIMEOUT: timeout})
+            with open(self.tmp / f"workerlog.{t}", "wb") as log:
+                self.workers.append(subprocess.Popen(
+                    [sys.executable, str(self.tmp / "ps_loop.py"), str(self.tmp), str(steps),
+                     str(slow)], env=env, stdout=log, stderr=subprocess.STDOUT))
+
+    def log(self, t: int) -> str:
+        return (self.tmp / f"workerlog.{t}").read_text()
+
+    def close(self):
+        for p in self.workers:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        if self.server is not None and self.server.poll() is None:
+            os.kill(self.server.pid, signal.SIGCONT)
+            self.server.kill()
+            self.server.wait()
+
+
+@pytest.fixture
+def ps_job(tmp_path):
+    jobs = []
+
+    def make(**kw):
+        jobs.append(PsJob(tmp_path, **kw))
+        return jobs[-1]
+    yield make
+    for j in jobs:
+        j.close()
+
+
+def test_27_1_frozen_pserver_fails_trainers_within_timeout(ps_job):
+    job = ps_job()
+    job.start_pserver("30")
+    job.start_trainers("2", steps=-1)
+    wait_for(lambda: all((job.tmp / f"steps.{t}").exists() for t in range(2)), 30,
+             "both trainers to complete a step")
+    os.kill(job.server.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    for t, p in enumerate(job.workers):
+        try:
+            code = p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"trainer {t} still blocked 20 s after the pserver froze:\n"
+                        + job.log(t)[-2000:])
+        assert code != 0
+        text = job.log(t)
+        assert f"pserver {job.endpoints[0]} did not answer within 2 s" in text, text[-2000:]
+    assert time.monotonic() - stopped < 15
+
+
+def test_27_1_sync_round_waiting_for_a_slow_trainer_outlives_the_deadline(ps_job):
+    """The deadline is for a silent pserver: trainer 0 waits 5 s in a sync round for trainer 1
+    with FLUIDCTL_TIMEOUT=2, and the pserver's keepalives carry it through."""
+    job = ps_job()
+    job.start_pserver("30")
+    job.start_trainers("2", steps=3, slow=5.0)
+    for t, p in enumerate(job.workers):
+        assert p.wait(timeout=60) == 0, job.log(t)[-2000:]
+        assert "done" in job.log(t)
