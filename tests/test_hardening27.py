@@ -120,3 +120,119 @@ def test_27_1_sync_round_waiting_for_a_slow_trainer_outlives_the_deadline(ps_job
     for t, p in enumerate(job.workers):
         assert p.wait(timeout=60) == 0, job.log(t)[-2000:]
         assert "done" in job.log(t)
+
+
+# --- 27.3 / 27.4: kill -9 of the launcher ----------------------------------------------------
+
+SETSID_RANK = r'''
+import os, subprocess, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+rank = os.environ.get("PADDLE_TRAINER_ID") or os.environ.get("OMPI_COMM_WORLD_RANK", "0")
+child = subprocess.Popen(["setsid", "sleep", "997"])          # leaves the process group
+(out / f"pids.{rank}.tmp").write_text(f"{os.getpid()} {child.pid}")
+os.replace(out / f"pids.{rank}.tmp", out / f"pids.{rank}")
+print("rank", rank, "ready", flush=True)
+time.sleep(600)
+'''
+
+
+def _descendants(pid):
+    import psutil
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _kill_all(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _alive(pid):
+    from launchutil import alive
+    return alive(pid)
+
+
+def _start(args, cwd):
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return subprocess.Popen([sys.executable, "-m", "fluidctl", *map(str, args)], cwd=cwd,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_27_3_kill_9_of_the_launcher_lets_pservers_checkpoint_first(tmp_path):
+    (tmp_path / "ps_loop.py").write_text(PS_LOOP)
+    ck = tmp_path / "ck"
+    launcher = _start(["train", "--mode", "pserver", "--pservers", 1, "--nproc", 2,
+                       "--checkpoint-dir", ck, "--log-dir", tmp_path / "log",
+                       "--grace-period", 10, "--env", f"{envs.TIMEOUT}=30",
+                       tmp_path / "ps_loop.py", tmp_path, -1, 0], tmp_path)
+    seen = set()
+    try:
+        wait_for(lambda: all((tmp_path / f"steps.{t}").exists() for t in range(2)), 60,
+                 "both trainers to complete a step")
+        seen.update(_descendants(launcher.pid))
+        launcher.kill()                             # kill -9: no goodbye
+        launcher.wait()
+        wait_for(lambda: not any(_alive(p) for p in seen), 20, "every process of the job to end")
+        shard = ck / "pserver.0"
+        names = sorted(p.name for p in shard.iterdir())
+        assert "manifest.json" in names, names
+        assert any(n.startswith("shard-") and n.endswith(".bin") for n in names), names
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        _kill_all(seen)
+
+
+def test_27_4_kill_9_of_the_launcher_ends_a_ranks_setsid_child(tmp_path):
+    (tmp_path / "rank.py").write_text(SETSID_RANK)
+    launcher = _start(["train", "--nproc", 2, "--log-dir", tmp_path / "log",
+                       tmp_path / "rank.py", tmp_path], tmp_path)
+    pids = []
+    try:
+        wait_for(lambda: all((tmp_path / f"pids.{r}").exists() for r in range(2)), 60,
+                 "both ranks to start their setsid child")
+        for r in range(2):
+            pids += [int(p) for p in (tmp_path / f"pids.{r}").read_text().split()]
+        pids += _descendants(launcher.pid)
+        launcher.kill()
+        launcher.wait()
+        wait_for(lambda: not any(_alive(p) for p in pids), 15,
+                 f"the ranks and their setsid children {pids} to end")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        _kill_all(pids)
+
+
+@pytest.mark.skipif(not __import__("fluidctl.backends.mpi", fromlist=["available"]).available(),
+                    reason="no Open MPI mpirun")
+def test_27_4_kill_9_of_the_launcher_ends_mpiruns_whole_tree(tmp_path):
+    (tmp_path / "rank.py").write_text(SETSID_RANK)
+    launcher = _start(["train", "--backend", "mpi", "--nproc", 2, "--log-dir", tmp_path / "log",
+                       tmp_path / "rank.py", tmp_path], tmp_path)
+    pids = []
+    try:
+        wait_for(lambda: all((tmp_path / f"pids.{r}").exists() for r in range(2)), 90,
+                 "both mpi ranks to start their setsid child")
+        for r in range(2):
+            pids += [int(p) for p in (tmp_path / f"pids.{r}").read_text().split()]
+        pids += _descendants(launcher.pid)          # mpirun, its daemons, ranks, their tees
+        launcher.kill()
+        launcher.wait()
+        wait_for(lambda: not any(_alive(p) for p in pids), 15,
+                 f"mpirun's whole tree {pids} to end")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        _kill_all(pids)

@@ -108,7 +108,7 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
     if fresh:
         fresh_logs(logs)
     local.become_subreaper()
-    lifeline.start_watchdog()           # kills the job's process groups if we are SIGKILLed
+    lifeline.start_watchdog(options.grace_period)   # stops the job if we are SIGKILLed
     if diagnostics:
         lifeline.remove_on_death(diagnostics.diag.root)     # and removes its /dev/shm dir
     echo = LogEcho(sources, out, on_broken, from_end=not fresh, cr_mark=cr_mark)
