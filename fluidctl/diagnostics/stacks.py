@@ -115,26 +115,30 @@ def faulthandler_dump(pid: int, stack_file: Path, timeout: float = 5.0) -> str:
         raise DumpUnavailable("the rank did not call fluidctl.runtime.init(), so it has no "
                               "faulthandler dump signal (install py-spy: pip install "
                               "'fluidctl[debug]')")
-    before = stack_file.stat().st_size
     try:
-        os.kill(pid, DUMP_SIGNAL)
-    except OSError as exc:
-        raise DumpUnavailable(f"could not signal pid {pid}: {exc.strerror}") from None
-    deadline = time.monotonic() + timeout
-    size, stable_since = before, None
-    while time.monotonic() < deadline:      # faulthandler writes from the signal handler,
-        now = stack_file.stat().st_size     # without a completion mark: wait until it settles
-        if now != size:
-            size, stable_since = now, time.monotonic()
-        elif size > before and stable_since and time.monotonic() - stable_since > 0.2:
-            break
-        time.sleep(0.02)
-    if size <= before:
-        raise DumpUnavailable(f"pid {pid} wrote no stack within {timeout:g}s (stuck in native "
-                              "code that holds the GIL? py-spy can still read it)")
-    with open(stack_file, "rb") as f:
-        f.seek(before)
-        return f.read().decode("utf-8", errors="replace")
+        before = stack_file.stat().st_size
+        try:
+            os.kill(pid, DUMP_SIGNAL)
+        except OSError as exc:
+            raise DumpUnavailable(f"could not signal pid {pid}: {exc.strerror}") from None
+        deadline = time.monotonic() + timeout
+        size, stable_since = before, None
+        while time.monotonic() < deadline:      # faulthandler writes from the signal handler,
+            now = stack_file.stat().st_size     # without a completion mark: wait until it settles
+            if now != size:
+                size, stable_since = now, time.monotonic()
+            elif size > before and stable_since and time.monotonic() - stable_since > 0.2:
+                break
+            time.sleep(0.02)
+        if size <= before:
+            raise DumpUnavailable(f"pid {pid} wrote no stack within {timeout:g}s (stopped, or "
+                                  "stuck in native code that holds the GIL? py-spy can still "
+                                  "read it)")
+        with open(stack_file, "rb") as f:
+            f.seek(before)
+            return f.read().decode("utf-8", errors="replace")
+    except OSError as exc:                      # the job ended meanwhile: its files went
+        raise DumpUnavailable(f"the stack file of pid {pid} is gone ({exc.strerror})") from None
 
 
 # --- reading stacks --------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from fluidctl.diagnostics.failures import Failure, log_tail
 from fluidctl.paths import DiagDir, hang_dir
 
 HANG_EXIT = 124             # the job was stopped because it hung (timeout(1)'s code)
+HANG_REPORT_TIMEOUT = 120.0  # the most a finished job waits for its hang report (stacks)
 TRIAGE_TAIL = 200           # log lines searched for a traceback or an NCCL error
 
 
@@ -207,15 +208,20 @@ class Watchdog(threading.Thread):
         self._halt = threading.Event()   # not _stop: that is Thread._stop, which os.fork calls
 
     def run(self) -> None:
-        last, since = self.activity(), time.monotonic()
-        while not self._halt.wait(self.poll):
-            now_seen = self.activity()
-            now = time.monotonic()
-            if now_seen != last:
-                last, since = now_seen, now
-            elif now - since >= self.timeout:
-                self.on_hang()
-                return
+        try:
+            last, since = self.activity(), time.monotonic()
+            while not self._halt.wait(self.poll):
+                now_seen = self.activity()
+                now = time.monotonic()
+                if now_seen != last:
+                    last, since = now_seen, now
+                elif now - since >= self.timeout:
+                    self.on_hang()
+                    return
+        except Exception as exc:     # never a traceback from here: say it, in one line
+            import sys
+            print(f"fluidctl: the hang watchdog stopped: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
 
     def stop(self) -> None:
         self._halt.set()
