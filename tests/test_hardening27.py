@@ -266,3 +266,110 @@ def test_27_5_hang_ends_as_a_hang_when_the_stack_signal_wakes_the_ranks(tmp_path
     assert len(hangs) == 1 and (hangs[0] / "summary.txt").exists()
     report = __import__("json").loads((tmp_path / "log" / "failure.json").read_text())
     assert report["exit_code"] == 124 and report["hang"]
+
+
+# --- 27.6: a flood of unauthenticated connections writes a bounded number of lines ----------
+
+import re                                                    # noqa: E402
+import socket                                                # noqa: E402
+
+from fluidctl.runtime import wire                            # noqa: E402
+from fluidctl.runtime.store import StoreClient               # noqa: E402
+
+FLOOD = 2000
+INTERVAL = 2.0                       # FLUIDCTL_DROP_LOG_INTERVAL in the servers under test
+
+STORE_MAIN = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+from fluidctl.runtime.store import StoreServer
+server = StoreServer("127.0.0.1", 0, sys.argv[1])
+print(server.port, flush=True)
+sys.stdin.read()
+server.close()
+"""
+
+
+def _flood(port: int, n: int) -> None:
+    for _ in range(n):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            try:
+                sock.recv(256)       # the server's hello, then its close
+            except OSError:
+                pass
+
+
+_SUMMARY = re.compile(r"dropped (\d+) more connections? from 127\.0\.0\.1 in the last")
+
+
+def _drop_lines(text: str, single: str):
+    singles = [l for l in text.splitlines() if single in l]
+    summaries = [int(m.group(1)) for m in map(_SUMMARY.search, text.splitlines()) if m]
+    return singles, summaries
+
+
+def _accounted(text: str, single: str) -> int:
+    """Drops the log accounts for: one per single line, N per summary line."""
+    singles, summaries = _drop_lines(text, single)
+    return len(singles) + sum(summaries)
+
+
+def _check_bounded(text: str, single: str, seconds: float):
+    singles, summaries = _drop_lines(text, single)
+    assert len(singles) <= 5, singles[:20]
+    assert 1 <= len(summaries) <= seconds / INTERVAL + 2, summaries
+    assert len(singles) + sum(summaries) == FLOOD, (len(singles), summaries)
+
+
+def test_27_6_a_flood_of_bad_connections_is_logged_in_bounded_lines(tmp_path):
+    extra = {"FLUIDCTL_DROP_LOG_INTERVAL": str(INTERVAL)}
+    # a real pserver
+    port, = local.free_ports(1)
+    endpoint = f"127.0.0.1:{port}"
+    log = tmp_path / "serverlog.0"
+    ps = local.start_pserver(0, [endpoint], trainers=1, token=TOKEN, log_path=str(log),
+                             args=["--no-state"], extra_env=extra)
+    # a real rendezvous store, logging as rank 0 does (its lines reach the workerlog)
+    store_err = open(tmp_path / "store.err", "wb")
+    store = subprocess.Popen([sys.executable, "-c", STORE_MAIN, TOKEN], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=store_err,
+                             env=dict(os.environ, **extra))
+    store_err.close()
+    try:
+        store_port = int(store.stdout.readline())
+        started = time.monotonic()
+        _flood(port, FLOOD)
+        _flood(store_port, FLOOD)
+        # real clients are still served
+        sock = wire.connect(endpoint, TOKEN, timeout=10, io_timeout=10)
+        try:
+            wire.send_frame(sock, {"op": "stats"})
+            stats = wire.recv_frame(sock)[0]
+        finally:
+            sock.close()
+        assert stats["op"] == "ok" and stats["dropped_connections"] == FLOOD
+        client = StoreClient(f"127.0.0.1:{store_port}", TOKEN, timeout=10)
+        try:
+            client.set("k", b"v")
+            assert client.get("k") == b"v"
+        finally:
+            client.close()
+        # the last interval's summary is written by a timer
+        store_log = tmp_path / "store.err"
+        wait_for(lambda: _accounted(log.read_text(), "dropped connection from") >= FLOOD,
+                 3 * INTERVAL + 5, "the pserver's summary line")
+        wait_for(lambda: _accounted(store_log.read_text(), "store: dropping") >= FLOOD,
+                 3 * INTERVAL + 5, "the store's summary line")
+        seconds = time.monotonic() - started
+        _check_bounded(log.read_text(), "dropped connection from", seconds)
+        _check_bounded(store_log.read_text(), "store: dropping", seconds)
+    finally:
+        ps.kill()
+        ps.wait()
+        store.stdin.close()
+        try:
+            store.wait(10)
+        except subprocess.TimeoutExpired:
+            store.kill()
+            store.wait()

@@ -107,6 +107,7 @@ class PServer:
         self._ckpt_dir: Optional[Path] = None
         self._lock_fd: Optional[int] = None
         self.dropped = 0
+        self._drop_log = wire.DropLog(log)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._acceptor: Optional[wire.Acceptor] = None
         self._parent = os.getppid()
@@ -182,6 +183,7 @@ class PServer:
                     conn.sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+        self._drop_log.close()
         self.remove_state()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -320,7 +322,7 @@ class PServer:
 
     def _drop(self, peer: str, why) -> None:
         self.dropped += 1
-        log.warning("dropped connection from %s: %s", peer, why)
+        self._drop_log(peer, why)         # rate-limited: a flood must not fill the disk
 
     def _serve(self, sock: socket.socket, peer: str) -> None:
         try:
