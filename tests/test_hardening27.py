@@ -373,3 +373,57 @@ def test_27_6_a_flood_of_bad_connections_is_logged_in_bounded_lines(tmp_path):
         except subprocess.TimeoutExpired:
             store.kill()
             store.wait()
+
+
+# --- 27.15: fluidctl dump with a stopped rank returns the stacks that came --------------------
+
+IDLE_RANK = r'''
+import os, sys, time
+from pathlib import Path
+import fluidctl.runtime as rt
+ctx = rt.init()
+out = Path(sys.argv[1])
+(out / f"pid.{ctx.rank}.tmp").write_text(str(os.getpid()))
+os.replace(out / f"pid.{ctx.rank}.tmp", out / f"pid.{ctx.rank}")
+def idle():
+    while True:
+        time.sleep(0.2)
+idle()
+'''
+
+
+def test_27_15_dump_with_a_stopped_rank_returns_the_others_and_names_it(tmp_path):
+    (tmp_path / "rank.py").write_text(IDLE_RANK)
+    log = tmp_path / "log"
+    env = dict(os.environ, FLUIDCTL_PYSPY="")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    job = subprocess.Popen([sys.executable, "-m", "fluidctl", "train", "--nproc", "3",
+                            "--log-dir", str(log), str(tmp_path / "rank.py"), str(tmp_path)],
+                           cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    pids = []
+    try:
+        wait_for(lambda: all((tmp_path / f"pid.{r}").exists() for r in range(3))
+                 and (log / "job.json").exists(), 60, "three ranks up")
+        pids = [int((tmp_path / f"pid.{r}").read_text()) for r in range(3)]
+        os.kill(pids[1], signal.SIGSTOP)
+        # a short --timeout: a stopped rank must not cost the others their stacks
+        out = subprocess.run([sys.executable, "-m", "fluidctl", "dump", "--log-dir", str(log),
+                              "--timeout", "4"], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, (out.stdout, out.stderr)
+        assert "ranks 0,2 are in idle at rank.py" in out.stdout, out.stdout
+        assert f"rank 1: no stack (did not answer: pid {pids[1]} is stopped" in out.stdout
+        assert job.poll() is None
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        job.send_signal(signal.SIGTERM)
+        try:
+            job.wait(30)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            job.wait()

@@ -4,6 +4,11 @@ The running launcher (``fluidctl train``) keeps its pid in LOG_DIR/job.json; ``f
 sends it SIGUSR1, the launcher takes every rank's stack on every node (the same code as
 ``--hang-timeout``: py-spy, else the runtime's faulthandler signal) into LOG_DIR/dump-<time>/,
 and this command prints the grouped summary it wrote there. The job keeps running.
+
+A rank that cannot answer (stopped with SIGSTOP, or silent for the launcher's deadline) does not
+hold the others back: their stacks are printed and it is named ("rank 1: no stack (did not
+answer: pid N is stopped ...)"); the exit code is 0 whenever stacks were written, 1 when the
+launcher wrote none within --timeout.
 """
 from __future__ import annotations
 
@@ -35,7 +40,9 @@ def _dump_dirs(root: Path):
               help="Seconds to wait for the stacks, e.g. --timeout 120.")
 def dump(log_dir, timeout):
     """Print where every rank of a running job is (Python stacks, ranks grouped by stack);
-    the full stacks go to LOG_DIR/dump-<time>/. The job keeps running."""
+    the full stacks go to LOG_DIR/dump-<time>/. The job keeps running. A rank that does not
+    answer (stopped, hung in the kernel) is named and the others' stacks are printed: exit 0;
+    exit 1 only when no stacks came within --timeout."""
     layout = LogLayout(Path(log_dir))
     try:
         state = json.loads(layout.job_state.read_text())

@@ -108,6 +108,23 @@ def pyspy_dump(pid: int, timeout: float = PYSPY_TIMEOUT, exe: Optional[str] = No
     raise DumpUnavailable(f"py-spy dump --pid {pid} failed: {last}")
 
 
+def stopped(pid: int) -> Optional[str]:
+    """Why ``pid`` cannot answer right now, if it is stopped (SIGSTOP, Ctrl-Z, a debugger):
+    its stack signal would wait until it resumes, and py-spy may block on it. None when it
+    runs (or its state cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        state = stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3].decode()
+    except (OSError, ValueError):
+        return None
+    if state == "T":
+        return f"pid {pid} is stopped (SIGSTOP or Ctrl-Z; kill -CONT {pid} resumes it)"
+    if state == "t":
+        return f"pid {pid} is stopped by a debugger (ptrace)"
+    return None
+
+
 def faulthandler_dump(pid: int, stack_file: Path, timeout: float = 5.0) -> str:
     """Ask a rank that called ``fluidctl.runtime.init()`` to write its stacks (DUMP_SIGNAL)
     into ``stack_file`` and return what it wrote."""

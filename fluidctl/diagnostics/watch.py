@@ -135,14 +135,23 @@ class StackDump:
         return stacks.summary(self.frames, self.why)
 
 
-def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir]) -> StackDump:
-    """Every target's stack, in parallel: py-spy, else the faulthandler signal. (stacks and
+STACKS_DEADLINE = 30.0      # the most one round of stacks takes: late ranks are named instead
+
+
+def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
+                deadline: float = STACKS_DEADLINE) -> StackDump:
+    """Every target's stack, in parallel: py-spy, else the faulthandler signal. A stopped
+    rank is named at once, without asking it; one that has not answered after ``deadline``
+    seconds is named as such, and the stacks that came are returned. (stacks and
     concurrent.futures are imported here, on a hang, not by every launch.)"""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, wait
     from fluidctl.diagnostics import stacks
     dump = StackDump()
 
     def one(t: Target):
+        halted = stacks.stopped(t.pid)
+        if halted:
+            return None, None, f"did not answer: {halted}"
         try:
             return "py-spy", stacks.pyspy_dump(t.pid), None
         except stacks.DumpUnavailable as exc:
@@ -158,8 +167,18 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir]) -> StackDump
         dump.notes.append("no rank of this job can be reached for its stack (the mpi and slurm "
                           "backends start their ranks themselves)")
         return dump
-    with ThreadPoolExecutor(min(8, len(targets))) as pool:
-        for t, (method, text, note) in zip(targets, pool.map(one, targets)):
+    pool = ThreadPoolExecutor(min(8, len(targets)))
+    try:
+        futures = [pool.submit(one, t) for t in targets]
+        wait(futures, timeout=deadline)
+        for t, future in zip(targets, futures):
+            if future.done():
+                try:
+                    method, text, note = future.result()
+                except Exception as exc:        # one rank's trouble is not everyone's
+                    method, text, note = None, None, f"{type(exc).__name__}: {exc}"
+            else:
+                method, text, note = None, None, f"did not answer within {deadline:g}s"
             if note and method and note not in dump.notes:
                 dump.notes.append(note)
             if text is None:
@@ -168,6 +187,8 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir]) -> StackDump
             dump.texts[t.rank], dump.method[t.rank] = text, method
             parse = stacks.parse_pyspy if method == "py-spy" else stacks.parse_faulthandler
             dump.frames[t.rank] = stacks.main_stack(parse(text))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     return dump
 
 
