@@ -427,3 +427,29 @@ def test_27_15_dump_with_a_stopped_rank_returns_the_others_and_names_it(tmp_path
         except subprocess.TimeoutExpired:
             job.kill()
             job.wait()
+
+
+# --- 27.4 (Slurm): kill -9 of the launcher inside an allocation cancels its srun step --------
+
+def test_27_4_kill_9_of_the_launcher_cancels_its_slurm_step(slurm, tmp_path):
+    from launchutil import BEHAVE, read_pids
+    alloc = slurm.allocate(2, 2)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    full = slurm.env(FLUIDCTL_STATE_DIR=str(tmp_path / "state"), **alloc)
+    proc = subprocess.Popen([sys.executable, "-m", "fluidctl", "train", "--backend", "slurm",
+                             BEHAVE, "--pidfile", str(pids), "--hang"], env=full, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ranks = []
+    try:
+        wait_for(lambda: len(list(pids.glob("*.pids"))) == 4, 60, "4 ranks")
+        ranks = read_pids(pids, [0, 1, 2, 3])
+        proc.kill()                                   # kill -9 of the launcher
+        proc.wait()
+        wait_for(lambda: slurm.steps(alloc["SLURM_JOB_ID"]) == [], 30, "no step left")
+        wait_for(lambda: not any(_alive(p) for p in ranks), 30, "every rank gone")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _kill_all(ranks)

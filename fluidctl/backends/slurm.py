@@ -29,6 +29,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from fluidctl import envs
 from fluidctl.backends import slurmctl
 from fluidctl.backends.base import BaseLauncher
+from fluidctl.procs import lifeline
 from fluidctl.procs.local import LocalProcess
 from fluidctl.errors import UsageError
 from fluidctl.diagnostics.failures import Failure
@@ -167,6 +168,7 @@ class SrunStep(LocalProcess):
         super().__init__(role + "s" if role == "trainer" else "pservers", argv, env,
                          str(srun_log(layout, role)),
                          host="slurm", service=service)
+        lifeline.watch_slurm_step(job_id, name)     # scancelled if this launcher is SIGKILLed
 
     def failure(self) -> Failure:
         try:

@@ -66,6 +66,8 @@ def preexec(signum: int = signal.SIGTERM):
 #      trainers' marker (a setsid grandchild, mpirun's ranks and what they started),
 #   3. up to the grace period for the service groups to end, then SIGKILL to them,
 #   4. SIGKILL to everything left that holds any marker of this job, and the directories go.
+# "%JOBID STEPNAME" names a Slurm step the launcher's srun runs: on the launcher's death it is
+# scancelled (after step 2), since srun's tasks run on the nodes, out of reach of any kill here.
 #
 # The marker: every process the launcher starts gets FLUIDCTL_JOB_MARKER=<id>/k (trainers,
 # mpirun) or <id>/t (services) in its environment, and children inherit their environment
@@ -84,6 +86,7 @@ def preexec(signum: int = signal.SIGTERM):
 _WATCH_SH = r"""trap '' INT
 groups=
 soft=
+steps=
 mark=
 grace=5
 paths=
@@ -98,6 +101,8 @@ while IFS= read -r line; do
     ~*) [ "${line#~}" -gt 1 ] && soft="$soft ${line#~}" ;;
     =*[!A-Za-z0-9.-]*|=) ;;
     =*) mark=${line#=} ;;
+    %*[!A-Za-z0-9_.\ -]*|%|%*\ *\ *) ;;
+    %?*\ ?*) s=${line#%}; steps="$steps ${s%% *}:${s#* }" ;;
     !?*) paths="$paths
 ${line#!}" ;;
   esac
@@ -119,6 +124,11 @@ sweep() {
 for g in $soft; do kill -s TERM -- "-$g" 2>/dev/null; done
 for g in $groups; do kill -s KILL -- "-$g" 2>/dev/null; done
 sweep k
+for s in $steps; do
+  squeue -h -s -j "${s%%:*}" -o "%i %j" 2>/dev/null | while read -r id nm; do
+    [ "$nm" = "${s#*:}" ] && scancel "$id" 2>/dev/null
+  done
+done
 if [ -n "$soft" ]; then
   i=0
   while [ $i -lt $((grace * 20)) ]; do
@@ -205,6 +215,13 @@ def watch(pgid: int, service: bool = False) -> None:
     (``service``: a pserver, stopped with SIGTERM and the grace period)."""
     if _current is not None:
         _current.add(pgid, service)
+
+
+def watch_slurm_step(job_id: str, name: str) -> None:
+    """Tell the running watchdog (if any) to scancel step ``name`` of job ``job_id`` if this
+    launcher dies (its srun is killed with it, and the step's tasks are on the nodes)."""
+    if _current is not None:
+        _current._send(f"%{job_id} {name}\n")
 
 
 def marker_env(service: bool = False) -> Dict[str, str]:
