@@ -83,6 +83,7 @@ PYSPY = "FLUIDCTL_PYSPY"                # py-spy to use for stack dumps; empty: 
 SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process_vm_readv)
 WORKER_ECHO = "FLUIDCTL_WORKER_ECHO"    # "0": fluidctl worker writes its log only, not stdout
 HANDSHAKE_TIMEOUT = "FLUIDCTL_HANDSHAKE_TIMEOUT"  # seconds a new peer has to authenticate (10)
+DROP_LOG_INTERVAL = "FLUIDCTL_DROP_LOG_INTERVAL"  # seconds per summary of dropped peers (10)
 # --- OpenMPI (read only) --------------------------------------------------------------------
 OMPI_RANK = "OMPI_COMM_WORLD_RANK"
 OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"

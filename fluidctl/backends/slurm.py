@@ -165,16 +165,10 @@ class SrunStep(LocalProcess):
     def __init__(self, argv: List[str], env: Mapping[str, str], layout: LogLayout, *,
                  job_id: str, name: str, role: str = "trainer", service: bool = False):
         self.layout, self.job_id, self.step, self.role = layout, job_id, name, role
-        # if this launcher is SIGKILLed, the step is scancelled (srun may die before it can)
-        self._step_watchdog = lifeline.watch_slurm_step(
-            job_id, name, slurmctl.find("squeue"), slurmctl.find("scancel"))
-        try:
-            super().__init__(role + "s" if role == "trainer" else "pservers", argv, env,
-                             str(srun_log(layout, role)),
-                             host="slurm", service=service)
-        except BaseException:
-            self._step_watchdog.close()
-            raise
+        super().__init__(role + "s" if role == "trainer" else "pservers", argv, env,
+                         str(srun_log(layout, role)),
+                         host="slurm", service=service)
+        lifeline.watch_slurm_step(job_id, name)     # scancelled if this launcher is SIGKILLed
 
     def failure(self) -> Failure:
         try:
@@ -190,11 +184,6 @@ class SrunStep(LocalProcess):
     def kill(self) -> None:
         super().kill()
         cancel_step(self.job_id, self.step)
-
-    def close(self) -> None:
-        super().close()
-        self._step_watchdog.close()
-
 
 def cancel_step(job_id: str, name: str) -> None:
     """scancel the step of this job named ``name``, if Slurm still lists it."""

@@ -22,6 +22,8 @@ Examples:
               help="Seconds to wait for the stacks, e.g. --timeout 120.")
 def dump(log_dir, timeout):
     """Print where every rank of a running job is (Python stacks, ranks grouped by stack);
-    the full stacks go to LOG_DIR/dump-<time>/. The job keeps running."""
+    the full stacks go to LOG_DIR/dump-<time>/. The job keeps running. A rank that does not
+    answer (stopped, hung in the kernel) is named and the others' stacks are printed: exit 0;
+    exit 1 only when no stacks came within --timeout."""
     from fluidctl.diagnostics.dump import run
     run(log_dir, timeout)

@@ -40,6 +40,12 @@ class Reporter:
         self._stack = open(diag.stack(rank), "ab", buffering=0)
         import faulthandler
         faulthandler.register(DUMP_SIGNAL, file=self._stack, all_threads=True, chain=False)
+        # SA_RESTART (faulthandler sets it too; this keeps it so whatever installed it): a
+        # read, write or wait the signal lands in resumes instead of failing with EINTR. A
+        # few calls are never restarted by the kernel (sleep/nanosleep, poll, select,
+        # epoll_wait: signal(7)); they return early, which is why the launcher treats a
+        # hang it found as a hang, whatever a rank does after its stack was taken.
+        signal.siginterrupt(DUMP_SIGNAL, False)
 
     def bump(self) -> None:
         self.count += 1

@@ -108,6 +108,23 @@ def pyspy_dump(pid: int, timeout: float = PYSPY_TIMEOUT, exe: Optional[str] = No
     raise DumpUnavailable(f"py-spy dump --pid {pid} failed: {last}")
 
 
+def stopped(pid: int) -> Optional[str]:
+    """Why ``pid`` cannot answer right now, if it is stopped (SIGSTOP, Ctrl-Z, a debugger):
+    its stack signal would wait until it resumes, and py-spy may block on it. None when it
+    runs (or its state cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        state = stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3].decode()
+    except (OSError, ValueError):
+        return None
+    if state == "T":
+        return f"pid {pid} is stopped (SIGSTOP or Ctrl-Z; kill -CONT {pid} resumes it)"
+    if state == "t":
+        return f"pid {pid} is stopped by a debugger (ptrace)"
+    return None
+
+
 def faulthandler_dump(pid: int, stack_file: Path, timeout: float = 5.0) -> str:
     """Ask a rank that called ``fluidctl.runtime.init()`` to write its stacks (DUMP_SIGNAL)
     into ``stack_file`` and return what it wrote."""
@@ -115,26 +132,30 @@ def faulthandler_dump(pid: int, stack_file: Path, timeout: float = 5.0) -> str:
         raise DumpUnavailable("the rank did not call fluidctl.runtime.init(), so it has no "
                               "faulthandler dump signal (install py-spy: pip install "
                               "'fluidctl[debug]')")
-    before = stack_file.stat().st_size
     try:
-        os.kill(pid, DUMP_SIGNAL)
-    except OSError as exc:
-        raise DumpUnavailable(f"could not signal pid {pid}: {exc.strerror}") from None
-    deadline = time.monotonic() + timeout
-    size, stable_since = before, None
-    while time.monotonic() < deadline:      # faulthandler writes from the signal handler,
-        now = stack_file.stat().st_size     # without a completion mark: wait until it settles
-        if now != size:
-            size, stable_since = now, time.monotonic()
-        elif size > before and stable_since and time.monotonic() - stable_since > 0.2:
-            break
-        time.sleep(0.02)
-    if size <= before:
-        raise DumpUnavailable(f"pid {pid} wrote no stack within {timeout:g}s (stuck in native "
-                              "code that holds the GIL? py-spy can still read it)")
-    with open(stack_file, "rb") as f:
-        f.seek(before)
-        return f.read().decode("utf-8", errors="replace")
+        before = stack_file.stat().st_size
+        try:
+            os.kill(pid, DUMP_SIGNAL)
+        except OSError as exc:
+            raise DumpUnavailable(f"could not signal pid {pid}: {exc.strerror}") from None
+        deadline = time.monotonic() + timeout
+        size, stable_since = before, None
+        while time.monotonic() < deadline:      # faulthandler writes from the signal handler,
+            now = stack_file.stat().st_size     # without a completion mark: wait until it settles
+            if now != size:
+                size, stable_since = now, time.monotonic()
+            elif size > before and stable_since and time.monotonic() - stable_since > 0.2:
+                break
+            time.sleep(0.02)
+        if size <= before:
+            raise DumpUnavailable(f"pid {pid} wrote no stack within {timeout:g}s (stopped, or "
+                                  "stuck in native code that holds the GIL? py-spy can still "
+                                  "read it)")
+        with open(stack_file, "rb") as f:
+            f.seek(before)
+            return f.read().decode("utf-8", errors="replace")
+    except OSError as exc:                      # the job ended meanwhile: its files went
+        raise DumpUnavailable(f"the stack file of pid {pid} is gone ({exc.strerror})") from None
 
 
 # --- reading stacks --------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from fluidctl.diagnostics.failures import Failure, end_record, log_tail
 from fluidctl.paths import DiagDir, hang_dir, write_atomic
 
 HANG_EXIT = 124             # the job was stopped because it hung (timeout(1)'s code)
+HANG_REPORT_TIMEOUT = 120.0  # the most a finished job waits for its hang report (stacks)
 TRIAGE_TAIL = 200           # log lines searched for a traceback or an NCCL error
 
 
@@ -122,14 +123,23 @@ class StackDump:
         return stacks.summary(self.frames, self.why)
 
 
-def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir]) -> StackDump:
-    """Every target's stack, in parallel: py-spy, else the faulthandler signal. (stacks and
+STACKS_DEADLINE = 30.0      # the most one round of stacks takes: late ranks are named instead
+
+
+def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
+                deadline: float = STACKS_DEADLINE) -> StackDump:
+    """Every target's stack, in parallel: py-spy, else the faulthandler signal. A stopped
+    rank is named at once, without asking it; one that has not answered after ``deadline``
+    seconds is named as such, and the stacks that came are returned. (stacks and
     concurrent.futures are imported here, on a hang, not by every launch.)"""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, wait
     from fluidctl.diagnostics import stacks
     dump = StackDump()
 
     def one(t: Target):
+        halted = stacks.stopped(t.pid)
+        if halted:
+            return None, None, f"did not answer: {halted}"
         try:
             return "py-spy", stacks.pyspy_dump(t.pid), None
         except stacks.DumpUnavailable as exc:
@@ -145,8 +155,18 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir]) -> StackDump
         dump.notes.append("no rank of this job can be reached for its stack (the mpi and slurm "
                           "backends start their ranks themselves)")
         return dump
-    with ThreadPoolExecutor(min(8, len(targets))) as pool:
-        for t, (method, text, note) in zip(targets, pool.map(one, targets)):
+    pool = ThreadPoolExecutor(min(8, len(targets)))
+    try:
+        futures = [pool.submit(one, t) for t in targets]
+        wait(futures, timeout=deadline)
+        for t, future in zip(targets, futures):
+            if future.done():
+                try:
+                    method, text, note = future.result()
+                except Exception as exc:        # one rank's trouble is not everyone's
+                    method, text, note = None, None, f"{type(exc).__name__}: {exc}"
+            else:
+                method, text, note = None, None, f"did not answer within {deadline:g}s"
             if note and method and note not in dump.notes:
                 dump.notes.append(note)
             if text is None:
@@ -155,6 +175,8 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir]) -> StackDump
             dump.texts[t.rank], dump.method[t.rank] = text, method
             parse = stacks.parse_pyspy if method == "py-spy" else stacks.parse_faulthandler
             dump.frames[t.rank] = stacks.main_stack(parse(text))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     return dump
 
 
@@ -195,15 +217,20 @@ class Watchdog(threading.Thread):
         self._halt = threading.Event()   # not _stop: that is Thread._stop, which os.fork calls
 
     def run(self) -> None:
-        last, since = self.activity(), time.monotonic()
-        while not self._halt.wait(self.poll):
-            now_seen = self.activity()
-            now = time.monotonic()
-            if now_seen != last:
-                last, since = now_seen, now
-            elif now - since >= self.timeout:
-                self.on_hang()
-                return
+        try:
+            last, since = self.activity(), time.monotonic()
+            while not self._halt.wait(self.poll):
+                now_seen = self.activity()
+                now = time.monotonic()
+                if now_seen != last:
+                    last, since = now_seen, now
+                elif now - since >= self.timeout:
+                    self.on_hang()
+                    return
+        except Exception as exc:     # never a traceback from here: say it, in one line
+            import sys
+            print(f"fluidctl: the hang watchdog stopped: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
 
     def stop(self) -> None:
         self._halt.set()

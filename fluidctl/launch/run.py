@@ -125,7 +125,7 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
     if fresh:
         fresh_logs(logs)
     local.become_subreaper()
-    lifeline.start_watchdog()           # kills the job's process groups if we are SIGKILLed
+    lifeline.start_watchdog(options.grace_period)   # stops the job if we are SIGKILLed
     if diagnostics:
         lifeline.remove_on_death(diagnostics.diag.root)     # and removes its /dev/shm dir
     echo = LogEcho(shown.sources, shown.out, watchers.on_broken, from_end=not fresh,
@@ -149,6 +149,8 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
         if watch:
             watch.start()
         result = supervisor.run()
+        if watch:
+            result = watch.settle(result)
     finally:
         beating.set()
         lifeline.stop_watchdog()
@@ -182,6 +184,8 @@ class _Watch:
         self.dog = None
         self._requests = threading.Event()
         self._done = threading.Event()
+        self._hung_at = threading.Event()      # a hang was found: the job ends as one
+        self._hang_taken = threading.Event()   # ... and its report is written
         self._previous = None
 
     def start(self) -> None:
@@ -214,21 +218,53 @@ class _Watch:
                                         self.d.hosts(handles))
         return dump, where
 
+    def _why(self) -> str:
+        return (f"no rank wrote to its log and no collective completed for "
+                f"{self.d.hang_timeout:g}s")
+
     def _hung(self) -> None:
+        """The watchdog found a hang: take the stacks, report, abort with HANG_EXIT. Taking
+        a stack may wake a rank (the faulthandler signal ends a sleeping C call early) and
+        let the job end by itself meanwhile: ``settle`` turns that end into the hang it was.
+        Never raises (the watchdog thread must not die with a traceback)."""
         from fluidctl.diagnostics import watch as diagnose
-        why = (f"no rank wrote to its log and no collective completed for "
-               f"{self.d.hang_timeout:g}s")
-        self.launch_log(f"hang: {why}; taking every rank's stack")
+        self._hung_at.set()
+        why = self._why()
         header = f"fluidctl: the job hung: {why}"
         try:
-            dump, where = self._dump("hang", header)
-            lines = dump.summary()
+            self.launch_log(f"hang: {why}; taking every rank's stack")
+            try:
+                dump, where = self._dump("hang", header)
+                lines, notes = dump.summary(), list(dump.notes)
+            except Exception as exc:             # no stacks: the hang is still reported
+                where, lines = None, []
+                notes = [f"the stacks could not be taken: {type(exc).__name__}: {exc}"]
+                self.launch_log(f"hang: {notes[0]}")
             self.hang = {"why": why, "dir": str(where) if where else None,
-                         "summary": lines, "notes": dump.notes}
+                         "summary": lines, "notes": notes}
             if self.on_hang:
-                self.on_hang([header] + lines + [f"note: {n}" for n in dump.notes], where)
+                self.on_hang([header] + lines + [f"note: {n}" for n in notes], where)
+        except Exception as exc:
+            try:
+                self.launch_log(f"hang report failed: {type(exc).__name__}: {exc}")
+            except Exception:
+                pass
         finally:
+            self._hang_taken.set()
             self.supervisor.abort(diagnose.HANG_EXIT, f"hung ({why})")
+
+    def settle(self, result: RunResult) -> RunResult:
+        """A hang found ends as a hang (exit 124, its report), whatever the ranks did after
+        their stacks were taken (exited 0, or failed because the signal woke them)."""
+        from fluidctl.diagnostics import watch as diagnose
+        if not self._hung_at.is_set() or result.exit_code == diagnose.HANG_EXIT:
+            return result
+        self._hang_taken.wait(diagnose.HANG_REPORT_TIMEOUT)
+        why = self._why()
+        self.launch_log(f"the job ended while its hang was being reported; it hung ({why})")
+        import dataclasses
+        return dataclasses.replace(result, exit_code=diagnose.HANG_EXIT, failure=None,
+                                   signal=None, aborted=f"hung ({why})")
 
     def _serve_dumps(self) -> None:
         while True:

@@ -10,9 +10,10 @@ launcher or a node agent starts, and by pservers themselves as a second line (th
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import signal
-from typing import Optional
+from typing import Dict, Optional
 
 PR_SET_PDEATHSIG = 1
 _libc = None
@@ -53,48 +54,119 @@ def preexec(signum: int = signal.SIGTERM):
 
 # --- the watchdog: for whatever re-parents ------------------------------------------------
 # PR_SET_PDEATHSIG reaches only the direct child. A worker's own children (its process group)
-# would be re-parented to init when the launcher is SIGKILLed. The watchdog is a tiny process
-# the launcher starts with a pipe on its stdin; the launcher sends it "+PGID" for every
-# process group it starts, "!PATH" for every directory of the job's that must not outlive it
-# (the diagnostics directory in /dev/shm), and "done" at a normal end. EOF without "done" means
-# the launcher died: the watchdog SIGKILLs every group it was told about, removes the
-# directories, then exits.
+# would be re-parented to init when the launcher is SIGKILLed, and so would a descendant that
+# left the group (setsid) and everything mpirun started. The watchdog is a tiny process the
+# launcher starts with a pipe on its stdin; the launcher sends it "@SECONDS" (the grace
+# period), "+PGID" for every trainer's process group, "~PGID" for every pserver's (a service:
+# it checkpoints on SIGTERM), "=MARKER" (this job's marker, below), "!PATH" for every
+# directory of the job's that must not outlive it (the diagnostics directory in /dev/shm),
+# and "done" at a normal end. EOF without "done" means the launcher died; then, in order:
+#   1. SIGTERM to every service group (their checkpoint starts at once),
+#   2. SIGKILL to every trainer group, and to every process whose environment holds the
+#      trainers' marker (a setsid grandchild, mpirun's ranks and what they started),
+#   3. up to the grace period for the service groups to end, then SIGKILL to them,
+#   4. SIGKILL to everything left that holds any marker of this job, and the directories go.
+# "%JOBID STEPNAME" names a Slurm step the launcher's srun runs: on the launcher's death it is
+# scancelled (after step 2), since srun's tasks run on the nodes, out of reach of any kill here.
+#
+# The marker: every process the launcher starts gets FLUIDCTL_JOB_MARKER=<id>/k (trainers,
+# mpirun) or <id>/t (services) in its environment, and children inherit their environment
+# whatever they do to their process group or session, and wherever mpirun starts them on
+# this machine. Why not the alternatives: the subreaper is the launcher itself (dead by then,
+# so orphans go to init), a process group is left with one setsid(), and a cgroup of our own
+# needs a delegated cgroup tree, which most machines and containers do not give a user. A
+# process that scrubs its own environment escapes; one that changes only a variable's value
+# keeps the marker, since /proc/PID/environ holds the environment it was started with.
 
 # POSIX sh, not Python: the watchdog starts with every launch, and sh is ready in about a
 # millisecond where an interpreter costs ~35 ms of CPU (on two cores, beside the launch itself)
 # and, if the job is short, makes the launcher wait at the end for it to have started at all.
 # Group ids below 2 are refused: "kill -- -1" would mean every process we may signal; so is
-# the path "/".
+# the path "/"; a marker is letters, digits, "-" and "." only.
 _WATCH_SH = r"""trap '' INT
 groups=
+soft=
+steps=
+mark=
+grace=5
 paths=
 while IFS= read -r line; do
   case $line in
     done) exit 0 ;;
+    @*[!0-9]*|@) ;;
+    @*) grace=${line#@} ;;
     +*[!0-9]*|+) ;;
     +*) [ "${line#+}" -gt 1 ] && groups="$groups ${line#+}" ;;
+    ~*[!0-9]*|~) ;;
+    ~*) [ "${line#~}" -gt 1 ] && soft="$soft ${line#~}" ;;
+    =*[!A-Za-z0-9.-]*|=) ;;
+    =*) mark=${line#=} ;;
+    %*[!A-Za-z0-9_.\ -]*|%|%*\ *\ *) ;;
+    %?*\ ?*) s=${line#%}; steps="$steps ${s%% *}:${s#* }" ;;
     !?*) paths="$paths
 ${line#!}" ;;
   esac
 done
+sweep() {
+  [ -n "$mark" ] || return 0
+  n=0
+  while [ $n -lt 10 ]; do
+    found=
+    for f in $(grep -laF -e "FLUIDCTL_JOB_MARKER=$mark/$1" /proc/[0-9]*/environ 2>/dev/null); do
+      p=${f#/proc/}; p=${p%/environ}
+      [ "$p" = "$$" ] && continue
+      kill -s KILL "$p" 2>/dev/null && found=1
+    done
+    [ -n "$found" ] || return 0
+    n=$((n+1))
+  done
+}
+for g in $soft; do kill -s TERM -- "-$g" 2>/dev/null; done
 for g in $groups; do kill -s KILL -- "-$g" 2>/dev/null; done
+sweep k
+for s in $steps; do
+  squeue -h -s -j "${s%%:*}" -o "%i %j" 2>/dev/null | while read -r id nm; do
+    [ "$nm" = "${s#*:}" ] && scancel "$id" 2>/dev/null
+  done
+done
+if [ -n "$soft" ]; then
+  i=0
+  while [ $i -lt $((grace * 20)) ]; do
+    alive=
+    for g in $soft; do kill -s 0 -- "-$g" 2>/dev/null && alive=1; done
+    [ -n "$alive" ] || break
+    sleep 0.05
+    i=$((i+1))
+  done
+  for g in $soft; do kill -s KILL -- "-$g" 2>/dev/null; done
+fi
+sweep ''
 printf '%s\n' "$paths" | while IFS= read -r p; do
   case $p in ""|/) ;; *) rm -rf -- "$p" ;; esac
 done
 exit 0
 """
 
+MARKER = "FLUIDCTL_JOB_MARKER"
+
 
 class Watchdog:
-    def __init__(self):
+    def __init__(self, grace: float = 5.0):
         import subprocess
+        env = {k: v for k, v in os.environ.items() if k != MARKER}   # never its own target
         self._proc = subprocess.Popen(
-            ["/bin/sh", "-c", _WATCH_SH, "fluidctl-watchdog"],
+            ["/bin/sh", "-c", _WATCH_SH, "fluidctl-watchdog"], env=env,
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, close_fds=True)   # no terminal signal reaches it
+        self.marker = f"{os.getpid()}-{os.urandom(6).hex()}"
+        self._send(f"@{max(1, int(math.ceil(grace)))}\n={self.marker}\n")
 
-    def add(self, pgid: int) -> None:
-        self._send(f"+{pgid}\n")
+    def add(self, pgid: int, service: bool = False) -> None:
+        self._send(f"{'~' if service else '+'}{pgid}\n")
+
+    def env(self, service: bool = False) -> Dict[str, str]:
+        """What a process this launcher starts carries in its environment (see above)."""
+        return {MARKER: f"{self.marker}/{'t' if service else 'k'}"}
 
     def remove_on_death(self, path) -> None:
         self._send(f"!{path}\n")
@@ -123,9 +195,11 @@ class Watchdog:
 _current: Optional[Watchdog] = None
 
 
-def start_watchdog() -> Watchdog:
+def start_watchdog(grace: float = 5.0) -> Watchdog:
+    """``grace``: how long pservers (services) get to checkpoint after SIGTERM if the
+    launcher dies, before SIGKILL."""
     global _current
-    _current = Watchdog()
+    _current = Watchdog(grace)
     return _current
 
 
@@ -136,45 +210,27 @@ def stop_watchdog() -> None:
         _current = None
 
 
-def watch(pgid: int) -> None:
-    """Tell the running watchdog (if any) about a process group this launcher started."""
+def watch(pgid: int, service: bool = False) -> None:
+    """Tell the running watchdog (if any) about a process group this launcher started
+    (``service``: a pserver, stopped with SIGTERM and the grace period)."""
     if _current is not None:
-        _current.add(pgid)
+        _current.add(pgid, service)
+
+
+def watch_slurm_step(job_id: str, name: str) -> None:
+    """Tell the running watchdog (if any) to scancel step ``name`` of job ``job_id`` if this
+    launcher dies (its srun is killed with it, and the step's tasks are on the nodes)."""
+    if _current is not None:
+        _current._send(f"%{job_id} {name}\n")
+
+
+def marker_env(service: bool = False) -> Dict[str, str]:
+    """The job marker for the environment of a process this launcher starts ({} without a
+    running watchdog)."""
+    return _current.env(service) if _current is not None else {}
 
 
 def remove_on_death(path) -> None:
     """Tell the running watchdog (if any) to remove directory ``path`` if this launcher dies."""
     if _current is not None:
         _current.remove_on_death(path)
-
-
-# --- a Slurm step's watchdog: scancel the step if the launcher dies -------------------------
-# An srun step lives in slurmstepd on the nodes, not in any process group of ours: SIGKILL of
-# srun (by the watchdog above, or with its launcher) leaves the step and its ranks running
-# until the allocation ends. srun cancels its step on the parent-death SIGTERM, unless it is
-# SIGKILLed first. So each step gets its own tiny watchdog, in its own session: EOF on its
-# stdin without "done" means the launcher died; it then finds the step by its unique name
-# (squeue -s) and scancels JOBID.STEPID (Slurm sends SIGTERM, then SIGKILL after KillWait).
-_STEP_WATCH_SH = r"""trap '' INT
-while IFS= read -r line; do [ "$line" = done ] && exit 0; done
-"$3" -h -s -j "$1" -o '%i %j' 2>/dev/null | while read -r step name; do
-  [ "$name" = "$2" ] && "$4" "$step" 2>/dev/null
-done
-exit 0
-"""
-
-
-class _StepWatchdog(Watchdog):
-    def __init__(self, argv):
-        import subprocess
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, start_new_session=True,
-                                      close_fds=True)
-
-
-def watch_slurm_step(job_id: str, name: str, squeue: str, scancel: str) -> Watchdog:
-    """Start the watchdog that scancels step ``name`` of job ``job_id`` if this launcher dies
-    (``squeue``/``scancel``: the clients' paths). Returns it; ``close()`` it when the step has
-    ended normally (it then exits without cancelling anything)."""
-    return _StepWatchdog(["/bin/sh", "-c", _STEP_WATCH_SH, "fluidctl-step-watchdog",
-                          str(job_id), name, squeue, scancel])

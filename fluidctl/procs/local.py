@@ -66,13 +66,15 @@ class LocalProcess:
         self.rank: Optional[int] = None      # a trainer's global rank (for stack dumps)
         with open(log, "ab", buffering=0) as out:
             # the child dies with this launcher (a pserver gets SIGTERM: it checkpoints)
-            self.popen = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+            env = {k: v for k, v in env.items() if k != lifeline.MARKER}
+            env.update(lifeline.marker_env(service))    # found by the watchdog, wherever
+            self.popen = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                           stdout=out, stderr=subprocess.STDOUT,
                                           start_new_session=True, close_fds=True,
                                           pass_fds=pass_fds, preexec_fn=lifeline.preexec(
                                               signal.SIGTERM if service else signal.SIGKILL))
         self.pid = self.popen.pid
-        lifeline.watch(self.pid)                # its session's group, grandchildren included
+        lifeline.watch(self.pid, service)       # its session's group, grandchildren included
         try:
             self._pidfd: Optional[int] = os.pidfd_open(self.pid)
         except (AttributeError, OSError):

@@ -42,6 +42,7 @@ class StoreServer:
         self._cond = threading.Condition()
         self._closed = False
         self._active = 0
+        self._drop_log = wire.DropLog(log, "store: dropping", prefix="store: ")
         self._sock = listen(host, port)
         self.port = self._sock.getsockname()[1]
         self._acceptor = wire.Acceptor([self._sock], token, self._on_peer, self._on_drop,
@@ -60,6 +61,7 @@ class StoreServer:
         with self._cond:
             self._cond.notify_all()
         self._acceptor.close()
+        self._drop_log.close()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -67,7 +69,7 @@ class StoreServer:
         self._sock.close()
 
     def _on_drop(self, addr, why: str) -> None:
-        log.warning("store: dropping %s:%s: %s", addr[0], addr[1], why)
+        self._drop_log(f"{addr[0]}:{addr[1]}", why)     # rate-limited
 
     def _on_peer(self, conn: socket.socket, addr) -> None:
         with self._cond:
@@ -89,7 +91,7 @@ class StoreServer:
                     reply, value = {"ok": False, "error": f"bad request: {exc}"}, None
                 wire.send_frame(conn, reply, [value] if value else [])
         except (OSError, wire.WireError) as exc:
-            log.warning("store: dropping %s:%s: %s", addr[0], addr[1], exc)
+            self._drop_log(f"{addr[0]}:{addr[1]}", exc)
         finally:
             conn.close()
             with self._cond:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import socket
 import selectors
@@ -41,6 +42,8 @@ PREFIX = struct.Struct(">2sBBIQ")
 MAX_HEADER = 1 << 20                                   # 1 MiB of msgpack is plenty
 MAX_PAYLOAD = int(os.environ.get("FLUIDCTL_MAX_FRAME", str(4 << 30)))  # 4 GiB
 HANDSHAKE_TIMEOUT = float(os.environ.get(envs.HANDSHAKE_TIMEOUT) or 10.0)  # whole handshake
+DROP_LOG_INTERVAL = float(os.environ.get(envs.DROP_LOG_INTERVAL) or 10.0)
+DROP_LOG_FIRST = 5                                     # drops logged one by one per burst
 PREAUTH_MAX_HEADER = 256                               # an auth reply is ~90 bytes of msgpack
 MAX_PENDING = 128                                      # unauthenticated connections per server
 MAX_PENDING_PER_PEER = 8                               # ... and per peer address
@@ -266,20 +269,95 @@ def client_handshake(sock: socket.socket, token: Optional[str],
         sock.settimeout(old)
 
 
-def connect(endpoint: str, token: Optional[str], timeout: float = HANDSHAKE_TIMEOUT
-            ) -> socket.socket:
-    """Open an authenticated connection to ``host:port`` (TCP_NODELAY set)."""
+def connect(endpoint: str, token: Optional[str], timeout: float = HANDSHAKE_TIMEOUT,
+            io_timeout: Optional[float] = None) -> socket.socket:
+    """Open an authenticated connection to ``host:port`` (TCP_NODELAY set). ``io_timeout``
+    bounds every later send and receive on it (``socket.timeout`` when the peer stays silent
+    that long); None leaves them unbounded, for callers that set their own deadline."""
     host, _, port = endpoint.rpartition(":")
     sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         client_handshake(sock, token, timeout)
-        sock.settimeout(None)
+        sock.settimeout(io_timeout)
         return sock
     except BaseException:
         sock.close()
         raise
 
+
+
+# --- dropped peers: logged, but never faster than a disk can take --------------------------
+
+class DropLog:
+    """Log dropped connections without letting whoever can reach a port fill the disk.
+
+    The first ``first`` drops of a burst get a line each; later ones are counted and summed up
+    in one line per ``interval`` ("dropped 1995 more connections from 10.0.0.7, 10.0.0.9 in
+    the last 10 s"), written by a timer when the interval is over. A burst ends once an
+    interval passes without a drop beyond the first few: the next drop is logged again."""
+
+    MAX_ADDRESSES = 5
+
+    def __init__(self, logger: logging.Logger, what: str = "dropped connection from",
+                 first: int = DROP_LOG_FIRST, interval: Optional[float] = None,
+                 prefix: str = ""):
+        self.log, self.what, self.first, self.prefix = logger, what, first, prefix
+        self.interval = DROP_LOG_INTERVAL if interval is None else interval
+        self._lock = threading.Lock()
+        self._window = -float("inf")       # when the current interval began
+        self._logged = 0                   # lines written in it
+        self._count = 0                    # drops summed up, not yet written
+        self._hosts: Dict[str, None] = {}
+        self._others = False
+        self._timer: Optional[threading.Timer] = None
+
+    def __call__(self, peer: str, why) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._window >= self.interval and not self._count:
+                self._window, self._logged = now, 0
+            if self._logged < self.first:
+                self._logged += 1
+                line = True
+            else:
+                line = False
+                self._count += 1
+                host = peer.rsplit(":", 1)[0]
+                if host in self._hosts or len(self._hosts) < self.MAX_ADDRESSES:
+                    self._hosts[host] = None
+                else:
+                    self._others = True
+                if self._timer is None:
+                    self._timer = threading.Timer(max(0.0, self._window + self.interval - now),
+                                                  self.flush)
+                    self._timer.daemon = True
+                    self._timer.start()
+        if line:
+            self.log.warning("%s %s: %s", self.what, peer, why)
+
+    def flush(self) -> None:
+        """Write the summary of the drops counted so far (the timer calls it)."""
+        with self._lock:
+            self._timer = None
+            count, hosts, others = self._count, list(self._hosts), self._others
+            self._count, self._hosts, self._others = 0, {}, False
+            elapsed = time.monotonic() - self._window
+            if count:                      # the burst goes on: no single lines next interval
+                self._window, self._logged = time.monotonic(), self.first
+        if count:
+            self.log.warning("%sdropped %d more connection%s from %s in the last %.0f s (only "
+                             "the first %d of a burst are logged one by one)", self.prefix, count,
+                             "" if count == 1 else "s",
+                             ", ".join(hosts) + (" and others" if others else ""),
+                             max(elapsed, 1.0), self.first)
+
+    def close(self) -> None:
+        with self._lock:
+            timer = self._timer
+        if timer is not None:
+            timer.cancel()
+        self.flush()
 
 
 # --- many peers: one thread for every pending handshake -----------------------------------

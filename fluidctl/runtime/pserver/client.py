@@ -11,11 +11,15 @@ only the rows of a batch, ``push(ids, grads)`` sends sparse gradients; rows live
 ``id % pservers``.
 
 A pserver that goes away (killed, restarted from its checkpoint) is reconnected with backoff;
-the interrupted request is re-sent after re-registering, so training continues.
+the interrupted request is re-sent after re-registering, so training continues. A pserver that
+stays connected but silent (stopped, hung) for FLUIDCTL_TIMEOUT seconds fails the call with a
+PServerError naming it: every send and receive has that deadline, and a request that
+legitimately waits (a sync round) hears the pserver's ``wait`` frames meanwhile.
 """
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,8 +40,12 @@ STARTUP_QUIET = 5.0            # seconds a first connection may be refused witho
 
 
 def _reply(sock, into: Sequence[np.ndarray] = ()) -> dict:
-    """Read one reply; its payload lands in ``into``. A refusal raises PServerError."""
+    """Read one reply; its payload lands in ``into``. A refusal raises PServerError.
+    ``wait`` frames (the pserver is alive, the request waits for other trainers) are skipped:
+    each one restarts the socket's deadline."""
     header, n = wire.recv_header(sock)
+    while header.get("op") == P.WAIT and n == 0:
+        header, n = wire.recv_header(sock)
     if header.get("op") == P.ERROR:
         wire.drain(sock, n)
         raise PServerError(f"pserver refused the request: {header.get('msg')}")
@@ -67,15 +75,21 @@ class _Link:
         with self.lock:
             delay, down_since = 0.05, None
             while True:
+                calling = False
                 try:
                     if self.sock is None:
-                        self.sock = wire.connect(self.endpoint, self.token)
+                        self.sock = wire.connect(self.endpoint, self.token,
+                                                 timeout=min(wire.HANDSHAKE_TIMEOUT,
+                                                             self.reconnect_timeout),
+                                                 io_timeout=self.reconnect_timeout)
+                        calling = True       # from here on, a silence is the pserver's
                         self.on_connect(self.sock)
                         first, self.connected = not self.connected, True
                         if down_since is not None and not first:
                             self.reconnects += 1
                             log.warning("reconnected to pserver %s after %.1f s", self.endpoint,
                                         time.monotonic() - down_since)
+                    calling = True
                     return fn(self.sock)
                 except wire.AuthError as exc:
                     self.close()
@@ -86,6 +100,11 @@ class _Link:
                     raise
                 except OSError as exc:        # includes WireError and refused connections
                     self.close()
+                    if calling and isinstance(exc, socket.timeout):   # connected, but silent
+                        raise PServerError(
+                            f"pserver {self.endpoint} did not answer within "
+                            f"{self.reconnect_timeout:g} s (stopped or hung? check its "
+                            "serverlog; FLUIDCTL_TIMEOUT sets the limit)") from None
                     now = time.monotonic()
                     if down_since is None:
                         down_since, warned = now, False

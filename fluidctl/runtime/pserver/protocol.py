@@ -17,6 +17,11 @@ spush      trainer, table, n                                           int64 ids
 leave      trainer                                                     (none)
 stats      (none)                                                      -> reply: counters
 =========  ==========================================================  ======================
+
+While a request legitimately waits (a sync round waiting for slower trainers, a registration
+waiting for trainer 0), the pserver sends ``{"op": "wait"}`` frames (no payload) every
+``KEEPALIVE`` seconds at most before the reply; the trainer skips them. A trainer's deadline
+(FLUIDCTL_TIMEOUT) is for a silent pserver, not for a slow round.
 """
 from __future__ import annotations
 
@@ -24,7 +29,8 @@ import numpy as np
 
 REGISTER, STEP, PULL, SPULL, SPUSH, LEAVE, STATS = (
     "register", "step", "pull", "spull", "spush", "leave", "stats")
-OK, ERROR = "ok", "error"
+OK, ERROR, WAIT = "ok", "error", "wait"
+KEEPALIVE = 1.0                # seconds between "wait" frames (at most)
 
 _NUMERIC_KINDS = "biufc"
 

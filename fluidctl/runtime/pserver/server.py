@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import msgpack
 import numpy as np
 
 import fluidctl.runtime.wire as wire
@@ -67,6 +68,8 @@ class _Conn:
     def __init__(self, sock: socket.socket, peer: str):
         self.sock, self.peer = sock, peer
         self.trainer: Optional[int] = None
+        self.send_lock = threading.Lock()     # the reply vs the keepalive thread's "wait"
+        self.waiting = False                  # in a legitimate wait: keepalives are due
         self.buffers: Dict[str, np.ndarray] = {}        # async gradient buffers, reused
 
     def grad_buffers(self, keys, like: List[np.ndarray]) -> List[np.ndarray]:
@@ -105,6 +108,7 @@ class PServer:
         self._ckpt_dir: Optional[Path] = None
         self._lock_fd: Optional[int] = None
         self.dropped = 0
+        self._drop_log = wire.DropLog(log)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._acceptor: Optional[wire.Acceptor] = None
         self._parent = os.getppid()
@@ -160,6 +164,7 @@ class PServer:
         self._acceptor = wire.Acceptor(self.listeners, self.cfg.token, self._on_peer,
                                        lambda addr, why: self._drop(f"{addr[0]}:{addr[1]}", why),
                                        name=f"accept-{self.port}").start()
+        threading.Thread(target=self._keepalive, name="keepalive", daemon=True).start()
         log.info("pserver %d serving %s (%s, %d trainers, max frame %d MiB)",
                  self.cfg.pserver_id, self.endpoint, "sync" if self.cfg.sync else "async",
                  self.cfg.trainers, self.cfg.max_frame >> 20)
@@ -185,6 +190,7 @@ class PServer:
                     conn.sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+        self._drop_log.close()
         self.remove_state()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -198,6 +204,37 @@ class PServer:
         for sock in self.listeners:
             sock.close()
         self.listeners = []
+
+    # --- keepalives: a waiting request is not a silent pserver ------------------------------
+    def _keepalive(self) -> None:
+        """Every KEEPALIVE seconds, a ``wait`` frame to each peer whose request waits for
+        other trainers (or trainer 0's registration), so its deadline is not spent on them."""
+        frame = wire.PREFIX.pack(wire.MAGIC, wire.VERSION, 0, len(_WAIT_HEAD), 0) + _WAIT_HEAD
+        while not self.stop_event.wait(P.KEEPALIVE):
+            with self._conns_lock:
+                conns = [c for c in self._conns.values() if c.waiting]
+            for conn in conns:
+                with conn.send_lock:
+                    if not conn.waiting:
+                        continue
+                    try:                  # never block here: a peer that does not read
+                        sent = conn.sock.send(frame, socket.MSG_DONTWAIT)
+                    except OSError:       # our frames for long is gone; so is a half frame
+                        sent = -1
+                    if sent != len(frame):
+                        try:
+                            conn.sock.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+
+    def _waiting(self, conn: _Conn, wait, *args, **kwargs):
+        """Run ``wait(...)`` (a call that may block on other trainers) with keepalives on."""
+        conn.waiting = True
+        try:
+            return wait(*args, **kwargs)
+        finally:
+            with conn.send_lock:
+                conn.waiting = False
 
     # --- checkpoints --------------------------------------------------------------------
     def _after_update(self, step: int) -> None:
@@ -298,7 +335,7 @@ class PServer:
 
     def _drop(self, peer: str, why) -> None:
         self.dropped += 1
-        log.warning("dropped connection from %s: %s", peer, why)
+        self._drop_log(peer, why)         # rate-limited: a flood must not fill the disk
 
     def _serve(self, sock: socket.socket, peer: str) -> None:
         try:
@@ -351,9 +388,10 @@ class PServer:
         values = [np.empty(shape, dtype) for _, dtype, shape in dense] if init else None
         if values:
             _recv_into(conn.sock, values)
-        step = self.shard.register(trainer, sync=h.get("sync", True), opt_config=h["opt"],
-                                   fingerprint=h.get("fp"), dense=dense, init_values=values,
-                                   sparse=sparse, timeout=self.cfg.register_timeout)
+        step = self._waiting(conn, self.shard.register, trainer, sync=h.get("sync", True),
+                             opt_config=h["opt"], fingerprint=h.get("fp"), dense=dense,
+                             init_values=values, sparse=sparse,
+                             timeout=self.cfg.register_timeout)
         conn.trainer = trainer
         wire.send_frame(conn.sock, {"op": P.OK, "step": step, "pserver_id": self.cfg.pserver_id,
                                     "trainers": self.cfg.trainers})
@@ -365,7 +403,7 @@ class PServer:
         if self.shard.sync:
             bufs = self.shard.grad_buffers(trainer, keys)
             _recv_into(conn.sock, bufs)
-            new_step = self.shard.push_sync(trainer, step)
+            new_step = self._waiting(conn, self.shard.push_sync, trainer, step)
         else:
             bufs = conn.grad_buffers(keys, held)
             _recv_into(conn.sock, bufs)
@@ -420,6 +458,9 @@ def _sparse_meta(m: dict, max_frame: int) -> dict:
         raise BadRequest(f"sparse table {meta['name']!r}: a row of {meta['dim']} columns is "
                          "larger than the frame limit")
     return meta
+
+
+_WAIT_HEAD = msgpack.packb({"op": P.WAIT})
 
 
 def _try_send(sock, header) -> None:
