@@ -60,7 +60,7 @@ def _cli():
             if target is None:
                 return None
             module_name, attr = target.split(":")
-            import importlib        # here: with its warnings import, ~0.3 ms of every start
+            import importlib        # here: with its warnings import, not on every start
             try:
                 module = importlib.import_module(module_name)
             except ModuleNotFoundError as exc:
@@ -88,9 +88,9 @@ def _usage_hint(exc) -> str:
 
 # Commands that run no user code in this process: they exit without the interpreter's last
 # garbage collection over every object imported (gc.freeze moves them out of its reach;
-# atexit handlers, flushes and thread joins still run). ~7 ms of a 60 ms shard-data start-up
-# here, and ~10 ms of the end of every `train` launch (16 -> 5.5 ms from the launcher's last
-# line to its exit, a 4-rank job inside a Slurm allocation; the job runs in other processes).
+# atexit handlers, flushes and thread joins still run): a noticeable part of a small
+# shard-data run and of the end of every `train` launch (the job runs in other processes;
+# figures in docs/architecture.md, "Start-up").
 # Not `worker`: the user's script runs in its process and keeps the normal collection.
 FREEZE_AT_EXIT = ("shard-data", "cluster", "--version", "-V", "--help", "-h", "train")
 

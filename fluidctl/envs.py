@@ -233,7 +233,7 @@ def pserver_env(*, role: str, index: int, trainers: int, pserver_endpoints: Sequ
 class DistEnv(NamedTuple):
     """What a training process learns from its environment (read by ``fluidctl.runtime``).
     Immutable (``env._replace(token=...)`` makes a changed copy). A NamedTuple, not a
-    dataclass: importing dataclasses (and inspect) is ~6 ms of every rank's start-up, and
+    dataclass: importing dataclasses (and inspect) would add to every rank's start-up, and
     every rank of an srun or mpirun job imports this module."""
     rank: int = 0
     world_size: int = 1

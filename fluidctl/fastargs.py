@@ -1,14 +1,14 @@
 """The quick commands' options, declared once, and their plain forms parsed without click.
 
-Importing click (and what it pulls in: inspect, pathlib, typing, ...) is 15-30 ms of start-up,
-as much as some of these commands' work: ``cluster sync`` with one file changed is a few
-hundred ms, most of it the nodes' ssh handshakes, and every ms before the first ``ssh`` starts
-is added to it; ``shard-data`` of a small file is mostly start-up. For the commands in
-``COMMANDS``, an argv made only of the command's options (``--name VALUE``, ``--name=VALUE``,
-``-o VALUE``, flags) and its arguments is parsed here and the command's click-free ``run`` is
-called. Anything else (``--help``, short options run together, an unknown name, a value that
-would not pass click's own check, a missing value) gives None and click parses it as always,
-so every message a user sees about the command line is still click's.
+Importing click (and what it pulls in: inspect, pathlib, typing, ...) costs as much start-up as
+some of these commands' work: ``cluster sync`` with one file changed is mostly the nodes' ssh
+handshakes, and everything before the first ``ssh`` starts is added to it; ``shard-data`` of a
+small file is mostly start-up. For the commands in ``COMMANDS``, an argv made only of the command's
+options (``--name VALUE``, ``--name=VALUE``, ``-o VALUE``, flags) and its arguments is parsed here
+and the command's click-free ``run`` is called. Anything else (``--help``, short options run
+together, an unknown name, a value that would not pass click's own check, a missing value) gives
+None and click parses it as always, so every message a user sees about the command line is still
+click's.
 
 The tables here are the one declaration of these options, help text included:
 ``fluidctl.commands.fastoptions`` builds the click commands' parameters from them, and
@@ -415,5 +415,5 @@ def parse(args):
     if params is None:
         return None
     module, function = command.run.split(":")
-    __import__(module)          # importlib (and the warnings it imports) would be ~0.5 ms more
+    __import__(module)          # not importlib: it imports warnings, more start-up
     return getattr(sys.modules[module], function), params

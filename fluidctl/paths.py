@@ -59,7 +59,7 @@ def _rank_logs(where: Path) -> list:
 class LogLayout(NamedTuple):
     """Where a job's logs are: LOG_DIR (``root``), or a remote node's part of it. (NamedTuples
     here, not dataclasses: every rank's ``fluidctl worker`` imports this module, and importing
-    dataclasses is ~6 ms of its start-up.)"""
+    dataclasses (and inspect) would add to each rank's start-up.)"""
     root: Path
     host: Optional[str] = None          # a remote node's logs live in LOG_DIR/<host>/
 

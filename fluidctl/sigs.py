@@ -1,8 +1,8 @@
 """Signal numbers and the calls that take them, without ``signal.py``'s enum wrappers.
 
 ``import signal`` builds IntEnums for every signal and handler, which imports enum, functools
-and collections: ~4 ms of a quick command's start-up in a plain venv (``cluster sync``,
-``shard-data`` on a small file). ``_signal`` is the C module ``signal.py`` wraps; its numbers are
+and collections: start-up that the quick commands (``cluster sync``, ``shard-data`` on a
+small file) are spared. ``_signal`` is the C module ``signal.py`` wraps; its numbers are
 plain ints and its functions the same ones. Where it is missing (not CPython), signal's.
 """
 try:

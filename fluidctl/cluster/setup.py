@@ -276,7 +276,7 @@ class EnvStatus:
         version installed here (else the one setup installed)."""
         if not self.present:
             return []
-        import importlib.metadata       # 12 ms: not on every ssh launch's way (prefer_venv)
+        import importlib.metadata       # slow to import: not on every ssh launch's way
         out = []
         if self.fluidctl != __version__:
             out.append(f"fluidctl {self.fluidctl or 'missing'} there, {__version__} here")

@@ -10,7 +10,7 @@ fallback), and the ssh processes start before the local tree is listed.
 """
 from __future__ import annotations
 
-import _thread       # not threading: ~4.5 ms of imports (functools, collections) before the ssh
+import _thread       # not threading: its imports (functools, collections) would delay the ssh
 import os
 
 from fluidctl.errors import FluidctlError

@@ -162,7 +162,7 @@ def job_token(token_file: Optional[str]) -> str:
     """--token-file, else $FLUIDCTL_JOB_TOKEN, else a fresh random token."""
     if token_file:
         return envs.read_token_file(token_file)
-    # os.urandom is what secrets.token_hex reads; the secrets module costs ~4 ms to import
+    # os.urandom is what secrets.token_hex reads; the secrets module is slow to import
     return os.environ.get(envs.JOB_TOKEN) or os.urandom(16).hex()
 
 

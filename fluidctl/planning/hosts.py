@@ -17,12 +17,12 @@ from __future__ import annotations
 from fluidctl.errors import UsageError
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:           # annotations only: importing typing is ~3 ms of start-up
+if TYPE_CHECKING:           # annotations only: typing stays off the start-up path
     from typing import Dict, List, Optional, Tuple
 
 # The host grammar, ``[user@](name|[ipv6])[:number]``, and ``key=value`` options, read by hand
-# rather than by regex: importing re is ~2 ms of ``cluster sync``'s time before its first ssh
-# starts. tests/unit/test_hosts.py holds both readers to the regexes they replace.
+# rather than by regex: importing re would delay ``cluster sync``'s first ssh.
+# tests/unit/test_hosts.py holds both readers to the regexes they replace.
 _WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 _NAME_CHARS = _WORD | frozenset(".-")
 _IPV6_CHARS = frozenset("0123456789abcdefABCDEF:.%")
@@ -77,7 +77,7 @@ class Host:
     its log directory; ``address`` is where it is reached (the ssh config's HostName once
     resolved) and is the address written into the endpoints. Immutable; ``replace`` makes a
     changed copy. (A plain class, not a frozen dataclass: importing dataclasses, which imports
-    inspect, is ~6 ms of ``cluster sync``'s time before its first ssh starts.)"""
+    inspect, would delay ``cluster sync``'s first ssh.)"""
     __slots__ = ("name", "address", "port", "user", "slots", "slots_given")
     FIELDS = __slots__
 

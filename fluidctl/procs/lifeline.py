@@ -78,9 +78,9 @@ def preexec(signum: int = signal.SIGTERM):
 # process that scrubs its own environment escapes; one that changes only a variable's value
 # keeps the marker, since /proc/PID/environ holds the environment it was started with.
 
-# POSIX sh, not Python: the watchdog starts with every launch, and sh is ready in about a
-# millisecond where an interpreter costs ~35 ms of CPU (on two cores, beside the launch itself)
-# and, if the job is short, makes the launcher wait at the end for it to have started at all.
+# POSIX sh, not Python: the watchdog starts with every launch, and sh is ready far sooner than
+# an interpreter, whose start would take CPU from the launch itself and, if the job is short,
+# make the launcher wait at the end for it to have started at all.
 # Group ids below 2 are refused: "kill -- -1" would mean every process we may signal; so is
 # the path "/"; a marker is letters, digits, "-" and "." only.
 _WATCH_SH = r"""trap '' INT

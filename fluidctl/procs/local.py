@@ -36,7 +36,7 @@ def become_subreaper() -> bool:
         return False
 
 
-# psutil (~5 ms to import) is loaded only to stop a tree or sweep leftovers: a clean run, whose
+# psutil (slow to import) is loaded only to stop a tree or sweep leftovers: a clean run, whose
 # workers all ended and were reaped, never needs it (see _has_children).
 
 def _tree(pid: int) -> List[psutil.Process]:

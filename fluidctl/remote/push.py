@@ -32,14 +32,14 @@ caller to fall back to SFTP (no ``ssh`` client here, no ``python3`` on the node)
 """
 from __future__ import annotations
 
-import _thread       # threading, with what it imports (functools, collections), is ~4.5 ms
+import _thread       # not threading: it imports functools and collections, start-up time
 import os
 import struct
 
 from fluidctl.sigs import SIGKILL, SIGPIPE, SIGXFSZ
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:           # annotations only: importing typing is ~3 ms of start-up
+if TYPE_CHECKING:           # annotations only: typing stays off the start-up path
     from typing import Callable, List, Optional, Sequence
 
 END = 0xFFFFFFFF
@@ -169,7 +169,7 @@ os._exit(0)     # every file is closed: skip the interpreter's teardown, ssh exi
 # What the node's shell runs (sh, bash, zsh, fish or csh: one exec and quoted words): read the
 # receiver's length, then its code, from stdin. The receiver needs only the standard library,
 # so the system's /usr/bin/python3 is taken where there is one: a version manager's python3
-# shim first on PATH (pyenv, asdf) costs 50-100 ms per start. Else python3 from PATH.
+# shim first on PATH (pyenv, asdf) costs a second interpreter per start. Else python3 from PATH.
 # -I -S: no site-packages, no user environment: faster, and nothing of the node's to import.
 LOADER = "import sys;i=sys.stdin.buffer;exec(i.read(int(i.readline())))"
 _PICK = '[ -x /usr/bin/python3 ] && exec /usr/bin/python3 "$@"; exec python3 "$@"'
@@ -296,7 +296,7 @@ def with_fast_cipher(argvs: Sequence[List[str]]) -> List[List[str]]:
     ~/.ssh/config and /etc/ssh/ssh_config, with what they Include) has a Ciphers line, that is
     known without running anything; else ``ssh -G`` resolves it for each host (Host and Match
     blocks), all hosts at once, and any other Ciphers setting, or an ssh without ``-G``, is left
-    alone. (``ssh -G`` costs ~5 ms and two processes on the way to the first connection.)"""
+    alone. (``ssh -G`` costs two processes on the way to the first connection.)"""
     if not argvs or not _aes_in_hardware():
         return [list(argv) for argv in argvs]
     procs, may_set = [], {}             # every node's argv names the same config, usually
@@ -388,7 +388,7 @@ def scan(files: Sequence[tuple]) -> FileList:
 class _Channel:
     """The ssh process: stdin written raw, stdout read by line, stderr kept for messages.
     Started with ``os.posix_spawnp`` on pipes of its own (ssh closes every other descriptor
-    itself): ``subprocess`` and what it imports would be ~4 ms of ``cluster sync``'s start-up,
+    itself): ``subprocess`` and what it imports would add to ``cluster sync``'s start-up,
     before the first handshake. A thread (``_thread``'s) reads stderr to its end, then reaps ssh."""
 
     def __init__(self, argv: List[str]):
@@ -524,7 +524,7 @@ def connect(ssh_argv: List[str]) -> "_Channel":
 def connect_all(ssh_argvs: Sequence[List[str]]) -> List["_Channel"]:
     """``connect`` for every node, every ssh started before any is given its code or its
     stderr reader: a thread's start waits for the new thread to run, which under load (the
-    first ssh starting on the same CPUs) held the next node's ssh back by up to 4 ms."""
+    first ssh starting on the same CPUs) held the next node's ssh back."""
     channels: List[_Channel] = []
     try:
         for argv in ssh_argvs:

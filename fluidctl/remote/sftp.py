@@ -15,7 +15,7 @@ import posixpath
 import stat
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only: paramiko and pathlib are slow to import, typing ~3 ms
+if TYPE_CHECKING:       # annotations only: paramiko, pathlib and typing stay off the start-up path
     from pathlib import Path
     from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -36,8 +36,8 @@ class FileToSend:
 
 class SyncPlan:
     """What a sync sends, and how many files were already there.
-    (Plain classes, not dataclasses: importing dataclasses costs ``cluster sync`` ~6 ms of CPU
-    during its ssh handshakes, and this module lists its files.)"""
+    (Plain classes, not dataclasses: importing dataclasses costs ``cluster sync`` CPU during
+    its ssh handshakes, and this module lists its files.)"""
 
     def __init__(self, remote_dir: str, send: Optional[List[FileToSend]] = None,
                  unchanged: int = 0):
@@ -53,7 +53,7 @@ class SyncPlan:
 
 def _matcher(patterns: Sequence[str]):
     """One compiled regex for every glob (fnmatch's own translation). re and fnmatch are
-    imported here, for patterns ``_name_tests`` cannot test by name alone (~2 ms otherwise)."""
+    imported here, only for patterns ``_name_tests`` cannot test by name alone."""
     if not patterns:
         return lambda text: False
     import fnmatch

@@ -1,6 +1,6 @@
 """paramiko, imported without invoke.
 
-paramiko.config imports invoke (Fabric's task runner, ~40 ms) at import time only to run
+paramiko.config imports invoke (Fabric's task runner, slow to import) at import time only to run
 ``Match exec`` lines of an ssh config. Every multi-node launch pays for imports before its
 first connection, so invoke is kept out while paramiko loads and brought in by
 ``enable_match_exec`` only for a config that has such a line.

@@ -5,10 +5,9 @@ threads: one thread appends the shard's byte ranges with ``copy_file_range`` -- 
 inside the kernel (a reflink on XFS/btrfs, a server-side copy on NFS), the GIL released -- while
 another reads the same ranges, a cache-sized piece at a time into a reused buffer, and hashes
 and counts them (xxhash and StringZilla hold the GIL, so this side is the one that needs it).
-On this 2-core VM the engine takes 256 MiB into 4 shards in 88.5 ms (median, fresh process)
-where reading each piece once and then writing, hashing and counting it on the same thread took
-100 ms: those threads waited on each other (the hash and the count hold the GIL, and the two
-vCPUs share their vector units). Where the kernel cannot copy between the two files (EXDEV, a
+This beat reading each piece once and then writing, hashing and counting it on the same thread
+(docs/shard-data.md has the figures): those threads waited on each other (the hash and the
+count hold the GIL, and two SMT vCPUs share their vector units). Where the kernel cannot copy between the two files (EXDEV, a
 file system without it) the append falls back to pread/write.
 
 Other writers (--shuffle's records, --equalize pad) tally and write each piece together:
@@ -26,7 +25,7 @@ from fluidctl.sharding.parallel import _Stopped
 from fluidctl.sharding.scan import NEWLINE, count_newlines
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only: typing (with re) is ~4 ms of a small run's start-up
+if TYPE_CHECKING:       # annotations only: typing (and re) stay off a small run's start-up
     from fluidctl.sharding.parallel import StopFlag
     from typing import List, Optional, Tuple
 

@@ -16,7 +16,7 @@ from fluidctl.sharding.plan import Segment, Stream, make_spans, plan_files, plan
 from fluidctl.sharding.staging import Staging, _check_space, _io_error
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only: typing (with re) is ~4 ms of a small run's start-up
+if TYPE_CHECKING:       # annotations only: typing (and re) stay off a small run's start-up
     from fluidctl.sharding.parallel import StopFlag
     from typing import Callable, List, Optional, Sequence, Tuple
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-try:        # json's own C function for strings; json itself imports re (and enum): ~4 ms
+try:        # json's own C function for strings; json itself imports re (and enum)
     from _json import encode_basestring_ascii as _quote
 except ImportError:                                         # pragma: no cover - not CPython
     from json.encoder import encode_basestring_ascii as _quote
@@ -14,7 +14,7 @@ from fluidctl.sharding.inputs import Source, _short
 from fluidctl.sharding.options import ShardOptions, ShardResult
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only: typing (with re) is ~4 ms of a small run's start-up
+if TYPE_CHECKING:       # annotations only: typing (and re) stay off a small run's start-up
     from typing import List
 
 
@@ -45,8 +45,8 @@ def _manifest(opts: ShardOptions, name: str, results: List[ShardResult],
 
 def to_json(value, level: int = 0) -> str:
     """``json.dumps(value, indent=2)``, byte for byte, for what a manifest holds (dicts, lists,
-    strings, numbers, booleans, None), without importing json: json imports re and enum, ~4 ms
-    of a small shard-data run. tests/unit/test_shard_data.py holds it to json.dumps."""
+    strings, numbers, booleans, None), without importing json: json imports re and enum, which a
+    small shard-data run is spared. tests/unit/test_shard_data.py holds it to json.dumps."""
     if isinstance(value, str):
         return _quote(value)
     if value is None or value is True or value is False:

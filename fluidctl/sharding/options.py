@@ -16,8 +16,8 @@ CHECKSUM_CHOICES = (*digest.ALGORITHMS, "none")   # the default, digest.DEFAULT,
 MAX_SUFFIX_LENGTH = 20          # 10**20 shards: more than any file system holds
 
 
-# collections.namedtuple, not typing.NamedTuple or dataclasses: typing (which imports re) is ~4 ms
-# and a dataclass ~0.7 ms to define, and shard-data's start-up is part of its speed.
+# collections.namedtuple, not typing.NamedTuple or dataclasses: typing (which imports re) and a
+# dataclass's definition cost start-up, and shard-data's start-up is part of its speed.
 class ShardOptions(namedtuple("ShardOptions", (
         "inputs", "trainers", "out_dir", "by", "format", "shuffle", "seed", "name",
         "suffix_length", "equalize", "checksum", "force"),

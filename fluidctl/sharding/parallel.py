@@ -1,15 +1,15 @@
 """Running one task per shard on a thread per core, stopping the others at the first error or
 Ctrl-C (the copies release the GIL, so threads are enough).
 
-Plain ``_thread`` workers taking task indices in turn: concurrent.futures (with logging) was a
-fifth of a small shard-data run's start-up, and threading (functools, collections) ~3 ms."""
+Plain ``_thread`` workers taking task indices in turn: concurrent.futures (with logging) and
+threading (functools, collections) are start-up that a small shard-data run is spared."""
 from __future__ import annotations
 
 import _thread
 import os
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:       # annotations only: typing (with re) is ~4 ms of a small run's start-up
+if TYPE_CHECKING:       # annotations only: typing (and re) stay off a small run's start-up
     from typing import Callable, List
 
 

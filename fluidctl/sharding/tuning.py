@@ -18,5 +18,5 @@ SCATTER_BUFFER = 4 << 20           # buffered bucket bytes, all buckets together
 JOIN_RECORDS = 8192                # records joined per write into a shard
 NUMPY_FROM = 64 << 10              # without StringZilla, a loaded numpy counts newlines in
                                    # buffers this large (smaller ones: bytes.count)
-STRINGZILLA_FROM = 1 << 20         # StringZilla (~1 ms to import) is loaded once this many bytes
+STRINGZILLA_FROM = 1 << 20         # StringZilla (an import) is loaded once this many bytes
                                    # were counted without it: a small run never imports it
