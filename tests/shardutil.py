@@ -45,3 +45,12 @@ def text_input(tmp_path):
 
 def listing(directory):
     return sorted(os.listdir(directory))
+
+
+def four_shards(tmp_path):
+    """103 numbered lines sharded for 4 trainers (the runtime data tests' input)."""
+    src = tmp_path / "train.txt"
+    src.write_text("".join(f"line {i}\n" for i in range(103)))
+    out = tmp_path / "shards"
+    sharding.shard(ShardOptions([str(src)], 4, str(out)))
+    return out

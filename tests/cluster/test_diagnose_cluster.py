@@ -2,31 +2,11 @@
 127.0.0.2 and 127.0.0.3, and mpirun reaching them over ssh. One node: tests/e2e/test_diagnose.py."""
 import json
 import signal
-from pathlib import Path
 
 import pytest
 
-from launchutil import ROOT, fluidctl, start_fluidctl, wait_for
-
-TROUBLE = str(ROOT / "tests" / "scripts" / "trouble.py")
-
-
-def line_of(code: str) -> int:
-    """The line of trouble.py holding ``code`` (exactly once)."""
-    (n,) = [i for i, l in enumerate(Path(TROUBLE).read_text().splitlines(), 1) if code in l]
-    return n
-
-
-STUCK = line_of("    ctx.allreduce(x)  # stuck")
-LOADER = line_of("time.sleep(3600)")
-RAISE = line_of("raise ValueError")
-IDLE = line_of("time.sleep(0.5)")
-
-
-def hang_dir(log_dir: Path) -> Path:
-    (found,) = list(log_dir.glob("hang-*"))
-    return found
-
+from launchutil import fluidctl, start_fluidctl, wait_for
+from troubleutil import IDLE, LOADER, RAISE, STUCK, TROUBLE, hang_dir
 
 # --- over SSH: two sshd nodes on 127.0.0.2 and 127.0.0.3, two ranks each ---------------------
 

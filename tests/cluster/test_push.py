@@ -11,17 +11,13 @@ from pathlib import Path
 import pytest
 
 from fluidctl.remote import push
-from fluidctl.remote.sftp import DEFAULT_EXCLUDES, walk
 
 from launchutil import default_sigint
+from pushutil import files_of, make_workspace
 
 
 def argv_for(sshd_nodes, alias="node1"):
     return push.ssh_command(alias, ssh_config=str(sshd_nodes.config), timeout=10)
-
-
-def files_of(src, *extra):
-    return push.scan(walk(src, (*DEFAULT_EXCLUDES, *extra)))
 
 
 def no_temporaries(root):
@@ -30,18 +26,7 @@ def no_temporaries(root):
 
 @pytest.fixture
 def workspace(tmp_path):
-    src = tmp_path / "src"
-    (src / "pkg" / "sub").mkdir(parents=True)
-    (src / "train.py").write_text("print('v1')\n")
-    (src / "run.sh").write_text("#!/bin/sh\necho hi\n")
-    (src / "run.sh").chmod(0o750)
-    (src / "pkg" / "sub" / "lib.py").write_text("X = 1\n")
-    (src / "weights.bin").write_bytes(os.urandom(3 << 20))          # through sendfile
-    (src / "empty.txt").write_bytes(b"")
-    (src / "__pycache__").mkdir()
-    (src / "__pycache__" / "x.pyc").write_bytes(b"skip")
-    (src / "big.ckpt").write_bytes(b"0" * 10)
-    return src
+    return make_workspace(tmp_path)
 
 
 def test_push_copies_contents_modes_and_mtimes_then_only_changes(sshd_nodes, workspace,

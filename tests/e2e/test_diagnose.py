@@ -6,32 +6,12 @@ import os
 import re
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
-from launchutil import ROOT, fluidctl, start_fluidctl, wait_for
+from launchutil import fluidctl, start_fluidctl, wait_for
 from cgroups import make_memory_cgroup
-
-TROUBLE = str(ROOT / "tests" / "scripts" / "trouble.py")
-
-
-def line_of(code: str) -> int:
-    """The line of trouble.py holding ``code`` (exactly once)."""
-    (n,) = [i for i, l in enumerate(Path(TROUBLE).read_text().splitlines(), 1) if code in l]
-    return n
-
-
-STUCK = line_of("    ctx.allreduce(x)  # stuck")
-LOADER = line_of("time.sleep(3600)")
-RAISE = line_of("raise ValueError")
-IDLE = line_of("time.sleep(0.5)")
-
-
-def hang_dir(log_dir: Path) -> Path:
-    (found,) = list(log_dir.glob("hang-*"))
-    return found
-
+from troubleutil import IDLE, LOADER, RAISE, STUCK, TROUBLE, hang_dir
 
 @pytest.mark.parametrize("pyspy", [True, False], ids=["py-spy", "faulthandler"])
 def test_hang_is_diagnosed_with_both_stacks_and_exit_124(tmp_path, pyspy):

@@ -192,26 +192,32 @@ def test_27_3_kill_9_of_the_launcher_lets_pservers_checkpoint_first(tmp_path):
         _kill_all(seen)
 
 
-def test_27_4_kill_9_of_the_launcher_ends_a_ranks_setsid_child(tmp_path):
-    (tmp_path / "rank.py").write_text(SETSID_RANK)
-    launcher = _start(["train", "--nproc", 2, "--log-dir", tmp_path / "log",
-                       tmp_path / "rank.py", tmp_path], tmp_path)
+def _kill_9_and_see_every_process_end(launcher, tmp_path, start_within: float, what: str):
+    """Once both ranks wrote their own and their setsid child's pids, SIGKILL the launcher:
+    the ranks, the children and every other descendant (``what``) must end."""
     pids = []
     try:
-        wait_for(lambda: all((tmp_path / f"pids.{r}").exists() for r in range(2)), 60,
-                 "both ranks to start their setsid child")
+        wait_for(lambda: all((tmp_path / f"pids.{r}").exists() for r in range(2)),
+                 start_within, "both ranks to start their setsid child")
         for r in range(2):
             pids += [int(p) for p in (tmp_path / f"pids.{r}").read_text().split()]
         pids += _descendants(launcher.pid)
         launcher.kill()
         launcher.wait()
-        wait_for(lambda: not any(_alive(p) for p in pids), 15,
-                 f"the ranks and their setsid children {pids} to end")
+        wait_for(lambda: not any(_alive(p) for p in pids), 15, f"{what} {pids} to end")
     finally:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
         _kill_all(pids)
+
+
+def test_27_4_kill_9_of_the_launcher_ends_a_ranks_setsid_child(tmp_path):
+    (tmp_path / "rank.py").write_text(SETSID_RANK)
+    launcher = _start(["train", "--nproc", 2, "--log-dir", tmp_path / "log",
+                       tmp_path / "rank.py", tmp_path], tmp_path)
+    _kill_9_and_see_every_process_end(launcher, tmp_path, 60,
+                                      "the ranks and their setsid children")
 
 
 @pytest.mark.skipif(not __import__("fluidctl.backends.mpi", fromlist=["available"]).available(),
@@ -220,22 +226,8 @@ def test_27_4_kill_9_of_the_launcher_ends_mpiruns_whole_tree(tmp_path):
     (tmp_path / "rank.py").write_text(SETSID_RANK)
     launcher = _start(["train", "--backend", "mpi", "--nproc", 2, "--log-dir", tmp_path / "log",
                        tmp_path / "rank.py", tmp_path], tmp_path)
-    pids = []
-    try:
-        wait_for(lambda: all((tmp_path / f"pids.{r}").exists() for r in range(2)), 90,
-                 "both mpi ranks to start their setsid child")
-        for r in range(2):
-            pids += [int(p) for p in (tmp_path / f"pids.{r}").read_text().split()]
-        pids += _descendants(launcher.pid)          # mpirun, its daemons, ranks, their tees
-        launcher.kill()
-        launcher.wait()
-        wait_for(lambda: not any(_alive(p) for p in pids), 15,
-                 f"mpirun's whole tree {pids} to end")
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-        _kill_all(pids)
+    # mpirun, its daemons, the ranks, their tees and their setsid children
+    _kill_9_and_see_every_process_end(launcher, tmp_path, 90, "mpirun's whole tree")
 
 
 # --- 27.5: a hang found ends as a hang, whatever the stack signal does to the ranks ----------
@@ -427,6 +419,3 @@ def test_27_15_dump_with_a_stopped_rank_returns_the_others_and_names_it(tmp_path
         except subprocess.TimeoutExpired:
             job.kill()
             job.wait()
-
-
-# --- 27.4 (Slurm): kill -9 of the launcher inside an allocation cancels its srun step --------

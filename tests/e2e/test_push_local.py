@@ -5,27 +5,12 @@ import os
 import pytest
 
 from fluidctl.remote import push
-from fluidctl.remote.sftp import DEFAULT_EXCLUDES, walk
-
-
-def files_of(src, *extra):
-    return push.scan(walk(src, (*DEFAULT_EXCLUDES, *extra)))
+from pushutil import files_of, make_workspace
 
 
 @pytest.fixture
 def workspace(tmp_path):
-    src = tmp_path / "src"
-    (src / "pkg" / "sub").mkdir(parents=True)
-    (src / "train.py").write_text("print('v1')\n")
-    (src / "run.sh").write_text("#!/bin/sh\necho hi\n")
-    (src / "run.sh").chmod(0o750)
-    (src / "pkg" / "sub" / "lib.py").write_text("X = 1\n")
-    (src / "weights.bin").write_bytes(os.urandom(3 << 20))          # through sendfile
-    (src / "empty.txt").write_bytes(b"")
-    (src / "__pycache__").mkdir()
-    (src / "__pycache__" / "x.pyc").write_bytes(b"skip")
-    (src / "big.ckpt").write_bytes(b"0" * 10)
-    return src
+    return make_workspace(tmp_path)
 
 
 def test_no_python3_on_the_node_means_fall_back(workspace, tmp_path):

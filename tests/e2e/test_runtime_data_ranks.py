@@ -5,17 +5,13 @@ import sys
 
 import pytest
 
-from fluidctl import envs, sharding
-from fluidctl.sharding import ShardOptions
+from fluidctl import envs
+from shardutil import four_shards
 
 
 @pytest.fixture
 def shards(tmp_path):
-    src = tmp_path / "train.txt"
-    src.write_text("".join(f"line {i}\n" for i in range(103)))
-    out = tmp_path / "shards"
-    sharding.shard(ShardOptions([str(src)], 4, str(out)))
-    return out
+    return four_shards(tmp_path)
 
 
 def test_trainers_read_disjoint_shards_as_real_processes(shards):

@@ -14,6 +14,7 @@ import pytest
 
 from launchutil import (BEHAVE, assert_all_gone, fluidctl, read_pids, start_fluidctl,
                         wait_for)
+from badinput import TRAIN_BAD_INPUT, TRAIN_BAD_INPUT_E2E
 
 
 def dump_env(tmp_path, rank):
@@ -291,32 +292,7 @@ def _busy_port():
     return s
 
 
-BAD_INPUT = [
-    (["missing.py"], "SCRIPT missing.py does not exist"),
-    (["./not-here.sh"], "does not exist"),
-    (["no-such-program-xyz"], "neither a file nor a program on PATH"),
-    (["--nproc", "0", "{behave}"], "--nproc: must be >= 1"),
-    (["--nproc", "-2", "{behave}"], "--nproc: must be >= 1"),
-    (["--nproc", "two", "{behave}"], "'two' is not a valid integer"),
-    (["--gpus", "0;1", "{behave}"], "malformed --gpus"),
-    (["--gpus", "2", "{behave}"], "no GPUs found"),
-    (["--gpus", "0,1", "{behave}"], "no GPUs found"),
-    (["--env", "NOVALUE", "{behave}"], "malformed --env 'NOVALUE'"),
-    (["--env", "1X=2", "{behave}"], "malformed --env '1X=2'"),
-    (["--env-file", "nope.env", "{behave}"], "--env-file nope.env does not exist"),
-    (["--started-port", "{busy}", "--nproc", "1", "{behave}"], "is busy"),
-    (["--log-dir", "afile", "{behave}"], "log dir afile is a file"),
-    (["--bogus", "{behave}"], "No such option '--bogus'"),
-    (["--json", "{behave}"], "--json only works with --dry-run"),
-    (["--tee", "some", "{behave}"], "Invalid value for '--tee'"),
-    (["--max-restarts", "-1", "{behave}"], "--max-restarts: must be >= 0"),
-    (["--grace-period", "-1", "{behave}"], "--grace-period -1.0 is not a number of seconds"),
-    (["--pservers", "2", "{behave}"], "need --mode pserver"),
-    (["--mode", "pserver", "--pserver-endpoints", "nohost", "{behave}"],
-     "malformed pserver endpoint"),
-    (["{tmp}"], "is a directory"),
-    ([], "Missing argument 'SCRIPT'"),
-]
+BAD_INPUT = TRAIN_BAD_INPUT_E2E + TRAIN_BAD_INPUT
 
 
 @pytest.mark.parametrize("args,message", BAD_INPUT, ids=[m for _, m in BAD_INPUT])

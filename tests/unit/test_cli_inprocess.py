@@ -9,6 +9,7 @@ import pytest
 from fluidctl import __version__, cli
 
 from launchutil import BEHAVE
+from badinput import TRAIN_BAD_INPUT
 
 
 def run_cli(capsys, *args):
@@ -29,25 +30,7 @@ def busy_port():
     sock.close()
 
 
-BAD_INPUT = [
-    (["--nproc", "two", "{behave}"], "'two' is not a valid integer"),
-    (["--gpus", "0;1", "{behave}"], "malformed --gpus"),
-    (["--env", "NOVALUE", "{behave}"], "malformed --env 'NOVALUE'"),
-    (["--env", "1X=2", "{behave}"], "malformed --env '1X=2'"),
-    (["--env-file", "nope.env", "{behave}"], "--env-file nope.env does not exist"),
-    (["--started-port", "{busy}", "--nproc", "1", "{behave}"], "is busy"),
-    (["--log-dir", "afile", "{behave}"], "log dir afile is a file"),
-    (["--bogus", "{behave}"], "No such option '--bogus'"),
-    (["--json", "{behave}"], "--json only works with --dry-run"),
-    (["--tee", "some", "{behave}"], "Invalid value for '--tee'"),
-    (["--max-restarts", "-1", "{behave}"], "--max-restarts: must be >= 0"),
-    (["--grace-period", "-1", "{behave}"], "--grace-period -1.0 is not a number of seconds"),
-    (["--pservers", "2", "{behave}"], "need --mode pserver"),
-    (["--mode", "pserver", "--pserver-endpoints", "nohost", "{behave}"],
-     "malformed pserver endpoint"),
-    (["{tmp}"], "is a directory"),
-    ([], "Missing argument 'SCRIPT'"),
-]
+BAD_INPUT = TRAIN_BAD_INPUT
 
 
 @pytest.mark.parametrize("args,message", BAD_INPUT, ids=[m for _, m in BAD_INPUT])

@@ -11,6 +11,7 @@ from fluidctl import envs, sharding
 from fluidctl.errors import UsageError
 from fluidctl.runtime import data
 from fluidctl.sharding import ShardOptions
+from shardutil import four_shards
 
 
 def env_of(rank, world):
@@ -19,11 +20,7 @@ def env_of(rank, world):
 
 @pytest.fixture
 def shards(tmp_path):
-    src = tmp_path / "train.txt"
-    src.write_text("".join(f"line {i}\n" for i in range(103)))
-    out = tmp_path / "shards"
-    sharding.shard(ShardOptions([str(src)], 4, str(out)))
-    return out
+    return four_shards(tmp_path)
 
 
 def test_shard_path_follows_the_trainer_id(shards):

@@ -1,0 +1,24 @@
+"""tests/scripts/trouble.py (a training script that hangs, raises or idles on demand) and the
+lines the diagnostics must name in it: shared by the one-node and the many-node diagnostics tests."""
+from pathlib import Path
+
+from launchutil import ROOT
+
+TROUBLE = str(ROOT / "tests" / "scripts" / "trouble.py")
+
+
+def line_of(code: str) -> int:
+    """The line of trouble.py holding ``code`` (exactly once)."""
+    (n,) = [i for i, l in enumerate(Path(TROUBLE).read_text().splitlines(), 1) if code in l]
+    return n
+
+
+STUCK = line_of("    ctx.allreduce(x)  # stuck")
+LOADER = line_of("time.sleep(3600)")
+RAISE = line_of("raise ValueError")
+IDLE = line_of("time.sleep(0.5)")
+
+
+def hang_dir(log_dir: Path) -> Path:
+    (found,) = list(log_dir.glob("hang-*"))
+    return found
