@@ -112,6 +112,22 @@ def split_endpoint(endpoint: str):
     return host.strip("[]"), int(port)
 
 
+def torch_port_taken(environ: Mapping[str, str], master: str) -> bool:
+    """Whether MASTER_PORT is the port of fluidctl's own rendezvous store (PADDLE_MASTER), as
+    the contract writes it. ``fluidctl.runtime.init()`` then serves its store there, so a
+    script that also calls torch's ``dist.init_process_group`` (env://) would bind it twice
+    (rank 0: EADDRINUSE) or knock on fluidctl's store (the others): ``init()`` replaces
+    MASTER_PORT in ``os.environ`` by a free port rank 0 picked and published through the store,
+    the same on every rank. Scripts that never call ``init()`` keep MASTER_PORT as written."""
+    port = environ.get(TORCH_MASTER_PORT, "")
+    if not master or not port.isdigit():
+        return False
+    try:
+        return split_endpoint(master)[1] == int(port)
+    except ValueError:
+        return False
+
+
 def threads_per_process(cores: int, procs_on_node: int) -> int:
     return max(1, cores // max(1, procs_on_node))
 
