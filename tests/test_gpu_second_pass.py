@@ -46,3 +46,106 @@ def test_torch_process_group_beside_fluidctl_runtime_under_train(tmp_path):
         torch_port, master = int(words[-2]), words[-1]
         assert torch_port != int(master.rsplit(":", 1)[1])   # torch got its own port
     assert lines[0][-2] == lines[1][-2]                       # the same one on every rank
+
+
+# --- 2: several NCCL ranks on one physical GPU are refused at plan time ---------------------
+from fluidctl import envs                                        # noqa: E402
+from fluidctl.errors import UsageError                           # noqa: E402
+from fluidctl.node import worker                                 # noqa: E402
+from fluidctl.planning import devices                            # noqa: E402
+
+MIG_SMI = """GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-aaaa0000-0000-0000-0000-000000000000)
+  MIG 3g.40gb     Device  0: (UUID: MIG-11110000-0000-0000-0000-000000000000)
+  MIG 3g.40gb     Device  1: (UUID: MIG-22220000-0000-0000-0000-000000000000)
+GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-bbbb0000-0000-0000-0000-000000000000)
+  MIG 7g.80gb     Device  0: (UUID: MIG-33330000-0000-0000-0000-000000000000)
+GPU 2: NVIDIA A100-SXM4-80GB (UUID: GPU-cccc0000-0000-0000-0000-000000000000)
+"""
+
+
+def fake_smi(tmp_path, text):
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "nvidia-smi").write_text("#!/bin/sh\ncat <<'EOF'\n" + text + "EOF\n")
+    (bindir / "nvidia-smi").chmod(0o755)
+    return f"{bindir}:{os.environ['PATH']}"
+
+
+def dry_run(tmp_path, *args, env=None):
+    full = dict(os.environ, PATH=fake_smi(tmp_path, MIG_SMI), **(env or {}))
+    full.pop("CUDA_VISIBLE_DEVICES", None)
+    full.pop("NCCL_MULTI_RANK_GPU_ENABLE", None)
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "fluidctl", "train", *args, "--dry-run",
+                           "--json", "tests/scripts/behave.py"], cwd=ROOT, capture_output=True,
+                          text=True, env=full, timeout=60)
+
+
+def test_mig_siblings_of_one_gpu_are_refused_with_the_nccl_opt_in_named(tmp_path):
+    res = dry_run(tmp_path, "--gpus", "2")
+    assert res.returncode == 2, res.stdout + res.stderr
+    line = res.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: node 127.0.0.1: local ranks 0 and 1 would share physical "
+                           "GPU 0 (MIG-1111"), line
+    assert "NCCL_MULTI_RANK_GPU_ENABLE=1" in line and "NCCL >= 2.30" in line
+    ok = dry_run(tmp_path, "--gpus", "2", env={"NCCL_MULTI_RANK_GPU_ENABLE": "1"})
+    assert ok.returncode == 0, ok.stderr
+    # instances of different GPUs are fine
+    assert dry_run(tmp_path, "--gpus", "2",
+                   env={"CUDA_VISIBLE_DEVICES": "MIG-2222,MIG-3333"}).returncode == 0
+    # pserver-mode trainers use no NCCL between them: siblings are fine there
+    assert dry_run(tmp_path, "--mode", "pserver", "--gpus", "2").returncode == 0
+
+
+def test_worker_under_mpirun_refuses_mig_siblings(tmp_path):
+    environ = {"PATH": fake_smi(tmp_path, MIG_SMI), envs.GPUS: "all",
+               envs.OMPI_LOCAL_SIZE: "2"}
+    with pytest.raises(UsageError, match="share physical GPU 0"):
+        worker.node_gpus(environ)
+    assert len(worker.node_gpus(dict(environ, NCCL_MULTI_RANK_GPU_ENABLE="1"))) == 2
+
+
+def slurm_env(procid, localid, ntasks_node, visible, **extra):
+    env = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(procid),
+           "SLURM_LOCALID": str(localid), "SLURM_NODEID": "0",
+           "SLURM_STEP_NUM_TASKS": str(ntasks_node), "SLURM_STEP_NODELIST": "n1",
+           "SLURM_STEP_TASKS_PER_NODE": str(ntasks_node), "CUDA_VISIBLE_DEVICES": visible,
+           "SLURM_CPUS_ON_NODE": "8"}
+    env.update(extra)
+    return env
+
+
+def test_slurm_tasks_sharing_a_gpu_are_refused():
+    # 2 tasks, one visible GPU each, and only one GPU in the step: both on GPU 0
+    with pytest.raises(UsageError, match="2 tasks on this node with 1 GPU") as exc:
+        envs.from_slurm(slurm_env(1, 1, 2, "0", SLURM_STEP_GPUS="0"))
+    assert "with NCCL >= 2.30 set NCCL_MULTI_RANK_GPU_ENABLE=1)" in exc.value.one_line()
+    with pytest.raises(UsageError, match="share a GPU"):
+        envs.from_slurm(slurm_env(1, 1, 2, "0", SLURM_GPUS_ON_NODE="1"))
+    # 8 tasks on 4 node-wide GPUs: task 5 would run on task 1's GPU
+    with pytest.raises(UsageError, match="8 tasks on this node with 4 GPU"):
+        envs.from_slurm(slurm_env(5, 5, 8, "0,1,2,3"))
+    # the opt-in, and the bindings that are fine
+    env = envs.from_slurm(slurm_env(5, 5, 8, "0,1,2,3", NCCL_MULTI_RANK_GPU_ENABLE="1"))
+    assert env["FLAGS_selected_gpus"] == "1"
+    assert envs.from_slurm(slurm_env(1, 1, 2, "1", SLURM_STEP_GPUS="0,1"))[
+        "FLAGS_selected_gpus"] == "0"
+    assert envs.from_slurm(slurm_env(3, 3, 4, "0,1,2,3"))["FLAGS_selected_gpus"] == "3"
+
+
+# --- 11: MIG decided per entry, not from the list's first -----------------------------------
+def test_a_list_mixing_whole_gpus_and_mig_instances_gives_each_rank_its_view():
+    gpus = ["0", "MIG-a", "MIG-b"]
+    seen = [envs.collective_env(rank=r, world_size=3, local_rank=r, local_size=3, nnodes=1,
+                                endpoints=["h:1", "h:2", "h:3"], master="h:9",
+                                gpus_on_node=gpus) for r in range(3)]
+    assert [(e["CUDA_VISIBLE_DEVICES"], e["FLAGS_selected_gpus"]) for e in seen] == \
+        [("0", "0"), ("MIG-a", "0"), ("MIG-b", "0")]
+    env = envs.collective_env(rank=0, world_size=3, local_rank=0, local_size=3, nnodes=1,
+                              endpoints=["h:1", "h:2", "h:3"], master="h:9",
+                              gpus_on_node=["MIG-a", "2", "5"])
+    assert env["CUDA_VISIBLE_DEVICES"] == "MIG-a" and env["PADDLE_WORLD_DEVICE_IDS"] == "0,0,1"
+    env = envs.collective_env(rank=2, world_size=3, local_rank=2, local_size=3, nnodes=1,
+                              endpoints=["h:1", "h:2", "h:3"], master="h:9",
+                              gpus_on_node=["MIG-a", "2", "5"])
+    assert (env["CUDA_VISIBLE_DEVICES"], env["FLAGS_selected_gpus"]) == ("2,5", "1")
