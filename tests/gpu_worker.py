@@ -203,6 +203,19 @@ def die(ctx):
     outcome(three, timed=True)
 
 
+def die_in_kernel(ctx):
+    """Rank 1 passes the metadata agreement, then dies inside its NCCL call (it never posts
+    its part): NCCL reports nothing for a same-node peer; fluidctl must see it in ~1 s."""
+    import cupy as cp
+    x = cp.ones(1 << 16, cp.float32)
+    ctx.allreduce(x)
+    if ctx.rank == 1:
+        def killed(*args):
+            os.kill(os.getpid(), 9)
+        ctx.comm.nccl.comm.allReduce = killed
+    outcome(lambda: ctx.allreduce(x), timed=True)
+
+
 def stuck(ctx):
     """Rank 1 stays alive but never calls: the others' collective ends at the timeout."""
     import cupy as cp
@@ -247,7 +260,7 @@ def main():
         result(init_error=str(exc))
         sys.exit(3)
     globals()[scenario](ctx)
-    if scenario not in ("die", "stuck", "launch_error"):
+    if scenario not in ("die", "die_in_kernel", "stuck", "launch_error"):
         rt.finalize()
 
 

@@ -149,3 +149,68 @@ def test_a_list_mixing_whole_gpus_and_mig_instances_gives_each_rank_its_view():
                               endpoints=["h:1", "h:2", "h:3"], master="h:9",
                               gpus_on_node=["MIG-a", "2", "5"])
     assert (env["CUDA_VISIBLE_DEVICES"], env["FLAGS_selected_gpus"]) == ("2,5", "1")
+
+
+# --- 3: a same-node peer killed inside a collective is seen within a second -----------------
+import signal                                                    # noqa: E402
+
+import rankspawn                                                 # noqa: E402
+from test_runtime_gpu import DOUBLE, gpu_ranks, results          # noqa: E402
+
+
+def test_a_same_node_rank_killed_inside_the_nccl_call_is_seen_within_a_second(tmp_path):
+    res = gpu_ranks(3, tmp_path, ["die_in_kernel"], timeout=60, until=[0, 2])
+    assert res.returncodes[1] == -signal.SIGKILL, res
+    outs = results(res)
+    assert outs[0]["error"] == outs[2]["error"], res
+    assert "rank 1 (pid" in outs[0]["error"] and "same node) died" in outs[0]["error"]
+    assert "NCCL allreduce (collective #2)" in outs[0]["error"]
+    assert all(outs[r]["seconds"] < 2 for r in (0, 2)), outs
+
+
+DOUBLE_PEER = textwrap.dedent("""
+    import os, sys, time
+    import cupy
+    from cupy.cuda import nccl
+    rank, path = int(sys.argv[1]), sys.argv[2]
+    cupy.cuda.Device(rank).use()
+    if rank == 0:
+        open(path + ".tmp", "wb").write(nccl.get_unique_id()); os.rename(path + ".tmp", path)
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    comm = nccl.NcclCommunicator(2, open(path, "rb").read(), rank)
+    x = cupy.ones(8, cupy.float32)
+    s = cupy.cuda.Stream(non_blocking=True)
+    s.wait_event(cupy.cuda.get_current_stream().record())
+    if rank == 1:
+        os.kill(os.getpid(), 9)
+    comm.allReduce(x.data.ptr, x.data.ptr, 8, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, s.ptr)
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        try:
+            comm.check_async_error()
+        except nccl.NcclError as exc:
+            print("ERROR", exc.status, flush=True); comm.abort(); sys.exit(0)
+        time.sleep(0.01)
+    print("NOTHING", s.done, flush=True)
+    comm.abort()
+""")
+
+
+@pytest.mark.parametrize("hosts", [("a", "a"), ("a", "b")])
+def test_the_double_reports_a_dead_peer_only_across_nodes_as_nccl_does(hosts, tmp_path):
+    """NCCL's proxy notices a closed network connection (ncclRemoteError); peers on one node
+    (P2P/SHM) post no proxy work, so their death is never reported: the call hangs."""
+    script = tmp_path / "peer.py"
+    script.write_text(DOUBLE_PEER)
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, PYTHONPATH=DOUBLE, CUPY_DOUBLE_HOST=hosts[rank])
+        procs.append(subprocess.Popen([sys.executable, str(script), str(rank),
+                                       str(tmp_path / "uid")], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    out, err = procs[0].communicate(timeout=60)
+    procs[1].wait(timeout=30)
+    assert procs[1].returncode == -signal.SIGKILL
+    assert out.split() == (["NOTHING", "False"] if hosts[0] == hosts[1] else ["ERROR", "6"]), \
+        out + err

@@ -193,9 +193,11 @@ class NcclTransport:
                 [f"rank/{r}" for r in range(self.n)], 5.0)]
         except Exception:
             return []
+        from fluidctl.runtime.collective.shm import _pid_alive
         mine = infos[self.rank].get("node")
+        # only pids this process can see (ranks in another pid namespace are not watched)
         return [(r, i["pid"]) for r, i in enumerate(infos)
-                if r != self.rank and i.get("node") == mine]
+                if r != self.rank and i.get("node") == mine and _pid_alive(i["pid"])]
 
     def _create(self) -> None:
         nccl, store = self.nccl, self.store
@@ -222,6 +224,7 @@ class NcclTransport:
                 raise CollectiveError(self._init_message({0: box.get("error", "timed out")}))
             self.comm = box["comm"]
             return
+        from fluidctl.runtime.collective.shm import _pid_alive
         deadline = time.monotonic() + self.timeout
         reported = False
         while True:
@@ -229,6 +232,10 @@ class NcclTransport:
             if not worker.is_alive() and not reported:
                 store.set(f"nccl/init/{self.rank}", (box.get("error") or "").encode())
                 reported = True
+            for r, pid in self._peers:      # a same-node rank that died: tell every rank
+                if not _pid_alive(pid):
+                    store.set(f"nccl/init/{r}", f"its process (pid {pid}, same node as rank "
+                              f"{self.rank}) died".encode())
             errors = self._init_errors()
             if errors:
                 if "comm" in box:
@@ -339,12 +346,14 @@ class NcclTransport:
         """The one host wait of a collective: its completion event, to the deadline. Polls
         the event (cudaEventQuery, ~1 us) yielding the CPU for the first 10 ms, so a short
         collective is not slowed by the polling; NCCL's async error and the deadline are
-        looked at every millisecond, errors other ranks posted every half second."""
+        looked at every millisecond, same-node peers' processes every 0.2 s (NCCL never
+        reports a same-node death: P2P/SHM post no proxy work, so the call would hang to the
+        deadline), errors other ranks posted every half second."""
         if done.done:
             return
         start = time.monotonic()
         deadline, spin_until = start + self.timeout, start + 0.01
-        next_check, next_look = start, start + 0.5
+        next_check, next_look, next_peers = start, start + 0.5, start + 0.2
         while not done.done:
             now = time.monotonic()
             if now >= next_check:
@@ -353,6 +362,10 @@ class NcclTransport:
                     self.comm.check_async_error()
                 except Exception as exc:
                     self._fail(f"NCCL {kind} (collective #{seq}) failed: {exc}")
+                if now > next_peers:
+                    next_peers = now + 0.2
+                    if self._dead_peers():
+                        self._fail(f"NCCL {kind} (collective #{seq}) cannot finish")
                 if now > deadline:
                     self._fail(f"NCCL {kind} (collective #{seq}) did not finish within "
                                f"{self.timeout:g}s on rank {self.rank}")
