@@ -216,6 +216,20 @@ def die_in_kernel(ctx):
     outcome(lambda: ctx.allreduce(x), timed=True)
 
 
+def cuda_fault(ctx):
+    """Rank 1's kernel hits an illegal address inside its NCCL call (the double's sticky
+    fault, cudaErrorIllegalAddress): every rank must fail at once, naming the fault."""
+    import cupy as cp
+    x = cp.ones(16, cp.float32)
+    ctx.allreduce(x)
+    if ctx.rank == 1:
+        def faulted(*args):
+            from cupy import _double
+            _double.fault(700)
+        ctx.comm.nccl.comm.allReduce = faulted
+    outcome(lambda: ctx.allreduce(x), timed=True)
+
+
 def stuck(ctx):
     """Rank 1 stays alive but never calls: the others' collective ends at the timeout."""
     import cupy as cp
@@ -260,7 +274,7 @@ def main():
         result(init_error=str(exc))
         sys.exit(3)
     globals()[scenario](ctx)
-    if scenario not in ("die", "die_in_kernel", "stuck", "launch_error"):
+    if scenario not in ("die", "die_in_kernel", "cuda_fault", "stuck", "launch_error"):
         rt.finalize()
 
 

@@ -214,3 +214,38 @@ def test_the_double_reports_a_dead_peer_only_across_nodes_as_nccl_does(hosts, tm
     assert procs[1].returncode == -signal.SIGKILL
     assert out.split() == (["NOTHING", "False"] if hosts[0] == hosts[1] else ["ERROR", "6"]), \
         out + err
+
+
+# --- 4: a sticky CUDA fault ends the collective at once, named -------------------------------
+def test_a_sticky_cuda_fault_inside_a_collective_is_named_on_every_rank(tmp_path):
+    res = gpu_ranks(2, tmp_path, ["cuda_fault"], timeout=60)
+    outs = results(res)
+    assert outs[0]["error"] == outs[1]["error"], res
+    assert "NCCL allreduce (collective #2) on rank 1: CUDA fault on GPU 1: " \
+        "cudaErrorIllegalAddress: an illegal memory access was encountered" in outs[0]["error"]
+    assert all(o["seconds"] < 5 for o in outs), outs
+
+
+def test_the_double_keeps_a_sticky_fault_as_cuda_does(monkeypatch):
+    import importlib
+    sys.path.insert(0, DOUBLE)
+    try:
+        for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
+            monkeypatch.delitem(sys.modules, name)
+        cupy = importlib.import_module("cupy")
+        runtime = cupy.cuda.runtime
+        ev = cupy.cuda.Event(disable_timing=True)
+        ev.record()
+        assert runtime.eventQuery(ev.ptr) == 0 and ev.done
+        cupy._double.fault(719)
+        assert runtime.eventQuery(ev.ptr) == 719 and not ev.done
+        with pytest.raises(runtime.CUDARuntimeError, match="^cudaErrorLaunchFailure: "
+                           "unspecified launch failure$") as exc:
+            ev.synchronize()
+        assert exc.value.status == 719
+        with pytest.raises(runtime.CUDARuntimeError):
+            cupy.cuda.get_current_stream().synchronize()
+    finally:
+        sys.path.remove(DOUBLE)
+        for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
+            del sys.modules[name]

@@ -45,6 +45,7 @@ from fluidctl.runtime.collective.meta import CollectiveError
 ID_KEY = "nccl/unique_id"
 ERROR_KEY = "nccl/error"
 ID_BYTES = 128
+CUDA_NOT_READY = 600          # cudaErrorNotReady: what cudaEventQuery says of pending work
 _UNSIGNED_CHAR_MACHINES = ("aarch64", "arm64", "armv7l", "ppc64le", "ppc64", "s390x")
 
 
@@ -349,12 +350,12 @@ class NcclTransport:
         looked at every millisecond, same-node peers' processes every 0.2 s (NCCL never
         reports a same-node death: P2P/SHM post no proxy work, so the call would hang to the
         deadline), errors other ranks posted every half second."""
-        if done.done:
+        if self._finished(done, seq, kind):
             return
         start = time.monotonic()
         deadline, spin_until = start + self.timeout, start + 0.01
         next_check, next_look, next_peers = start, start + 0.5, start + 0.2
-        while not done.done:
+        while not self._finished(done, seq, kind):
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + 1e-3
@@ -375,6 +376,26 @@ class NcclTransport:
                     if posted:
                         self._fail(posted, post=False)
             time.sleep(0 if now < spin_until else 5e-4)
+
+    def _finished(self, event, seq: int, kind: str) -> bool:
+        """cudaEventQuery: 0 done, cudaErrorNotReady (600) not yet, anything else a CUDA
+        fault (``Event.done`` is False for both, so a sticky fault would spin to the
+        deadline): a fault ends the collective now, named."""
+        runtime = self.cupy.cuda.runtime
+        status = runtime.eventQuery(event.ptr)
+        if status == 0:
+            return True
+        if status == CUDA_NOT_READY:
+            return False
+        try:
+            what = str(runtime.CUDARuntimeError(status))
+        except Exception:
+            what = f"CUDA error {status}"
+        self._fail(f"NCCL {kind} (collective #{seq}) on rank {self.rank}: CUDA fault on GPU "
+                   f"{self.device}: {what} (a kernel of this process failed; the CUDA context "
+                   "is unusable: restart, and find the kernel with CUDA_LAUNCH_BLOCKING=1 or "
+                   "compute-sanitizer)")
+        return False
 
     def _posted(self) -> Optional[str]:
         if self.store is None:

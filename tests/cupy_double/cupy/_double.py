@@ -22,6 +22,16 @@ _writers = {}                 # allocation start -> (Stream, tick)
 host_known = {}               # stream ptr -> tick the host has seen finish
 
 
+sticky = 0                   # a sticky CUDA error of this process's context (0: none)
+
+
+def fault(status: int = 700) -> None:
+    """A kernel of this process hit ``status`` (700: cudaErrorIllegalAddress, 719:
+    cudaErrorLaunchFailure): the context is unusable, every later runtime call returns it."""
+    global sticky
+    sticky = int(status)
+
+
 def device_count() -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     total = int(os.environ.get("CUPY_DOUBLE_GPUS", "8"))

@@ -2,31 +2,95 @@
 Stream / Event (queued work runs in order on a thread per stream), runtime, nccl."""
 import itertools
 import threading
+import weakref
 
 from cupy import _double
 
 _ptrs = itertools.count(0x7000)
 _streams = {}                 # ptr -> Stream (for NCCL calls, which get the raw handle)
+_events = weakref.WeakValueDictionary()   # ptr -> Event (runtime.eventQuery gets the raw handle)
+
+
+# cudaGetErrorName / cudaGetErrorString of the statuses the double gives (real CuPy's texts)
+_ERRORS = {
+    35: ("cudaErrorInsufficientDriver",
+         "CUDA driver version is insufficient for CUDA runtime version"),
+    100: ("cudaErrorNoDevice", "no CUDA-capable device is detected"),
+    101: ("cudaErrorInvalidDevice", "invalid device ordinal"),
+    400: ("cudaErrorInvalidResourceHandle", "invalid resource handle"),
+    600: ("cudaErrorNotReady", "device not ready"),
+    700: ("cudaErrorIllegalAddress", "an illegal memory access was encountered"),
+    710: ("cudaErrorAssert", "device-side assert triggered"),
+    715: ("cudaErrorIllegalInstruction", "an illegal instruction was encountered"),
+    719: ("cudaErrorLaunchFailure", "unspecified launch failure"),
+    999: ("cudaErrorUnknown", "unknown error"),
+}
 
 
 class _Runtime:
+    """cupy_backends/cuda/api/runtime.pyx: ``CUDARuntimeError(status)`` names the status;
+    ``eventQuery``/``streamQuery`` return cudaEventQuery's status as is (0, 600 =
+    cudaErrorNotReady, or a fault); the others raise through check_status. A sticky fault
+    (``_double.fault(700)``: a kernel hit an illegal address) is what every later call
+    returns, as in a CUDA context after such an error."""
+
     class CUDARuntimeError(RuntimeError):
-        def __init__(self, status, message):
+        def __init__(self, status):
             self.status = status
-            super().__init__(message)
+            name, text = _ERRORS.get(status, ("cudaErrorUnknown", "unknown error"))
+            super().__init__("%s: %s" % (name, text))
+
+        def __reduce__(self):
+            return (type(self), (self.status,))
+
+    errorInvalidValue = 1
+    errorMemoryAllocation = 2
+    errorInvalidResourceHandle = 400
+    errorContextIsDestroyed = 709
+    errorPeerAccessAlreadyEnabled = 704
+
+    def _check(self):
+        if _double.sticky:
+            raise self.CUDARuntimeError(_double.sticky)
 
     def getDeviceCount(self):
+        self._check()
         return _double.device_count()
+
+    def eventQuery(self, event):
+        if _double.sticky:
+            return _double.sticky
+        ev = _events.get(int(event))
+        if ev is None:
+            return 400
+        return 0 if ev._done.is_set() else 600
+
+    def eventSynchronize(self, event):
+        self._check()
+        ev = _events.get(int(event))
+        if ev is None:
+            raise self.CUDARuntimeError(400)
+        ev._done.wait()
+        self._check()
+
+    def streamQuery(self, stream):
+        if _double.sticky:
+            return _double.sticky
+        s = _streams.get(int(stream))
+        if s is None:
+            return 400
+        return 0 if s._worker is None or s._worker.idle() else 600
 
     def getDevice(self):
         return _double.current_device()
 
     def setDevice(self, index):
         if not 0 <= index < _double.device_count():
-            raise self.CUDARuntimeError(101, "cudaErrorInvalidDevice: invalid device ordinal")
+            raise self.CUDARuntimeError(101)
         _double.set_device(index)
 
     def deviceSynchronize(self):
+        self._check()
         for s in list(_streams.values()):
             s.synchronize()
 
@@ -80,10 +144,12 @@ class Event:
         self._done = threading.Event()
         self._done.set()
         self._stream, self._tick, self._known = None, 0, {}
+        _events[self.ptr] = self
 
     @property
     def done(self):
-        return self._done.is_set()
+        # stream.pyx: return runtime.eventQuery(self.ptr) == 0 (a fault is "not done")
+        return runtime.eventQuery(self.ptr) == 0
 
     def record(self, stream=None):
         stream = stream or get_current_stream()
@@ -93,7 +159,7 @@ class Event:
 
     def synchronize(self):
         _double.waited(self.ptr)
-        self._done.wait()
+        runtime.eventSynchronize(self.ptr)
         if self._stream is not None:
             _double.host_saw(self._stream, self._tick, self._known)
 
@@ -133,12 +199,14 @@ class Stream:
 
     @property
     def done(self):
-        return self._worker is None or self._worker.idle()
+        return runtime.streamQuery(self.ptr) == 0
 
     def synchronize(self):
         _double.waited(self.ptr)
+        runtime._check()
         if self._worker is not None:
             self._worker.drain()
+        runtime._check()
         _double.host_saw(self, self._tick, self._known)
 
     def record(self, event=None):
