@@ -189,6 +189,18 @@ def optimizer(ctx):
            types=[type(p).__module__.split(".")[0] for p in params.values()])
 
 
+def bf16_optimizer(ctx):
+    import cupy as cp
+    import ml_dtypes
+    strategy = sys.argv[2]
+    params = {"w": cp.asarray(np.ones(4, ml_dtypes.bfloat16))}
+    opt = rt.DistributedOptimizer(params, optimizer=rt.optim.SGD(lr=0.5),
+                                  strategy=rt.DistributeStrategy(reduce_strategy=strategy))
+    opt.step({"w": cp.asarray(np.full(4, ctx.rank + 1.0, ml_dtypes.bfloat16))})
+    result(w=host(params["w"]).astype(np.float64).tolist(), dtype=params["w"].dtype.name,
+           type=type(params["w"]).__module__.split(".")[0])
+
+
 def die(ctx):
     """Rank 1 dies; the others are in an allreduce and must get a CollectiveError."""
     import cupy as cp

@@ -249,3 +249,29 @@ def test_the_double_keeps_a_sticky_fault_as_cuda_does(monkeypatch):
         sys.path.remove(DOUBLE)
         for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
             del sys.modules[name]
+
+
+# --- 5: bfloat16 end to end on every transport -----------------------------------------------
+@pytest.mark.parametrize("transport", ["shm", "ring"])
+def test_bfloat16_on_the_cpu_transports_rounds_once(transport, tmp_path):
+    pytest.importorskip("ml_dtypes")
+    res = rankspawn.run(["tests/scripts/bf16_worker.py", transport], 3, tmp_path)
+    assert res.ok(), res
+    for out in rankspawn.results(res):
+        assert out["transport"] == transport
+        assert out["sum"] == [258.0, 4.5, -9.0]
+        assert out["mean"] == [2.0, 2.0] and out["max"] == 2.0
+        assert out["gather"] == [0.5, 1.5, 2.5] and out["bcast"] == 7.0
+        assert out["w"] == [0.0] * 4 and out["w_dtype"] == "bfloat16"    # 1 - 0.5 * mean(1,2,3)
+        assert out["float8"] == ("rank 0 passed float8_e4m3fn, which collectives do not support "
+                                 "(use float16/32/64, bfloat16, int8-64, uint8-64 or bool)")
+
+
+@pytest.mark.parametrize("strategy", ["AllReduce", "Reduce"])
+def test_distributed_optimizer_takes_bfloat16_cupy_parameters(strategy, tmp_path):
+    pytest.importorskip("ml_dtypes")
+    res = gpu_ranks(2, tmp_path, ["bf16_optimizer", strategy])
+    assert res.ok(), res
+    for out in results(res):
+        assert out["dtype"] == "bfloat16" and out["type"] == "cupy"
+        assert out["w"] == [0.25] * 4                  # 1 - 0.5 * mean(1, 2)

@@ -296,6 +296,8 @@ class NcclTransport:
         code = problem or dtype_code(x.dtype)
         rec = meta.record(0, kind, op, np.uint8, x.shape, root, 0)
         rec[meta.DTYPE] = code
+        if code < 0 and not problem:
+            meta.pack_name(rec, x.dtype)          # the others name what they cannot see
         rec[meta.NBYTES] = int(x.nbytes)
         self.ctx.comm.agree(rec)                 # same CollectiveError everywhere on mismatch
         seq = int(rec[meta.SEQ])
