@@ -316,6 +316,34 @@ def _int(environ: Mapping[str, str], *names: str, default: int) -> int:
     return default
 
 
+def gpu_of_local_rank(environ: Mapping[str, str], local_rank: int) -> int:
+    """The CUDA device index (into CUDA_VISIBLE_DEVICES) of a rank started by torchrun or a
+    bare mpirun with FLUIDCTL_GPUS: "all" or a count -> its local rank; an id list ("1,3",
+    nvidia-smi ids, as --gpus) -> the local rank's id, as an index into CUDA_VISIBLE_DEVICES
+    when that is set (else the id itself)."""
+    from fluidctl.errors import UsageError
+    spec = environ.get(GPUS, "").strip()
+    if spec == "all" or spec.isdigit():
+        return local_rank
+    ids = [g.strip() for g in spec.split(",") if g.strip()]
+    if local_rank >= len(ids):
+        raise UsageError(f"{GPUS}={spec} names {len(ids)} GPU(s) but this is local rank "
+                         f"{local_rank}", f"list one GPU id per rank of the node in {GPUS}")
+    wanted = ids[local_rank]
+    visible = environ.get(CUDA_VISIBLE_DEVICES)
+    if visible is None:
+        if not wanted.isdigit():
+            raise UsageError(f"{GPUS}={spec}: {wanted!r} is not a GPU id",
+                             "give nvidia-smi ids, e.g. FLUIDCTL_GPUS=1,3")
+        return int(wanted)
+    shown = [v.strip() for v in visible.split(",") if v.strip()]
+    if wanted not in shown:
+        raise UsageError(f"{GPUS}={spec}: GPU {wanted} is not in "
+                         f"{CUDA_VISIBLE_DEVICES}={visible}",
+                         f"name GPUs that {CUDA_VISIBLE_DEVICES} shows, or unset it")
+    return shown.index(wanted)
+
+
 def read(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     """Parse the contract; OpenMPI's variables fill in what PADDLE_* leaves out, and a task of
     a plain ``srun`` step (no contract written by a launcher) is mapped by ``from_slurm``."""
@@ -337,8 +365,9 @@ def read(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     gpu = environ.get(SELECTED_GPUS, "")
     if not gpu and environ.get(GPUS):
         # started by torchrun / mpirun with FLUIDCTL_GPUS: one GPU per local rank
-        gpu = str(_int(environ, LOCAL_RANK, RANK_IN_NODE, TORCH_LOCAL_RANK, OMPI_LOCAL_RANK,
-                       default=0))
+        gpu = str(gpu_of_local_rank(environ, _int(environ, LOCAL_RANK, RANK_IN_NODE,
+                                                  TORCH_LOCAL_RANK, OMPI_LOCAL_RANK,
+                                                  default=0)))
     return DistEnv(
         rank=_int(environ, TRAINER_ID, GLOBAL_RANK, TORCH_RANK, OMPI_RANK, default=0),
         world_size=world,

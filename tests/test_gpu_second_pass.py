@@ -275,3 +275,22 @@ def test_distributed_optimizer_takes_bfloat16_cupy_parameters(strategy, tmp_path
     for out in results(res):
         assert out["dtype"] == "bfloat16" and out["type"] == "cupy"
         assert out["w"] == [0.25] * 4                  # 1 - 0.5 * mean(1, 2)
+
+
+# --- 6: an id list in FLUIDCTL_GPUS under torchrun / a bare mpirun ---------------------------
+def test_fluidctl_gpus_id_list_picks_the_local_ranks_id():
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", envs.GPUS: "1,3"}
+    assert envs.read(torchrun).selected_gpu == 1
+    assert envs.read(dict(torchrun, LOCAL_RANK="1")).selected_gpu == 3
+    # under CUDA_VISIBLE_DEVICES the id becomes its index there
+    assert envs.read(dict(torchrun, LOCAL_RANK="1",
+                          CUDA_VISIBLE_DEVICES="0,1,2,3")).selected_gpu == 3
+    assert envs.read(dict(torchrun, CUDA_VISIBLE_DEVICES="3,1")).selected_gpu == 1
+    mpirun = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+              "OMPI_COMM_WORLD_LOCAL_RANK": "1", envs.GPUS: "2,5"}
+    assert envs.read(mpirun).selected_gpu == 5
+    assert envs.read(dict(torchrun, **{envs.GPUS: "all"}, LOCAL_RANK="1")).selected_gpu == 1
+    with pytest.raises(UsageError, match="names 2 GPU\\(s\\) but this is local rank 2"):
+        envs.read(dict(torchrun, LOCAL_RANK="2"))
+    with pytest.raises(UsageError, match="GPU 3 is not in CUDA_VISIBLE_DEVICES=0,1"):
+        envs.read(dict(torchrun, LOCAL_RANK="1", CUDA_VISIBLE_DEVICES="0,1"))
