@@ -242,6 +242,21 @@ def cuda_fault(ctx):
     outcome(lambda: ctx.allreduce(x), timed=True)
 
 
+def nccl_status8(ctx):
+    """Rank 1's communicator reports ncclTimeout (8), a status CuPy's NcclError cannot name."""
+    import cupy as cp
+    x = cp.ones(16, cp.float32)
+    ctx.allreduce(x)
+    if ctx.rank == 1:
+        comm = ctx.comm.nccl.comm
+
+        def timed_out(send, recv, count, dtype, op, stream):
+            comm._error = 8                     # its kernel never ends, until abort()
+            cp.cuda.stream_of(stream)._enqueue_async(comm._aborted.wait)
+        comm.allReduce = timed_out
+    outcome(lambda: ctx.allreduce(x), timed=True)
+
+
 def stuck(ctx):
     """Rank 1 stays alive but never calls: the others' collective ends at the timeout."""
     import cupy as cp
@@ -286,7 +301,8 @@ def main():
         result(init_error=str(exc))
         sys.exit(3)
     globals()[scenario](ctx)
-    if scenario not in ("die", "die_in_kernel", "cuda_fault", "stuck", "launch_error"):
+    if scenario not in ("die", "die_in_kernel", "cuda_fault", "nccl_status8", "stuck",
+                        "launch_error"):
         rt.finalize()
 
 

@@ -294,3 +294,40 @@ def test_fluidctl_gpus_id_list_picks_the_local_ranks_id():
         envs.read(dict(torchrun, LOCAL_RANK="2"))
     with pytest.raises(UsageError, match="GPU 3 is not in CUDA_VISIBLE_DEVICES=0,1"):
         envs.read(dict(torchrun, LOCAL_RANK="1", CUDA_VISIBLE_DEVICES="0,1"))
+
+
+# --- 7: NCCL statuses CuPy cannot name; NCCL_COMM_BLOCKING=0 -------------------------------
+def test_nccl_comm_blocking_0_is_refused_on_every_rank_at_init(tmp_path):
+    res = gpu_ranks(2, tmp_path, ["handshake"], extra={"NCCL_COMM_BLOCKING": "0"})
+    assert res.returncodes == [3, 3], res
+    messages = {r["init_error"] for r in results(res)}
+    assert len(messages) == 1
+    assert "rank 0: NCCL_COMM_BLOCKING=0 asks for non-blocking NCCL communicators, which CuPy " \
+        "cannot drive" in messages.pop()
+
+
+def test_an_nccl_status_cupy_cannot_name_is_named(tmp_path):
+    res = gpu_ranks(2, tmp_path, ["nccl_status8"], timeout=60)
+    outs = results(res)
+    assert outs[0]["error"] == outs[1]["error"], res
+    assert "NCCL allreduce (collective #2) failed on rank 1: NCCL returned status 8 " \
+        "(ncclTimeout: NCCL's own timeout expired (NCCL >= 2.30))" in outs[0]["error"]
+
+
+def test_the_double_raises_keyerror_for_statuses_cupy_cannot_name(monkeypatch):
+    import importlib
+    sys.path.insert(0, DOUBLE)
+    try:
+        for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
+            monkeypatch.delitem(sys.modules, name)
+        nccl = importlib.import_module("cupy.cuda.nccl")
+        for status in (7, 8):
+            with pytest.raises(KeyError, match=str(status)):
+                nccl.check_status(status)
+        monkeypatch.setenv("NCCL_COMM_BLOCKING", "0")
+        with pytest.raises(KeyError):
+            nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    finally:
+        sys.path.remove(DOUBLE)
+        for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
+            del sys.modules[name]

@@ -92,6 +92,24 @@ def make_communicator(nccl, cupy, world_size: int, rank: int, data: bytes):
         return nccl.NcclCommunicator(world_size, decode_unique_id(data, False, not signed), rank)
 
 
+# --- NCCL statuses CuPy cannot name ------------------------------------------------------
+# CuPy's NcclError looks its status up in a table that stops at 6 (ncclRemoteError), so newer
+# statuses raise KeyError(status) from inside NcclError's constructor.
+NCCL_STATUS = {7: "ncclInProgress: the communicator is non-blocking (NCCL_COMM_BLOCKING=0?)",
+               8: "ncclTimeout: NCCL's own timeout expired (NCCL >= 2.30)"}
+
+
+def describe(exc: BaseException) -> str:
+    """An exception from a CuPy NCCL call, as one line; a KeyError(int) is a status CuPy's
+    NcclError could not name."""
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], int):
+        status = exc.args[0]
+        return (f"NCCL returned status {status} "
+                f"({NCCL_STATUS.get(status, 'unknown to this fluidctl')}), which CuPy's "
+                "NcclError cannot name")
+    return str(exc) or type(exc).__name__
+
+
 # --- dtypes -------------------------------------------------------------------------------
 _NCCL_TYPE = {"e": "NCCL_FLOAT16", "f": "NCCL_FLOAT32", "d": "NCCL_FLOAT64", "b": "NCCL_INT8",
               "B": "NCCL_UINT8", "i": "NCCL_INT32", "I": "NCCL_UINT32", "l": "NCCL_INT64",
@@ -128,6 +146,10 @@ def _probe(gpu: int, need_nccl: bool):
         cupy.cuda.Device(gpu).use()
     except Exception as exc:                     # CUDARuntimeError and friends
         return "error", f"cannot use GPU {gpu} ({exc})", cupy
+    if need_nccl and os.environ.get("NCCL_COMM_BLOCKING", "").strip() == "0":
+        return "error", ("NCCL_COMM_BLOCKING=0 asks for non-blocking NCCL communicators, which "
+                         "CuPy cannot drive (its calls would return ncclInProgress): unset "
+                         "NCCL_COMM_BLOCKING"), cupy
     if need_nccl:
         from cupy.cuda import nccl
         if not getattr(nccl, "available", False):
@@ -215,7 +237,8 @@ class NcclTransport:
                 self.cupy.cuda.Device(self.device).use()     # the device is per thread
                 box["comm"] = make_communicator(nccl, self.cupy, self.n, self.rank, data)
             except BaseException as exc:                     # reported below, on every rank
-                box["error"] = f"{type(exc).__name__}: {exc}"
+                box["error"] = (describe(exc) if isinstance(exc, KeyError)
+                                else f"{type(exc).__name__}: {exc}")
 
         worker = threading.Thread(target=create, daemon=True, name="fluidctl-nccl-init")
         worker.start()
@@ -342,7 +365,7 @@ class NcclTransport:
                 self.comm.reduceScatter(ptr, out.data.ptr, out.size, dt, red, s)
                 return out
         except Exception as exc:                 # NcclError raised at launch on this rank
-            self._fail(f"NCCL {kind} failed on rank {self.rank}: {exc}")
+            self._fail(f"NCCL {kind} failed on rank {self.rank}: {describe(exc)}")
         return None
 
     def _wait(self, done, seq: int, kind: str) -> None:
@@ -364,7 +387,8 @@ class NcclTransport:
                 try:
                     self.comm.check_async_error()
                 except Exception as exc:
-                    self._fail(f"NCCL {kind} (collective #{seq}) failed: {exc}")
+                    self._fail(f"NCCL {kind} (collective #{seq}) failed on rank {self.rank}: "
+                               f"{describe(exc)}")
                 if now > next_peers:
                     next_peers = now + 0.2
                     if self._dead_peers():

@@ -91,6 +91,8 @@ def _numpy_dtype(code):
 
 
 class NcclError(RuntimeError):
+    # nccl.pyx: ERROR2 stops at 6, so ncclInProgress (7) and ncclTimeout (8, NCCL 2.30) raise
+    # KeyError(status) from here, as in real CuPy
     def __init__(self, status):
         self.status = status
         super().__init__("%s: %s" % (_ERROR2[status], _TEXT[status]))
@@ -286,6 +288,8 @@ class NcclCommunicator:
         ndev, rank = int(ndev), int(rank)
         uid = _id_bytes(commId)
         self._comm = 0
+        if os.environ.get("NCCL_COMM_BLOCKING", "") == "0":
+            check_status(7)          # ncclCommInitRank returns ncclInProgress: KeyError(7)
         self._device = _double.current_device()
         if not 0 <= self._device < _double.device_count():
             raise NcclError(1)
