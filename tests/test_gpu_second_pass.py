@@ -331,3 +331,11 @@ def test_the_double_raises_keyerror_for_statuses_cupy_cannot_name(monkeypatch):
         sys.path.remove(DOUBLE)
         for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
             del sys.modules[name]
+
+
+# --- 8: CuPy 14.0.0a1 still takes the id as a tuple ------------------------------------------
+@pytest.mark.parametrize("version", ["14.0.0a1", "14.2.0", "13.6.0"])
+def test_the_unique_id_form_follows_the_constructor_not_the_major(version, tmp_path):
+    res = gpu_ranks(2, tmp_path, ["handshake"], version=version)
+    assert res.ok(), res
+    assert [r["nccl_rank"] for r in results(res)] == [0, 1]

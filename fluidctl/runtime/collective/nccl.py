@@ -79,17 +79,38 @@ def cupy_major(cupy) -> int:
         return 14
 
 
+def _wrong_id_type(exc: TypeError) -> bool:
+    """Cython's "Argument 'commId' has incorrect type (expected tuple, got bytes)"."""
+    return "commId" in str(exc)
+
+
 def make_communicator(nccl, cupy, world_size: int, rank: int, data: bytes):
+    """The id in the form this CuPy's constructor takes: ``bytes`` from CuPy 14 (the
+    version says which to try first), a ``tuple`` of C chars before (and in 14.0.0a1); the
+    constructor's own type check (TypeError naming commId) decides when the version guessed
+    wrong, and the char's signedness is retried on OverflowError."""
     if len(data) != ID_BYTES:
         raise CollectiveError(f"the NCCL unique id in the store has {len(data)} bytes, not "
                               f"{ID_BYTES}: is rank 0 running another CuPy/NCCL?")
-    if cupy_major(cupy) >= 14:
+
+    def as_tuple():
+        signed = char_is_signed()
+        try:
+            return nccl.NcclCommunicator(world_size, decode_unique_id(data, False, signed), rank)
+        except OverflowError:    # the C char of this CuPy build has the other signedness
+            return nccl.NcclCommunicator(world_size, decode_unique_id(data, False, not signed),
+                                         rank)
+
+    def as_bytes():
         return nccl.NcclCommunicator(world_size, decode_unique_id(data, True), rank)
-    signed = char_is_signed()
+
+    first, second = (as_bytes, as_tuple) if cupy_major(cupy) >= 14 else (as_tuple, as_bytes)
     try:
-        return nccl.NcclCommunicator(world_size, decode_unique_id(data, False, signed), rank)
-    except OverflowError:        # the C char of this CuPy build has the other signedness
-        return nccl.NcclCommunicator(world_size, decode_unique_id(data, False, not signed), rank)
+        return first()
+    except TypeError as exc:
+        if not _wrong_id_type(exc):
+            raise
+    return second()
 
 
 # --- NCCL statuses CuPy cannot name ------------------------------------------------------

@@ -37,6 +37,8 @@ from cupy import _double
 
 available = os.environ.get("CUPY_DOUBLE_NCCL", "1") != "0"
 _V14 = int(__import__("cupy").__version__.split(".")[0]) >= 14
+# the id as bytes came during the 14 pre-releases: 14.0.0a1 still hands out and takes a tuple
+_BYTES_ID = _V14 and __import__("cupy").__version__ != "14.0.0a1"
 _ID_BYTES = 128
 _CHAR_SIGNED = platform.machine().lower() not in ("aarch64", "arm64", "ppc64le", "s390x")
 
@@ -244,14 +246,14 @@ def get_unique_id():
             _hub = _Hub()
     # magic, the hub's port, the hub's host (its death is a same-node one for that host)
     raw = _MAGIC + struct.pack("!H", _hub.port) + _host_hash() + os.urandom(_ID_BYTES - 18)
-    if _V14:
+    if _BYTES_ID:
         return raw
     # CuPy <= 13: tuple([<char>uniqueId.internal[i] ...]): C char's signedness
     return tuple((b - 256 if b > 127 else b) if _CHAR_SIGNED else b for b in raw)
 
 
 def _id_bytes(commId):
-    if _V14:
+    if _BYTES_ID:
         if not isinstance(commId, bytes):
             raise TypeError("Argument 'commId' has incorrect type (expected bytes, got %s)"
                             % type(commId).__name__)
