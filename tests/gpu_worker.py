@@ -293,14 +293,55 @@ def bad_dtype(ctx):
     outcome(lambda: ctx.allreduce(cp.ones(4, cp.int16)), exit_on_error=False)
 
 
+# --- scenarios that change things before init() -----------------------------------------
+def _wrap_constructor(before):
+    """Run ``before(rank)`` in each rank's NcclCommunicator constructor (ncclCommInitRank)."""
+    from cupy.cuda import nccl
+    real = nccl.NcclCommunicator
+
+    def make(ndev, commId, rank, *rest):
+        before(rank)
+        return real(ndev, commId, rank, *rest)
+    nccl.NcclCommunicator = make
+
+
+def _count_store_requests():
+    from fluidctl.runtime import store
+    real, counts = store.StoreServer._handle, {"n": 0}
+
+    def handle(self, header, payload):
+        counts["n"] += 1
+        return real(self, header, payload)
+    store.StoreServer._handle = handle
+    return counts
+
+
+def before_slow_init():
+    _wrap_constructor(lambda rank: time.sleep(1.0) if rank == 1 else None)
+    return _count_store_requests()
+
+
+def slow_init(ctx, counts):
+    result(requests=counts["n"] if ctx.rank == 0 else None)
+
+
+def before_init_stuck():
+    _wrap_constructor(lambda rank: time.sleep(4 * TIMEOUT) if rank == 1 else None)
+
+
 def main():
     scenario = sys.argv[1]
+    before = globals().get("before_" + scenario)
+    state = before() if before else None
     try:
         ctx = rt.init(timeout=TIMEOUT)
     except CollectiveError as exc:
         result(init_error=str(exc))
         sys.exit(3)
-    globals()[scenario](ctx)
+    if state is not None:
+        globals()[scenario](ctx, state)
+    else:
+        globals()[scenario](ctx)
     if scenario not in ("die", "die_in_kernel", "cuda_fault", "nccl_status8", "stuck",
                         "launch_error"):
         rt.finalize()

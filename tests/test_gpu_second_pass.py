@@ -339,3 +339,25 @@ def test_the_unique_id_form_follows_the_constructor_not_the_major(version, tmp_p
     res = gpu_ranks(2, tmp_path, ["handshake"], version=version)
     assert res.ok(), res
     assert [r["nccl_rank"] for r in results(res)] == [0, 1]
+
+
+# --- 9: communicator creation: O(n) store requests, one message on every rank ---------------
+def test_creating_the_communicator_costs_two_store_requests_per_rank_and_poll(tmp_path):
+    """While rank 1's ncclCommInitRank takes 1 s the others poll every 50 ms: the old loop
+    read every rank's key twice per poll (2n requests per rank: 4 ranks ~640 in 1 s)."""
+    res = gpu_ranks(4, tmp_path, ["slow_init"])
+    assert res.ok(), res
+    requests = results(res)[0]["requests"]
+    assert requests < 260, requests          # 4 ranks x 20 polls x 2, plus set-up
+
+
+def test_a_rank_stuck_creating_its_communicator_gives_every_rank_the_same_message(tmp_path):
+    """The old message began with each rank's own number ("rank 0: creating ... did not
+    finish"); now the first rank at the deadline posts one for all (ncclCommInitRank waits
+    for every rank, so all are still inside)."""
+    res = gpu_ranks(3, tmp_path, ["init_stuck"], extra={"FLUIDCTL_TIMEOUT": "3"}, timeout=60)
+    assert res.returncodes == [3, 3, 3], res
+    messages = {r["init_error"] for r in results(res)}
+    assert messages == {"creating the NCCL communicator did not finish within 3s: rank(s) "
+                        "0, 1, 2 still in ncclCommInitRank (a rank did not start, or NCCL "
+                        "cannot connect the nodes: set NCCL_DEBUG=INFO and NCCL_SOCKET_IFNAME)"}

@@ -44,6 +44,9 @@ from fluidctl.runtime.collective.meta import CollectiveError
 
 ID_KEY = "nccl/unique_id"
 ERROR_KEY = "nccl/error"
+INIT_ERROR = "nccl/init/error"        # the first error creating the communicator (all raise it)
+INIT_DONE = "nccl/init/done"          # a counter of ranks whose communicator is up
+INIT_ALL = "nccl/init/all"            # set by the last of them
 ID_BYTES = 128
 CUDA_NOT_READY = 600          # cudaErrorNotReady: what cudaEventQuery says of pending work
 _UNSIGNED_CHAR_MACHINES = ("aarch64", "arm64", "armv7l", "ppc64le", "ppc64", "s390x")
@@ -272,44 +275,53 @@ class NcclTransport:
         from fluidctl.runtime.collective.shm import _pid_alive
         deadline = time.monotonic() + self.timeout
         reported = False
-        while True:
-            worker.join(0.05)
+        while True:               # two store requests per rank per 50 ms, whatever the world
+            if worker.is_alive():
+                worker.join(0.05)
+            else:
+                time.sleep(0.05)          # (join returns at once: the loop would spin)
             if not worker.is_alive() and not reported:
-                store.set(f"nccl/init/{self.rank}", (box.get("error") or "").encode())
+                store.set(f"nccl/init/{self.rank}", b"1")   # read only at the deadline
+                if "error" in box:
+                    self._post_init_error({self.rank: box["error"]})
+                elif store.add(INIT_DONE, 1) == self.n:
+                    store.set(INIT_ALL, b"1")
                 reported = True
             for r, pid in self._peers:      # a same-node rank that died: tell every rank
                 if not _pid_alive(pid):
-                    store.set(f"nccl/init/{r}", f"its process (pid {pid}, same node as rank "
-                              f"{self.rank}) died".encode())
-            errors = self._init_errors()
-            if errors:
+                    self._post_init_error({r: f"its process (pid {pid}, same node as rank "
+                                              f"{self.rank}) died"})
+            posted = self._get_now(INIT_ERROR)
+            if posted is None and time.monotonic() > deadline:
+                missing = [r for r in range(self.n) if self._get_now(f"nccl/init/{r}") is None]
+                posted = self._post_message(
+                    f"creating the NCCL communicator did not finish within {self.timeout:g}s: "
+                    f"rank(s) {', '.join(map(str, missing)) or '?'} still in ncclCommInitRank "
+                    "(a rank did not start, or NCCL cannot connect the nodes: set "
+                    "NCCL_DEBUG=INFO and NCCL_SOCKET_IFNAME)")
+            if posted is not None:
                 if "comm" in box:
                     box["comm"].abort()
-                raise CollectiveError(self._init_message(errors))
-            if reported and "comm" in box and self._all_reported():
+                raise CollectiveError(posted)
+            if reported and "comm" in box and self._get_now(INIT_ALL) is not None:
                 self.comm = box["comm"]
                 return
-            if time.monotonic() > deadline:
-                raise CollectiveError(
-                    f"rank {self.rank}: creating the NCCL communicator did not finish within "
-                    f"{self.timeout:g}s (a rank did not start, or NCCL cannot connect the "
-                    "nodes: set NCCL_DEBUG=INFO and NCCL_SOCKET_IFNAME)")
 
-    def _reports(self):
+    def _get_now(self, key: str) -> Optional[str]:
         from fluidctl.runtime.store import StoreTimeout
-        out = {}
-        for r in range(self.n):
-            try:
-                out[r] = self.store.get(f"nccl/init/{r}", 0).decode()
-            except StoreTimeout:
-                pass
-        return out
+        try:
+            return self.store.get(key, 0).decode()
+        except StoreTimeout:
+            return None
 
-    def _init_errors(self):
-        return {r: e for r, e in self._reports().items() if e}
+    def _post_init_error(self, errors) -> str:
+        return self._post_message(self._init_message(errors))
 
-    def _all_reported(self) -> bool:
-        return len(self._reports()) == self.n
+    def _post_message(self, message: str) -> str:
+        """The first rank's message wins, so every rank raises the same one."""
+        if self.store.add(INIT_ERROR + "/count", 1) == 1:
+            self.store.set(INIT_ERROR, message.encode())
+        return self.store.get(INIT_ERROR, 5.0).decode()
 
     def _init_message(self, errors) -> str:
         what = "; ".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))
