@@ -361,3 +361,39 @@ def test_a_rank_stuck_creating_its_communicator_gives_every_rank_the_same_messag
     assert messages == {"creating the NCCL communicator did not finish within 3s: rank(s) "
                         "0, 1, 2 still in ncclCommInitRank (a rank did not start, or NCCL "
                         "cannot connect the nodes: set NCCL_DEBUG=INFO and NCCL_SOCKET_IFNAME)"}
+
+
+# --- 10: install hints follow the installed CuPy's CUDA major --------------------------------
+def test_the_nccl_hint_follows_cupys_cuda_major(tmp_path):
+    res = gpu_ranks(2, tmp_path, ["handshake"], extra={"CUPY_DOUBLE_NCCL": "0",
+                                                      "CUPY_DOUBLE_CUDA_VERSION": "13000"})
+    assert res.returncodes == [3, 3], res
+    message = results(res)[0]["init_error"]
+    assert "rank 0: CuPy 14.2.0 cannot load NCCL (pip install nvidia-nccl-cu13, or pip " \
+        "install 'fluidctl[gpu-cuda13]')" in message, message
+
+
+def test_cluster_checks_line_names_the_nccl_wheel_of_the_cupy_installed(monkeypatch):
+    from fluidctl.node import gpustack
+    from fluidctl.runtime import gpuinstall
+    found = {"cupy-cuda13x": "14.2.0"}
+
+    def fake_installed(names):
+        for n in names:
+            if n in found:
+                return n, found[n]
+        return "", ""
+    monkeypatch.setattr(gpustack, "installed", fake_installed)
+    assert gpustack.describe(0) == ("CuPy 14.2.0, no NCCL (pip install nvidia-nccl-cu13, or "
+                                    "pip install 'fluidctl[gpu-cuda13]'), no usable GPU")
+    assert gpuinstall.cuda_major_of_dist("cupy-cuda12x") == 12
+    assert gpuinstall.cuda_major_of_dist("cupy") is None
+
+
+def test_setup_cfg_pairs_cupy_and_nccl_per_cuda_major():
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    extras = {k: v.split() for k, v in cfg["options.extras_require"].items()}
+    assert extras["gpu"] == extras["gpu-cuda12"] == ["cupy-cuda12x>=13", "nvidia-nccl-cu12"]
+    assert extras["gpu-cuda13"] == ["cupy-cuda13x>=14", "nvidia-nccl-cu13"]

@@ -177,8 +177,9 @@ def _probe(gpu: int, need_nccl: bool):
     if need_nccl:
         from cupy.cuda import nccl
         if not getattr(nccl, "available", False):
-            return "error", (f"CuPy {cupy.__version__} cannot load NCCL (pip install "
-                             "nvidia-nccl-cu12, or pip install 'fluidctl[gpu]')"), cupy
+            from fluidctl.runtime.gpuinstall import cuda_major_of, nccl_hint
+            return "error", (f"CuPy {cupy.__version__} cannot load NCCL "
+                             f"({nccl_hint(cuda_major_of(cupy))})"), cupy
     return "ok", f"CuPy {cupy.__version__}", cupy
 
 

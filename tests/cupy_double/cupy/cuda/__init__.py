@@ -1,6 +1,7 @@
 """cupy.cuda of the double: Device (current device per thread, as CUDA's runtime keeps it),
 Stream / Event (queued work runs in order on a thread per stream), runtime, nccl."""
 import itertools
+import os
 import threading
 import weakref
 
@@ -52,6 +53,10 @@ class _Runtime:
     def _check(self):
         if _double.sticky:
             raise self.CUDARuntimeError(_double.sticky)
+
+    def runtimeGetVersion(self):
+        # cudaRuntimeGetVersion: the CUDA this CuPy was built for (12080: 12.8); no GPU needed
+        return int(os.environ.get("CUPY_DOUBLE_CUDA_VERSION", "12080"))
 
     def getDeviceCount(self):
         self._check()
