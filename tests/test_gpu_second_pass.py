@@ -397,3 +397,26 @@ def test_setup_cfg_pairs_cupy_and_nccl_per_cuda_major():
     extras = {k: v.split() for k, v in cfg["options.extras_require"].items()}
     assert extras["gpu"] == extras["gpu-cuda12"] == ["cupy-cuda12x>=13", "nvidia-nccl-cu12"]
     assert extras["gpu-cuda13"] == ["cupy-cuda13x>=14", "nvidia-nccl-cu13"]
+
+
+# --- 12: each node gets its own interface ---------------------------------------------------
+def test_each_node_gets_its_own_socket_interface():
+    from types import SimpleNamespace as NS
+    from fluidctl.backends.ssh import SSHLauncher
+    a = {"lo": [["127.0.0.1", "255.0.0.0"]], "eth0": [["10.0.0.5", "255.255.255.0"]]}
+    b = {"lo": [["127.0.0.1", "255.0.0.0"]], "ens5": [["10.0.0.6", "255.255.255.0"]]}
+    procs = [NS(node=i, env={}) for i in (0, 0, 1, 1, 2)]
+    nodes = [NS(address="10.0.0.5", label="a"), NS(address="10.0.0.6", label="b"),
+             NS(address="10.9.9.9", label="c")]
+    plan = NS(job=NS(nodes=nodes), on_node=lambda i: [p for p in procs if p.node == i])
+    logged = []
+    me = NS(agents=[NS(probe={"ifaces": a}), NS(probe={"ifaces": b}), NS(probe={"ifaces": b})],
+            log=logged.append)
+    SSHLauncher._socket_ifnames(me, NS(user_env={}), plan)
+    assert [p.env for p in procs[:4]] == \
+        [{"NCCL_SOCKET_IFNAME": "=eth0", "GLOO_SOCKET_IFNAME": "eth0"}] * 2 + \
+        [{"NCCL_SOCKET_IFNAME": "=ens5", "GLOO_SOCKET_IFNAME": "ens5"}] * 2
+    assert procs[4].env == {}                          # node c: its interface is unknown
+    procs = [NS(node=0, env={})]
+    SSHLauncher._socket_ifnames(me, NS(user_env={"GLOO_SOCKET_IFNAME": "x"}), plan)
+    assert procs[0].env == {}

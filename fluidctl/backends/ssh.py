@@ -355,7 +355,6 @@ class SSHLauncher(BaseLauncher):
         nodes = [planning.remote_node(h.name, self.connected[h.name].peer_address or h.address,
                                       n, config.nproc, config.gpus, agent.probe["gpu_ids"], k)
                  for h, n, agent, k in zip(resolved, slots, self.agents, on_pservers)]
-        config = self._socket_ifnames(config, nodes)
         job = config.job(nodes, planning.relative_script(config.script, os.getcwd()),
                          multi_node_logs=True)
         ports = {i: planning.node_ports(job.ports_needed(i), config.started_port,
@@ -365,6 +364,7 @@ class SSHLauncher(BaseLauncher):
                                                      config.node_venv, h.name))
                     for h in resolved]
         the_plan = planning.plan(job, ports, backend=self.name, commands=commands)
+        self._socket_ifnames(config, the_plan)
         if config.node_venv:    # each node's ranks run with its agent's python (its venv)
             from fluidctl.planning.venv import use_node_interpreters
             the_plan = use_node_interpreters(the_plan, [a.probe.get("executable")
@@ -372,22 +372,24 @@ class SSHLauncher(BaseLauncher):
         self._rendezvous_doctor(the_plan)
         return the_plan
 
-    def _socket_ifnames(self, config, nodes):
-        """The config with NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME set to the interface every
-        node is reached on, unless the user set either (backends/doctor.py)."""
-        from types import MappingProxyType
+    def _socket_ifnames(self, config, the_plan) -> None:
+        """Each node's processes get NCCL_SOCKET_IFNAME (``=name``, exact) and
+        GLOO_SOCKET_IFNAME set to the interface that node is reached on, unless the user set
+        either (backends/doctor.py)."""
         from fluidctl.backends import doctor
         if any(name in config.user_env for name in doctor.IFNAME_VARS):
-            return config
-        ifname = doctor.socket_ifnames([n.address for n in nodes],
-                                       [a.probe for a in self.agents])
-        if not ifname:
-            self.log("network interfaces differ or are unknown: NCCL/GLOO_SOCKET_IFNAME not set")
-            return config
-        self.log(f"NCCL_SOCKET_IFNAME=GLOO_SOCKET_IFNAME={ifname}: the interface(s) the nodes "
-                 "are reached on")
-        env = {**config.user_env, **{name: ifname for name in doctor.IFNAME_VARS}}
-        return replace(config, user_env=MappingProxyType(env))
+            return
+        names = doctor.node_ifnames([n.address for n in the_plan.job.nodes],
+                                    [a.probe for a in self.agents])
+        for i, name in enumerate(names):
+            if name is None:
+                self.log(f"node {the_plan.job.nodes[i].label}: its network interface is "
+                         "unknown: NCCL/GLOO_SOCKET_IFNAME not set there")
+                continue
+            for proc in the_plan.on_node(i):
+                proc.env.update(doctor.ifname_env(name))
+        self.log("NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME per node: " + ", ".join(
+            f"{n.label}={name}" for n, name in zip(the_plan.job.nodes, names) if name))
 
     def _rendezvous_doctor(self, the_plan: Plan) -> None:
         """Ports free on every node, the master reachable from every node, MASTER_ADDR on
