@@ -201,6 +201,18 @@ def bf16_optimizer(ctx):
            type=type(params["w"]).__module__.split(".")[0])
 
 
+def events(ctx):
+    """How many CUDA events, with and without timing, 5 collectives create."""
+    import cupy as cp
+    from cupy import _double
+    x = cp.ones(16, cp.float32)
+    ctx.allreduce(x)
+    before = dict(_double.events_made)
+    for _ in range(5):
+        ctx.allreduce(x)
+    result(**{k: _double.events_made[k] - before[k] for k in before})
+
+
 def die(ctx):
     """Rank 1 dies; the others are in an allreduce and must get a CollectiveError."""
     import cupy as cp

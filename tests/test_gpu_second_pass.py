@@ -420,3 +420,26 @@ def test_each_node_gets_its_own_socket_interface():
     procs = [NS(node=0, env={})]
     SSHLauncher._socket_ifnames(me, NS(user_env={"GLOO_SOCKET_IFNAME": "x"}), plan)
     assert procs[0].env == {}
+
+
+# --- 13: events without timing; the bench's figure for one GPU -------------------------------
+def test_collectives_create_no_timing_events(tmp_path):
+    res = gpu_ranks(2, tmp_path, ["events"])
+    assert res.ok(), res
+    for out in results(res):
+        assert out == {"timing": 0, "plain": 0}, out     # two untimed events, made once
+
+
+def test_gpu_bench_on_one_gpu_reports_algbw_not_busbw(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: G (UUID: GPU-a)'\n")
+    (bindir / "nvidia-smi").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}",
+               PYTHONPATH=DOUBLE + os.pathsep + ROOT)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    res = subprocess.run([sys.executable, "bench/gpu_allreduce.py", "--gpus", "1", "--peer",
+                          "none", "--sizes", "4KiB", "--reps", "2"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "(algbw = S/t: one GPU moves nothing between GPUs, busbw would be 0)" in res.stdout

@@ -228,6 +228,10 @@ class NcclTransport:
         self._peers = self._local_peers()
         with cupy.cuda.Device(device):
             self.stream = cupy.cuda.Stream(non_blocking=True)
+            # two events for every collective, re-recorded each time (a wait captures the
+            # event's state when it is queued); no timing: cheaper to record and to wait on
+            self._ready = cupy.cuda.Event(disable_timing=True)
+            self._done = cupy.cuda.Event(disable_timing=True)
         self._create()
 
     # --- set-up -------------------------------------------------------------------------
@@ -366,9 +370,11 @@ class NcclTransport:
         cp, nccl = self.cupy, self.nccl
         with cp.cuda.Device(self.device):
             caller = cp.cuda.get_current_stream()
-            self.stream.wait_event(caller.record())
+            self._ready.record(caller)
+            self.stream.wait_event(self._ready)
             out = self._launch(kind, x, op, root)
-            done = self.stream.record()
+            done = self._done
+            done.record(self.stream)
             caller.wait_event(done)
             self._wait(done, seq, kind)
             if op == "mean" and (kind != "reduce" or self.rank == root):

@@ -15,6 +15,7 @@ _lock = threading.Lock()
 _starts = []                 # sorted allocation start addresses
 _allocs = {}                 # start -> (end, device id)
 host_waits = {"count": 0, "by_stream": {}}
+events_made = {"timing": 0, "plain": 0}     # cupy.cuda.Event() with / without timing
 # stream order, as CUDA defines it: each allocation's last write (stream, that stream's op
 # count); what each stream, and the host, has waited for. A use on another stream without an
 # event wait or a synchronize in between is a race on a GPU: the double raises.

@@ -14,6 +14,7 @@ _events = weakref.WeakValueDictionary()   # ptr -> Event (runtime.eventQuery get
 
 # cudaGetErrorName / cudaGetErrorString of the statuses the double gives (real CuPy's texts)
 _ERRORS = {
+    1: ("cudaErrorInvalidValue", "invalid argument"),
     35: ("cudaErrorInsufficientDriver",
          "CUDA driver version is insufficient for CUDA runtime version"),
     100: ("cudaErrorNoDevice", "no CUDA-capable device is detected"),
@@ -145,7 +146,13 @@ _tls = threading.local()
 
 class Event:
     def __init__(self, block=False, disable_timing=False, interprocess=False):
+        if interprocess and not disable_timing:
+            # cudaEventCreateWithFlags: interprocess needs cudaEventDisableTiming
+            raise runtime.CUDARuntimeError(1)
         self.ptr = next(_ptrs)
+        self.device_id = _double.current_device()
+        self._timing = not disable_timing
+        _double.events_made["timing" if self._timing else "plain"] += 1
         self._done = threading.Event()
         self._done.set()
         self._stream, self._tick, self._known = None, 0, {}
