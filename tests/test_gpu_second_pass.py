@@ -443,3 +443,123 @@ def test_gpu_bench_on_one_gpu_reports_algbw_not_busbw(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "(algbw = S/t: one GPU moves nothing between GPUs, busbw would be 0)" in res.stdout
+
+
+# --- the double, corrected from the real sources ---------------------------------------------
+@pytest.fixture
+def double(monkeypatch):
+    """The double imported in this process (fresh, with this test's environment)."""
+    import importlib
+    sys.path.insert(0, DOUBLE)
+    for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
+        monkeypatch.delitem(sys.modules, name)
+    try:
+        yield importlib.import_module("cupy")
+    finally:
+        sys.path.remove(DOUBLE)
+        for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
+            del sys.modules[name]
+
+
+def test_double_current_stream_is_per_thread_and_device_and_checks_the_device(double):
+    cuda = double.cuda
+    with cuda.Device(1):
+        s1 = cuda.Stream(non_blocking=True)
+        s1.use()
+        assert cuda.get_current_stream() is s1 and s1.is_non_blocking
+    assert cuda.get_current_stream() is cuda.Stream.null       # device 0: its own
+    assert cuda.get_current_stream(1) is s1
+    with pytest.raises(RuntimeError, match=r"The device that the stream is created on \(1\) "
+                       r"does not match with the current device \(0\)"):
+        s1.use()
+    with pytest.raises(RuntimeError, match="does not match"):
+        with s1:
+            pass
+    seen = {}
+    t = __import__("threading").Thread(
+        target=lambda: seen.update(s=cuda.get_current_stream(1)))
+    t.start()
+    t.join()
+    assert seen["s"] is cuda.Stream.null                        # another thread: its own
+    assert not hasattr(s1, "non_blocking")
+
+
+def test_double_events_belong_to_a_device(double):
+    cuda = double.cuda
+    ev = cuda.Event(disable_timing=True)
+    with cuda.Device(1):
+        s1 = cuda.Stream()
+    with pytest.raises(cuda.runtime.CUDARuntimeError, match="cudaErrorInvalidResourceHandle"):
+        ev.record(s1)
+    with pytest.raises(ValueError, match="Timing must be disabled for interprocess events"):
+        cuda.Event(interprocess=True)
+
+
+@pytest.mark.parametrize("visible,count", [
+    ("GPU-aaaa,GPU-bbbb", 2), ("MIG-aaaa,MIG-bbbb", 1), ("0,GPU-bbbb,9", 2), ("1,1,2", 1),
+    ("0,x,1", 1), ("", 0)])
+def test_double_device_count_follows_cudas_enumeration(visible, count, monkeypatch, double):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setenv("CUPY_DOUBLE_GPUS", "4")
+    assert double.cuda.runtime.getDeviceCount() == count
+
+
+def test_double_checks_pointers_only_with_nccl_check_pointers(double, monkeypatch):
+    from cupy.cuda import nccl
+    cuda = double.cuda
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    s = cuda.Stream(non_blocking=True)
+    host = __import__("numpy").ones(4, "float32")          # not device memory
+    ptr = host.__array_interface__["data"][0]
+    monkeypatch.setenv("NCCL_CHECK_POINTERS", "1")
+    with pytest.raises(nccl.NcclError, match="NCCL_ERROR_INVALID_ARGUMENT"):
+        comm.allReduce(ptr, ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, s.ptr)
+    monkeypatch.delenv("NCCL_CHECK_POINTERS")
+    with pytest.raises(nccl.NcclError, match="NCCL_ERROR_UNHANDLED_CUDA_ERROR"):
+        comm.allReduce(ptr, ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 12345)   # no stream
+    comm.allReduce(ptr, ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, s.ptr)  # the kernel faults
+    import time
+    deadline = time.monotonic() + 5
+    while cuda.runtime.streamQuery(s.ptr) not in (700,) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cuda.runtime.streamQuery(s.ptr) == 700                 # sticky illegal address
+    comm.abort()
+    with pytest.raises(nccl.NcclError, match="NCCL_ERROR_INVALID_ARGUMENT"):
+        comm.check_async_error()                                   # after abort(): _comm = 0
+
+
+DOUBLE_SAME_GPU = textwrap.dedent("""
+    import os, sys, time
+    import cupy
+    from cupy.cuda import nccl
+    rank, path = int(sys.argv[1]), sys.argv[2]
+    cupy.cuda.Device(0).use()
+    if rank == 0:
+        open(path + ".tmp", "wb").write(nccl.get_unique_id()); os.rename(path + ".tmp", path)
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    try:
+        comm = nccl.NcclCommunicator(2, open(path, "rb").read(), rank)
+        print("OK", flush=True)
+        comm.destroy()
+    except nccl.NcclError as exc:
+        print("ERROR", exc.status, flush=True)
+    open(f"{path}.{rank}", "w").close()          # rank 0's process holds the hub: it stays
+    end = time.monotonic() + 20                   # until rank 1 has its answer
+    while rank == 0 and not os.path.exists(f"{path}.1") and time.monotonic() < end:
+        time.sleep(0.01)
+""")
+
+
+@pytest.mark.parametrize("version,enable,want", [
+    ("23203", "0", "ERROR 5"), ("23203", "1", "OK"), ("22903", "1", "ERROR 5")])
+def test_double_refuses_two_ranks_on_one_gpu_as_nccl_does(version, enable, want, tmp_path):
+    script = tmp_path / "same.py"
+    script.write_text(DOUBLE_SAME_GPU)
+    procs = [subprocess.Popen(
+        [sys.executable, str(script), str(rank), str(tmp_path / "uid")], text=True,
+        env=dict(os.environ, PYTHONPATH=DOUBLE, CUDA_VISIBLE_DEVICES="3",
+                 CUPY_DOUBLE_NCCL_VERSION=version, NCCL_MULTI_RANK_GPU_ENABLE=enable),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [o[0].strip() for o in outs] == [want, want], outs

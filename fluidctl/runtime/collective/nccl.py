@@ -370,12 +370,16 @@ class NcclTransport:
         cp, nccl = self.cupy, self.nccl
         with cp.cuda.Device(self.device):
             caller = cp.cuda.get_current_stream()
-            self._ready.record(caller)
-            self.stream.wait_event(self._ready)
-            out = self._launch(kind, x, op, root)
-            done = self._done
-            done.record(self.stream)
-            caller.wait_event(done)
+            runtime_error = cp.cuda.runtime.CUDARuntimeError
+            try:             # after a sticky fault every CUDA call raises its error
+                self._ready.record(caller)
+                self.stream.wait_event(self._ready)
+                out = self._launch(kind, x, op, root)
+                done = self._done
+                done.record(self.stream)
+                caller.wait_event(done)
+            except runtime_error as exc:
+                self._fail(self._fault_message(kind, seq, str(exc)))
             self._wait(done, seq, kind)
             if op == "mean" and (kind != "reduce" or self.rank == root):
                 target = out if out is not None else x
@@ -404,6 +408,8 @@ class NcclTransport:
                     out = cp.empty((x.shape[0] // self.n,) + tuple(x.shape[1:]), dtype=x.dtype)
                 self.comm.reduceScatter(ptr, out.data.ptr, out.size, dt, red, s)
                 return out
+        except self.cupy.cuda.runtime.CUDARuntimeError:
+            raise                                # a CUDA fault: named by run()
         except Exception as exc:                 # NcclError raised at launch on this rank
             self._fail(f"NCCL {kind} failed on rank {self.rank}: {describe(exc)}")
         return None
@@ -457,11 +463,14 @@ class NcclTransport:
             what = str(runtime.CUDARuntimeError(status))
         except Exception:
             what = f"CUDA error {status}"
-        self._fail(f"NCCL {kind} (collective #{seq}) on rank {self.rank}: CUDA fault on GPU "
-                   f"{self.device}: {what} (a kernel of this process failed; the CUDA context "
-                   "is unusable: restart, and find the kernel with CUDA_LAUNCH_BLOCKING=1 or "
-                   "compute-sanitizer)")
+        self._fail(self._fault_message(kind, seq, what))
         return False
+
+    def _fault_message(self, kind: str, seq: int, what: str) -> str:
+        return (f"NCCL {kind} (collective #{seq}) on rank {self.rank}: CUDA fault on GPU "
+                f"{self.device}: {what} (a kernel of this process failed; the CUDA context "
+                "is unusable: restart, and find the kernel with CUDA_LAUNCH_BLOCKING=1 or "
+                "compute-sanitizer)")
 
     def _posted(self) -> Optional[str]:
         if self.store is None:

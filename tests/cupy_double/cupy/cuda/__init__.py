@@ -144,13 +144,26 @@ def get_device_id():
 _tls = threading.local()
 
 
+def _current():
+    """stream.pyx's _ThreadLocal: per thread, a current stream for EACH device, and a stack
+    of (device, previous stream) for ``with stream:``."""
+    if not hasattr(_tls, "current"):
+        _tls.current, _tls.stack = {}, []
+    return _tls
+
+
 class Event:
+    """stream.pyx's Event: ``ptr``, ``done``, ``record``, ``synchronize`` (no other public
+    attribute). CUDA ties an event to the device current when it was made: recording it on a
+    stream of another device is cudaErrorInvalidResourceHandle."""
+
     def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.ptr = 0
         if interprocess and not disable_timing:
-            # cudaEventCreateWithFlags: interprocess needs cudaEventDisableTiming
-            raise runtime.CUDARuntimeError(1)
+            raise ValueError('Timing must be disabled for interprocess events')
+        runtime._check()
         self.ptr = next(_ptrs)
-        self.device_id = _double.current_device()
+        self._device = _double.current_device()
         self._timing = not disable_timing
         _double.events_made["timing" if self._timing else "plain"] += 1
         self._done = threading.Event()
@@ -165,6 +178,11 @@ class Event:
 
     def record(self, stream=None):
         stream = stream or get_current_stream()
+        runtime._check()
+        stream_device = stream.device_id if stream.device_id != -1 else \
+            _double.current_device()
+        if stream_device != self._device:
+            raise runtime.CUDARuntimeError(400)          # cudaEventRecord across devices
         self._done = threading.Event()
         self._stream, self._tick, self._known = stream, stream._tick, dict(stream._known)
         stream._enqueue(self._done.set)
@@ -176,18 +194,36 @@ class Event:
             _double.host_saw(self._stream, self._tick, self._known)
 
 
+def _check_stream_device_match(device_id):
+    current = _double.current_device()
+    if device_id == -1:
+        device_id = current
+    if device_id != current:
+        raise RuntimeError(f'The device that the stream is created on ({device_id})'
+                           f' does not match with the current device ({current})')
+    return device_id
+
+
 class Stream:
+    """stream.pyx's Stream: ``ptr``, ``device_id`` (-1 for the null stream), the property
+    ``is_non_blocking``; ``use()`` and ``with`` refuse a stream of another device than the
+    current one; the current stream is per thread and per device."""
     null = None
 
     def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+        runtime._check()
         self.ptr = 0 if null else next(_ptrs)
         self.device_id = -1 if null else _double.current_device()
-        self.non_blocking = bool(non_blocking)
+        self._non_blocking = bool(non_blocking) and not null
         self._worker = None
         self._tick = 0                # ops queued so far (stream order bookkeeping)
         self._known = {}              # stream ptr -> tick this stream has waited for
         self._lock = threading.Lock()
         _streams[self.ptr] = self
+
+    @property
+    def is_non_blocking(self):
+        return self._non_blocking
 
     def _enqueue(self, fn):
         """Queue device work; with nothing queued before, it runs at once."""
@@ -235,23 +271,30 @@ class Stream:
             self._enqueue_async(done.wait)
 
     def use(self):
-        _tls.stream = self
+        device = _check_stream_device_match(self.device_id)
+        _current().current[device] = self
         return self
 
     def __enter__(self):
-        _tls.stack = getattr(_tls, "stack", [])
-        _tls.stack.append(get_current_stream())
-        return self.use()
+        device = _check_stream_device_match(self.device_id)
+        tls = _current()
+        tls.stack.append((device, tls.current.get(device, Stream.null)))
+        tls.current[device] = self
+        return self
 
     def __exit__(self, *exc):
-        _tls.stream = _tls.stack.pop()
+        tls = _current()
+        device, previous = tls.stack.pop()
+        tls.current[device] = previous
 
 
 Stream.null = Stream(null=True)
 
 
 def get_current_stream(device_id=-1):
-    return getattr(_tls, "stream", Stream.null)
+    if device_id == -1:
+        device_id = _double.current_device()
+    return _current().current.get(device_id, Stream.null)
 
 
 def stream_of(ptr):

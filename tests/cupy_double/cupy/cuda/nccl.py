@@ -349,8 +349,11 @@ class NcclCommunicator:
         return self._n
 
     def check_async_error(self):
-        check_status(self._error)
-        if not self._comm and not self._aborted.is_set():
+        # nccl.pyx: ncclCommGetAsyncError(self._comm, ...) checks the async error, then the
+        # call's result: on a destroyed or aborted communicator (_comm = 0) that is
+        # ncclInvalidArgument
+        check_status(self._error if self._comm else 0)
+        if not self._comm:
             raise NcclError(4)
 
     def _need(self):
@@ -391,17 +394,27 @@ class NcclCommunicator:
         if op == 4 and dt.kind not in "f" and dt.name != "bfloat16":
             raise NcclError(4)
         size = dt.itemsize
-        # NCCL's pointer check: device memory of this communicator's device
+        # enqueue.cc ArgsCheck: the pointers are checked only with NCCL_CHECK_POINTERS=1
+        # (ncclInvalidArgument); otherwise a pointer that is not this device's memory faults
+        # the kernel (cudaErrorIllegalAddress, sticky), found when the call runs
         needs_send = kind != "broadcast" or self._rank == root
         needs_recv = kind != "reduce" or self._rank == root
+        bad_pointer = False
         for ptr, nbytes, needed in ((send, send_count * size, needs_send),
                                     (recv, recv_count * size, needs_recv)):
             if needed and nbytes and _double.lookup(int(ptr), nbytes) != self._device:
-                raise NcclError(4)
+                if os.environ.get("NCCL_CHECK_POINTERS", "0") == "1":
+                    raise NcclError(4)
+                bad_pointer = True
         from cupy.cuda import stream_of
         s = stream_of(int(stream))
         if s is None or (s.device_id not in (-1, self._device)):
-            raise NcclError(4)
+            # the launch on a handle that is no stream of this device fails in CUDA
+            # (cudaErrorInvalidResourceHandle): NCCL's CUDACHECK -> ncclUnhandledCudaError
+            raise NcclError(1)
+        if bad_pointer:
+            s._enqueue_async(lambda: _double.fault(700))
+            return
         if needs_send and send_count:
             _double.used(int(send), s)            # NCCL reads on its stream: ordered?
         s._tick += 1
