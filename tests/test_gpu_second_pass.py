@@ -563,3 +563,24 @@ def test_double_refuses_two_ranks_on_one_gpu_as_nccl_does(version, enable, want,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
     outs = [p.communicate(timeout=60) for p in procs]
     assert [o[0].strip() for o in outs] == [want, want], outs
+
+
+# --- 2 (at run time): ranks started by hand, torchrun or mpirun on one GPU ------------------
+@pytest.mark.parametrize("version,enable,outcome", [
+    ("23203", "0", "set NCCL_MULTI_RANK_GPU_ENABLE=1"),
+    ("22903", "1", "NCCL 2.29.3 here allows it only from 2.30"), ("23203", "1", None)])
+def test_ranks_sharing_one_gpu_fail_at_init_naming_the_opt_in(version, enable, outcome,
+                                                               tmp_path):
+    per = {r: {"CUDA_VISIBLE_DEVICES": "5", "FLAGS_selected_gpus": "0"} for r in (0, 1)}
+    res = gpu_ranks(2, tmp_path, ["handshake"], per_rank=per,
+                    extra={"CUPY_DOUBLE_NCCL_VERSION": version,
+                           "NCCL_MULTI_RANK_GPU_ENABLE": enable})
+    if outcome is None:
+        assert res.ok(), res
+        return
+    assert res.returncodes == [3, 3], res
+    messages = {r["init_error"] for r in results(res)}
+    assert len(messages) == 1, messages
+    message = messages.pop()
+    assert message.startswith("ranks 0 and 1 are on one GPU (PCI 0000:15:00.0 of "), message
+    assert "which NCCL refuses (\"Duplicate GPU detected\")" in message and outcome in message

@@ -9,19 +9,13 @@ from __future__ import annotations
 
 import sys
 
-from fluidctl.runtime.gpuinstall import (CUPY_DISTS, NCCL_DISTS, cuda_major_of,
-                                         cuda_major_of_dist, cupy_hint, installed, nccl_hint)
+from fluidctl.runtime.gpuinstall import (CUPY_DISTS, NCCL_DISTS, cuda_major_of,  # noqa: F401
+                                         cuda_major_of_dist, cupy_hint, installed, nccl_hint,
+                                         nccl_version_text)
 
 
 def _version(names) -> str:
     return installed(names)[1]
-
-
-def nccl_version_text(code: int) -> str:
-    """ncclGetVersion's integer as x.y.z (2.9+ encode X*10000+Y*100+Z, older X*1000+Y*100+Z)."""
-    if code >= 10000:
-        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
-    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
 
 
 def describe(gpus_listed: int) -> str:

@@ -50,3 +50,10 @@ def cupy_hint(cuda_major: Optional[int] = None) -> str:
     """What to install when CuPy is missing (CUDA 12 unless told)."""
     extra = EXTRAS.get(cuda_major or 12, "gpu")
     return f"pip install 'fluidctl[{extra}]'"
+
+
+def nccl_version_text(code: int) -> str:
+    """ncclGetVersion's integer as x.y.z (2.9+ encode X*10000+Y*100+Z, older X*1000+Y*100+Z)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"

@@ -183,11 +183,51 @@ def _probe(gpu: int, need_nccl: bool):
     return "ok", f"CuPy {cupy.__version__}", cupy
 
 
+def _place(cupy, gpu: int) -> dict:
+    """Where this rank's GPU is, as NCCL compares ranks at init (host, PCI bus id), and the
+    NCCL version and opt-in that decide whether two ranks may share it."""
+    import socket
+    try:
+        bus = str(cupy.cuda.Device(gpu).pci_bus_id).lower()
+    except Exception:
+        bus = ""
+    try:
+        from cupy.cuda import nccl
+        version = int(nccl.get_version())
+    except Exception:
+        version = 0
+    from fluidctl import envs
+    return {"host": socket.gethostname(), "bus": bus, "nccl": version,
+            "opt_in": envs.shared_gpu_allowed(os.environ)}
+
+
+def _shared_gpu(table: List[dict]) -> Optional[str]:
+    """Two ranks on one physical GPU (same host and PCI bus id): NCCL <= 2.29 refuses it at
+    init ("Duplicate GPU detected"), NCCL >= 2.30 unless NCCL_MULTI_RANK_GPU_ENABLE=1. The
+    message names the opt-in, or why it does not help here."""
+    seen = {}
+    for r, t in enumerate(table):
+        if not t.get("bus"):
+            continue
+        key = (t.get("host"), t["bus"])
+        if key in seen and not (t.get("opt_in") and t.get("nccl", 0) >= 23000):
+            from fluidctl.runtime.gpuinstall import nccl_version_text
+            version = nccl_version_text(t.get("nccl", 0))
+            how = (f"NCCL {version} here allows it only from 2.30, with "
+                   "NCCL_MULTI_RANK_GPU_ENABLE=1" if t.get("opt_in") else
+                   "with NCCL >= 2.30 set NCCL_MULTI_RANK_GPU_ENABLE=1")
+            return (f"ranks {seen[key]} and {r} are on one GPU (PCI {t['bus']} of {key[0]}), "
+                    "which NCCL refuses (\"Duplicate GPU detected\"): give each rank its own "
+                    f"GPU, or {how}")
+        seen.setdefault(key, r)
+    return None
+
+
 def _verdict(table: List[dict]) -> Optional[str]:
     """None if every rank may use NCCL, 'cpu' if none has CuPy, else the error message."""
     states = [t["status"] for t in table]
     if all(s == "ok" for s in states):
-        return None
+        return _shared_gpu(table)
     if all(s == "nocupy" for s in states):
         return "cpu"
     bad = [f"rank {r}: {t['detail']}" for r, t in enumerate(table) if t["status"] != "ok"]
@@ -205,7 +245,9 @@ def setup(ctx, gpu: int):
     if store is None:                                     # a world of one
         table = [{"status": status, "detail": detail}]
     else:
-        store.set(f"gpu/probe/{rank}", msgpack.packb({"status": status, "detail": detail}))
+        store.set(f"gpu/probe/{rank}", msgpack.packb(
+            {"status": status, "detail": detail,
+             **(_place(cupy, gpu) if status == "ok" else {})}))
         table = [msgpack.unpackb(v) for v in store.multi_get(
             [f"gpu/probe/{r}" for r in range(world)], ctx.timeout)]
     verdict = _verdict(table)

@@ -55,6 +55,22 @@ class _Runtime:
         if _double.sticky:
             raise self.CUDARuntimeError(_double.sticky)
 
+    def deviceGetPCIBusId(self, device):
+        """cudaDeviceGetPCIBusId: the bus id of the physical GPU behind ``device`` (the
+        double derives it from the CUDA_VISIBLE_DEVICES entry, so two processes that see one
+        GPU get the same id)."""
+        self._check()
+        if not 0 <= int(device) < _double.device_count():
+            raise self.CUDARuntimeError(101)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        items = [v.strip() for v in visible.split(",")] if visible is not None else []
+        name = items[int(device)] if int(device) < len(items) else str(int(device))
+        if name.startswith("MIG-"):
+            name = "mig"                       # the double's MIG instances share one GPU
+        bus = int(name) + 0x10 if name.isdigit() else \
+            0x80 + int(__import__("zlib").crc32(name.encode())) % 0x70
+        return "0000:%02X:00.0" % bus
+
     def runtimeGetVersion(self):
         # cudaRuntimeGetVersion: the CUDA this CuPy was built for (12080: 12.8); no GPU needed
         return int(os.environ.get("CUPY_DOUBLE_CUDA_VERSION", "12080"))
@@ -135,6 +151,11 @@ class Device:
 
     def synchronize(self):
         runtime.deviceSynchronize()
+
+    @property
+    def pci_bus_id(self):
+        # device.pyx: runtime.deviceGetPCIBusId(self.id)
+        return runtime.deviceGetPCIBusId(self.id)
 
 
 def get_device_id():
