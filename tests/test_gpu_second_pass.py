@@ -584,3 +584,21 @@ def test_ranks_sharing_one_gpu_fail_at_init_naming_the_opt_in(version, enable, o
     message = messages.pop()
     assert message.startswith("ranks 0 and 1 are on one GPU (PCI 0000:15:00.0 of "), message
     assert "which NCCL refuses (\"Duplicate GPU detected\")" in message and outcome in message
+
+
+# --- the one-GPU check dry-runs here, on the double --------------------------------------------
+def test_one_gpu_check_dry_runs_on_the_double(tmp_path):
+    report = tmp_path / "gpu-check.txt"
+    env = dict(os.environ, PYTHON=sys.executable, FLUIDCTL_GPU_CHECK_TIMEOUT="4")
+    res = subprocess.run(["tests/gpu/one_gpu_check.sh", "--double", str(report)], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=400)
+    text = report.read_text()
+    assert res.returncode == 0, text + res.stderr
+    lines = text.splitlines()
+    assert "DRY RUN against tests/cupy_double" in lines[0]
+    assert lines[2].startswith("versions: {") and '"cupy": "14.2.0"' in lines[2]
+    steps = [l for l in lines if l[:4] in ("PASS", "FAIL", "SKIP")]
+    assert len(steps) == 13 and not [l for l in steps if l.startswith("FAIL")], text
+    assert "Duplicate GPU detected" in text and "NCCL_MULTI_RANK_GPU_ENABLE=1" in text
+    assert steps[-1].startswith("SKIP  pytest -m gpu")          # no real GPU here
+    assert lines[-1].startswith("summary: 12 passed, 0 failed, 1 skipped")
