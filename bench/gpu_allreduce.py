@@ -6,8 +6,8 @@ same GPUs, in the same invocation.
 Starts one process per GPU (the environment ``fluidctl train --gpus N`` gives), and in each
 process times fluidctl's ``ctx.allreduce`` on a CuPy float32 array, then torch's
 ``dist.all_reduce`` on a CUDA tensor of the same size, alternating rounds so both see the same
-machine state. Prints median time per call, busbw = S / t * 2(n-1)/n (nccl-tests' definition)
-and fluidctl/torch (goal: >= 0.95x from 64 MiB). ``--peer none`` skips torch.
+machine state. Prints median time per call, busbw = S / t * 2(n-1)/n (nccl-tests' definition;
+on one GPU algbw = S / t, labelled so) and fluidctl/torch (goal: >= 0.95x from 64 MiB). ``--peer none`` skips torch.
 fluidctl's figure includes what every call pays: the metadata agreement on the CPU transport
 and one host wait for completion (torch returns before the GPU is done; its timing loop syncs
 once per batch of calls).
@@ -129,9 +129,12 @@ def main() -> None:
         with open(out) as f:
             data = json.load(f)
     n = data["world"]
+    # nccl-tests' busbw is S/t x 2(n-1)/n: 0 on one GPU (nothing crosses a bus), so one GPU
+    # reports algbw = S/t, and says so
     factor = 2 * (n - 1) / n if n > 1 else 1.0
-    print(f"allreduce float32 sum, {n} GPU(s), median of {args.reps} rounds "
-          f"(busbw = S/t x 2(n-1)/n)")
+    figure = "busbw = S/t x 2(n-1)/n" if n > 1 else \
+        "algbw = S/t: one GPU moves nothing between GPUs, busbw would be 0"
+    print(f"allreduce float32 sum, {n} GPU(s), median of {args.reps} rounds ({figure})")
     print("| size | fluidctl (NCCL via CuPy) | torch.distributed NCCL | fluidctl/torch |")
     print("|---|---|---|---|")
     for size, times in data["results"].items():

@@ -84,6 +84,10 @@ SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process
 WORKER_ECHO = "FLUIDCTL_WORKER_ECHO"    # "0": fluidctl worker writes its log only, not stdout
 HANDSHAKE_TIMEOUT = "FLUIDCTL_HANDSHAKE_TIMEOUT"  # seconds a new peer has to authenticate (10)
 DROP_LOG_INTERVAL = "FLUIDCTL_DROP_LOG_INTERVAL"  # seconds per summary of dropped peers (10)
+
+# --- NCCL (read only) -----------------------------------------------------------------------
+NCCL_MULTI_RANK_GPU = "NCCL_MULTI_RANK_GPU_ENABLE"  # "1": NCCL >= 2.30 lets ranks share a GPU
+
 # --- OpenMPI (read only) --------------------------------------------------------------------
 OMPI_RANK = "OMPI_COMM_WORLD_RANK"
 OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"
@@ -113,6 +117,22 @@ def split_endpoint(endpoint: str):
     return host.strip("[]"), int(port)
 
 
+def torch_port_taken(environ: Mapping[str, str], master: str) -> bool:
+    """Whether MASTER_PORT is the port of fluidctl's own rendezvous store (PADDLE_MASTER), as
+    the contract writes it. ``fluidctl.runtime.init()`` then serves its store there, so a
+    script that also calls torch's ``dist.init_process_group`` (env://) would bind it twice
+    (rank 0: EADDRINUSE) or knock on fluidctl's store (the others): ``init()`` replaces
+    MASTER_PORT in ``os.environ`` by a free port rank 0 picked and published through the store,
+    the same on every rank. Scripts that never call ``init()`` keep MASTER_PORT as written."""
+    port = environ.get(TORCH_MASTER_PORT, "")
+    if not master or not port.isdigit():
+        return False
+    try:
+        return split_endpoint(master)[1] == int(port)
+    except ValueError:
+        return False
+
+
 def threads_per_process(cores: int, procs_on_node: int) -> int:
     return max(1, cores // max(1, procs_on_node))
 
@@ -121,13 +141,51 @@ def is_mig(device: str) -> bool:
     return device.startswith("MIG-")
 
 
+def device_view(gpus_on_node: Sequence[str], local_rank: int):
+    """(CUDA_VISIBLE_DEVICES, index into it) of the node's ``local_rank``-th device. A MIG
+    instance (``MIG-<uuid>``) is seen alone (CUDA shows a process one instance): index 0; a
+    whole GPU is seen among the node's other whole GPUs, decided per entry (a list may mix
+    both: ``0,MIG-a,MIG-b``)."""
+    own = gpus_on_node[local_rank % len(gpus_on_node)]
+    if is_mig(own):
+        return own, 0
+    whole = [g for g in gpus_on_node if not is_mig(g)]
+    return ",".join(whole), whole.index(own)
+
+
 def world_device_list(world_device_ids: Sequence[Sequence[str]]) -> str:
     """PADDLE_WORLD_DEVICE_IDS as Paddle writes it (fleet/launch_utils.py,
     start_local_trainers): one entry per trainer in rank order, comma-separated, each the
     trainer's device index relative to its own CUDA_VISIBLE_DEVICES ("0,1,0,1" for two nodes
     of two GPUs). ``world_device_ids`` holds each node's GPUs, one trainer per GPU."""
-    return ",".join("0" if is_mig(gpu) else str(local)
-                    for ids in world_device_ids for local, gpu in enumerate(ids))
+    return ",".join(str(device_view(ids, local)[1])
+                    for ids in world_device_ids for local in range(len(ids)))
+
+
+def shared_gpu_allowed(*environs: Mapping[str, str]) -> bool:
+    return any(e.get(NCCL_MULTI_RANK_GPU, "").strip() == "1" for e in environs)
+
+
+def refuse_shared_gpus(where: str, devices: Sequence[str], physical: Sequence[str],
+                       *environs: Mapping[str, str]) -> None:
+    """A UsageError when two local ranks' ``devices`` are one physical GPU (``physical[i]``:
+    MIG siblings, the same GPU twice): NCCL <= 2.29 refuses that at init ("Duplicate GPU
+    detected"), NCCL >= 2.30 unless NCCL_MULTI_RANK_GPU_ENABLE=1, which allows it here too."""
+    if shared_gpu_allowed(*environs):
+        return
+    from fluidctl.errors import UsageError
+    seen: Dict[str, int] = {}
+    for local, (device, gpu) in enumerate(zip(devices, physical)):
+        if gpu in seen:
+            first = seen[gpu]
+            same = "" if devices[first] == device == gpu else \
+                f" ({devices[first]} and {device})"
+            raise UsageError(
+                f"{where}: local ranks {first} and {local} would share physical GPU {gpu}"
+                f"{same}, which NCCL refuses (\"Duplicate GPU detected\")",
+                f"give each rank its own GPU, or with NCCL >= 2.30 set "
+                f"{NCCL_MULTI_RANK_GPU}=1")
+        seen[gpu] = local
 
 
 def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: int, nnodes: int,
@@ -168,12 +226,9 @@ def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: i
         PYTHONUNBUFFERED: "1",
     }
     if gpus_on_node:
-        if is_mig(gpus_on_node[0]):
-            env[CUDA_VISIBLE_DEVICES] = gpus_on_node[local_rank % len(gpus_on_node)]
-            env[SELECTED_GPUS] = env[LOCAL_DEVICE_IDS] = "0"
-        else:
-            env[CUDA_VISIBLE_DEVICES] = ",".join(gpus_on_node)
-            env[SELECTED_GPUS] = env[LOCAL_DEVICE_IDS] = str(local_rank)
+        visible, index = device_view(gpus_on_node, local_rank)
+        env[CUDA_VISIBLE_DEVICES] = visible
+        env[SELECTED_GPUS] = env[LOCAL_DEVICE_IDS] = str(index)
         env[WORLD_DEVICE_IDS] = world_device_list(world_device_ids or [gpus_on_node])
         if CUDA_DEVICE_ORDER not in os.environ:
             env[CUDA_DEVICE_ORDER] = "PCI_BUS_ID"
@@ -274,6 +329,34 @@ def _int(environ: Mapping[str, str], *names: str, default: int) -> int:
     return default
 
 
+def gpu_of_local_rank(environ: Mapping[str, str], local_rank: int) -> int:
+    """The CUDA device index (into CUDA_VISIBLE_DEVICES) of a rank started by torchrun or a
+    bare mpirun with FLUIDCTL_GPUS: "all" or a count -> its local rank; an id list ("1,3",
+    nvidia-smi ids, as --gpus) -> the local rank's id, as an index into CUDA_VISIBLE_DEVICES
+    when that is set (else the id itself)."""
+    from fluidctl.errors import UsageError
+    spec = environ.get(GPUS, "").strip()
+    if spec == "all" or spec.isdigit():
+        return local_rank
+    ids = [g.strip() for g in spec.split(",") if g.strip()]
+    if local_rank >= len(ids):
+        raise UsageError(f"{GPUS}={spec} names {len(ids)} GPU(s) but this is local rank "
+                         f"{local_rank}", f"list one GPU id per rank of the node in {GPUS}")
+    wanted = ids[local_rank]
+    visible = environ.get(CUDA_VISIBLE_DEVICES)
+    if visible is None:
+        if not wanted.isdigit():
+            raise UsageError(f"{GPUS}={spec}: {wanted!r} is not a GPU id",
+                             "give nvidia-smi ids, e.g. FLUIDCTL_GPUS=1,3")
+        return int(wanted)
+    shown = [v.strip() for v in visible.split(",") if v.strip()]
+    if wanted not in shown:
+        raise UsageError(f"{GPUS}={spec}: GPU {wanted} is not in "
+                         f"{CUDA_VISIBLE_DEVICES}={visible}",
+                         f"name GPUs that {CUDA_VISIBLE_DEVICES} shows, or unset it")
+    return shown.index(wanted)
+
+
 def read(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     """Parse the contract; OpenMPI's variables fill in what PADDLE_* leaves out, and a task of
     a plain ``srun`` step (no contract written by a launcher) is mapped by ``from_slurm``."""
@@ -295,8 +378,9 @@ def read(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     gpu = environ.get(SELECTED_GPUS, "")
     if not gpu and environ.get(GPUS):
         # started by torchrun / mpirun with FLUIDCTL_GPUS: one GPU per local rank
-        gpu = str(_int(environ, LOCAL_RANK, RANK_IN_NODE, TORCH_LOCAL_RANK, OMPI_LOCAL_RANK,
-                       default=0))
+        gpu = str(gpu_of_local_rank(environ, _int(environ, LOCAL_RANK, RANK_IN_NODE,
+                                                  TORCH_LOCAL_RANK, OMPI_LOCAL_RANK,
+                                                  default=0)))
     return DistEnv(
         rank=_int(environ, TRAINER_ID, GLOBAL_RANK, TORCH_RANK, OMPI_RANK, default=0),
         world_size=world,
@@ -482,6 +566,36 @@ def slurm_visible_gpus(environ: Mapping[str, str]) -> List[str]:
     return [g for g in value.split(",") if g]
 
 
+SLURM_STEP_GPUS = "SLURM_STEP_GPUS"     # the step's GPUs on this node (global ids)
+SLURM_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"   # how many GPUs the job has on this node
+
+
+def _refuse_shared_slurm_gpus(environ: Mapping[str, str], gpus: Sequence[str],
+                              local_size: int) -> None:
+    """Slurm's binding gives local task i the visible GPU i % len(gpus) (node-wide binding)
+    or the one it sees (one GPU bound per task): refuse when that puts two of the node's tasks
+    on one physical GPU (more tasks than visible GPUs; one visible GPU each but fewer step GPUs
+    on the node than tasks: SLURM_STEP_GPUS, else SLURM_GPUS_ON_NODE), unless NCCL_MULTI_RANK_GPU_ENABLE=1."""
+    if local_size <= 1:
+        return
+    if len(gpus) > 1:
+        shared = local_size > len(gpus)
+        count = len(gpus)
+    else:        # one GPU each: shared when the node has fewer for the step than tasks
+        step = [g for g in environ.get(SLURM_STEP_GPUS, "").split(",") if g.strip()]
+        on_node = environ.get(SLURM_GPUS_ON_NODE, "")
+        count = len(step) if step else (int(on_node) if on_node.isdigit() else 0)
+        shared = 0 < count < local_size          # unknown (neither set): Slurm's binding
+    if shared and not shared_gpu_allowed(environ):
+        from fluidctl.errors import UsageError
+        raise UsageError(
+            f"Slurm runs {local_size} tasks on this node with {count} GPU(s) "
+            f"(CUDA_VISIBLE_DEVICES={','.join(gpus)}), so tasks would share a GPU, which NCCL "
+            "refuses (\"Duplicate GPU detected\")",
+            f"ask for one GPU per task (srun --gpus-per-task=1, or --ntasks-per-node equal to "
+            f"the GPUs), or with NCCL >= 2.30 set {NCCL_MULTI_RANK_GPU}=1")
+
+
 def from_slurm(environ: Mapping[str, str], cores: Optional[int] = None) -> Dict[str, str]:
     """A task of ``srun``: SLURM_* -> the whole contract, as ``from_ompi`` does under mpirun.
 
@@ -536,6 +650,8 @@ def from_slurm(environ: Mapping[str, str], cores: Optional[int] = None) -> Dict[
         restart_count=int(environ.get(RESTART_COUNT) or environ.get(SLURM_RESTART_COUNT) or 0),
         token=environ.get(JOB_TOKEN))
     if gpus:
+        _refuse_shared_slurm_gpus(environ, gpus, local_size)
+
         def index(local: int) -> str:
             return str(local % len(gpus) if len(gpus) > 1 else 0)
         env[CUDA_VISIBLE_DEVICES] = ",".join(gpus)          # Slurm's binding, MIG or not

@@ -54,4 +54,33 @@ out["device"] = public(cupy.cuda.Device)
 out["ndarray_get"] = params(cupy.ndarray.get)
 out["ndarray_set"] = params(cupy.ndarray.set)
 out["stream_init"] = params(cupy.cuda.Stream.__init__)
+# what fluidctl (runtime/collective/nccl.py, node/gpustack.py, runtime/gpuinstall.py) calls,
+# with its parameters, and what instances carry (Stream.null: no GPU is needed to make it)
+runtime = cupy.cuda.runtime
+out["runtime"] = {n: params(getattr(runtime, n)) for n in (
+    "eventQuery", "eventSynchronize", "streamQuery", "runtimeGetVersion", "getDeviceCount")}
+out["runtime_error"] = [str(runtime.CUDARuntimeError(700)), runtime.CUDARuntimeError(719).status,
+                        str(runtime.CUDARuntimeError(600))]
+out["stream_instance"] = sorted(n for n in vars(cupy.cuda.Stream.null) if not n.startswith("_"))
+out["stream_null"] = [cupy.cuda.Stream.null.ptr, cupy.cuda.Stream.null.device_id]
+out["calls"] = {
+    "get_current_stream": params(cupy.cuda.get_current_stream),
+    "Event.__init__": params(cupy.cuda.Event.__init__),
+    "Event.record": params(cupy.cuda.Event.record),
+    "Stream.record": params(cupy.cuda.Stream.record),
+    "Stream.wait_event": params(cupy.cuda.Stream.wait_event),
+    "Device.use": params(cupy.cuda.Device.use),
+}
+out["ndarray_attrs"] = sorted(n for n in ("data", "device", "flags", "dtype", "shape", "size",
+                                          "nbytes", "ndim", "get", "set", "reshape", "astype")
+                              if hasattr(cupy.ndarray, n))
+out["module_functions"] = sorted(n for n in ("empty", "zeros", "asarray", "asnumpy", "ones")
+                                 if callable(getattr(cupy, n, None)))
+try:                          # without NCCL_CHECK_POINTERS... only the double runs this far
+    out["interprocess_timing"] = None
+    cupy.cuda.Event(interprocess=True)
+except ValueError as exc:     # checked before any CUDA call, so the real one answers too
+    out["interprocess_timing"] = str(exc)
+except Exception as exc:
+    out["interprocess_timing"] = type(exc).__name__
 json.dump(out, sys.stdout)

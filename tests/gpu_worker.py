@@ -189,6 +189,30 @@ def optimizer(ctx):
            types=[type(p).__module__.split(".")[0] for p in params.values()])
 
 
+def bf16_optimizer(ctx):
+    import cupy as cp
+    import ml_dtypes
+    strategy = sys.argv[2]
+    params = {"w": cp.asarray(np.ones(4, ml_dtypes.bfloat16))}
+    opt = rt.DistributedOptimizer(params, optimizer=rt.optim.SGD(lr=0.5),
+                                  strategy=rt.DistributeStrategy(reduce_strategy=strategy))
+    opt.step({"w": cp.asarray(np.full(4, ctx.rank + 1.0, ml_dtypes.bfloat16))})
+    result(w=host(params["w"]).astype(np.float64).tolist(), dtype=params["w"].dtype.name,
+           type=type(params["w"]).__module__.split(".")[0])
+
+
+def events(ctx):
+    """How many CUDA events, with and without timing, 5 collectives create."""
+    import cupy as cp
+    from cupy import _double
+    x = cp.ones(16, cp.float32)
+    ctx.allreduce(x)
+    before = dict(_double.events_made)
+    for _ in range(5):
+        ctx.allreduce(x)
+    result(**{k: _double.events_made[k] - before[k] for k in before})
+
+
 def die(ctx):
     """Rank 1 dies; the others are in an allreduce and must get a CollectiveError."""
     import cupy as cp
@@ -201,6 +225,48 @@ def die(ctx):
         for _ in range(3):
             ctx.allreduce(x)
     outcome(three, timed=True)
+
+
+def die_in_kernel(ctx):
+    """Rank 1 passes the metadata agreement, then dies inside its NCCL call (it never posts
+    its part): NCCL reports nothing for a same-node peer; fluidctl must see it in ~1 s."""
+    import cupy as cp
+    x = cp.ones(1 << 16, cp.float32)
+    ctx.allreduce(x)
+    if ctx.rank == 1:
+        def killed(*args):
+            os.kill(os.getpid(), 9)
+        ctx.comm.nccl.comm.allReduce = killed
+    outcome(lambda: ctx.allreduce(x), timed=True)
+
+
+def cuda_fault(ctx):
+    """Rank 1's kernel hits an illegal address inside its NCCL call (the double's sticky
+    fault, cudaErrorIllegalAddress): every rank must fail at once, naming the fault."""
+    import cupy as cp
+    x = cp.ones(16, cp.float32)
+    ctx.allreduce(x)
+    if ctx.rank == 1:
+        def faulted(*args):
+            from cupy import _double
+            _double.fault(700)
+        ctx.comm.nccl.comm.allReduce = faulted
+    outcome(lambda: ctx.allreduce(x), timed=True)
+
+
+def nccl_status8(ctx):
+    """Rank 1's communicator reports ncclTimeout (8), a status CuPy's NcclError cannot name."""
+    import cupy as cp
+    x = cp.ones(16, cp.float32)
+    ctx.allreduce(x)
+    if ctx.rank == 1:
+        comm = ctx.comm.nccl.comm
+
+        def timed_out(send, recv, count, dtype, op, stream):
+            comm._error = 8                     # its kernel never ends, until abort()
+            cp.cuda.stream_of(stream)._enqueue_async(comm._aborted.wait)
+        comm.allReduce = timed_out
+    outcome(lambda: ctx.allreduce(x), timed=True)
 
 
 def stuck(ctx):
@@ -239,15 +305,57 @@ def bad_dtype(ctx):
     outcome(lambda: ctx.allreduce(cp.ones(4, cp.int16)), exit_on_error=False)
 
 
+# --- scenarios that change things before init() -----------------------------------------
+def _wrap_constructor(before):
+    """Run ``before(rank)`` in each rank's NcclCommunicator constructor (ncclCommInitRank)."""
+    from cupy.cuda import nccl
+    real = nccl.NcclCommunicator
+
+    def make(ndev, commId, rank, *rest):
+        before(rank)
+        return real(ndev, commId, rank, *rest)
+    nccl.NcclCommunicator = make
+
+
+def _count_store_requests():
+    from fluidctl.runtime import store
+    real, counts = store.StoreServer._handle, {"n": 0}
+
+    def handle(self, header, payload):
+        counts["n"] += 1
+        return real(self, header, payload)
+    store.StoreServer._handle = handle
+    return counts
+
+
+def before_slow_init():
+    _wrap_constructor(lambda rank: time.sleep(1.0) if rank == 1 else None)
+    return _count_store_requests()
+
+
+def slow_init(ctx, counts):
+    result(requests=counts["n"] if ctx.rank == 0 else None)
+
+
+def before_init_stuck():
+    _wrap_constructor(lambda rank: time.sleep(4 * TIMEOUT) if rank == 1 else None)
+
+
 def main():
     scenario = sys.argv[1]
+    before = globals().get("before_" + scenario)
+    state = before() if before else None
     try:
         ctx = rt.init(timeout=TIMEOUT)
     except CollectiveError as exc:
         result(init_error=str(exc))
         sys.exit(3)
-    globals()[scenario](ctx)
-    if scenario not in ("die", "stuck", "launch_error"):
+    if state is not None:
+        globals()[scenario](ctx, state)
+    else:
+        globals()[scenario](ctx)
+    if scenario not in ("die", "die_in_kernel", "cuda_fault", "nccl_status8", "stuck",
+                        "launch_error"):
         rt.finalize()
 
 

@@ -63,6 +63,19 @@ def socket_ifnames(addresses: Sequence[str], ifaces: Sequence[dict]) -> Optional
     return ",".join(names) if names else None
 
 
+def node_ifnames(addresses: Sequence[str], ifaces: Sequence[dict]) -> List[Optional[str]]:
+    """Each node's own interface (the one it is reached on), None where unknown: exported per
+    node, since torch's gloo takes GLOO_SOCKET_IFNAME's names as exact interfaces of the node
+    (a list naming another node's interface fails there)."""
+    return [node_interface(address, found or {}) for address, found in zip(addresses, ifaces)]
+
+
+def ifname_env(name: str) -> dict:
+    """The variables for a node reached on ``name``: NCCL takes NCCL_SOCKET_IFNAME as prefixes
+    (``eth0`` would also match ``eth01`` or ``eth0.100``) unless written ``=eth0``."""
+    return {"NCCL_SOCKET_IFNAME": f"={name}", "GLOO_SOCKET_IFNAME": name}
+
+
 def requests(plan) -> List[dict]:
     """What each node's agent checks: its ports; node 0 listens on the master port, every
     other node connects to it."""

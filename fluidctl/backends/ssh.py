@@ -363,7 +363,6 @@ class SSHLauncher(BaseLauncher):
         nodes = [planner.remote_node(h.name, self.connected[h.name].peer_address or h.address,
                                      n, config.nproc, config.gpus, agent.probe.gpu_ids, k)
                  for h, n, agent, k in zip(resolved, slots, self.agents, on_pservers)]
-        config = self._socket_ifnames(config, nodes)
         job = config.job(nodes, planner.relative_script(config.script, os.getcwd()),
                          multi_node_logs=True)
         ports = {i: planner.node_ports(job.ports_needed(i), config.started_port,
@@ -373,28 +372,31 @@ class SSHLauncher(BaseLauncher):
                                                      config.node_venv, h.name))
                     for h in resolved]
         plan = planner.make_plan(job, ports, backend=self.name, commands=commands)
+        self._socket_ifnames(config, plan)
         if config.node_venv:    # each node's ranks run with its agent's python (its venv)
             from fluidctl.planning.venv import use_node_interpreters
             plan = use_node_interpreters(plan, [a.probe.executable for a in self.agents])
         self._rendezvous_doctor(plan)
         return plan
 
-    def _socket_ifnames(self, config, nodes):
-        """The config with NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME set to the interface every
-        node is reached on, unless the user set either (backends/doctor.py)."""
-        from types import MappingProxyType
+    def _socket_ifnames(self, config, plan) -> None:
+        """Each node's processes get NCCL_SOCKET_IFNAME (``=name``, exact) and
+        GLOO_SOCKET_IFNAME set to the interface that node is reached on, unless the user set
+        either (backends/doctor.py)."""
         from fluidctl.backends import doctor
         if any(name in config.user_env for name in doctor.IFNAME_VARS):
-            return config
-        ifname = doctor.socket_ifnames([n.address for n in nodes],
-                                       [a.probe.ifaces for a in self.agents])
-        if not ifname:
-            self.log("network interfaces differ or are unknown: NCCL/GLOO_SOCKET_IFNAME not set")
-            return config
-        self.log(f"NCCL_SOCKET_IFNAME=GLOO_SOCKET_IFNAME={ifname}: the interface(s) the nodes "
-                 "are reached on")
-        env = {**config.user_env, **{name: ifname for name in doctor.IFNAME_VARS}}
-        return replace(config, user_env=MappingProxyType(env))
+            return
+        names = doctor.node_ifnames([n.address for n in plan.job.nodes],
+                                    [a.probe.ifaces for a in self.agents])
+        for i, name in enumerate(names):
+            if name is None:
+                self.log(f"node {plan.job.nodes[i].label}: its network interface is "
+                         "unknown: NCCL/GLOO_SOCKET_IFNAME not set there")
+                continue
+            for proc in plan.on_node(i):
+                proc.env.update(doctor.ifname_env(name))
+        self.log("NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME per node: " + ", ".join(
+            f"{n.label}={name}" for n, name in zip(plan.job.nodes, names) if name))
 
     def _rendezvous_doctor(self, plan: Plan) -> None:
         """Ports free on every node, the master reachable from every node, MASTER_ADDR on

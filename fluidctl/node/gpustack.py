@@ -9,44 +9,34 @@ from __future__ import annotations
 
 import sys
 
-CUPY_DISTS = ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy")
-NCCL_DISTS = ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")
+from fluidctl.runtime.gpuinstall import (CUPY_DISTS, NCCL_DISTS, cuda_major_of,  # noqa: F401
+                                         cuda_major_of_dist, cupy_hint, installed, nccl_hint,
+                                         nccl_version_text)
 
 
 def _version(names) -> str:
-    from importlib import metadata
-    for name in names:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return ""
-
-
-def nccl_version_text(code: int) -> str:
-    """ncclGetVersion's integer as x.y.z (2.9+ encode X*10000+Y*100+Z, older X*1000+Y*100+Z)."""
-    if code >= 10000:
-        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
-    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+    return installed(names)[1]
 
 
 def describe(gpus_listed: int) -> str:
     if gpus_listed <= 0:
-        cupy, nccl = _version(CUPY_DISTS), _version(NCCL_DISTS)
-        return ", ".join([f"CuPy {cupy}" if cupy else "no CuPy (pip install 'fluidctl[gpu]')",
-                          f"NCCL {nccl}" if nccl else "no NCCL (pip install nvidia-nccl-cu12)",
+        dist, cupy = installed(CUPY_DISTS)
+        nccl = _version(NCCL_DISTS)
+        major = cuda_major_of_dist(dist)
+        return ", ".join([f"CuPy {cupy}" if cupy else f"no CuPy ({cupy_hint()})",
+                          f"NCCL {nccl}" if nccl else f"no NCCL ({nccl_hint(major)})",
                           "no usable GPU"])
     try:
         import cupy
     except ImportError:
-        return "no CuPy (pip install 'fluidctl[gpu]')"
+        return f"no CuPy ({cupy_hint()})"
     except Exception as exc:                    # a broken install says why
         return f"CuPy does not import ({type(exc).__name__}: {exc})"
     parts = [f"CuPy {cupy.__version__}"]
     try:
         from cupy.cuda import nccl
         parts.append(f"NCCL {nccl_version_text(nccl.get_version())}" if nccl.available
-                     else "no NCCL (pip install nvidia-nccl-cu12)")
+                     else f"no NCCL ({nccl_hint(cuda_major_of(cupy))})")
     except Exception as exc:
         parts.append(f"no NCCL ({exc})")
     try:

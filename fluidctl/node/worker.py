@@ -226,7 +226,10 @@ def node_gpus(environ: Mapping[str, str]) -> List[str]:
         raise UsageError(f"{envs.GPUS}={spec}: {local_size} rank(s) on this node but "
                          f"{len(found)} GPU(s) ({','.join(found) or 'none'})",
                          "start one rank per GPU (mpirun -npernode N), or use fewer ranks")
-    return found[:local_size]
+    found = found[:local_size]
+    envs.refuse_shared_gpus(f"{envs.GPUS}={spec}", found,
+                            [devices.physical_gpu(g) for g in found], environ)
+    return found
 
 
 def is_python(script: str) -> bool:

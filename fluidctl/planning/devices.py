@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from typing import List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from fluidctl.errors import UsageError
 
@@ -39,6 +39,15 @@ def _devices(gpu) -> List[str]:
     return list(migs) if migs else [gid]
 
 
+_PHYSICAL: Dict[str, str] = {}   # device entry (id, GPU- or MIG-uuid) -> nvidia-smi GPU id
+
+
+def physical_gpu(device: str) -> str:
+    """The physical GPU (nvidia-smi's id) of a device ``discover_gpus`` returned: a MIG
+    instance's parent GPU; the device itself when unknown (e.g. found on another node)."""
+    return _PHYSICAL.get(device, device)
+
+
 def discover_gpus(environ: Mapping[str, str]) -> List[str]:
     """The devices this process may use, as CUDA_VISIBLE_DEVICES entries: physical GPU ids,
     or MIG-UUIDs of MIG instances (empty without nvidia-smi or GPUs)."""
@@ -50,6 +59,8 @@ def discover_gpus(environ: Mapping[str, str]) -> List[str]:
     except (OSError, subprocess.TimeoutExpired):
         return []
     found = parse_smi(out)
+    for gid, uuid, migs in found:
+        _PHYSICAL.update({d: gid for d in [gid, uuid, *migs] if d})
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return [d for gpu in found for d in _devices(gpu)]

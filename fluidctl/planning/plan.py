@@ -21,6 +21,7 @@ from fluidctl import envs
 from fluidctl.errors import UsageError
 from fluidctl.paths import LogLayout
 from fluidctl.planning import devices
+from fluidctl.planning.devices import physical_gpu
 
 TRAINER = "trainer"
 PSERVER = "pserver"
@@ -241,6 +242,11 @@ def make_plan(job: JobSpec, ports: Mapping[int, Sequence[int]], backend: str = "
     master = f"{job.nodes[0].address}:{list(ports[0])[-1]}"
     world = len(trainer_eps)
     world_devices = [list(n.gpus) for n in job.nodes]
+    if job.mode != "pserver":            # NCCL: one rank per physical GPU (MIG siblings too)
+        for node in job.nodes:
+            envs.refuse_shared_gpus(f"node {node.label}", node.gpus,
+                                    [physical_gpu(g) for g in node.gpus],
+                                    job.user_env, os.environ)
 
     def log_path(role: str, index: int, node: int) -> str:
         lay = layout.for_host(job.nodes[node].label) if job.multi_node_logs else layout

@@ -12,6 +12,7 @@ load on first access.
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -133,7 +134,8 @@ def init(timeout: Optional[float] = None, transport: str = "auto",
             ctx.env = env = bootstrap.with_token(env)
             ctx._server, ctx.store, _ = bootstrap.connect_store(env, ctx.timeout)
             try:
-                ctx.comm = bootstrap.build(env, ctx.store, ctx.timeout, transport)
+                ctx.comm = bootstrap.build(env, ctx.store, ctx.timeout, transport,
+                                            os.environ if environ is None else None)
             except BaseException:
                 ctx.close(wait=False)
                 raise

@@ -83,7 +83,8 @@ class DistributedOptimizer:
             return
         self.params: Dict[str, object] = {}
         for name, p in params.items():
-            if getattr(p, "dtype", None) is None or p.dtype.kind != "f":
+            if getattr(p, "dtype", None) is None or not (p.dtype.kind == "f"
+                                                         or p.dtype.name == "bfloat16"):
                 raise TypeError(f"parameter {name!r} must be a floating-point array, "
                                 f"got {type(p).__name__} {getattr(p, 'dtype', '')}")
             # CuPy's Flags has only c_contiguous, f_contiguous and owndata (device memory is
@@ -113,7 +114,7 @@ class DistributedOptimizer:
         limit = int(self.strategy.fuse_grad_size_mb * (1 << 20))
         groups: Dict[tuple, List[List[str]]] = {}
         for name, p in self.params.items():
-            key = (p.dtype.str, self.owner.get(name, -1))
+            key = (p.dtype, self.owner.get(name, -1))   # the dtype: bfloat16's str is '<V2'
             runs = groups.setdefault(key, [[]])
             size = sum(self.params[n].nbytes for n in runs[-1])
             if runs[-1] and (not self.strategy.fuse_all_reduce_ops or size + p.nbytes > limit):
@@ -132,7 +133,8 @@ class DistributedOptimizer:
         return buckets
 
     def _check_same_everywhere(self) -> None:
-        spec = repr([(n, tuple(p.shape), p.dtype.str) for n, p in self.params.items()])
+        spec = repr([(n, tuple(p.shape), p.dtype.name, p.dtype.str)
+                     for n, p in self.params.items()])
         digest = np.array([zlib.crc32(spec.encode())], dtype=np.int64)
         seen = np.asarray(self.ctx.allgather(digest)).reshape(-1)
         others = [r for r in range(self.world) if seen[r] != seen[0]]
@@ -178,11 +180,11 @@ class DistributedOptimizer:
                                      f"parameter {tuple(self.params[name].shape)}")
                 view[...] = g.reshape(-1)
             if self.world > 1:
+                # op="mean": bfloat16 is divided before its one rounding on CPU transports
                 if b.owner < 0:
-                    self.ctx.allreduce(b.grads)
+                    self.ctx.allreduce(b.grads, op="mean")
                 else:
-                    self.ctx.reduce(b.grads, root=b.owner)
-                b.grads /= b.grads.dtype.type(self.world)
+                    self.ctx.reduce(b.grads, root=b.owner, op="mean")
             if b.owner < 0 or b.owner == self.ctx.rank:
                 for name, view in zip(b.names, self._views(b)):
                     self.optimizer.apply(name, self.params[name],

@@ -125,7 +125,7 @@ def test_socket_interface_is_exported_unless_the_user_set_it(tmp_path, nodes):
     plan = json.loads(fluidctl("train", *nodes, "--dry-run", "--json", TROUBLE, "wait",
                                cwd=tmp_path, timeout=120, check=0).stdout)
     env = plan["procs"][3]["env"]
-    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert env["NCCL_SOCKET_IFNAME"] == "=lo" and env["GLOO_SOCKET_IFNAME"] == "lo"  # NCCL: exact
     mine = json.loads(fluidctl("train", *nodes, "--dry-run", "--json", "--env",
                                "NCCL_SOCKET_IFNAME=eth9", TROUBLE, "wait", cwd=tmp_path,
                                timeout=120, check=0).stdout)

@@ -5,6 +5,7 @@ and fluidctl's real GPU handshake ends every rank within seconds with one clear 
 GPU can be used. The real cupy is only ever imported in subprocesses (the double shares its
 name)."""
 import json
+import pathlib
 import os
 import re
 import subprocess
@@ -95,6 +96,29 @@ def test_arrays_streams_and_devices_offer_nothing_real_cupy_lacks(surfaces):
     assert set(double["device"]) <= set(real["device"])
     for key in ("ndarray_get", "ndarray_set", "stream_init"):
         assert double[key] == real[key], key
+
+
+def test_what_fluidctl_calls_matches_and_instances_carry_the_same_attributes(surfaces):
+    """Issue 26: the functions fluidctl calls (with their parameters), CUDA's error texts and
+    what a Stream instance carries (real CuPy's is_non_blocking is a property; the double had
+    a ``non_blocking`` attribute), not just the class names."""
+    real, double, old = surfaces
+    for side in (double, old):
+        assert side["runtime"] == real["runtime"]
+        assert side["runtime_error"] == real["runtime_error"]
+        assert side["stream_instance"] == real["stream_instance"] == ["device_id", "ptr"]
+        assert side["stream_null"] == real["stream_null"] == [0, -1]
+        assert side["calls"] == real["calls"]
+        assert side["ndarray_attrs"] == real["ndarray_attrs"]
+        assert side["module_functions"] == real["module_functions"]
+        assert side["interprocess_timing"] == real["interprocess_timing"]
+    assert "is_non_blocking" in real["stream"] and "is_non_blocking" in double["stream"]
+
+
+def test_fluidctl_never_reaches_into_the_double():
+    for path in pathlib.Path(ROOT, "fluidctl").rglob("*.py"):
+        text = path.read_text()
+        assert "_double" not in text and "cupy_double" not in text, path
 
 
 def test_real_communicator_takes_fluidctls_id_form_and_fails_on_the_missing_gpu():

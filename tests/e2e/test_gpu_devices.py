@@ -70,7 +70,8 @@ def test_mig_instances_are_the_devices_and_each_rank_sees_its_own(tmp_path):
 def test_train_on_mig_instances_plans_one_instance_per_rank(tmp_path):
     res = subprocess.run([sys.executable, "-m", "fluidctl", "train", "--gpus", "2", "--dry-run",
                           "--json", "tests/scripts/behave.py"], cwd=ROOT, capture_output=True,
-                         text=True, env=dict(os.environ, PATH=fake_smi(tmp_path, MIG_SMI)),
+                         text=True, env=dict(os.environ, PATH=fake_smi(tmp_path, MIG_SMI),
+                                             NCCL_MULTI_RANK_GPU_ENABLE="1"),   # siblings
                          timeout=60)
     assert res.returncode == 0, res.stderr
     procs = json.loads(res.stdout)["procs"]

@@ -180,7 +180,8 @@ def test_an_nccl_error_on_one_rank_is_raised_on_every_rank(tmp_path):
     res = gpu_ranks(2, tmp_path, ["launch_error"], timeout=60)
     outs = results(res)
     assert outs[0]["error"] == outs[1]["error"], res
-    assert "NCCL allreduce failed on rank 1: NCCL_ERROR_INVALID_ARGUMENT" in outs[0]["error"]
+    # a handle that is no stream: CUDA's launch fails, NCCL says ncclUnhandledCudaError
+    assert "NCCL allreduce failed on rank 1: NCCL_ERROR_UNHANDLED_CUDA_ERROR" in outs[0]["error"]
 
 
 # --- the template under fluidctl train --gpus 2 (a fake nvidia-smi, the double) -------------

@@ -26,6 +26,12 @@ from fluidctl.runtime.collective.meta import CollectiveError
 __all__ = ["Communicator", "CollectiveError"]
 
 
+def problem_of(x) -> bool:
+    """Whether ``x`` cannot be used as is (the metadata exchange reports it)."""
+    return not (isinstance(x, np.ndarray) and x.flags.writeable
+                and (x.flags.c_contiguous or x.flags.f_contiguous))
+
+
 def _is_cupy(x) -> bool:
     return type(x).__module__.split(".")[0] == "cupy"
 
@@ -73,6 +79,8 @@ class Communicator:
     def _run(self, buf, kind: str, op: str, shape, dtype, root: int = 0,
              zero_input: bool = False) -> None:
         """Allreduce ``buf`` in place after every rank agreed on the call's metadata."""
+        if not problem_of(buf) and meta.is_bfloat16(getattr(buf, "dtype", None)):
+            return self._run_bfloat16(buf, kind, op, shape, root, zero_input)
         self._seq += 1
         flat, problem = self._flat(buf)
         key = (kind, op, str(dtype), tuple(shape), root, problem)
@@ -86,6 +94,21 @@ class Communicator:
         self._exchange(flat, rec, reduce_op, zero_input)
         if op == "mean":
             flat /= flat.dtype.type(self.world_size)
+
+    def _run_bfloat16(self, buf, kind: str, op: str, shape, root: int,
+                      zero_input: bool) -> None:
+        """bfloat16 on the CPU transports: reduced in float32 (exact for sums of a few
+        bfloat16 values, and for max/min) and rounded once at the end, so the result does not
+        depend on the order of the partial sums (shm's pieces, the ring's hops)."""
+        self._seq += 1
+        flat = buf.reshape(-1) if buf.flags.c_contiguous else buf.T.reshape(-1)
+        wide = flat.astype(np.float32)
+        rec = meta.record(self._seq, kind, op, np.float32, shape, root)
+        rec[meta.DTYPE] = meta.BFLOAT16
+        self._exchange(wide, rec, "sum" if op == "mean" else op, zero_input)
+        if op == "mean":
+            wide /= np.float32(self.world_size)
+        flat[...] = wide.astype(flat.dtype)
 
     def _exchange(self, flat, rec, reduce_op: str, zero_input: bool) -> None:
         """Agree on ``rec`` with every rank, then allreduce ``flat`` in place."""

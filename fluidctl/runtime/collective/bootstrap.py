@@ -93,12 +93,33 @@ def connect_store(env: envs.DistEnv, timeout: float):
     return server, client, master
 
 
-def _publish(env, store: StoreClient, endpoint: str, node: str, timeout: float) -> Layout:
+TORCH_PORT_KEY = "torch/master_port"
+
+
+def _free_port() -> int:
+    """A port free on every address of this host (torch's TCPStore binds all of them)."""
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def _publish(env, store: StoreClient, endpoint: str, node: str, timeout: float,
+             environ=None) -> Layout:
+    """Publish this rank's endpoint, node and pid; read everyone's. Rank 0 also publishes a
+    free port for torch.distributed (see ``envs.torch_port_taken``), which every rank whose
+    MASTER_PORT is the store's own puts into its environment before a script's
+    ``dist.init_process_group`` reads it."""
+    if env.rank == 0:
+        store.set(TORCH_PORT_KEY, str(_free_port()).encode())
     store.set(f"rank/{env.rank}", msgpack.packb({"ep": endpoint, "node": node,
                                                  "pid": os.getpid()}))
     keys = [f"rank/{r}" for r in range(env.world_size)]
+    handover = environ is not None and envs.torch_port_taken(environ, env.master)
     try:
-        infos = [msgpack.unpackb(v) for v in store.multi_get(keys, timeout)]
+        values = store.multi_get(keys + ([TORCH_PORT_KEY] if handover else []), timeout)
+        if handover:
+            environ[envs.TORCH_MASTER_PORT] = values.pop().decode()
+        infos = [msgpack.unpackb(v) for v in values]
     except StoreTimeout as exc:
         ranks = sorted(int(k.split("/")[1]) for k in exc.missing)
         where = [f"rank {r}" + (f" ({env.trainer_endpoints[r]})"
@@ -114,8 +135,10 @@ def _publish(env, store: StoreClient, endpoint: str, node: str, timeout: float) 
     return layout
 
 
-def build(env: envs.DistEnv, store: StoreClient, timeout: float, transport: str = "auto"
-          ) -> Communicator:
+def build(env: envs.DistEnv, store: StoreClient, timeout: float, transport: str = "auto",
+          environ=None) -> Communicator:
+    """``environ``: the mapping MASTER_PORT is handed over in for torch (os.environ when the
+    script's own environment was read; None leaves it alone)."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
     rank, world = env.rank, env.world_size
@@ -129,7 +152,7 @@ def build(env: envs.DistEnv, store: StoreClient, timeout: float, transport: str 
     if transport == "ring":
         node = f"{node}#{rank}"          # pretend every rank is a node of its own
     try:
-        layout = _publish(env, store, endpoint, node, timeout)
+        layout = _publish(env, store, endpoint, node, timeout, environ)
         local = layout.local_ranks(rank)
         leaders = layout.leaders()
         if transport == "shm" and len(leaders) > 1:

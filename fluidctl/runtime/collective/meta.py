@@ -37,18 +37,45 @@ class CollectiveError(RuntimeError):
     """A collective could not complete; raised on every rank with the same explanation."""
 
 
+CPU_DTYPES = "float16/32/64, bfloat16, int8-64, uint8-64 or bool"
+
+
+def is_bfloat16(dtype) -> bool:
+    """ml_dtypes.bfloat16 (kind 'V', str '<V2': only its name tells it apart)."""
+    return getattr(dtype, "name", "") == "bfloat16"
+
+
 def dtype_code(dtype: np.dtype) -> int:
-    """ord(dtype.char) for native-order supported dtypes, else a negative 'unsupported' code."""
+    """ord(dtype.char) for native-order supported dtypes (BFLOAT16 for bfloat16), else a
+    negative 'unsupported' code."""
+    if is_bfloat16(dtype):
+        return BFLOAT16
     if dtype.char in SUPPORTED and dtype.isnative:
         return ord(dtype.char)
     return -ord(dtype.char)
 
 
-def dtype_name(code: int) -> str:
+_NAME = slice(DIM0, CRC)          # an unsupported dtype's name travels where its shape would
+
+
+def pack_name(rec: np.ndarray, dtype) -> None:
+    """Write ``dtype``'s name into ``rec`` (for a dtype the others cannot name from its code:
+    ml_dtypes' float8 types, a byte-swapped array)."""
+    dtype = np.dtype(dtype)
+    name = (dtype.name if dtype.isnative else f"{dtype.name} ({dtype.str}, byte-swapped)")
+    raw = name.encode("ascii", "replace")[:8 * (CRC - DIM0)]
+    rec[_NAME] = np.frombuffer(raw.ljust(8 * (CRC - DIM0), b"\0"), np.int64)
+
+
+def dtype_name(code: int, rec: Optional[np.ndarray] = None) -> str:
     if code in _PROBLEMS:
         return _PROBLEMS[code]
     if code == BFLOAT16:
         return "bfloat16"
+    if rec is not None and code < 0:
+        packed = np.ascontiguousarray(rec[_NAME], dtype=np.int64).tobytes().rstrip(b"\0")
+        if packed:
+            return packed.decode("ascii", "replace")
     if code <= -GPU_UNSUPPORTED:
         code = -(-code - GPU_UNSUPPORTED)
     try:
@@ -72,6 +99,8 @@ def record(seq: int, kind: str, op: str, dtype: np.dtype, shape, root: int = 0,
     rec[NDIM] = len(shape)
     rec[DIM0:DIM0 + min(len(shape), MAX_DIMS)] = shape[:MAX_DIMS]
     rec[CRC] = zlib.crc32(repr(shape).encode())
+    if not problem and rec[DTYPE] < 0:
+        pack_name(rec, dtype)
     return rec
 
 
@@ -94,10 +123,10 @@ def check(table: np.ndarray, whole_world: bool = True) -> Optional[str]:
             if int(rec[DTYPE]) in _PROBLEMS:
                 return f"rank {r} passed {dtype_name(int(rec[DTYPE]))}"
             if rec[DTYPE] <= -GPU_UNSUPPORTED:
-                return (f"rank {r} passed a CuPy {dtype_name(int(rec[DTYPE]))} array, which NCCL "
-                        f"collectives do not support (on GPUs use {GPU_DTYPES})")
-            return (f"rank {r} passed {dtype_name(int(rec[DTYPE]))}, which collectives do not "
-                    "support (use float16/32/64, int8-64, uint8-64 or bool)")
+                return (f"rank {r} passed a CuPy {dtype_name(int(rec[DTYPE]), rec)} array, which "
+                        f"NCCL collectives do not support (on GPUs use {GPU_DTYPES})")
+            return (f"rank {r} passed {dtype_name(int(rec[DTYPE]), rec)}, which collectives "
+                    f"do not support (use {CPU_DTYPES})")
         if rec[OP] < 0:
             return f"rank {r} passed an unknown op (use one of {', '.join(OPS)})"
     ref = table[0]

@@ -44,7 +44,11 @@ from fluidctl.runtime.collective.meta import CollectiveError
 
 ID_KEY = "nccl/unique_id"
 ERROR_KEY = "nccl/error"
+INIT_ERROR = "nccl/init/error"        # the first error creating the communicator (all raise it)
+INIT_DONE = "nccl/init/done"          # a counter of ranks whose communicator is up
+INIT_ALL = "nccl/init/all"            # set by the last of them
 ID_BYTES = 128
+CUDA_NOT_READY = 600          # cudaErrorNotReady: what cudaEventQuery says of pending work
 _UNSIGNED_CHAR_MACHINES = ("aarch64", "arm64", "armv7l", "ppc64le", "ppc64", "s390x")
 
 
@@ -78,17 +82,56 @@ def cupy_major(cupy) -> int:
         return 14
 
 
+def _wrong_id_type(exc: TypeError) -> bool:
+    """Cython's "Argument 'commId' has incorrect type (expected tuple, got bytes)"."""
+    return "commId" in str(exc)
+
+
 def make_communicator(nccl, cupy, world_size: int, rank: int, data: bytes):
+    """The id in the form this CuPy's constructor takes: ``bytes`` from CuPy 14 (the
+    version says which to try first), a ``tuple`` of C chars before (and in 14.0.0a1); the
+    constructor's own type check (TypeError naming commId) decides when the version guessed
+    wrong, and the char's signedness is retried on OverflowError."""
     if len(data) != ID_BYTES:
         raise CollectiveError(f"the NCCL unique id in the store has {len(data)} bytes, not "
                               f"{ID_BYTES}: is rank 0 running another CuPy/NCCL?")
-    if cupy_major(cupy) >= 14:
+
+    def as_tuple():
+        signed = char_is_signed()
+        try:
+            return nccl.NcclCommunicator(world_size, decode_unique_id(data, False, signed), rank)
+        except OverflowError:    # the C char of this CuPy build has the other signedness
+            return nccl.NcclCommunicator(world_size, decode_unique_id(data, False, not signed),
+                                         rank)
+
+    def as_bytes():
         return nccl.NcclCommunicator(world_size, decode_unique_id(data, True), rank)
-    signed = char_is_signed()
+
+    first, second = (as_bytes, as_tuple) if cupy_major(cupy) >= 14 else (as_tuple, as_bytes)
     try:
-        return nccl.NcclCommunicator(world_size, decode_unique_id(data, False, signed), rank)
-    except OverflowError:        # the C char of this CuPy build has the other signedness
-        return nccl.NcclCommunicator(world_size, decode_unique_id(data, False, not signed), rank)
+        return first()
+    except TypeError as exc:
+        if not _wrong_id_type(exc):
+            raise
+    return second()
+
+
+# --- NCCL statuses CuPy cannot name ------------------------------------------------------
+# CuPy's NcclError looks its status up in a table that stops at 6 (ncclRemoteError), so newer
+# statuses raise KeyError(status) from inside NcclError's constructor.
+NCCL_STATUS = {7: "ncclInProgress: the communicator is non-blocking (NCCL_COMM_BLOCKING=0?)",
+               8: "ncclTimeout: NCCL's own timeout expired (NCCL >= 2.30)"}
+
+
+def describe(exc: BaseException) -> str:
+    """An exception from a CuPy NCCL call, as one line; a KeyError(int) is a status CuPy's
+    NcclError could not name."""
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], int):
+        status = exc.args[0]
+        return (f"NCCL returned status {status} "
+                f"({NCCL_STATUS.get(status, 'unknown to this fluidctl')}), which CuPy's "
+                "NcclError cannot name")
+    return str(exc) or type(exc).__name__
 
 
 # --- dtypes -------------------------------------------------------------------------------
@@ -127,19 +170,64 @@ def _probe(gpu: int, need_nccl: bool):
         cupy.cuda.Device(gpu).use()
     except Exception as exc:                     # CUDARuntimeError and friends
         return "error", f"cannot use GPU {gpu} ({exc})", cupy
+    if need_nccl and os.environ.get("NCCL_COMM_BLOCKING", "").strip() == "0":
+        return "error", ("NCCL_COMM_BLOCKING=0 asks for non-blocking NCCL communicators, which "
+                         "CuPy cannot drive (its calls would return ncclInProgress): unset "
+                         "NCCL_COMM_BLOCKING"), cupy
     if need_nccl:
         from cupy.cuda import nccl
         if not getattr(nccl, "available", False):
-            return "error", (f"CuPy {cupy.__version__} cannot load NCCL (pip install "
-                             "nvidia-nccl-cu12, or pip install 'fluidctl[gpu]')"), cupy
+            from fluidctl.runtime.gpuinstall import cuda_major_of, nccl_hint
+            return "error", (f"CuPy {cupy.__version__} cannot load NCCL "
+                             f"({nccl_hint(cuda_major_of(cupy))})"), cupy
     return "ok", f"CuPy {cupy.__version__}", cupy
+
+
+def _place(cupy, gpu: int) -> dict:
+    """Where this rank's GPU is, as NCCL compares ranks at init (host, PCI bus id), and the
+    NCCL version and opt-in that decide whether two ranks may share it."""
+    import socket
+    try:
+        bus = str(cupy.cuda.Device(gpu).pci_bus_id).lower()
+    except Exception:
+        bus = ""
+    try:
+        from cupy.cuda import nccl
+        version = int(nccl.get_version())
+    except Exception:
+        version = 0
+    from fluidctl import envs
+    return {"host": socket.gethostname(), "bus": bus, "nccl": version,
+            "opt_in": envs.shared_gpu_allowed(os.environ)}
+
+
+def _shared_gpu(table: List[dict]) -> Optional[str]:
+    """Two ranks on one physical GPU (same host and PCI bus id): NCCL <= 2.29 refuses it at
+    init ("Duplicate GPU detected"), NCCL >= 2.30 unless NCCL_MULTI_RANK_GPU_ENABLE=1. The
+    message names the opt-in, or why it does not help here."""
+    seen = {}
+    for r, t in enumerate(table):
+        if not t.get("bus"):
+            continue
+        key = (t.get("host"), t["bus"])
+        if key in seen and not (t.get("opt_in") and t.get("nccl", 0) >= 23000):
+            from fluidctl.runtime.gpuinstall import nccl_version_text
+            version = nccl_version_text(t.get("nccl", 0))
+            how = (f"NCCL {version} here allows it only from 2.30, with "
+                   "NCCL_MULTI_RANK_GPU_ENABLE=1" if t.get("opt_in") else
+                   "with NCCL >= 2.30 set NCCL_MULTI_RANK_GPU_ENABLE=1")
+            return (f"ranks {seen[key]} and {r} are on one GPU (PCI {t['bus']} of {key[0]}), "
+                    "which NCCL refuses (\"Duplicate GPU detected\"): give each rank its own "
+                    f"GPU, or {how}")
+        seen.setdefault(key, r)
+    return None
 
 
 def _verdict(table: List[dict]) -> Optional[str]:
     """None if every rank may use NCCL, 'cpu' if none has CuPy, else the error message."""
     states = [t["status"] for t in table]
     if all(s == "ok" for s in states):
-        return None
+        return _shared_gpu(table)
     if all(s == "nocupy" for s in states):
         return "cpu"
     bad = [f"rank {r}: {t['detail']}" for r, t in enumerate(table) if t["status"] != "ok"]
@@ -157,7 +245,9 @@ def setup(ctx, gpu: int):
     if store is None:                                     # a world of one
         table = [{"status": status, "detail": detail}]
     else:
-        store.set(f"gpu/probe/{rank}", msgpack.packb({"status": status, "detail": detail}))
+        store.set(f"gpu/probe/{rank}", msgpack.packb(
+            {"status": status, "detail": detail,
+             **(_place(cupy, gpu) if status == "ok" else {})}))
         table = [msgpack.unpackb(v) for v in store.multi_get(
             [f"gpu/probe/{r}" for r in range(world)], ctx.timeout)]
     verdict = _verdict(table)
@@ -180,6 +270,10 @@ class NcclTransport:
         self._peers = self._local_peers()
         with cupy.cuda.Device(device):
             self.stream = cupy.cuda.Stream(non_blocking=True)
+            # two events for every collective, re-recorded each time (a wait captures the
+            # event's state when it is queued); no timing: cheaper to record and to wait on
+            self._ready = cupy.cuda.Event(disable_timing=True)
+            self._done = cupy.cuda.Event(disable_timing=True)
         self._create()
 
     # --- set-up -------------------------------------------------------------------------
@@ -193,9 +287,11 @@ class NcclTransport:
                 [f"rank/{r}" for r in range(self.n)], 5.0)]
         except Exception:
             return []
+        from fluidctl.runtime.collective.shm import _pid_alive
         mine = infos[self.rank].get("node")
+        # only pids this process can see (ranks in another pid namespace are not watched)
         return [(r, i["pid"]) for r, i in enumerate(infos)
-                if r != self.rank and i.get("node") == mine]
+                if r != self.rank and i.get("node") == mine and _pid_alive(i["pid"])]
 
     def _create(self) -> None:
         nccl, store = self.nccl, self.store
@@ -212,7 +308,8 @@ class NcclTransport:
                 self.cupy.cuda.Device(self.device).use()     # the device is per thread
                 box["comm"] = make_communicator(nccl, self.cupy, self.n, self.rank, data)
             except BaseException as exc:                     # reported below, on every rank
-                box["error"] = f"{type(exc).__name__}: {exc}"
+                box["error"] = (describe(exc) if isinstance(exc, KeyError)
+                                else f"{type(exc).__name__}: {exc}")
 
         worker = threading.Thread(target=create, daemon=True, name="fluidctl-nccl-init")
         worker.start()
@@ -222,42 +319,56 @@ class NcclTransport:
                 raise CollectiveError(self._init_message({0: box.get("error", "timed out")}))
             self.comm = box["comm"]
             return
+        from fluidctl.runtime.collective.shm import _pid_alive
         deadline = time.monotonic() + self.timeout
         reported = False
-        while True:
-            worker.join(0.05)
+        while True:               # two store requests per rank per 50 ms, whatever the world
+            if worker.is_alive():
+                worker.join(0.05)
+            else:
+                time.sleep(0.05)          # (join returns at once: the loop would spin)
             if not worker.is_alive() and not reported:
-                store.set(f"nccl/init/{self.rank}", (box.get("error") or "").encode())
+                store.set(f"nccl/init/{self.rank}", b"1")   # read only at the deadline
+                if "error" in box:
+                    self._post_init_error({self.rank: box["error"]})
+                elif store.add(INIT_DONE, 1) == self.n:
+                    store.set(INIT_ALL, b"1")
                 reported = True
-            errors = self._init_errors()
-            if errors:
+            for r, pid in self._peers:      # a same-node rank that died: tell every rank
+                if not _pid_alive(pid):
+                    self._post_init_error({r: f"its process (pid {pid}, same node as rank "
+                                              f"{self.rank}) died"})
+            posted = self._get_now(INIT_ERROR)
+            if posted is None and time.monotonic() > deadline:
+                missing = [r for r in range(self.n) if self._get_now(f"nccl/init/{r}") is None]
+                posted = self._post_message(
+                    f"creating the NCCL communicator did not finish within {self.timeout:g}s: "
+                    f"rank(s) {', '.join(map(str, missing)) or '?'} still in ncclCommInitRank "
+                    "(a rank did not start, or NCCL cannot connect the nodes: set "
+                    "NCCL_DEBUG=INFO and NCCL_SOCKET_IFNAME)")
+            if posted is not None:
                 if "comm" in box:
                     box["comm"].abort()
-                raise CollectiveError(self._init_message(errors))
-            if reported and "comm" in box and self._all_reported():
+                raise CollectiveError(posted)
+            if reported and "comm" in box and self._get_now(INIT_ALL) is not None:
                 self.comm = box["comm"]
                 return
-            if time.monotonic() > deadline:
-                raise CollectiveError(
-                    f"rank {self.rank}: creating the NCCL communicator did not finish within "
-                    f"{self.timeout:g}s (a rank did not start, or NCCL cannot connect the "
-                    "nodes: set NCCL_DEBUG=INFO and NCCL_SOCKET_IFNAME)")
 
-    def _reports(self):
+    def _get_now(self, key: str) -> Optional[str]:
         from fluidctl.runtime.store import StoreTimeout
-        out = {}
-        for r in range(self.n):
-            try:
-                out[r] = self.store.get(f"nccl/init/{r}", 0).decode()
-            except StoreTimeout:
-                pass
-        return out
+        try:
+            return self.store.get(key, 0).decode()
+        except StoreTimeout:
+            return None
 
-    def _init_errors(self):
-        return {r: e for r, e in self._reports().items() if e}
+    def _post_init_error(self, errors) -> str:
+        return self._post_message(self._init_message(errors))
 
-    def _all_reported(self) -> bool:
-        return len(self._reports()) == self.n
+    def _post_message(self, message: str) -> str:
+        """The first rank's message wins, so every rank raises the same one."""
+        if self.store.add(INIT_ERROR + "/count", 1) == 1:
+            self.store.set(INIT_ERROR, message.encode())
+        return self.store.get(INIT_ERROR, 5.0).decode()
 
     def _init_message(self, errors) -> str:
         what = "; ".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))
@@ -288,6 +399,8 @@ class NcclTransport:
         code = problem or dtype_code(x.dtype)
         rec = meta.record(0, kind, op, np.uint8, x.shape, root, 0)
         rec[meta.DTYPE] = code
+        if code < 0 and not problem:
+            meta.pack_name(rec, x.dtype)          # the others name what they cannot see
         rec[meta.NBYTES] = int(x.nbytes)
         self.ctx.comm.agree(rec)                 # same CollectiveError everywhere on mismatch
         seq = int(rec[meta.SEQ])
@@ -299,10 +412,16 @@ class NcclTransport:
         cp, nccl = self.cupy, self.nccl
         with cp.cuda.Device(self.device):
             caller = cp.cuda.get_current_stream()
-            self.stream.wait_event(caller.record())
-            out = self._launch(kind, x, op, root)
-            done = self.stream.record()
-            caller.wait_event(done)
+            runtime_error = cp.cuda.runtime.CUDARuntimeError
+            try:             # after a sticky fault every CUDA call raises its error
+                self._ready.record(caller)
+                self.stream.wait_event(self._ready)
+                out = self._launch(kind, x, op, root)
+                done = self._done
+                done.record(self.stream)
+                caller.wait_event(done)
+            except runtime_error as exc:
+                self._fail(self._fault_message(kind, seq, str(exc)))
             self._wait(done, seq, kind)
             if op == "mean" and (kind != "reduce" or self.rank == root):
                 target = out if out is not None else x
@@ -331,28 +450,37 @@ class NcclTransport:
                     out = cp.empty((x.shape[0] // self.n,) + tuple(x.shape[1:]), dtype=x.dtype)
                 self.comm.reduceScatter(ptr, out.data.ptr, out.size, dt, red, s)
                 return out
+        except self.cupy.cuda.runtime.CUDARuntimeError:
+            raise                                # a CUDA fault: named by run()
         except Exception as exc:                 # NcclError raised at launch on this rank
-            self._fail(f"NCCL {kind} failed on rank {self.rank}: {exc}")
+            self._fail(f"NCCL {kind} failed on rank {self.rank}: {describe(exc)}")
         return None
 
     def _wait(self, done, seq: int, kind: str) -> None:
         """The one host wait of a collective: its completion event, to the deadline. Polls
         the event (cudaEventQuery, ~1 us) yielding the CPU for the first 10 ms, so a short
         collective is not slowed by the polling; NCCL's async error and the deadline are
-        looked at every millisecond, errors other ranks posted every half second."""
-        if done.done:
+        looked at every millisecond, same-node peers' processes every 0.2 s (NCCL never
+        reports a same-node death: P2P/SHM post no proxy work, so the call would hang to the
+        deadline), errors other ranks posted every half second."""
+        if self._finished(done, seq, kind):
             return
         start = time.monotonic()
         deadline, spin_until = start + self.timeout, start + 0.01
-        next_check, next_look = start, start + 0.5
-        while not done.done:
+        next_check, next_look, next_peers = start, start + 0.5, start + 0.2
+        while not self._finished(done, seq, kind):
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + 1e-3
                 try:
                     self.comm.check_async_error()
                 except Exception as exc:
-                    self._fail(f"NCCL {kind} (collective #{seq}) failed: {exc}")
+                    self._fail(f"NCCL {kind} (collective #{seq}) failed on rank {self.rank}: "
+                               f"{describe(exc)}")
+                if now > next_peers:
+                    next_peers = now + 0.2
+                    if self._dead_peers():
+                        self._fail(f"NCCL {kind} (collective #{seq}) cannot finish")
                 if now > deadline:
                     self._fail(f"NCCL {kind} (collective #{seq}) did not finish within "
                                f"{self.timeout:g}s on rank {self.rank}")
@@ -362,6 +490,29 @@ class NcclTransport:
                     if posted:
                         self._fail(posted, post=False)
             time.sleep(0 if now < spin_until else 5e-4)
+
+    def _finished(self, event, seq: int, kind: str) -> bool:
+        """cudaEventQuery: 0 done, cudaErrorNotReady (600) not yet, anything else a CUDA
+        fault (``Event.done`` is False for both, so a sticky fault would spin to the
+        deadline): a fault ends the collective now, named."""
+        runtime = self.cupy.cuda.runtime
+        status = runtime.eventQuery(event.ptr)
+        if status == 0:
+            return True
+        if status == CUDA_NOT_READY:
+            return False
+        try:
+            what = str(runtime.CUDARuntimeError(status))
+        except Exception:
+            what = f"CUDA error {status}"
+        self._fail(self._fault_message(kind, seq, what))
+        return False
+
+    def _fault_message(self, kind: str, seq: int, what: str) -> str:
+        return (f"NCCL {kind} (collective #{seq}) on rank {self.rank}: CUDA fault on GPU "
+                f"{self.device}: {what} (a kernel of this process failed; the CUDA context "
+                "is unusable: restart, and find the kernel with CUDA_LAUNCH_BLOCKING=1 or "
+                "compute-sanitizer)")
 
     def _posted(self) -> Optional[str]:
         if self.store is None:

@@ -9,8 +9,14 @@ conversion to numpy (``np.asarray(x)``), numpy arrays as operands, ``flags.write
 Streams keep CUDA's order: memory written on one stream and used on another (or read by the
 host) without an event wait or a synchronize in between raises ``StreamRace``, which on a GPU
 would be a silent race (the legacy null stream synchronises with blocking streams, as in CUDA).
-CUPY_DOUBLE_VERSION picks the release (default 14.2.0), CUPY_DOUBLE_GPUS the number of devices
-(narrowed by CUDA_VISIBLE_DEVICES), CUPY_DOUBLE_NCCL=0 plays a CuPy installed without NCCL.
+CUPY_DOUBLE_VERSION picks the release (default 14.2.0; 14.0.0a1 still takes the NCCL id as a
+tuple), CUPY_DOUBLE_GPUS the number of devices (narrowed by CUDA_VISIBLE_DEVICES as CUDA does:
+indices, GPU-/MIG-uuids, one MIG instance), CUPY_DOUBLE_NCCL=0 plays a CuPy installed without
+NCCL, CUPY_DOUBLE_NCCL_VERSION NCCL's version (default 23203), CUPY_DOUBLE_CUDA_VERSION the CUDA
+CuPy was built for (default 12080), CUPY_DOUBLE_HOST the host a process is on (NCCL reports a
+dead peer only across hosts). ``cupy._double.fault(700)`` plays a kernel fault: a sticky CUDA
+error every later call returns. The current stream is per thread and per device, as in
+stream.pyx; streams and events belong to the device current when they were made.
 """
 import numpy as _np
 

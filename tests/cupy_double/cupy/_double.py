@@ -15,6 +15,7 @@ _lock = threading.Lock()
 _starts = []                 # sorted allocation start addresses
 _allocs = {}                 # start -> (end, device id)
 host_waits = {"count": 0, "by_stream": {}}
+events_made = {"timing": 0, "plain": 0}     # cupy.cuda.Event() with / without timing
 # stream order, as CUDA defines it: each allocation's last write (stream, that stream's op
 # count); what each stream, and the host, has waited for. A use on another stream without an
 # event wait or a synchronize in between is a race on a GPU: the double raises.
@@ -22,13 +23,38 @@ _writers = {}                 # allocation start -> (Stream, tick)
 host_known = {}               # stream ptr -> tick the host has seen finish
 
 
+sticky = 0                   # a sticky CUDA error of this process's context (0: none)
+
+
+def fault(status: int = 700) -> None:
+    """A kernel of this process hit ``status`` (700: cudaErrorIllegalAddress, 719:
+    cudaErrorLaunchFailure): the context is unusable, every later runtime call returns it."""
+    global sticky
+    sticky = int(status)
+
+
 def device_count() -> int:
+    """CUDA's enumeration under CUDA_VISIBLE_DEVICES: entries are indices (< the GPUs there
+    are), GPU-<uuid> or MIG-<uuid> (the double has as many GPUs as CUPY_DOUBLE_GPUS, any uuid
+    is one of them); CUDA stops at the first invalid or repeated entry, and enumerates one MIG
+    instance per process at most (later MIG entries are skipped)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     total = int(os.environ.get("CUPY_DOUBLE_GPUS", "8"))
     if visible is None:
         return total
-    items = [v for v in visible.split(",") if v.strip()]
-    return min(len(items), total)
+    seen, mig = [], False
+    for item in (v.strip() for v in visible.split(",")):
+        if item.isdigit():
+            if int(item) >= total or item in seen:
+                break
+        elif item.startswith("MIG-") and len(item) > 4:
+            if mig:
+                continue
+            mig = True
+        elif not (item.startswith("GPU-") and len(item) > 4) or item in seen:
+            break
+        seen.append(item)
+    return min(len(seen), total)
 
 
 def current_device() -> int:
@@ -87,8 +113,8 @@ def _ordered(writer, tick, stream) -> bool:
     if stream._known.get(writer.ptr, 0) >= tick:
         return True
     # the legacy default stream synchronises with every blocking stream
-    return (writer.ptr == 0 and not stream.non_blocking) or \
-        (stream.ptr == 0 and not writer.non_blocking)
+    return (writer.ptr == 0 and not stream.is_non_blocking) or \
+        (stream.ptr == 0 and not writer.is_non_blocking)
 
 
 def used(ptr: int, stream) -> None:

@@ -1,32 +1,118 @@
 """cupy.cuda of the double: Device (current device per thread, as CUDA's runtime keeps it),
 Stream / Event (queued work runs in order on a thread per stream), runtime, nccl."""
 import itertools
+import os
 import threading
+import weakref
 
 from cupy import _double
 
 _ptrs = itertools.count(0x7000)
 _streams = {}                 # ptr -> Stream (for NCCL calls, which get the raw handle)
+_events = weakref.WeakValueDictionary()   # ptr -> Event (runtime.eventQuery gets the raw handle)
+
+
+# cudaGetErrorName / cudaGetErrorString of the statuses the double gives (real CuPy's texts)
+_ERRORS = {
+    1: ("cudaErrorInvalidValue", "invalid argument"),
+    35: ("cudaErrorInsufficientDriver",
+         "CUDA driver version is insufficient for CUDA runtime version"),
+    100: ("cudaErrorNoDevice", "no CUDA-capable device is detected"),
+    101: ("cudaErrorInvalidDevice", "invalid device ordinal"),
+    400: ("cudaErrorInvalidResourceHandle", "invalid resource handle"),
+    600: ("cudaErrorNotReady", "device not ready"),
+    700: ("cudaErrorIllegalAddress", "an illegal memory access was encountered"),
+    710: ("cudaErrorAssert", "device-side assert triggered"),
+    715: ("cudaErrorIllegalInstruction", "an illegal instruction was encountered"),
+    719: ("cudaErrorLaunchFailure", "unspecified launch failure"),
+    999: ("cudaErrorUnknown", "unknown error"),
+}
 
 
 class _Runtime:
+    """cupy_backends/cuda/api/runtime.pyx: ``CUDARuntimeError(status)`` names the status;
+    ``eventQuery``/``streamQuery`` return cudaEventQuery's status as is (0, 600 =
+    cudaErrorNotReady, or a fault); the others raise through check_status. A sticky fault
+    (``_double.fault(700)``: a kernel hit an illegal address) is what every later call
+    returns, as in a CUDA context after such an error."""
+
     class CUDARuntimeError(RuntimeError):
-        def __init__(self, status, message):
+        def __init__(self, status):
             self.status = status
-            super().__init__(message)
+            name, text = _ERRORS.get(status, ("cudaErrorUnknown", "unknown error"))
+            super().__init__("%s: %s" % (name, text))
+
+        def __reduce__(self):
+            return (type(self), (self.status,))
+
+    errorInvalidValue = 1
+    errorMemoryAllocation = 2
+    errorInvalidResourceHandle = 400
+    errorContextIsDestroyed = 709
+    errorPeerAccessAlreadyEnabled = 704
+
+    def _check(self):
+        if _double.sticky:
+            raise self.CUDARuntimeError(_double.sticky)
+
+    def deviceGetPCIBusId(self, device):
+        """cudaDeviceGetPCIBusId: the bus id of the physical GPU behind ``device`` (the
+        double derives it from the CUDA_VISIBLE_DEVICES entry, so two processes that see one
+        GPU get the same id)."""
+        self._check()
+        if not 0 <= int(device) < _double.device_count():
+            raise self.CUDARuntimeError(101)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        items = [v.strip() for v in visible.split(",")] if visible is not None else []
+        name = items[int(device)] if int(device) < len(items) else str(int(device))
+        if name.startswith("MIG-"):
+            name = "mig"                       # the double's MIG instances share one GPU
+        bus = int(name) + 0x10 if name.isdigit() else \
+            0x80 + int(__import__("zlib").crc32(name.encode())) % 0x70
+        return "0000:%02X:00.0" % bus
+
+    def runtimeGetVersion(self):
+        # cudaRuntimeGetVersion: the CUDA this CuPy was built for (12080: 12.8); no GPU needed
+        return int(os.environ.get("CUPY_DOUBLE_CUDA_VERSION", "12080"))
 
     def getDeviceCount(self):
+        self._check()
         return _double.device_count()
+
+    def eventQuery(self, event):
+        if _double.sticky:
+            return _double.sticky
+        ev = _events.get(int(event))
+        if ev is None:
+            return 400
+        return 0 if ev._done.is_set() else 600
+
+    def eventSynchronize(self, event):
+        self._check()
+        ev = _events.get(int(event))
+        if ev is None:
+            raise self.CUDARuntimeError(400)
+        ev._done.wait()
+        self._check()
+
+    def streamQuery(self, stream):
+        if _double.sticky:
+            return _double.sticky
+        s = _streams.get(int(stream))
+        if s is None:
+            return 400
+        return 0 if s._worker is None or s._worker.idle() else 600
 
     def getDevice(self):
         return _double.current_device()
 
     def setDevice(self, index):
         if not 0 <= index < _double.device_count():
-            raise self.CUDARuntimeError(101, "cudaErrorInvalidDevice: invalid device ordinal")
+            raise self.CUDARuntimeError(101)
         _double.set_device(index)
 
     def deviceSynchronize(self):
+        self._check()
         for s in list(_streams.values()):
             s.synchronize()
 
@@ -66,6 +152,11 @@ class Device:
     def synchronize(self):
         runtime.deviceSynchronize()
 
+    @property
+    def pci_bus_id(self):
+        # device.pyx: runtime.deviceGetPCIBusId(self.id)
+        return runtime.deviceGetPCIBusId(self.id)
+
 
 def get_device_id():
     return _double.current_device()
@@ -74,42 +165,86 @@ def get_device_id():
 _tls = threading.local()
 
 
+def _current():
+    """stream.pyx's _ThreadLocal: per thread, a current stream for EACH device, and a stack
+    of (device, previous stream) for ``with stream:``."""
+    if not hasattr(_tls, "current"):
+        _tls.current, _tls.stack = {}, []
+    return _tls
+
+
 class Event:
+    """stream.pyx's Event: ``ptr``, ``done``, ``record``, ``synchronize`` (no other public
+    attribute). CUDA ties an event to the device current when it was made: recording it on a
+    stream of another device is cudaErrorInvalidResourceHandle."""
+
     def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.ptr = 0
+        if interprocess and not disable_timing:
+            raise ValueError('Timing must be disabled for interprocess events')
+        runtime._check()
         self.ptr = next(_ptrs)
+        self._device = _double.current_device()
+        self._timing = not disable_timing
+        _double.events_made["timing" if self._timing else "plain"] += 1
         self._done = threading.Event()
         self._done.set()
         self._stream, self._tick, self._known = None, 0, {}
+        _events[self.ptr] = self
 
     @property
     def done(self):
-        return self._done.is_set()
+        # stream.pyx: return runtime.eventQuery(self.ptr) == 0 (a fault is "not done")
+        return runtime.eventQuery(self.ptr) == 0
 
     def record(self, stream=None):
         stream = stream or get_current_stream()
+        runtime._check()
+        stream_device = stream.device_id if stream.device_id != -1 else \
+            _double.current_device()
+        if stream_device != self._device:
+            raise runtime.CUDARuntimeError(400)          # cudaEventRecord across devices
         self._done = threading.Event()
         self._stream, self._tick, self._known = stream, stream._tick, dict(stream._known)
         stream._enqueue(self._done.set)
 
     def synchronize(self):
         _double.waited(self.ptr)
-        self._done.wait()
+        runtime.eventSynchronize(self.ptr)
         if self._stream is not None:
             _double.host_saw(self._stream, self._tick, self._known)
 
 
+def _check_stream_device_match(device_id):
+    current = _double.current_device()
+    if device_id == -1:
+        device_id = current
+    if device_id != current:
+        raise RuntimeError(f'The device that the stream is created on ({device_id})'
+                           f' does not match with the current device ({current})')
+    return device_id
+
+
 class Stream:
+    """stream.pyx's Stream: ``ptr``, ``device_id`` (-1 for the null stream), the property
+    ``is_non_blocking``; ``use()`` and ``with`` refuse a stream of another device than the
+    current one; the current stream is per thread and per device."""
     null = None
 
     def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+        runtime._check()
         self.ptr = 0 if null else next(_ptrs)
         self.device_id = -1 if null else _double.current_device()
-        self.non_blocking = bool(non_blocking)
+        self._non_blocking = bool(non_blocking) and not null
         self._worker = None
         self._tick = 0                # ops queued so far (stream order bookkeeping)
         self._known = {}              # stream ptr -> tick this stream has waited for
         self._lock = threading.Lock()
         _streams[self.ptr] = self
+
+    @property
+    def is_non_blocking(self):
+        return self._non_blocking
 
     def _enqueue(self, fn):
         """Queue device work; with nothing queued before, it runs at once."""
@@ -133,12 +268,14 @@ class Stream:
 
     @property
     def done(self):
-        return self._worker is None or self._worker.idle()
+        return runtime.streamQuery(self.ptr) == 0
 
     def synchronize(self):
         _double.waited(self.ptr)
+        runtime._check()
         if self._worker is not None:
             self._worker.drain()
+        runtime._check()
         _double.host_saw(self, self._tick, self._known)
 
     def record(self, event=None):
@@ -155,23 +292,30 @@ class Stream:
             self._enqueue_async(done.wait)
 
     def use(self):
-        _tls.stream = self
+        device = _check_stream_device_match(self.device_id)
+        _current().current[device] = self
         return self
 
     def __enter__(self):
-        _tls.stack = getattr(_tls, "stack", [])
-        _tls.stack.append(get_current_stream())
-        return self.use()
+        device = _check_stream_device_match(self.device_id)
+        tls = _current()
+        tls.stack.append((device, tls.current.get(device, Stream.null)))
+        tls.current[device] = self
+        return self
 
     def __exit__(self, *exc):
-        _tls.stream = _tls.stack.pop()
+        tls = _current()
+        device, previous = tls.stack.pop()
+        tls.current[device] = previous
 
 
 Stream.null = Stream(null=True)
 
 
 def get_current_stream(device_id=-1):
-    return getattr(_tls, "stream", Stream.null)
+    if device_id == -1:
+        device_id = _double.current_device()
+    return _current().current.get(device_id, Stream.null)
 
 
 def stream_of(ptr):

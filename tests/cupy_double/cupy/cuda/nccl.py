@@ -10,9 +10,20 @@ socket on 127.0.0.1 in the calling process, its port written into the id), every
 connects to it, and each call ships the send buffer's bytes, read from its device pointer, to
 the hub, which reduces them with numpy and sends each rank what NCCL would write into its
 receive buffer. Calls are queued on the given stream and run in order on that stream's thread,
-as on a GPU. Like NCCL, a communicator whose peer died reports ``ncclRemoteError`` through
-``check_async_error`` while its queued call never finishes, until ``abort()``; calls that
-disagree between ranks (count, type, op, root) hang, as NCCL's would.
+as on a GPU. Calls that disagree between ranks (count, type, op, root) hang, as NCCL's would.
+
+A dead peer, as NCCL sees it (src/proxy.cc, transport/net*.cc): only the network transport
+between nodes notices a closed connection, in its proxy thread, and reports
+``ncclRemoteError`` through ``check_async_error``; peers on the same node talk through P2P /
+SHM with no proxy work, so a same-node death is never reported: the call just never finishes,
+until ``abort()``. The double does the same: each communicator joins with its host
+(CUPY_DOUBLE_HOST, else the hostname), and the hub (which lives in the process that called
+``get_unique_id``) tells only members on other hosts.
+
+Init refuses what ncclCommInitRank refuses (src/init.cc, initTransportsRank): two ranks on one
+GPU of one host ("Duplicate GPU detected", ncclInvalidUsage), unless NCCL >= 2.30 and
+NCCL_MULTI_RANK_GPU_ENABLE=1. The physical GPU is the CUDA_VISIBLE_DEVICES entry of the
+communicator's device. CUPY_DOUBLE_NCCL_VERSION sets get_version() (default 23203: 2.32.3).
 """
 import os
 import platform
@@ -26,6 +37,8 @@ from cupy import _double
 
 available = os.environ.get("CUPY_DOUBLE_NCCL", "1") != "0"
 _V14 = int(__import__("cupy").__version__.split(".")[0]) >= 14
+# the id as bytes came during the 14 pre-releases: 14.0.0a1 still hands out and takes a tuple
+_BYTES_ID = _V14 and __import__("cupy").__version__ != "14.0.0a1"
 _ID_BYTES = 128
 _CHAR_SIGNED = platform.machine().lower() not in ("aarch64", "arm64", "ppc64le", "s390x")
 
@@ -41,7 +54,25 @@ _TEXT = {1: "unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
          6: "remote process exited or there was a network error"}
 
 _MAGIC = b"NCCLDBL1"
-_VERSION = 23203
+_VERSION = int(os.environ.get("CUPY_DOUBLE_NCCL_VERSION", "23203"))
+
+
+def _host_hash() -> bytes:
+    import hashlib
+    host = os.environ.get("CUPY_DOUBLE_HOST") or socket.gethostname()
+    return hashlib.blake2b(host.encode(), digest_size=8).digest()
+
+
+def _physical(device: int) -> bytes:
+    """What NCCL compares as busId: the CUDA_VISIBLE_DEVICES entry behind ``device``."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    items = [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else []
+    name = items[device] if device < len(items) else str(device)
+    return name.encode()[:64].ljust(64, b"\0")
+
+
+def _multi_rank_gpu() -> bool:
+    return _VERSION >= 23000 and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE", "0") == "1"
 
 
 def _define():
@@ -62,6 +93,8 @@ def _numpy_dtype(code):
 
 
 class NcclError(RuntimeError):
+    # nccl.pyx: ERROR2 stops at 6, so ncclInProgress (7) and ncclTimeout (8, NCCL 2.30) raise
+    # KeyError(status) from here, as in real CuPy
     def __init__(self, status):
         self.status = status
         super().__init__("%s: %s" % (_ERROR2[status], _TEXT[status]))
@@ -124,16 +157,22 @@ class _Hub:
         try:
             header, _ = _recv(conn)
             uid, n, rank = header[:128], *struct.unpack("!ii", header[128:136])
+            host, gpu, multi = header[136:144], header[144:208], header[208:209] == b"1"
             with self.lock:
                 group = self.groups.setdefault(uid, {"n": n, "members": {}, "calls": {},
+                                                     "hosts": {}, "gpus": {},
                                                      "broken": False})
                 if rank in group["members"] or not 0 <= rank < n or group["n"] != n:
                     _send(conn, b"invalid")
                     return
                 group["members"][rank] = conn
+                group["hosts"][rank] = host
+                group["gpus"][rank] = (host, gpu, multi)
                 if len(group["members"]) == n:
+                    places = list(group["gpus"].values())
+                    dup = any(places.count(p) > 1 and not p[2] for p in places)
                     for s in group["members"].values():
-                        _send(s, b"ready")
+                        _send(s, b"duplicate" if dup else b"ready")
             while True:
                 header, payload = _recv(conn)
                 self._arrive(group, rank, header, payload)
@@ -143,8 +182,10 @@ class _Hub:
             with self.lock:
                 if group["members"].get(rank) is conn:
                     group["broken"] = True
+                    dead_host = group["hosts"].get(rank)
                     for r, s in group["members"].items():
-                        if r != rank:
+                        # only the network transport (another host) notices
+                        if r != rank and group["hosts"].get(r) != dead_host:
                             try:
                                 _send(s, b"remote")
                             except OSError:
@@ -203,15 +244,16 @@ def get_unique_id():
     with _hub_lock:
         if _hub is None:
             _hub = _Hub()
-    raw = _MAGIC + struct.pack("!H", _hub.port) + os.urandom(_ID_BYTES - 10)
-    if _V14:
+    # magic, the hub's port, the hub's host (its death is a same-node one for that host)
+    raw = _MAGIC + struct.pack("!H", _hub.port) + _host_hash() + os.urandom(_ID_BYTES - 18)
+    if _BYTES_ID:
         return raw
     # CuPy <= 13: tuple([<char>uniqueId.internal[i] ...]): C char's signedness
     return tuple((b - 256 if b > 127 else b) if _CHAR_SIGNED else b for b in raw)
 
 
 def _id_bytes(commId):
-    if _V14:
+    if _BYTES_ID:
         if not isinstance(commId, bytes):
             raise TypeError("Argument 'commId' has incorrect type (expected bytes, got %s)"
                             % type(commId).__name__)
@@ -248,6 +290,8 @@ class NcclCommunicator:
         ndev, rank = int(ndev), int(rank)
         uid = _id_bytes(commId)
         self._comm = 0
+        if os.environ.get("NCCL_COMM_BLOCKING", "") == "0":
+            check_status(7)          # ncclCommInitRank returns ncclInProgress: KeyError(7)
         self._device = _double.current_device()
         if not 0 <= self._device < _double.device_count():
             raise NcclError(1)
@@ -255,9 +299,12 @@ class NcclCommunicator:
             raise NcclError(4)
         port, = struct.unpack("!H", uid[8:10])
         self._sock = socket.create_connection(("127.0.0.1", port))
-        _send(self._sock, uid + struct.pack("!ii", ndev, rank))
+        self._host = _host_hash()
+        self._hub_host = uid[10:18]
+        _send(self._sock, uid + struct.pack("!ii", ndev, rank) + self._host +
+              _physical(self._device) + (b"1" if _multi_rank_gpu() else b"0"))
         answer, _ = _recv(self._sock)            # ncclCommInitRank blocks until all joined
-        if answer != b"ready":
+        if answer != b"ready":                   # "Duplicate GPU detected": ncclInvalidUsage
             self._sock.close()
             raise NcclError(5)
         self._n, self._rank = ndev, rank
@@ -302,8 +349,11 @@ class NcclCommunicator:
         return self._n
 
     def check_async_error(self):
-        check_status(self._error)
-        if not self._comm and not self._aborted.is_set():
+        # nccl.pyx: ncclCommGetAsyncError(self._comm, ...) checks the async error, then the
+        # call's result: on a destroyed or aborted communicator (_comm = 0) that is
+        # ncclInvalidArgument
+        check_status(self._error if self._comm else 0)
+        if not self._comm:
             raise NcclError(4)
 
     def _need(self):
@@ -344,17 +394,27 @@ class NcclCommunicator:
         if op == 4 and dt.kind not in "f" and dt.name != "bfloat16":
             raise NcclError(4)
         size = dt.itemsize
-        # NCCL's pointer check: device memory of this communicator's device
+        # enqueue.cc ArgsCheck: the pointers are checked only with NCCL_CHECK_POINTERS=1
+        # (ncclInvalidArgument); otherwise a pointer that is not this device's memory faults
+        # the kernel (cudaErrorIllegalAddress, sticky), found when the call runs
         needs_send = kind != "broadcast" or self._rank == root
         needs_recv = kind != "reduce" or self._rank == root
+        bad_pointer = False
         for ptr, nbytes, needed in ((send, send_count * size, needs_send),
                                     (recv, recv_count * size, needs_recv)):
             if needed and nbytes and _double.lookup(int(ptr), nbytes) != self._device:
-                raise NcclError(4)
+                if os.environ.get("NCCL_CHECK_POINTERS", "0") == "1":
+                    raise NcclError(4)
+                bad_pointer = True
         from cupy.cuda import stream_of
         s = stream_of(int(stream))
         if s is None or (s.device_id not in (-1, self._device)):
-            raise NcclError(4)
+            # the launch on a handle that is no stream of this device fails in CUDA
+            # (cudaErrorInvalidResourceHandle): NCCL's CUDACHECK -> ncclUnhandledCudaError
+            raise NcclError(1)
+        if bad_pointer:
+            s._enqueue_async(lambda: _double.fault(700))
+            return
         if needs_send and send_count:
             _double.used(int(send), s)            # NCCL reads on its stream: ordered?
         s._tick += 1
@@ -374,10 +434,11 @@ class NcclCommunicator:
             with self._io:
                 _send(self._sock, header, payload)
                 answer, data = _recv(self._sock)
-        except OSError:
-            answer, data = b"remote", b""
+        except OSError:                       # the hub's process is gone
+            answer, data = (b"hang" if self._hub_host == self._host else b"remote"), b""
         if answer != b"done":
-            self._error = 6
+            if answer == b"remote":           # the net transport's proxy saw it
+                self._error = 6
             self._aborted.wait()              # NCCL's kernel spins until the comm is aborted
             return
         if needs_recv and len(data) == recv_bytes:
