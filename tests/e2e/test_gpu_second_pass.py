@@ -410,7 +410,7 @@ def test_each_node_gets_its_own_socket_interface():
              NS(address="10.9.9.9", label="c")]
     plan = NS(job=NS(nodes=nodes), on_node=lambda i: [p for p in procs if p.node == i])
     logged = []
-    me = NS(agents=[NS(probe={"ifaces": a}), NS(probe={"ifaces": b}), NS(probe={"ifaces": b})],
+    me = NS(agents=[NS(probe=NS(ifaces=a)), NS(probe=NS(ifaces=b)), NS(probe=NS(ifaces=b))],
             log=logged.append)
     SSHLauncher._socket_ifnames(me, NS(user_env={}), plan)
     assert [p.env for p in procs[:4]] == \
