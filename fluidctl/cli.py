@@ -134,6 +134,11 @@ def _main(argv) -> None:
     import click
     try:
         code = _cli().main(args=argv, prog_name="fluidctl", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # a bare group (`fluidctl`, `fluidctl job`): its help, intact, on stderr; exit 2, as
+        # click itself does in standalone mode
+        click.echo(exc.ctx.get_help(), err=True)
+        sys.exit(2)
     except click.UsageError as exc:
         msg = exc.format_message().replace("\n", " ")
         click.echo(f"error: {msg} ({_usage_hint(exc)})", err=True)

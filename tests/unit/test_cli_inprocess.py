@@ -83,3 +83,13 @@ def test_dry_run_table_names_every_rank(capsys, tmp_path, monkeypatch):
     assert "workerlog.0" in out and "workerlog.1" in out
     assert plan_json["procs"][1]["log"].endswith("workerlog.1")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("group", [[], ["job"], ["cluster"], ["pserver"]])
+def test_bare_group_prints_its_help_intact(capsys, group):
+    """As click does standalone: the help, line by line, on stderr, exit 2; not one error line."""
+    code, out, err = run_cli(capsys, *group)
+    assert code == 2 and out == ""
+    assert err.startswith("Usage: fluidctl"), err
+    assert "\nCommands:\n" in err and len(err.splitlines()) > 8
+    assert not err.startswith("error:")
