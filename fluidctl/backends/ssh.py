@@ -34,7 +34,7 @@ from fluidctl.agentproto import (AGENT_MODULE, BEAT_TAG, CR_MARK, DOCTOR_TAG, DU
                                  tag_for)
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.diagnostics.watch import Diagnostics, StackDump, local_activity
-from fluidctl.errors import UsageError
+from fluidctl.errors import UsageError, node_failures
 from fluidctl.diagnostics.failures import Failure
 from fluidctl.planning import plan as planner
 from fluidctl.planning.hosts import Host
@@ -306,9 +306,9 @@ def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remot
         if not given:
             for node in connected.values():
                 node.close()
-        raise UsageError("; ".join(f"node {name}: {why}" for name, why in failures),
-                         "fix the node(s) or the hostfile; 'fluidctl cluster check' shows "
-                         "every node; nothing was started")
+        raise node_failures("could not start the job", failures, len(hosts),
+                            "fix the node(s) or the hostfile; 'fluidctl cluster check' shows "
+                            "every node; nothing was started", error=UsageError)
     return connected, agents
 
 

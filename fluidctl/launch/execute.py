@@ -163,8 +163,8 @@ def print_plan(plan: Plan, as_json: bool, show_secrets: bool = False) -> None:
             record = _masked(record)
         click.echo(json.dumps(record, indent=2))
         return
-    from fluidctl.console import console, plan_table
-    console().print(plan_table(plan))
+    from fluidctl.console import print_plan_table
+    print_plan_table(plan)
     import shlex
     for command in plan.commands:
         click.echo(f"{command.host}: {shlex.join(command.argv)}")

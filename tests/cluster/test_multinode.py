@@ -283,8 +283,11 @@ def test_a_missing_remote_dir_is_refused_before_anything_starts(tmp_path, sshd_n
     res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--remote-dir",
                    tmp_path / "nowhere", HELLO, cwd=tmp_path, timeout=60)
     assert res.returncode == 2
-    assert "remote dir" in res.stderr and "does not exist" in res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "mylog").exists()
+    lines = res.stderr.strip().splitlines()     # a summary, then one line per node
+    assert lines[0].startswith("error: 2 of 2 node(s) could not start the job (")
+    assert [line.split(":")[0] for line in lines[1:]] == ["  node node1", "  node node2"]
+    assert all("remote dir" in line and "does not exist" in line for line in lines[1:])
+    assert not (tmp_path / "mylog").exists()
 
 
 def test_a_wrong_remote_python_is_named(tmp_path, sshd_nodes, hosts):
