@@ -171,3 +171,44 @@ def test_pserver_status_into_a_pipe_is_plain_columns(capsys, tmp_path, monkeypat
     assert code == 0, err
     assert not set("│┃┏━") & set(out)
     assert out.splitlines()[2].split(" | ")[:3] == ["127.0.0.1:7164", "999999999", "dead "]
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--show-secrets"], "--show-secrets only works with --dry-run --json"),
+    (["--dry-run", "--show-secrets"], "--show-secrets only works with --dry-run --json"),
+    (["--dry-run", "--tee", "all", "--tee-ranks", "0"], "--tee all and --tee-ranks both given"),
+    (["--dry-run", "--tee", "none", "--tee-ranks", "0"], "--tee none and --tee-ranks both"),
+])
+def test_conflicting_options_are_refused(capsys, tmp_path, monkeypatch, args, said):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "train", *args, BEHAVE)
+    assert code == 2 and out == "" and err.startswith(f"error: {said}"), err
+    assert len(err.splitlines()) == 1
+
+
+def test_nproc_against_hostfile_slots_is_a_warning(capsys, tmp_path, monkeypatch):
+    """slots= wins (as --hostfile's help says); --nproc that disagrees gets one warning line."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "train", "--hosts", "n1.invalid:2,n2.invalid", "--nproc", 3,
+                             "--dry-run", BEHAVE)
+    assert code == 2        # the nodes cannot be reached; the warning came first
+    assert err.splitlines()[0] == ("warning: --nproc 3 does not apply to n1.invalid (slots=2): "
+                                   "a hostfile's slots= is its node's trainer count (drop "
+                                   "--nproc, or change slots=)")
+    code, out, err = run_cli(capsys, "train", "--hosts", "n1.invalid:3", "--nproc", 3,
+                             "--dry-run", BEHAVE)
+    assert "warning" not in err
+
+
+def test_shard_data_warns_when_shards_hold_different_counts(capsys, tmp_path):
+    data = tmp_path / "d.txt"
+    data.write_text("a\nbb\n" + "c" * 40 + "\nd\ne\n")
+    code, out, err = run_cli(capsys, "shard-data", data, "--trainers", 2, "-o", tmp_path / "s")
+    assert code == 0
+    assert err == ("warning: the shards hold 2 to 3 records: a collective job stalls at its "
+                   "last step, the trainers with more waiting for the ones that ran out (add "
+                   "--equalize pad or --equalize truncate)\n")
+    for equalize in ("pad", "truncate"):
+        code, out, err = run_cli(capsys, "shard-data", data, "--trainers", 2, "-o",
+                                 tmp_path / equalize, "--equalize", equalize)
+        assert code == 0 and err == ""
