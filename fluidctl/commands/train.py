@@ -87,8 +87,8 @@ def _non_negative(name: str):
 @click.option("--accept-new-host-keys", is_flag=True,
               help="Trust host keys seen for the first time (default: refuse, as OpenSSH does).")
 @click.option("--remote-dir", type=str, default=None,
-              help="Working directory on the nodes (default: this directory's path), e.g. "
-                   "--remote-dir /work/job.")
+              help="Working directory on the nodes (default: this directory's path; '{host}' "
+                   "is the node's name), e.g. --remote-dir /work/job or /scratch/{host}/job.")
 @click.option("--python", "python", type=str, default=None,
               help="Python interpreter on the nodes (default: the one running fluidctl), e.g. "
                    "--python /opt/conda/bin/python.")
