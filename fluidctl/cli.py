@@ -80,6 +80,19 @@ def _cli():
     return cli
 
 
+def _command_suggestion(exc) -> str:
+    """" Did you mean 'train'?" for `fluidctl trian` (where click does not say it itself)."""
+    import re
+    found = re.fullmatch(r"No such command '(.*)'\.", exc.format_message())
+    ctx = exc.ctx
+    if found is None or ctx is None or not hasattr(ctx.command, "list_commands"):
+        return ""
+    import difflib
+    close = difflib.get_close_matches(found[1], ctx.command.list_commands(ctx), n=3,
+                                      cutoff=0.6)
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
 def _usage_hint(exc) -> str:
     ctx = exc.ctx
     path = ctx.command_path if ctx is not None else "fluidctl"
@@ -134,8 +147,13 @@ def _main(argv) -> None:
     import click
     try:
         code = _cli().main(args=argv, prog_name="fluidctl", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # a bare group (`fluidctl`, `fluidctl job`): its help, intact, on stderr; exit 2, as
+        # click itself does in standalone mode
+        click.echo(exc.ctx.get_help(), err=True)
+        sys.exit(2)
     except click.UsageError as exc:
-        msg = exc.format_message().replace("\n", " ")
+        msg = exc.format_message().replace("\n", " ") + _command_suggestion(exc)
         click.echo(f"error: {msg} ({_usage_hint(exc)})", err=True)
         sys.exit(2)
     except click.ClickException as exc:  # e.g. click.BadParameter outside a context, FileError

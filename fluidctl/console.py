@@ -23,17 +23,23 @@ def console(stderr: bool = False) -> "Console":
     return out
 
 
-def plan_table(plan) -> "Table":
-    from rich.table import Table
+def print_plan_table(plan) -> None:
+    """The plan: a row per process (plain columns off a terminal), then each distinct command
+    once, on one line below the table, with the processes that run it: in a table cell a
+    command wraps over many lines at 80 columns, and cannot be copied."""
+    from fluidctl.tables import print_table
     master = plan.master or "chosen by rank 0 at start"
-    table = Table(title=f"fluidctl plan: {plan.job.mode} mode over {plan.backend}, "
-                        f"master {master}")
-    for column in ("rank", "role", "host", "endpoint", "devices", "log", "command"):
-        table.add_column(column, overflow="fold")
+    print_table(f"fluidctl plan: {plan.job.mode} mode over {plan.backend}, master {master}",
+                ("rank", "role", "host", "endpoint", "devices", "log"),
+                [(str(p.rank), p.role, p.host, p.endpoint or "-",
+                  ",".join(p.devices) or "cpu", p.log) for p in plan.procs])
+    commands = {}                   # command -> {role: [ranks]}, in the plan's order
     for p in plan.procs:
-        table.add_row(str(p.rank), p.role, p.host, p.endpoint or "-", ",".join(p.devices) or "cpu",
-                      p.log, shlex.join(p.argv))
-    return table
+        commands.setdefault(shlex.join(p.argv), {}).setdefault(p.role, []).append(str(p.rank))
+    lines = ["commands:"] + [
+        "  " + "; ".join(f"{role} {','.join(ranks)}" for role, ranks in who.items())
+        + f": {command}" for command, who in commands.items()]
+    print("\n".join(lines), flush=True)
 
 
 def print_failure(failure: Failure, tail_lines: int, report: Optional[str] = None) -> None:

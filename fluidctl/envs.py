@@ -97,6 +97,11 @@ OMPI_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_SIZE"
 DEFAULT_TIMEOUT = 300.0
 
 
+# how to make a token file, for every error about a missing or empty one
+MAKE_TOKEN = ("make one: python -c \"import secrets; print(secrets.token_hex(32))\" > token; "
+              "chmod 600 token")
+
+
 def read_token_file(path: str) -> str:
     """The job token kept in a file (whitespace stripped); a UsageError if unusable."""
     from fluidctl.errors import UsageError
@@ -105,9 +110,10 @@ def read_token_file(path: str) -> str:
             token = f.read().strip()
     except OSError as exc:
         raise UsageError(f"cannot read token file {path}: {exc.strerror}",
-                         "pass --token-file with a readable file holding the job token") from None
+                         "pass --token-file with a readable file holding the job token; "
+                         + MAKE_TOKEN) from None
     if not token:
-        raise UsageError(f"token file {path} is empty", "write the job token into it")
+        raise UsageError(f"token file {path} is empty", MAKE_TOKEN)
     return token
 
 

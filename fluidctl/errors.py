@@ -6,17 +6,34 @@ traceback. Exit 2 is a usage error (nothing was started), 1 a failed job.
 
 
 class FluidctlError(Exception):
-    def __init__(self, message: str, hint: str = "", exit_code: int = 2):
+    """``details``: one line each below the summary (several nodes' reasons, one a node)."""
+    def __init__(self, message: str, hint: str = "", exit_code: int = 2, details=()):
         super().__init__(message)
         self.message = message
         self.hint = hint
         self.exit_code = exit_code
+        self.details = tuple(details)
 
     def one_line(self) -> str:
+        """The summary line, then each detail on its own indented line."""
         text = f"error: {self.message}"
         if self.hint:
             text += f" ({self.hint})"
-        return text.replace("\n", " ")
+        return "\n".join([text.replace("\n", " ")] +
+                         ["  " + d.replace("\n", " ") for d in self.details])
+
+
+def node_failures(what: str, failures, total: int, hint: str, *, exit_code: int = 2,
+                  error=None) -> "FluidctlError":
+    """``failures`` ((node, why), ...) as one error: one node's on one line; several nodes' as
+    a summary line (``N of M node(s) <what>``, the hint) and one line per node below it."""
+    failures = list(failures)
+    error = error or FluidctlError
+    if len(failures) == 1:
+        name, why = failures[0]
+        return error(f"node {name}: {why}", hint, exit_code=exit_code)
+    return error(f"{len(failures)} of {total} node(s) {what}", hint, exit_code=exit_code,
+                 details=[f"node {name}: {why}" for name, why in failures])
 
 
 class UsageError(FluidctlError):

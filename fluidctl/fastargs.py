@@ -350,7 +350,7 @@ def _tee_choices():
 # ``fluidctl train``'s plain forms: how to parse them, not their help, which is declared with
 # the click command (commands/train.py); tests/test_fastargs.py holds this table to it.
 TRAIN = Command("fluidctl.launch.train:run", (
-    Option(["--nproc", "--nproc-per-node"], "nproc", type=int_at_least(1)),
+    Option(["--nproc", "--nproc-per-node", "--nproc_per_node"], "nproc", type=int_at_least(1)),
     Option(["--gpus"], "gpus"),
     Option(["--mode"], "mode", type=choice(("collective", "pserver")), default="collective"),
     Option(["--pservers"], "pservers", type=int_at_least(1)),
@@ -363,7 +363,7 @@ TRAIN = Command("fluidctl.launch.train:run", (
     Option(["--hostfile"], "hostfile"),
     Option(["--hosts"], "hosts_arg"),
     Option(["--backend"], "backend", type=choice(_backend_names)),
-    Option(["--nodes"], "nodes", type=int_at_least(1)),
+    Option(["--nodes", "--nnodes"], "nodes", type=int_at_least(1)),
     Option(["--partition"], "partition"),
     Option(["--time"], "time_limit"),
     Option(["--account"], "account"),
@@ -395,6 +395,7 @@ TRAIN = Command("fluidctl.launch.train:run", (
            type=float_between(0, 30 * 86400, "--hang-timeout 300", above=True),
            envvar="FLUIDCTL_HANG_TIMEOUT"),
     Option(["--log-tail"], "log_tail", type=int_at_least(0), default=20),
+    Option(["--node-rank", "--node_rank"], "node_rank"),
     Option(["--dry-run"], "dry_run", FLAG),
     Option(["--json"], "as_json", FLAG),
     Option(["--show-secrets"], "show_secrets", FLAG),

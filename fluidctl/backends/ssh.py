@@ -34,7 +34,7 @@ from fluidctl.agentproto import (AGENT_MODULE, BEAT_TAG, CR_MARK, DOCTOR_TAG, DU
                                  tag_for)
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.diagnostics.watch import Diagnostics, StackDump, local_activity
-from fluidctl.errors import UsageError
+from fluidctl.errors import UsageError, node_failures
 from fluidctl.diagnostics.failures import Failure
 from fluidctl.planning import plan as planner
 from fluidctl.planning.hosts import Host
@@ -262,18 +262,25 @@ class RemoteAgent:
             self._ended_r = -1
 
 
+def node_dir(remote_dir: str, host: str) -> str:
+    """--remote-dir on one node: '{host}' is the node's name (as in cluster sync's)."""
+    return remote_dir.replace("{host}", host)
+
+
 def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remote_dir: str,
              timeout: float, ports_wanted: Dict[str, int], launch_log,
              nodes: Optional[Dict[str, object]] = None, venv: Optional[str] = None):
     """Connect to every node (unless ``nodes`` are connected already) and start its agent,
     each node on its own thread from start to probe; one bad node is a one-line error naming
     every node that failed, after every agent was told to exit and every connection closed.
-    Returns ({name: node}, [agent per host])."""
+    ``remote_dir``: '{host}' in it is each node's name. Returns ({name: node}, [agent per
+    host])."""
     from fluidctl.remote.ssh import ConnectFailed, parallel
     cls = node_class(backend)
     given = nodes or {}
 
     def one(host: Host):
+        where = node_dir(remote_dir, host.name)
         node = given.get(host.name)
         if node is None:
             node = cls(host, targets[host.name], timeout=timeout, timeout_option="--ssh-timeout")
@@ -282,14 +289,14 @@ def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remot
             except ConnectFailed as exc:
                 return None, None, str(exc)
         try:
-            agent = RemoteAgent(node, host.name, python=python, remote_dir=remote_dir,
+            agent = RemoteAgent(node, host.name, python=python, remote_dir=where,
                                 ports=ports_wanted.get(host.name, 0), launch_log=launch_log,
                                 venv=venv)
         except Exception as exc:
             return node, None, f"could not start fluidctl there: {exc}"
         info = agent.wait_probe(timeout)
         if info is None:
-            return node, agent, agent.why_no_probe(python, remote_dir, timeout)
+            return node, agent, agent.why_no_probe(python, where, timeout)
         if info.fluidctl != __version__:
             return node, agent, (f"fluidctl {info.fluidctl} there, {__version__} here "
                                  "(install the same version on every node)")
@@ -306,9 +313,9 @@ def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remot
         if not given:
             for node in connected.values():
                 node.close()
-        raise UsageError("; ".join(f"node {name}: {why}" for name, why in failures),
-                         "fix the node(s) or the hostfile; 'fluidctl cluster check' shows "
-                         "every node; nothing was started")
+        raise node_failures("could not start the job", failures, len(hosts),
+                            "fix the node(s) or the hostfile; 'fluidctl cluster check' shows "
+                            "every node; nothing was started", error=UsageError)
     return connected, agents
 
 
@@ -369,7 +376,8 @@ class SSHLauncher(BaseLauncher):
                                        agent.probe.ports)
                  for i, agent in enumerate(self.agents)}
         commands = [LaunchCommand(h.name, agent_argv(config.interpreter, wanted[h.name],
-                                                     config.node_venv, h.name))
+                                                     config.node_venv, h.name),
+                                  cwd=node_dir(self.remote_dir, h.name))
                     for h in resolved]
         plan = planner.make_plan(job, ports, backend=self.name, commands=commands)
         self._socket_ifnames(config, plan)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import click
 
 OPTIONS = (
-    click.option("--nodes", type=click.IntRange(1), default=None,
+    click.option("--nodes", "--nnodes", "nodes", type=click.IntRange(1), default=None,
                  help="slurm: nodes to run on (default inside an allocation: all of its nodes; "
-                      "required to submit from a login node), e.g. --nodes 2."),
+                      "required to submit from a login node), e.g. --nodes 2. Without "
+                      "slurm, the nodes are --hostfile's; --nodes must then count them."),
     click.option("--partition", default=None,
                  help="slurm: the partition to submit to, e.g. --partition gpu."),
     click.option("--time", "time_limit", default=None,

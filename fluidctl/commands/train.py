@@ -47,11 +47,13 @@ def _non_negative(name: str):
 
 
 @click.command(context_settings=CONTEXT, epilog=EPILOG)
-@click.option("--nproc", "--nproc-per-node", "nproc", type=int, callback=_positive("--nproc"),
+@click.option("--nproc", "--nproc-per-node", "--nproc_per_node", "nproc", type=int,
+              callback=_positive("--nproc"),
               help="CPU processes (trainers) per node, e.g. --nproc 4. Default: one per GPU, "
                    "else 1.")
-@click.option("--gpus", metavar="N|IDS",
-              help="One process per GPU: a count (--gpus 4) or ids (--gpus 0,2,3; one id: 3,).")
+@click.option("--gpus", metavar="N|IDS|all",
+              help="One process per GPU: a count (--gpus 4), ids (--gpus 0,2,3; one id: 3,) "
+                   "or every GPU (--gpus all).")
 @click.option("--mode", type=click.Choice(["collective", "pserver"]), default="collective",
               show_default=True, help="collective (NCCL2/gloo allreduce) or pserver "
                                       "(parameter servers), e.g. --mode pserver.")
@@ -85,8 +87,8 @@ def _non_negative(name: str):
 @click.option("--accept-new-host-keys", is_flag=True,
               help="Trust host keys seen for the first time (default: refuse, as OpenSSH does).")
 @click.option("--remote-dir", type=str, default=None,
-              help="Working directory on the nodes (default: this directory's path), e.g. "
-                   "--remote-dir /work/job.")
+              help="Working directory on the nodes (default: this directory's path; '{host}' "
+                   "is the node's name), e.g. --remote-dir /work/job or /scratch/{host}/job.")
 @click.option("--python", "python", type=str, default=None,
               help="Python interpreter on the nodes (default: the one running fluidctl), e.g. "
                    "--python /opt/conda/bin/python.")
@@ -134,6 +136,8 @@ def _non_negative(name: str):
 @click.option("--log-tail", type=int, default=20, show_default=True,
               callback=_non_negative("--log-tail"),
               help="Lines of the failing rank's log shown in the failure report.")
+@click.option("--node-rank", "--node_rank", "node_rank", default=None, hidden=True,
+              help="torchrun's option; refused: fluidctl plans node ranks itself.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (a table) and start nothing.")
 @click.option("--json", "as_json", is_flag=True,
               help="With --dry-run: print the plan, environments included, as JSON.")

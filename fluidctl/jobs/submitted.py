@@ -50,17 +50,14 @@ def list_jobs(as_json: bool = False) -> None:
         from fluidctl import paths
         _console().print(f"no jobs recorded (under {paths.jobs_dir()})", markup=False)
         return
-    from rich.table import Table
-    table = Table(title="fluidctl Slurm jobs")
-    for column in ("job", "name", "state", "exit", "nodes", "submitted", "log dir"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(row["job_id"], row["name"], row["state"] + (
-            f" ({row['reason']})" if row["reason"] else ""),
-            "" if row["exit_code"] is None else str(row["exit_code"]), row["nodes"],
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["submitted"])),
-            row["log_dir"])
-    _console().print(table)
+    from fluidctl.tables import print_table      # plain columns into a pipe or a file
+    print_table("fluidctl Slurm jobs",
+                ("job", "name", "state", "exit", "nodes", "submitted", "log dir"),
+                [(row["job_id"], row["name"], row["state"] + (
+                    f" ({row['reason']})" if row["reason"] else ""),
+                  "" if row["exit_code"] is None else str(row["exit_code"]), row["nodes"],
+                  time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["submitted"])),
+                  row["log_dir"]) for row in rows])
 
 
 def status(job_id: str, as_json: bool = False) -> None:

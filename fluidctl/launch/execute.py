@@ -129,7 +129,8 @@ def _ready_logs(plan, launcher, launch_log, layout, owner: bool) -> None:
                f"{nodes} node(s), mode {plan.job.mode}, master {plan.master or 'chosen by rank 0'}, "
                f"argv {plan.trainers[0].argv if plan.trainers else []}")
     for command in plan.commands:
-        launch_log(f"runs on {command.host}: {' '.join(command.argv)}")
+        launch_log(f"runs on {command.host}: {' '.join(command.argv)}"
+                   + (f" (in {command.cwd})" if command.cwd else ""))
     if owner:
         for stale in run.clear_stale(layout, logs):
             launch_log(f"removed {stale}: an earlier job's log, not this job's")
@@ -163,11 +164,12 @@ def print_plan(plan: Plan, as_json: bool, show_secrets: bool = False) -> None:
             record = _masked(record)
         click.echo(json.dumps(record, indent=2))
         return
-    from fluidctl.console import console, plan_table
-    console().print(plan_table(plan))
+    from fluidctl.console import print_plan_table
+    print_plan_table(plan)
     import shlex
     for command in plan.commands:
-        click.echo(f"{command.host}: {shlex.join(command.argv)}")
+        cd = f"cd {shlex.quote(command.cwd)} && " if command.cwd else ""
+        click.echo(f"{command.host}: {cd}{shlex.join(command.argv)}")
 
 
 def _masked(value):

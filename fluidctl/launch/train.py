@@ -29,11 +29,45 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
     ``options`` are ``LaunchConfig.from_options``'s keywords plus the Slurm options."""
     if as_json and not dry_run:
         raise UsageError("--json only works with --dry-run", "add --dry-run")
+    if show_secrets and not as_json:
+        raise UsageError("--show-secrets only works with --dry-run --json (it unmasks the job "
+                         "token in the printed plan)", "add --dry-run --json, or drop it")
+    if options.pop("node_rank", None) is not None:
+        raise UsageError("--node-rank is torchrun's: fluidctl plans node ranks itself (the "
+                         "order of --hostfile/--hosts) and starts every node from here",
+                         "drop --node-rank and run fluidctl once, on one machine")
+    nodes = options.get("nodes") if options.get("backend") != "slurm" else None
+    if nodes is not None:            # torchrun's --nnodes: here the nodes are the hostfile's
+        options["nodes"] = None
     slurm, slurm_given = slurm_options(options)
     if slurm_given and options.get("backend") != "slurm":
         raise UsageError("--nodes, --partition, --time, ... are Slurm options",
                          "add --backend slurm")
+    if options.get("gpus") == "all" and options.get("backend") in ("slurm", "mpi"):
+        raise UsageError(f"--gpus all is not known with --backend {options['backend']}",
+                         "give a count per node, e.g. --gpus 4")
     from fluidctl.planning.config import LaunchConfig
     config = LaunchConfig.from_options(slurm=slurm, **options)
+    if nodes is not None and nodes != max(1, len(config.hosts)):
+        where = (f"--hostfile/--hosts name {len(config.hosts)} nodes" if config.hosts
+                 else "without --hostfile or --hosts the job runs on this machine alone")
+        raise UsageError(f"--nodes {nodes}, but {where}",
+                         "--nodes, --partition, --time, ... are Slurm options: add --backend "
+                         "slurm; over SSH the nodes are the lines of --hostfile")
+    _warn_slots_over_nproc(config)
     from fluidctl.launch.execute import launch
     sys.exit(launch(config, dry_run=dry_run, as_json=as_json, show_secrets=show_secrets))
+
+
+def _warn_slots_over_nproc(config) -> None:
+    """--nproc next to a hostfile's slots=: the slots say how many trainers a node runs (its
+    help says so), so --nproc does not count there; one warning line naming those nodes."""
+    if config.nproc is None or config.backend == "slurm":
+        return
+    other = [h for h in config.hosts if h.slots_given and h.slots != config.nproc]
+    if other:
+        names = ", ".join(f"{h.name} (slots={h.slots})" for h in other[:4]) + (
+            f" and {len(other) - 4} more" if len(other) > 4 else "")
+        print(f"warning: --nproc {config.nproc} does not apply to {names}: a hostfile's "
+              "slots= is its node's trainer count (drop --nproc, or change slots=)",
+              file=sys.stderr, flush=True)

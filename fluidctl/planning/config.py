@@ -121,6 +121,10 @@ class LaunchConfig:
             check_range("--hang-timeout", hang_timeout, 0, HANG_TIMEOUT_MAX, HANG_HINT,
                              above=True, unit=" of seconds")
         ranks = parse_ranks(tee_ranks)
+        if ranks is not None and settings.get("tee", "rank0") != "rank0":
+            raise UsageError(f"--tee {settings['tee']} and --tee-ranks both given",
+                             "--tee-ranks echoes only the ranks it names, instead of --tee: "
+                             "give one of them")
         if backend == "mpi" and ranks is not None:
             raise UsageError("--tee-ranks needs fluidctl's own supervision of every rank "
                              "(mpirun forwards the remote ranks' output as one stream)",

@@ -93,6 +93,11 @@ def select_gpus(spec: Optional[str], available: List[str]) -> List[str]:
     if spec is None:
         return list(available)
     spec = spec.strip()
+    if spec == "all":
+        if not available:
+            raise UsageError("--gpus all: no GPUs found on this machine (nvidia-smi -L)",
+                             "use --nproc N to run N CPU processes")
+        return list(available)
     if re.fullmatch(r"\d+", spec):
         count = int(spec)
         if count <= 0:

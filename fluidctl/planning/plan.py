@@ -90,6 +90,13 @@ class LaunchCommand:
     """A process the backend itself runs to start the job's processes (a node agent, mpirun)."""
     host: str
     argv: List[str]
+    cwd: str = ""               # where it runs on the node ("": not set by the plan)
+
+    def to_json(self) -> dict:
+        record = asdict(self)
+        if not self.cwd:
+            del record["cwd"]
+        return record
 
 
 @dataclass
@@ -115,7 +122,7 @@ class Plan:
                 "pserver_endpoints": self.pserver_endpoints,
                 "nodes": [asdict(n) for n in self.job.nodes],
                 "procs": [p.to_json() for p in self.procs],
-                "commands": [asdict(c) for c in self.commands]}
+                "commands": [c.to_json() for c in self.commands]}
 
 
 def script_argv(script: str, args: Sequence[str], python: str) -> List[str]:

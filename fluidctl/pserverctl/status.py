@@ -18,19 +18,17 @@ def run(as_json: bool = False) -> None:
     if not found:
         out.print(f"no pservers (state directory {paths.state_dir()})", markup=False)
         return
-    from rich.table import Table
+    from fluidctl.tables import print_table      # plain columns into a pipe or a file
     from fluidctl.units import human_bytes
-    table = Table(title="fluidctl pservers")
-    for column in ("endpoint", "pid", "state", "id", "mode", "trainers", "params", "rows",
-                   "held", "step", "applied", "checkpoint dir"):
-        table.add_column(column, overflow="fold")
+    rows = []
     for r in found:
         connected = r.get("trainers_connected") or []
-        table.add_row(
-            str(r.get("endpoint")), str(r["pid"]),
-            r["state"] if r["state"] == "running" else f"[red]{r['state']}[/]",
+        rows.append((
+            str(r.get("endpoint")), str(r["pid"]), r["state"],
             str(r.get("pserver_id", "")), "sync" if r.get("sync", True) else "async",
             f"{len(connected)}/{r.get('trainers', '?')}", str(r.get("params", 0)),
             str(r.get("sparse_rows", 0)), human_bytes(int(r.get("bytes", 0))),
-            str(r.get("step", 0)), str(r.get("applied", 0)), str(r.get("checkpoint_dir") or "-"))
-    out.print(table)
+            str(r.get("step", 0)), str(r.get("applied", 0)), str(r.get("checkpoint_dir") or "-")))
+    print_table("fluidctl pservers", ("endpoint", "pid", "state", "id", "mode", "trainers",
+                                      "params", "rows", "held", "step", "applied",
+                                      "checkpoint dir"), rows)

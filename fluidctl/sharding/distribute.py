@@ -16,7 +16,7 @@ import stat
 import sys
 from pathlib import Path
 
-from fluidctl.errors import FluidctlError, UsageError
+from fluidctl.errors import FluidctlError, UsageError, node_failures
 from fluidctl.planning.hosts import Host
 
 TYPE_CHECKING = False
@@ -70,8 +70,9 @@ def connect(hosts: Sequence[Host], *, ssh_config, accept_new: bool, timeout: flo
     connected = connect_all(resolved, targets, timeout=timeout, timeout_option="")
     if connected.failures:
         connected.close()
-        raise UsageError("; ".join(f"node {n}: {r}" for n, r in connected.failures.items()),
-                         "fix the node or the hostfile; nothing was written")
+        raise node_failures("could not be reached", connected.failures.items(), len(hosts),
+                            "fix the node(s) or the hostfile; nothing was written",
+                            error=UsageError)
     return resolved, connected
 
 

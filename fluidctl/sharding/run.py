@@ -68,7 +68,19 @@ def _shard(inputs, trainers, out_dir, by, fmt, shuffle, seed, name, suffix_lengt
             manifest = sharding.shard(opts, progress)
     if not quiet:
         print_summary(manifest, out_dir)
+    if equalize == "none":
+        warn_unequal(manifest)
     return manifest
+
+
+def warn_unequal(manifest: dict) -> None:
+    """One warning line when the shards' record counts differ: trainers of a collective job
+    that run out of records first leave the others waiting at the last step."""
+    counts = [s["records"] for s in manifest["shards"]]
+    if counts and min(counts) != max(counts):
+        print(f"warning: the shards hold {min(counts):,} to {max(counts):,} records: a "
+              "collective job stalls at its last step, the trainers with more waiting for the "
+              "ones that ran out (add --equalize pad or --equalize truncate)", file=sys.stderr, flush=True)
 
 
 def _verify(directory: str, quiet: bool) -> None:

@@ -283,8 +283,11 @@ def test_a_missing_remote_dir_is_refused_before_anything_starts(tmp_path, sshd_n
     res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--remote-dir",
                    tmp_path / "nowhere", HELLO, cwd=tmp_path, timeout=60)
     assert res.returncode == 2
-    assert "remote dir" in res.stderr and "does not exist" in res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "mylog").exists()
+    lines = res.stderr.strip().splitlines()     # a summary, then one line per node
+    assert lines[0].startswith("error: 2 of 2 node(s) could not start the job (")
+    assert [line.split(":")[0] for line in lines[1:]] == ["  node node1", "  node node2"]
+    assert all("remote dir" in line and "does not exist" in line for line in lines[1:])
+    assert not (tmp_path / "mylog").exists()
 
 
 def test_a_wrong_remote_python_is_named(tmp_path, sshd_nodes, hosts):
@@ -293,3 +296,26 @@ def test_a_wrong_remote_python_is_named(tmp_path, sshd_nodes, hosts):
     assert res.returncode == 2
     assert "python /nonexistent/python3 not found there (pass --python" in res.stderr
     assert "node node1" in res.stderr and "node node2" in res.stderr
+
+
+def test_host_in_remote_dir_is_each_node_s_own_directory(tmp_path, sshd_nodes, hosts):
+    """'{host}' in train's --remote-dir, as in cluster sync's: the plan names each node's own
+    directory (its agent's cwd), and each node's ranks run there."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "job.py").write_text("import os\nprint('rank', os.environ['PADDLE_TRAINER_ID'], "
+                               "'in', os.getcwd(), flush=True)\n")
+    remote = f"{tmp_path}/remote/{{host}}"
+    res = fluidctl("cluster", "sync", "--hostfile", hosts, *ssh(sshd_nodes), "--remote-dir",
+                   remote, ".", cwd=ws, timeout=120)
+    assert res.returncode == 0, res.stderr
+    res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--remote-dir", remote,
+                   "--dry-run", "--json", "job.py", cwd=ws, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert [(c["host"], c["cwd"]) for c in json.loads(res.stdout)["commands"]] == [
+        ("node1", f"{tmp_path}/remote/node1"), ("node2", f"{tmp_path}/remote/node2")]
+    res = fluidctl("train", "--hostfile", hosts, *ssh(sshd_nodes), "--remote-dir", remote,
+                   "--tee", "all", "job.py", cwd=ws, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert sorted(re.findall(r"rank (\d) in (\S+)", res.stdout)) == [
+        (str(r), f"{tmp_path}/remote/node{1 + r // 2}") for r in range(4)]

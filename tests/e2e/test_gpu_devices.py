@@ -121,3 +121,19 @@ def test_pserver_trainers_use_their_gpu(tmp_path):
     assert res.stdout.split() == ["pserver", "gpu:1", "1", "1"]
 
 
+
+
+def test_gpus_all_is_one_rank_per_visible_gpu(tmp_path):
+    """torchrun's habit `--gpus all`: every GPU nvidia-smi shows, narrowed by
+    CUDA_VISIBLE_DEVICES."""
+    env = dict(os.environ, PATH=fake_smi(tmp_path, count=4))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    for visible, want in [(None, ["0", "1", "2", "3"]), ("1,3", ["1", "3"])]:
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        res = subprocess.run([sys.executable, "-m", "fluidctl", "train", "--gpus", "all",
+                              "--dry-run", "--json", "tests/scripts/behave.py"], cwd=ROOT,
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert res.returncode == 0, res.stderr
+        procs = json.loads(res.stdout)["procs"]
+        assert [p["env"]["CUDA_VISIBLE_DEVICES"] for p in procs] == [",".join(want)] * len(want)

@@ -4,10 +4,23 @@ import re
 from launchutil import ROOT
 
 
-def quick_start_commands():
+def quick_start_block() -> str:
     text = (ROOT / "README.md").read_text()
-    block = re.search(r"## Quick start.*?```sh\n(.*?)```", text, re.S).group(1)
-    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+    return re.search(r"## Quick start.*?```sh\n(.*?)```", text, re.S).group(1)
+
+
+def quick_start_commands():
+    """The commands, lines ending in a backslash joined to the next as the shell does."""
+    commands, pending = [], ""
+    for line in quick_start_block().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1]
+            continue
+        commands.append(pending + line)
+        pending = ""
+    return commands
 
 
 def test_quick_start_is_two_commands():
@@ -15,6 +28,13 @@ def test_quick_start_is_two_commands():
     assert len(commands) == 2
     assert "fluidctl train --nproc 2" in commands[0]
     assert "pytest" in commands[1]
+
+
+def test_the_demo_command_reads_line_by_line_with_a_heading_per_demo():
+    """Command 1 is one step a line, and each demo prints a heading before its output."""
+    lines = quick_start_block().split("\n\n")[0].splitlines()[1:]
+    assert len(lines) > 5 and all(len(line) <= 100 for line in lines), lines
+    assert len([line for line in lines if line.startswith("echo '== ")]) == 3
 
 
 def test_ci_runs_the_readme_test_command():

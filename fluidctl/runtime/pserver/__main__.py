@@ -97,7 +97,7 @@ def serve(cfg: ServerConfig, ready_fd: Optional[int] = None) -> int:
     """Run a pserver in this process until SIGTERM/SIGINT; return the exit code."""
     if not cfg.token:
         raise UsageError("no job token: a pserver never serves without one",
-                         f"pass --token-file FILE or set {envs.JOB_TOKEN}")
+                         f"pass --token-file FILE or set {envs.JOB_TOKEN}; {envs.MAKE_TOKEN}")
     if cfg.watch_parent:
         from fluidctl.procs import lifeline
         lifeline.set_pdeathsig(signal.SIGTERM)
