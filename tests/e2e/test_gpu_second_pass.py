@@ -52,7 +52,6 @@ def test_torch_process_group_beside_fluidctl_runtime_under_train(tmp_path):
 from fluidctl import envs                                        # noqa: E402
 from fluidctl.errors import UsageError                           # noqa: E402
 from fluidctl.node import worker                                 # noqa: E402
-from fluidctl.planning import devices                            # noqa: E402
 
 MIG_SMI = """GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-aaaa0000-0000-0000-0000-000000000000)
   MIG 3g.40gb     Device  0: (UUID: MIG-11110000-0000-0000-0000-000000000000)
@@ -217,38 +216,51 @@ def test_the_double_reports_a_dead_peer_only_across_nodes_as_nccl_does(hosts, tm
 
 
 # --- 4: a sticky CUDA fault ends the collective at once, named -------------------------------
-def test_a_sticky_cuda_fault_inside_a_collective_is_named_on_every_rank(tmp_path):
-    res = gpu_ranks(2, tmp_path, ["cuda_fault"], timeout=60)
+@pytest.mark.parametrize("case, words", [
+    # 4: a sticky CUDA fault ends the collective at once, named
+    ("cuda_fault", "NCCL allreduce (collective #2) on rank 1: CUDA fault on GPU 1: "
+                   "cudaErrorIllegalAddress: an illegal memory access was encountered"),
+    # 7: an NCCL status CuPy cannot name (its NcclError raises KeyError) is named
+    ("nccl_status8", "NCCL allreduce (collective #2) failed on rank 1: NCCL returned status 8 "
+                     "(ncclTimeout: NCCL's own timeout expired (NCCL >= 2.30))"),
+])
+def test_a_fault_inside_a_collective_is_named_alike_on_every_rank(tmp_path, case, words):
+    res = gpu_ranks(2, tmp_path, [case], timeout=60)
     outs = results(res)
     assert outs[0]["error"] == outs[1]["error"], res
-    assert "NCCL allreduce (collective #2) on rank 1: CUDA fault on GPU 1: " \
-        "cudaErrorIllegalAddress: an illegal memory access was encountered" in outs[0]["error"]
+    assert words in outs[0]["error"], outs
     assert all(o["seconds"] < 5 for o in outs), outs
 
 
-def test_the_double_keeps_a_sticky_fault_as_cuda_does(monkeypatch):
+@pytest.fixture
+def double(monkeypatch):
+    """The double imported in this process (fresh, with this test's environment)."""
     import importlib
     sys.path.insert(0, DOUBLE)
+    for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
+        monkeypatch.delitem(sys.modules, name)
     try:
-        for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
-            monkeypatch.delitem(sys.modules, name)
-        cupy = importlib.import_module("cupy")
-        runtime = cupy.cuda.runtime
-        ev = cupy.cuda.Event(disable_timing=True)
-        ev.record()
-        assert runtime.eventQuery(ev.ptr) == 0 and ev.done
-        cupy._double.fault(719)
-        assert runtime.eventQuery(ev.ptr) == 719 and not ev.done
-        with pytest.raises(runtime.CUDARuntimeError, match="^cudaErrorLaunchFailure: "
-                           "unspecified launch failure$") as exc:
-            ev.synchronize()
-        assert exc.value.status == 719
-        with pytest.raises(runtime.CUDARuntimeError):
-            cupy.cuda.get_current_stream().synchronize()
+        yield importlib.import_module("cupy")
     finally:
         sys.path.remove(DOUBLE)
         for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
             del sys.modules[name]
+
+
+def test_the_double_keeps_a_sticky_fault_as_cuda_does(double):
+    cupy = double
+    runtime = cupy.cuda.runtime
+    ev = cupy.cuda.Event(disable_timing=True)
+    ev.record()
+    assert runtime.eventQuery(ev.ptr) == 0 and ev.done
+    cupy._double.fault(719)
+    assert runtime.eventQuery(ev.ptr) == 719 and not ev.done
+    with pytest.raises(runtime.CUDARuntimeError, match="^cudaErrorLaunchFailure: "
+                       "unspecified launch failure$") as exc:
+        ev.synchronize()
+    assert exc.value.status == 719
+    with pytest.raises(runtime.CUDARuntimeError):
+        cupy.cuda.get_current_stream().synchronize()
 
 
 # --- 5: bfloat16 end to end on every transport -----------------------------------------------
@@ -306,31 +318,14 @@ def test_nccl_comm_blocking_0_is_refused_on_every_rank_at_init(tmp_path):
         "cannot drive" in messages.pop()
 
 
-def test_an_nccl_status_cupy_cannot_name_is_named(tmp_path):
-    res = gpu_ranks(2, tmp_path, ["nccl_status8"], timeout=60)
-    outs = results(res)
-    assert outs[0]["error"] == outs[1]["error"], res
-    assert "NCCL allreduce (collective #2) failed on rank 1: NCCL returned status 8 " \
-        "(ncclTimeout: NCCL's own timeout expired (NCCL >= 2.30))" in outs[0]["error"]
-
-
-def test_the_double_raises_keyerror_for_statuses_cupy_cannot_name(monkeypatch):
-    import importlib
-    sys.path.insert(0, DOUBLE)
-    try:
-        for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
-            monkeypatch.delitem(sys.modules, name)
-        nccl = importlib.import_module("cupy.cuda.nccl")
-        for status in (7, 8):
-            with pytest.raises(KeyError, match=str(status)):
-                nccl.check_status(status)
-        monkeypatch.setenv("NCCL_COMM_BLOCKING", "0")
-        with pytest.raises(KeyError):
-            nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
-    finally:
-        sys.path.remove(DOUBLE)
-        for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
-            del sys.modules[name]
+def test_the_double_raises_keyerror_for_statuses_cupy_cannot_name(double, monkeypatch):
+    nccl = double.cuda.nccl
+    for status in (7, 8):
+        with pytest.raises(KeyError, match=str(status)):
+            nccl.check_status(status)
+    monkeypatch.setenv("NCCL_COMM_BLOCKING", "0")
+    with pytest.raises(KeyError):
+        nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
 
 
 # --- 8: CuPy 14.0.0a1 still takes the id as a tuple ------------------------------------------
@@ -446,21 +441,6 @@ def test_gpu_bench_on_one_gpu_reports_algbw_not_busbw(tmp_path):
 
 
 # --- the double, corrected from the real sources ---------------------------------------------
-@pytest.fixture
-def double(monkeypatch):
-    """The double imported in this process (fresh, with this test's environment)."""
-    import importlib
-    sys.path.insert(0, DOUBLE)
-    for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
-        monkeypatch.delitem(sys.modules, name)
-    try:
-        yield importlib.import_module("cupy")
-    finally:
-        sys.path.remove(DOUBLE)
-        for name in [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")]:
-            del sys.modules[name]
-
-
 def test_double_current_stream_is_per_thread_and_device_and_checks_the_device(double):
     cuda = double.cuda
     with cuda.Device(1):

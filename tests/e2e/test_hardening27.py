@@ -413,9 +413,4 @@ def test_27_15_dump_with_a_stopped_rank_returns_the_others_and_names_it(tmp_path
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-        job.send_signal(signal.SIGTERM)
-        try:
-            job.wait(30)
-        except subprocess.TimeoutExpired:
-            job.kill()
-            job.wait()
+        local.stop([job])
