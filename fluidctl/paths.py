@@ -305,6 +305,15 @@ def pserver_token_file(port: int) -> Path:
     return state_dir() / f"pserver-{port}.token"
 
 
+def user_secret_file() -> Path:
+    """The per-user secret that job tokens of plain ``srun`` steps are derived from
+    (runtime/usersecret.py): $FLUIDCTL_STATE_DIR/secret, else ~/.fluidctl/secret. In the home
+    directory, not $XDG_RUNTIME_DIR: every node of a job must read the same file."""
+    if os.environ.get(STATE_ENV):
+        return Path(os.environ[STATE_ENV]) / "secret"
+    return Path.home() / ".fluidctl" / "secret"
+
+
 def jobs_dir() -> Path:
     """Records of submitted Slurm jobs (one JSON file per job id): $FLUIDCTL_STATE_DIR/jobs,
     else ~/.fluidctl/jobs (kept across logins, unlike $XDG_RUNTIME_DIR)."""

@@ -106,6 +106,16 @@ def exchange_endpoints(environ: Mapping[str, str]) -> Tuple[List[str], str, int,
     return endpoints, _endpoint(pairs[0][0], master_port), len(order), order.index(node)
 
 
+def mpi_job_token() -> str:
+    """Under a bare mpirun with no FLUIDCTL_JOB_TOKEN: rank 0 makes one and MPI (a channel the
+    job already trusts) hands it to every rank, so that a program the worker starts as a child,
+    without MPI's variables, still has the job's token for fluidctl.runtime."""
+    import secrets
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    return comm.bcast(secrets.token_hex(16) if comm.rank == 0 else None, root=0)
+
+
 def child_environment(environ: Mapping[str, str], contract: Mapping[str, str]) -> Dict[str, str]:
     """The environment without MPI's own variables, plus the full contract."""
     env = {k: v for k, v in environ.items() if not k.startswith(MPI_PREFIXES)}
@@ -381,6 +391,8 @@ def run(script: str, args: Sequence[str]) -> None:
         endpoints, master, nnodes, node_rank = exchange_endpoints(environ)
         contract = envs.from_ompi(environ, endpoints, master, nnodes, node_rank=node_rank,
                                   cores=os.cpu_count() or 1, gpus_on_node=node_gpus(environ))
+        if not contract.get(envs.JOB_TOKEN):
+            contract[envs.JOB_TOKEN] = mpi_job_token()
         if in_process:
             code = run_in_process(script, list(args), contract)
             if code != 0:
