@@ -142,10 +142,21 @@ class LogLayout(NamedTuple):
         """The hostfile handed to mpirun under ``--backend mpi``."""
         return self.root / "mpi.hostfile"
 
-    @property
-    def sbatch_script(self) -> Path:
-        """The batch script ``--backend slurm`` writes and submits from a login node."""
-        return self.root / "job.sbatch"
+    def sbatch_pending(self) -> Path:
+        """The batch script as written before ``sbatch`` names the job (renamed to
+        ``sbatch_script_of(JOBID)`` once it has)."""
+        return self.root / f".slurm-pending.{os.getpid()}.{os.urandom(3).hex()}.sbatch"
+
+    def sbatch_script_of(self, job_id: str) -> Path:
+        """The batch script of submitted job ``job_id``, as it was submitted."""
+        return self.root / f"slurm-{job_id}.sbatch"
+
+    def slurm_job(self, job_id: str) -> "LogLayout":
+        """A submitted job's own log dir, LOG_DIR/slurm-JOBID (its workerlog.N, srun.log,
+        launch.log, failure.json, job.json): two jobs submitted from one directory never share
+        or overwrite logs. ``slurm_job("%j")`` is the pattern the batch script is written
+        with; its output and exit file stay beside it (slurm-JOBID.out, .exitcode)."""
+        return LogLayout(self.root / f"slurm-{job_id}")
 
     @property
     def slurm_output(self) -> Path:

@@ -28,6 +28,7 @@ class _Source:
     def __init__(self, path: str, prefix: str, from_end: bool = False, cr_mark: str = ""):
         self.path, self.prefix = path, prefix
         self.file: Optional[BinaryIO] = None
+        self.where: Optional[str] = None
         self.offset = 0
         self.opened = 0.0
         if from_end:            # measured now, before the writers start, not when first read
@@ -42,10 +43,14 @@ class _Source:
     def read_lines(self, final: bool = False) -> Tuple[List[str], bool]:
         """Complete lines available now; ``final`` flushes a last line without newline."""
         if self.file is None:
+            where = os.fspath(self.path)      # a submitted job's log resolves once it has an id
+            if self.where is not None and where != self.where:
+                self.offset = 0               # another file now (the next job after a restart)
             try:
-                self.file = open(self.path, "rb")
+                self.file = open(where, "rb")
             except FileNotFoundError:
                 return [], False
+            self.where = where
             self.file.seek(self.offset)
             self.opened = time.monotonic()
         data = self.file.read(CHUNK)
