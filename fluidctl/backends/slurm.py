@@ -394,7 +394,8 @@ class SlurmLauncher(BaseLauncher):
                                                      str(layout.sbatch_script_of("JOBID"))])]
             return slurmplan.plan_slurm(job, nodes, per_node, pservers, rank_argv, pserver_argv,
                                         env, [f"{n}:?" for n in nodes[:pservers]], commands)
-        slurmplan.check_gpus(alloc, config.gpus)
+        slurmplan.check_step_options(alloc, options)
+        slurmplan.check_gpus(alloc, config.gpus, os.environ, options.slurm_args)
         slurmplan.check_cpus(alloc, nodes, per_node, os.environ, options.slurm_args)
         slurmctl.find("srun")
         self.nodes, self.python, self.world = list(nodes), python, len(nodes) * per_node

@@ -286,6 +286,13 @@ def test_bad_input(slurm, tmp_path):
                                 tmp_path / "cpus", script],
          "8 rank(s) per node need 8 CPU(s), but allocation"),
         ({}, ["--nodes", 2, script], "are Slurm options"),
+        # issue 25.5: not ignored inside a CPU-only allocation
+        (one, ["--backend", "slurm", "--gpus", 1, script],
+         "--gpus 1 but allocation %s has no GPUs" % one["SLURM_JOB_ID"]),
+        (one, ["--backend", "slurm", "--partition", "gpu", script],
+         "--partition gpu applies to a new job, but this runs inside allocation"),
+        (one, ["--backend", "slurm", "--time", "5:00", script],
+         "--time 5:00 applies to a new job"),
     ]
     said = {}
     for env, args, what in cases:
