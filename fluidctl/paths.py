@@ -138,6 +138,17 @@ class LogLayout(NamedTuple):
         return self.root / "mpirun.log"
 
     @property
+    def mpirun_stderr(self) -> Path:
+        """mpirun's stderr (its own messages and what the ranks write to stderr), apart from
+        its stdout, so the echo keeps the ranks' stderr on fluidctl's stderr."""
+        return self.root / "mpirun.stderr.log"
+
+    def stream_copy(self, rank: int, stream: str) -> Path:
+        """What rank ``rank`` wrote to ``stream`` ('stdout' or 'stderr') alone (its
+        workerlog.N has both): the console echo of --backend mpi's rank 0 follows these."""
+        return self.dir / f".workerlog.{rank}.{stream}"
+
+    @property
     def mpi_hostfile(self) -> Path:
         """The hostfile handed to mpirun under ``--backend mpi``."""
         return self.root / "mpi.hostfile"

@@ -89,8 +89,15 @@ class LogEcho(threading.Thread):
         collapsing them."""
         super().__init__(name="fluidctl-echo", daemon=True)
         self.on_broken = on_broken      # called once when the console (a pipe) goes away
-        self.sources = [_Source(path, prefix, from_end, cr_mark) for path, prefix in sources]
         self.out = out or sys.stdout or _Null()   # stdout closed (>&-): Python made it None
+        # (path, prefix) goes to ``out``; (path, prefix, "stderr") to stderr (a rank's stderr
+        # stays on fluidctl's stderr, where ``2>/dev/null`` hides it, unless ``out`` was given)
+        self.sources = []
+        for path, prefix, *stream in sources:
+            src = _Source(path, prefix, from_end, cr_mark)
+            src.out = (sys.stderr or _Null()) if stream == ["stderr"] and out is None \
+                else self.out
+            self.sources.append(src)
         self.lock = threading.Lock()
         self._done = threading.Event()
 
@@ -117,8 +124,8 @@ class LogEcho(threading.Thread):
                 if lines:
                     busy = True
                     with self.lock:
-                        self.out.write("".join(f"{src.prefix}{line}\n" for line in lines))
-                        self.out.flush()
+                        src.out.write("".join(f"{src.prefix}{line}\n" for line in lines))
+                        src.out.flush()
         return busy
 
     def run(self) -> None:

@@ -264,21 +264,28 @@ def links_mpi(program: str) -> bool:
         return False
 
 
-def tee_output(log_path: str):
-    """Send this process's stdout and stderr to ``log_path`` and on to mpirun: a ``tee`` in
-    its own session (a signal to the rank's group does not cut the last lines), fed through
-    fds 1 and 2. At exit, after every other atexit handler (MPI_Finalize included), the pipe
-    is closed and the tee waited for, so no line is lost. Returns that closing function."""
+def tee_output(log_path: str, copies: Sequence[Optional[str]] = (None, None)):
+    """Send this process's stdout and stderr to ``log_path`` and on to mpirun, each on its own
+    stream (stdout to mpirun's stdout, stderr to its stderr, so ``2>/dev/null`` hides the
+    ranks' warnings as under plain mpirun): one ``tee`` per stream, in its own session (a
+    signal to the rank's group does not cut the last lines), fed through fds 1 and 2;
+    ``copies``: a file per stream that gets that stream alone too (rank 0's, for the
+    launcher's echo). At exit, after every other atexit handler (MPI_Finalize included), the
+    pipes are closed and the tees waited for, so no line is lost. Returns that closing
+    function."""
     import atexit
     import subprocess
-    tee = subprocess.Popen(["tee", "-a", log_path], stdin=subprocess.PIPE,
-                           stdout=sys.stdout.fileno(), start_new_session=True)
-    for fd in (1, 2):
+    tees = []
+    for fd, copy in zip((1, 2), copies):
+        files = [log_path] + ([copy] if copy else [])
+        tees.append(subprocess.Popen(["tee", "-a", *files], stdin=subprocess.PIPE, stdout=fd,
+                                     start_new_session=True))
+    for fd, tee in zip((1, 2), tees):
         os.dup2(tee.stdin.fileno(), fd)
-    tee.stdin.close()
+        tee.stdin.close()
 
     def close():
-        if tee.returncode is not None:
+        if all(tee.returncode is not None for tee in tees):
             return
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -290,7 +297,8 @@ def tee_output(log_path: str):
                 os.close(fd)
             except OSError:
                 pass
-        tee.wait()
+        for tee in tees:
+            tee.wait()
     atexit.register(close)
     return close
 
@@ -384,7 +392,11 @@ def run(script: str, args: Sequence[str]) -> None:
         raise UsageError(f"cannot run {script}: not found", "give the path of a .py script")
     close_output = None
     if in_process and log_path:
-        close_output = tee_output(log_path)   # before MPI_Init: its atexit runs after Finalize
+        copies = (None, None)
+        if rank == 0:                         # what the launcher echoes of rank 0, per stream
+            copies = (str(layout.stream_copy(0, "stdout")), str(layout.stream_copy(0, "stderr")))
+        # before MPI_Init: its atexit runs after Finalize
+        close_output = tee_output(log_path, copies)
     if under_mpi:
         if in_process:
             register_rank(environ, rank)
