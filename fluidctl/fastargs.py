@@ -371,6 +371,7 @@ TRAIN = Command("fluidctl.launch.train:run", (
     Option(["--constraint"], "constraint"),
     Option(["--exclude"], "exclude"),
     Option(["--slurm-arg"], "slurm_args", MULTI),
+    Option(["--mpirun-arg"], "mpirun_args", MULTI),
     Option(["--job-name"], "job_name"),
     Option(["--detach"], "detach", FLAG),
     Option(["--ssh-config"], "ssh_config"),

@@ -138,14 +138,36 @@ class LogLayout(NamedTuple):
         return self.root / "mpirun.log"
 
     @property
+    def mpirun_stderr(self) -> Path:
+        """mpirun's stderr (its own messages and what the ranks write to stderr), apart from
+        its stdout, so the echo keeps the ranks' stderr on fluidctl's stderr."""
+        return self.root / "mpirun.stderr.log"
+
+    def stream_copy(self, rank: int, stream: str) -> Path:
+        """What rank ``rank`` wrote to ``stream`` ('stdout' or 'stderr') alone (its
+        workerlog.N has both): the console echo of --backend mpi's rank 0 follows these."""
+        return self.dir / f".workerlog.{rank}.{stream}"
+
+    @property
     def mpi_hostfile(self) -> Path:
         """The hostfile handed to mpirun under ``--backend mpi``."""
         return self.root / "mpi.hostfile"
 
-    @property
-    def sbatch_script(self) -> Path:
-        """The batch script ``--backend slurm`` writes and submits from a login node."""
-        return self.root / "job.sbatch"
+    def sbatch_pending(self) -> Path:
+        """The batch script as written before ``sbatch`` names the job (renamed to
+        ``sbatch_script_of(JOBID)`` once it has)."""
+        return self.root / f".slurm-pending.{os.getpid()}.{os.urandom(3).hex()}.sbatch"
+
+    def sbatch_script_of(self, job_id: str) -> Path:
+        """The batch script of submitted job ``job_id``, as it was submitted."""
+        return self.root / f"slurm-{job_id}.sbatch"
+
+    def slurm_job(self, job_id: str) -> "LogLayout":
+        """A submitted job's own log dir, LOG_DIR/slurm-JOBID (its workerlog.N, srun.log,
+        launch.log, failure.json, job.json): two jobs submitted from one directory never share
+        or overwrite logs. ``slurm_job("%j")`` is the pattern the batch script is written
+        with; its output and exit file stay beside it (slurm-JOBID.out, .exitcode)."""
+        return LogLayout(self.root / f"slurm-{job_id}")
 
     @property
     def slurm_output(self) -> Path:
@@ -303,6 +325,15 @@ def pserver_log_file(port: int) -> Path:
 def pserver_token_file(port: int) -> Path:
     """The job token `fluidctl pserver start --daemon` generates when none is given."""
     return state_dir() / f"pserver-{port}.token"
+
+
+def user_secret_file() -> Path:
+    """The per-user secret that job tokens of plain ``srun`` steps are derived from
+    (runtime/usersecret.py): $FLUIDCTL_STATE_DIR/secret, else ~/.fluidctl/secret. In the home
+    directory, not $XDG_RUNTIME_DIR: every node of a job must read the same file."""
+    if os.environ.get(STATE_ENV):
+        return Path(os.environ[STATE_ENV]) / "secret"
+    return Path.home() / ".fluidctl" / "secret"
 
 
 def jobs_dir() -> Path:

@@ -135,10 +135,12 @@ def command(argv: Sequence[str], nproc: int, *, hosts: Sequence[Host] = (),
             cmd += ["--prefix", prefix]
         if ssh_config:
             cmd += ["--mca", "plm_ssh_args", f"-F {ssh_config}"]
-    if map_by:
+    given = {word.split("=", 1)[0] for word in extra}    # the user's own win over ours
+    if map_by and "--map-by" not in given:
         cmd += ["--map-by", map_by]
-    cmd += ["--bind-to", "none"]
-    if oversubscribe:
+    if "--bind-to" not in given:
+        cmd += ["--bind-to", "none"]
+    if oversubscribe and "--oversubscribe" not in given:
         cmd.append("--oversubscribe")
     cmd += list(extra)
     cmd += export(env_names)
@@ -169,15 +171,23 @@ def first_failed_rank(output: str) -> Optional[Tuple[int, Optional[str], int, Op
 
 class MpirunProcess(LocalProcess):
     """The mpirun process: the job's failure is the rank mpirun reports as the first to fail
-    (its workerlog when that is on this machine, else mpirun.log, which holds every rank's
-    forwarded output), not 'mpirun exited 1'."""
+    (its workerlog when that is on this machine, else mpirun.stderr.log, which holds every
+    rank's forwarded stderr), not 'mpirun exited 1'."""
 
     def failure(self) -> Failure:
         failure = super().failure()
+        text = ""
+        for path in (self.log, self.err_log):
+            try:
+                text += Path(path).read_text(errors="replace") if path else ""
+            except OSError:
+                pass
+        found = first_failed_rank(text)
         try:
-            found = first_failed_rank(Path(self.log).read_text(errors="replace"))
+            if self.err_log and os.path.getsize(self.err_log):
+                failure.log = self.err_log    # its messages, and remote ranks' tracebacks
         except OSError:
-            found = None
+            pass
         if found is None:
             return failure
         rank, node, code, pid = found
@@ -187,6 +197,15 @@ class MpirunProcess(LocalProcess):
         if own.exists() and own.stat().st_size:
             failure.log = str(own)
         return failure
+
+
+def _stdin():
+    """Our stdin for mpirun to forward, or nothing when it is closed."""
+    try:
+        os.fstat(0)
+        return None
+    except OSError:
+        return subprocess.DEVNULL
 
 
 def worker_argv(script: str, args: Sequence[str] = (), python: Optional[str] = None) -> List[str]:
@@ -206,6 +225,21 @@ def export_names(env: Mapping[str, str], base: Optional[Mapping[str, str]] = Non
     """The job's variables plus the DEFAULT_EXPORTS that are set."""
     base = os.environ if base is None else base
     return sorted(set(env) | {n for n in DEFAULT_EXPORTS if n in base or n in env})
+
+
+def user_mpirun_args(args: Sequence[str]) -> List[str]:
+    """--mpirun-arg values as mpirun's words: each is split like a shell would
+    ('--mca btl ^openib' is three words), so one --mpirun-arg may carry an option and its
+    value."""
+    import shlex
+    words: List[str] = []
+    for arg in args:
+        try:
+            words += shlex.split(arg)
+        except ValueError as exc:
+            raise UsageError(f"--mpirun-arg {arg!r}: {exc}", "quote it as a shell would") \
+                from None
+    return words
 
 
 class MPILauncher(BaseLauncher):
@@ -247,8 +281,13 @@ class MPILauncher(BaseLauncher):
             for proc in plan.procs:
                 proc.env[envs.GPUS] = config.gpus
         names = export_names(env) + [envs.DIAG_DIR]     # set at start (diagnostics)
+        # one node: --oversubscribe always, so that ranks a program spawns (MPI_Comm_spawn)
+        # find room beyond the cores; a hostfile's slots are the ranks asked for on each node
+        # (--mpirun-arg=--oversubscribe gives room there)
         self.argv = command(rank_argv, len(plan.procs), hosts=self.hosts, hostfile=hostfile,
-                            env_names=names, ssh_config=config.ssh_config)
+                            env_names=names, ssh_config=config.ssh_config,
+                            oversubscribe=True if not self.hosts else None,
+                            extra=user_mpirun_args(config.mpirun_args))
         self.world = len(plan.procs)
         plan.commands = [planner.LaunchCommand("127.0.0.1", self.argv)]
         return plan
@@ -258,7 +297,11 @@ class MPILauncher(BaseLauncher):
         if self.hosts and attempt == 0:
             write_hostfile(self.hosts, layout.mpi_hostfile)
         env = dict(plan.procs[0].env, **{envs.RESTART_COUNT: str(attempt)}, **self.diag_env())
-        return [MpirunProcess("mpirun", self.argv, environment(env), str(layout.mpirun))]
+        # mpirun forwards our stdin to rank 0, as it does when run by hand (the first attempt
+        # only: a restart finds it consumed)
+        return [MpirunProcess("mpirun", self.argv, environment(env), str(layout.mpirun),
+                              stdin=_stdin() if attempt == 0 else subprocess.DEVNULL,
+                              err_log=str(layout.mpirun_stderr))]
 
     def diagnostics(self, config):
         """The ranks are mpirun's: their stacks are taken on each node by a second mpirun of
@@ -281,15 +324,20 @@ class MPILauncher(BaseLauncher):
         return self._diagnostics
 
     def logs(self, plan) -> List[str]:
-        return [p.log for p in plan.procs] + [str(self.config.layout.mpirun)]
+        layout = self.config.layout
+        return [p.log for p in plan.procs] + [str(layout.mpirun), str(layout.mpirun_stderr),
+                                              str(layout.stream_copy(0, "stdout")),
+                                              str(layout.stream_copy(0, "stderr"))]
 
     def echo_sources(self, plan, tee: str, ranks=None) -> List[Tuple[str, str]]:
         """Remote ranks write their workerlog on their own node: --tee all follows what
         mpirun forwards (mpirun.log), rank0 follows workerlog.0 (rank 0 runs here).
         (--tee-ranks is refused for mpi when the options are read.)"""
         layout = self.config.layout
-        return {"none": [], "rank0": [(str(layout.worker(0)), "")],
-                "all": [(str(layout.mpirun), "")]}[tee]
+        return {"none": [],
+                "rank0": [(str(layout.stream_copy(0, "stdout")), ""),
+                          (str(layout.stream_copy(0, "stderr")), "", "stderr")],
+                "all": [(str(layout.mpirun), ""), (str(layout.mpirun_stderr), "", "stderr")]}[tee]
 
 
 __all__ = ["MPILauncher", "available", "command", "environment", "export", "export_names", "find_mpirun",

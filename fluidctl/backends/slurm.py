@@ -10,7 +10,7 @@ Ctrl-C and SIGTERM stop srun, which cancels the step on every node; a step that 
 killed srun is cancelled with scancel. In pserver mode a second step (``--overlap``) runs one
 parameter server on each of the first ``--pservers`` nodes, a service of the trainers' step.
 
-Outside an allocation the job is submitted: a batch script written to LOG_DIR/job.sbatch
+Outside an allocation the job is submitted: a batch script kept as LOG_DIR/slurm-JOBID.sbatch
 (checked with ``sbatch --test-only`` while planning, shown by ``--dry-run``) whose body is this
 same command inside the allocation, then ``sbatch --parsable``, a record under fluidctl's state
 dir, and the job is followed as one handle until it ends; Ctrl-C detaches, ``--detach``
@@ -101,6 +101,13 @@ def first_failed_task(srun_output: str) -> Optional[Tuple[int, str, int]]:
     return None
 
 
+def _task_error(srun_output: str) -> str:
+    """A task's own one-line error (``error: what (how to fix)``) in srun's output: what a
+    rank's worker said before the script, and its log, started."""
+    return next((line.strip() for line in srun_output.splitlines()
+                 if line.startswith("error: ")), "")
+
+
 def srun_failure(srun_output: str, layout: LogLayout, role: str = "trainer"
                  ) -> Optional[Failure]:
     """The first failed task srun reported, as a Failure with its workerlog; when Slurm's
@@ -112,6 +119,9 @@ def srun_failure(srun_output: str, layout: LogLayout, role: str = "trainer"
     task, host, code = found
     log = layout.for_role("PSERVER" if role == "pserver" else "TRAINER", task)
     failure = Failure(f"{role} {task}", host, code, str(log))
+    said = _task_error(srun_output)
+    if said:       # said before its log existed (the worker's checks): srun.log has it
+        failure.explanation = f"{said} (in {srun_log(layout, role)})"
     line = next((l.strip() for l in srun_output.splitlines() if _SLURM_OOM.search(l)), None)
     if line is not None:
         failure.explanation = ("killed for memory: Slurm's memory limit for the step was "
@@ -205,10 +215,10 @@ class SubmittedJob:
     fluidctl wrote."""
     service = False
 
-    def __init__(self, record: slurmctl.JobRecord, layout: LogLayout, detached: bool = False):
-        self.record, self.layout = record, layout
+    def __init__(self, record: slurmctl.JobRecord, detached: bool = False):
+        self.record, self.layout = record, record.run_layout
         self.label, self.host, self.pid = f"slurm job {record.job_id}", "slurm", None
-        self.log = str(layout.slurm_output_of(record.job_id))
+        self.log = str(record.layout.slurm_output_of(record.job_id))
         self._code: Optional[int] = 0 if detached else None
         self._state: Optional[slurmctl.JobState] = None
         self._last_poll = 0.0
@@ -259,18 +269,60 @@ class SubmittedJob:
             return Failure(self.label, self.host, self._code or 1, self.log,
                            detail=f"cancelled (scancel or 'fluidctl job cancel'), exit code "
                                   f"{self._code}", kind=FailureKind.CANCELLED)
-        try:
-            failure = srun_failure(self.layout.srun.read_text(errors="replace"), self.layout)
-        except OSError:
-            failure = None
-        if failure is not None:
-            return failure
         state = self._state.state if self._state else "UNKNOWN"
-        return Failure(self.label, self.host, self._code or 1, self.log,
-                       detail=f"{state}, exit code {self._code}")
+        return submitted_failure(self.record, state, self._code)
 
     def close(self) -> None:
         pass
+
+
+class _JobLogPath(os.PathLike):
+    """A log of the submitted job, by name in its own directory: resolved each time it is
+    used, so the console echo opens it once sbatch has named the job (and the next job's
+    after a restart)."""
+
+    def __init__(self, launcher: "SlurmLauncher", name: str):
+        self.launcher, self.name = launcher, name
+
+    def __fspath__(self) -> str:
+        layout = self.launcher.job_layout
+        root = layout.root if layout is not None else \
+            self.launcher.config.layout.root / ".not-submitted"
+        return str(root / self.name)
+
+    def __str__(self) -> str:
+        return self.__fspath__()
+
+
+def _batch_cause(record: slurmctl.JobRecord) -> str:
+    """The first ``error: ...`` line of the batch output: the job's own fluidctl's one-line
+    refusal when the step never started (e.g. a node name that does not resolve)."""
+    try:
+        text = record.layout.slurm_output_of(record.job_id).read_text(errors="replace")
+    except OSError:
+        return ""
+    return next((line.strip() for line in text.splitlines()
+                 if line.lstrip().startswith("error: ")), "")
+
+
+def submitted_failure(record: slurmctl.JobRecord, state: str, code: Optional[int]) -> Failure:
+    """Why a submitted job failed, from what it left: the failing rank srun reported (with the
+    cause quoted when the rank said it before its log existed), else the batch output's
+    one-line error, else Slurm's state and exit code."""
+    layout = record.run_layout
+    output = str(record.layout.slurm_output_of(record.job_id))
+    try:
+        failure = srun_failure(layout.srun.read_text(errors="replace"), layout)
+    except OSError:
+        failure = None
+    if failure is not None:
+        return failure
+    cause = _batch_cause(record)
+    failure = Failure(f"slurm job {record.job_id}", "slurm", code or 1, output,
+                      detail=f"{state}, exit code {code}")
+    if cause:
+        failure.explanation = f"{cause} (batch output {output})"
+    return failure
 
 
 def _hang_detail(layout: LogLayout) -> str:
@@ -297,6 +349,15 @@ class SlurmLauncher(BaseLauncher):
         self.nodes: List[str] = []          # the trainers' nodes (inside an allocation)
         self.python = sys.executable
         self.world = 0
+        self.job_layout: Optional[LogLayout] = None     # the submitted job's own log dir
+
+    def echo_sources(self, plan, tee: str, ranks=None):
+        """Inside an allocation, as every backend; for a submitted job, the same ranks' logs
+        in its own directory (LOG_DIR/slurm-JOBID/), known once sbatch has answered."""
+        sources = super().echo_sources(plan, tee, ranks)
+        if self.alloc is not None:
+            return sources
+        return [(_JobLogPath(self, Path(path).name), prefix) for path, prefix in sources]
 
     @property
     def owns_log_dir(self) -> bool:
@@ -330,10 +391,11 @@ class SlurmLauncher(BaseLauncher):
             self.spec = self._batch_spec(options, layout, len(nodes), per_node)
             slurmctl.test_only(self.spec)
             commands = [LaunchCommand("login node", ["sbatch", "--parsable",
-                                                     str(layout.sbatch_script)])]
+                                                     str(layout.sbatch_script_of("JOBID"))])]
             return slurmplan.plan_slurm(job, nodes, per_node, pservers, rank_argv, pserver_argv,
                                         env, [f"{n}:?" for n in nodes[:pservers]], commands)
-        slurmplan.check_gpus(alloc, config.gpus)
+        slurmplan.check_step_options(alloc, options)
+        slurmplan.check_gpus(alloc, config.gpus, os.environ, options.slurm_args)
         slurmplan.check_cpus(alloc, nodes, per_node, os.environ, options.slurm_args)
         slurmctl.find("srun")
         self.nodes, self.python, self.world = list(nodes), python, len(nodes) * per_node
@@ -374,7 +436,8 @@ class SlurmLauncher(BaseLauncher):
         return slurmctl.SbatchSpec(
             job_name=options.job_name or (Path(config.script).stem or "fluidctl"),
             nodes=nodes, ntasks_per_node=per_node,
-            command=slurmplan.inner_train_argv(config, layout.root), workdir=os.getcwd(),
+            command=slurmplan.inner_train_argv(config, layout.slurm_job("%j").root),
+            workdir=os.getcwd(),
             output=str(layout.slurm_output), exit_file=str(layout.job_exit("%j")),
             gpus_per_node=per_node if config.gpus is not None else 0, options=options,
             header=f"written by fluidctl {__version__} (fluidctl train --backend slurm); "
@@ -406,7 +469,8 @@ class SlurmLauncher(BaseLauncher):
         layout = LogLayout(self.config.layout.root.resolve())
         base_env = {**os.environ, **plan.procs[-1].env, envs.RESTART_COUNT: str(attempt)}
         if self.alloc is None:
-            record = slurmctl.submit(self.spec, layout.sbatch_script, layout.root)
+            record = slurmctl.submit(self.spec, layout)
+            self.job_layout = record.run_layout
             say = f"submitted Slurm job {record.job_id} ({self.spec.nodes} node(s) x " \
                   f"{self.spec.ntasks_per_node}); script {record.script}, logs {record.log_dir}"
             print(f"fluidctl: {say}", file=sys.stderr, flush=True)
@@ -414,7 +478,7 @@ class SlurmLauncher(BaseLauncher):
             if self.config.slurm.detach:
                 print(f"fluidctl: {slurmctl.how_to_follow(record.job_id)}", file=sys.stderr,
                       flush=True)
-            return [SubmittedJob(record, layout, detached=self.config.slurm.detach)]
+            return [SubmittedJob(record, detached=self.config.slurm.detach)]
         handles = []
         try:
             for step in self.steps:
@@ -431,6 +495,6 @@ class SlurmLauncher(BaseLauncher):
     def logs(self, plan) -> List[str]:
         layout = self.config.layout
         if self.alloc is None:
-            return [p.log for p in plan.procs]
+            return []           # the submitted job's own fluidctl makes LOG_DIR/slurm-JOBID/
         extra = [str(layout.srun)] + ([str(layout.srun_pserver)] if len(self.steps) > 1 else [])
         return [p.log for p in plan.procs] + extra

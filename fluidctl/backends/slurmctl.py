@@ -11,6 +11,7 @@ LOG_DIR. ``squeue --json`` is avoided on purpose: its shape changes across Slurm
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -96,10 +97,14 @@ def sbatch_script(spec: SbatchSpec) -> str:
     lines += [f"#SBATCH --{name}={value}" for name, value in directives]
     lines += [f"#SBATCH {arg}" for arg in spec.options.slurm_args]
     exit_file = _job_path(spec.exit_file)
+    words = [shlex.quote(word) for word in spec.command]
+    if "--log-dir" in spec.command:           # the job's own log dir: LOG_DIR/slurm-%j
+        at = list(spec.command).index("--log-dir") + 1
+        words[at] = _job_path(spec.command[at])
     lines += [
         "",
         f"rm -f {exit_file}",      # a requeued run must not look ended by the last one's code
-        " ".join(shlex.quote(word) for word in spec.command),
+        " ".join(words),
         "code=$?",
         f'echo "$code" > {exit_file}.tmp && mv -f {exit_file}.tmp {exit_file}',
         'exit "$code"',
@@ -126,6 +131,7 @@ class JobRecord:
     final_state: str = ""
     final_exit_code: Optional[int] = None
     cancelled: float = 0.0      # when `fluidctl job cancel` cancelled it
+    run_dir: str = ""           # the job's own logs (LOG_DIR/slurm-JOBID); older records: log_dir
 
     def save(self) -> Path:
         path = paths.job_record(self.job_id)
@@ -135,7 +141,13 @@ class JobRecord:
 
     @property
     def layout(self) -> paths.LogLayout:
+        """LOG_DIR: the batch script, its output and exit file."""
         return paths.LogLayout(Path(self.log_dir))
+
+    @property
+    def run_layout(self) -> paths.LogLayout:
+        """The job's own log dir: workerlog.N, srun.log, failure.json."""
+        return paths.LogLayout(Path(self.run_dir or self.log_dir))
 
 
 def load_record(job_id: str) -> JobRecord:
@@ -178,24 +190,34 @@ def test_only(spec: SbatchSpec) -> None:
                          "--slurm-arg; 'sinfo' lists partitions")
 
 
-def submit(spec: SbatchSpec, script_path: Path, log_dir: Path, cluster: str = ""
-           ) -> JobRecord:
-    """Write the script, ``sbatch --parsable`` it, record the job. A refusal (no such
-    partition, bad --time, ...) is a UsageError carrying sbatch's own reason."""
-    paths.write_atomic(script_path, sbatch_script(spec), 0o755)
-    res = client("sbatch", "--parsable", str(script_path))
-    if res.returncode != 0:
-        raise UsageError(f"sbatch refused the job: {first_error_line(res.stderr + res.stdout)}",
-                         "check --partition, --time, --account, --qos, --constraint and "
-                         "--slurm-arg; 'sinfo' lists partitions")
-    job_id = res.stdout.strip().split(";")[0]
-    if not job_id.isdigit():
-        raise FluidctlError(f"sbatch answered {res.stdout.strip()!r}, not a job id",
-                            "is this sbatch Slurm's?", exit_code=1)
-    record = JobRecord(job_id=job_id, name=spec.job_name, script=str(script_path),
-                       log_dir=str(log_dir), workdir=spec.workdir, nodes=spec.nodes,
+def submit(spec: SbatchSpec, layout: paths.LogLayout, cluster: str = "") -> JobRecord:
+    """Write the script, ``sbatch --parsable`` it, keep it as LOG_DIR/slurm-JOBID.sbatch and
+    record the job (its own logs in LOG_DIR/slurm-JOBID/). A refusal (no such partition, bad
+    --time, ...) is a UsageError carrying sbatch's own reason."""
+    pending = layout.sbatch_pending()
+    paths.write_atomic(pending, sbatch_script(spec), 0o755)
+    try:
+        res = client("sbatch", "--parsable", str(pending))
+        if res.returncode != 0:
+            raise UsageError(f"sbatch refused the job: "
+                             f"{first_error_line(res.stderr + res.stdout)}",
+                             "check --partition, --time, --account, --qos, --constraint and "
+                             "--slurm-arg; 'sinfo' lists partitions")
+        job_id = res.stdout.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise FluidctlError(f"sbatch answered {res.stdout.strip()!r}, not a job id",
+                                "is this sbatch Slurm's?", exit_code=1)
+        script = layout.sbatch_script_of(job_id)
+        os.replace(pending, script)           # Slurm keeps its own copy of what it was given
+    finally:
+        try:
+            os.unlink(pending)
+        except OSError:
+            pass
+    record = JobRecord(job_id=job_id, name=spec.job_name, script=str(script),
+                       log_dir=str(layout.root), workdir=spec.workdir, nodes=spec.nodes,
                        ntasks_per_node=spec.ntasks_per_node, command=list(spec.command),
-                       cluster=cluster)
+                       cluster=cluster, run_dir=str(layout.slurm_job(job_id).root))
     record.save()
     return record
 

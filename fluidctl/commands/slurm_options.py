@@ -23,6 +23,9 @@ OPTIONS = (
     click.option("--slurm-arg", "slurm_args", multiple=True, metavar="ARG",
                  help="slurm: passed as it is (repeatable): an #SBATCH line when submitting, an "
                       "srun option inside an allocation, e.g. --slurm-arg=--mail-type=END."),
+    click.option("--mpirun-arg", "mpirun_args", multiple=True, metavar="ARG",
+                 help="mpi: passed to mpirun as it is (repeatable), e.g. "
+                      "--mpirun-arg=--oversubscribe --mpirun-arg='--mca btl ^openib'."),
     click.option("--job-name", default=None,
                  help="slurm: the job's name (default: the script's name), e.g. --job-name bert."),
     click.option("--detach", is_flag=True,

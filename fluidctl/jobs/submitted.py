@@ -17,7 +17,8 @@ from fluidctl.errors import UsageError
 def _row(record: slurmctl.JobRecord, st: slurmctl.JobState) -> dict:
     return {"job_id": record.job_id, "name": record.name, "state": st.state,
             "exit_code": st.exit_code, "nodes": st.nodes, "reason": st.reason,
-            "source": st.source, "submitted": record.submitted, "log_dir": record.log_dir,
+            "source": st.source, "submitted": record.submitted,
+            "log_dir": record.run_dir or record.log_dir, "why": _why(record, st),
             "script": record.script, "workdir": record.workdir, "num_nodes": record.nodes,
             "ntasks_per_node": record.ntasks_per_node}
 
@@ -76,16 +77,42 @@ def status(job_id: str, as_json: bool = False) -> None:
         if st.exit_code is not None:
             text += f", exit code {st.exit_code}"
         print(text)
-        print(f"logs: {record.log_dir}   script: {record.script}", flush=True)
+        why = _why(record, st)
+        if why:
+            print(f"why: {why}")
+        print(f"logs: {record.run_dir or record.log_dir}   script: {record.script}", flush=True)
     if st.failed:
         sys.exit(1)
+
+
+def _why(record: slurmctl.JobRecord, st: slurmctl.JobState) -> str:
+    """For a failed job: the failing rank, its node and code, and the cause (what the report
+    of its follower said), from the logs the job left."""
+    if not st.failed or st.state == "CANCELLED":
+        return ""
+    from fluidctl.backends.slurm import submitted_failure
+    failure = submitted_failure(record, st.state, st.exit_code)
+    if failure.label.startswith("slurm job"):
+        return failure.explanation or failure.detail
+    why = f"{failure.label} on {failure.host} exited with code {failure.exit_code}"
+    if not failure.explanation:
+        from fluidctl.diagnostics import triage
+        from fluidctl.diagnostics.failures import log_tail
+        try:
+            failure.explanation = triage.explain(failure.exit_code,
+                                                 log_tail(failure.log, 40)).text
+        except Exception:           # noqa: BLE001 - best effort, the log may be gone
+            pass
+    if failure.explanation:
+        why += f": {failure.explanation}"
+    return why + f" (log {failure.log})"
 
 
 def logs(job_id: str, rank: int = 0, batch: bool = False, follow: bool = False) -> None:
     """Print a rank's log (or the batch script's output); ``follow``: until the job ends, then
     exit with its exit code (130 on Ctrl-C, after saying how to follow it again)."""
     record = slurmctl.load_record(job_id)
-    path = record.layout.slurm_output_of(job_id) if batch else record.layout.worker(rank)
+    path = record.layout.slurm_output_of(job_id) if batch else record.run_layout.worker(rank)
     if not follow:
         try:
             with open(path, "rb") as f:

@@ -28,6 +28,7 @@ class _Source:
     def __init__(self, path: str, prefix: str, from_end: bool = False, cr_mark: str = ""):
         self.path, self.prefix = path, prefix
         self.file: Optional[BinaryIO] = None
+        self.where: Optional[str] = None
         self.offset = 0
         self.opened = 0.0
         if from_end:            # measured now, before the writers start, not when first read
@@ -42,10 +43,14 @@ class _Source:
     def read_lines(self, final: bool = False) -> Tuple[List[str], bool]:
         """Complete lines available now; ``final`` flushes a last line without newline."""
         if self.file is None:
+            where = os.fspath(self.path)      # a submitted job's log resolves once it has an id
+            if self.where is not None and where != self.where:
+                self.offset = 0               # another file now (the next job after a restart)
             try:
-                self.file = open(self.path, "rb")
+                self.file = open(where, "rb")
             except FileNotFoundError:
                 return [], False
+            self.where = where
             self.file.seek(self.offset)
             self.opened = time.monotonic()
         data = self.file.read(CHUNK)
@@ -84,8 +89,15 @@ class LogEcho(threading.Thread):
         collapsing them."""
         super().__init__(name="fluidctl-echo", daemon=True)
         self.on_broken = on_broken      # called once when the console (a pipe) goes away
-        self.sources = [_Source(path, prefix, from_end, cr_mark) for path, prefix in sources]
         self.out = out or sys.stdout or _Null()   # stdout closed (>&-): Python made it None
+        # (path, prefix) goes to ``out``; (path, prefix, "stderr") to stderr (a rank's stderr
+        # stays on fluidctl's stderr, where ``2>/dev/null`` hides it, unless ``out`` was given)
+        self.sources = []
+        for path, prefix, *stream in sources:
+            src = _Source(path, prefix, from_end, cr_mark)
+            src.out = (sys.stderr or _Null()) if stream == ["stderr"] and out is None \
+                else self.out
+            self.sources.append(src)
         self.lock = threading.Lock()
         self._done = threading.Event()
 
@@ -112,8 +124,8 @@ class LogEcho(threading.Thread):
                 if lines:
                     busy = True
                     with self.lock:
-                        self.out.write("".join(f"{src.prefix}{line}\n" for line in lines))
-                        self.out.flush()
+                        src.out.write("".join(f"{src.prefix}{line}\n" for line in lines))
+                        src.out.flush()
         return busy
 
     def run(self) -> None:

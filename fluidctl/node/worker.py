@@ -106,6 +106,16 @@ def exchange_endpoints(environ: Mapping[str, str]) -> Tuple[List[str], str, int,
     return endpoints, _endpoint(pairs[0][0], master_port), len(order), order.index(node)
 
 
+def mpi_job_token() -> str:
+    """Under a bare mpirun with no FLUIDCTL_JOB_TOKEN: rank 0 makes one and MPI (a channel the
+    job already trusts) hands it to every rank, so that a program the worker starts as a child,
+    without MPI's variables, still has the job's token for fluidctl.runtime."""
+    import secrets
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    return comm.bcast(secrets.token_hex(16) if comm.rank == 0 else None, root=0)
+
+
 def child_environment(environ: Mapping[str, str], contract: Mapping[str, str]) -> Dict[str, str]:
     """The environment without MPI's own variables, plus the full contract."""
     env = {k: v for k, v in environ.items() if not k.startswith(MPI_PREFIXES)}
@@ -257,21 +267,28 @@ def links_mpi(program: str) -> bool:
         return False
 
 
-def tee_output(log_path: str):
-    """Send this process's stdout and stderr to ``log_path`` and on to mpirun: a ``tee`` in
-    its own session (a signal to the rank's group does not cut the last lines), fed through
-    fds 1 and 2. At exit, after every other atexit handler (MPI_Finalize included), the pipe
-    is closed and the tee waited for, so no line is lost. Returns that closing function."""
+def tee_output(log_path: str, copies: Sequence[Optional[str]] = (None, None)):
+    """Send this process's stdout and stderr to ``log_path`` and on to mpirun, each on its own
+    stream (stdout to mpirun's stdout, stderr to its stderr, so ``2>/dev/null`` hides the
+    ranks' warnings as under plain mpirun): one ``tee`` per stream, in its own session (a
+    signal to the rank's group does not cut the last lines), fed through fds 1 and 2;
+    ``copies``: a file per stream that gets that stream alone too (rank 0's, for the
+    launcher's echo). At exit, after every other atexit handler (MPI_Finalize included), the
+    pipes are closed and the tees waited for, so no line is lost. Returns that closing
+    function."""
     import atexit
     import subprocess
-    tee = subprocess.Popen(["tee", "-a", log_path], stdin=subprocess.PIPE,
-                           stdout=sys.stdout.fileno(), start_new_session=True)
-    for fd in (1, 2):
+    tees = []
+    for fd, copy in zip((1, 2), copies):
+        files = [log_path] + ([copy] if copy else [])
+        tees.append(subprocess.Popen(["tee", "-a", *files], stdin=subprocess.PIPE, stdout=fd,
+                                     start_new_session=True))
+    for fd, tee in zip((1, 2), tees):
         os.dup2(tee.stdin.fileno(), fd)
-    tee.stdin.close()
+        tee.stdin.close()
 
     def close():
-        if tee.returncode is not None:
+        if all(tee.returncode is not None for tee in tees):
             return
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -283,7 +300,8 @@ def tee_output(log_path: str):
                 os.close(fd)
             except OSError:
                 pass
-        tee.wait()
+        for tee in tees:
+            tee.wait()
     atexit.register(close)
     return close
 
@@ -377,13 +395,19 @@ def run(script: str, args: Sequence[str]) -> None:
         raise UsageError(f"cannot run {script}: not found", "give the path of a .py script")
     close_output = None
     if in_process and log_path:
-        close_output = tee_output(log_path)   # before MPI_Init: its atexit runs after Finalize
+        copies = (None, None)
+        if rank == 0:                         # what the launcher echoes of rank 0, per stream
+            copies = (str(layout.stream_copy(0, "stdout")), str(layout.stream_copy(0, "stderr")))
+        # before MPI_Init: its atexit runs after Finalize
+        close_output = tee_output(log_path, copies)
     if under_mpi:
         if in_process:
             register_rank(environ, rank)
         endpoints, master, nnodes, node_rank = exchange_endpoints(environ)
         contract = envs.from_ompi(environ, endpoints, master, nnodes, node_rank=node_rank,
                                   cores=os.cpu_count() or 1, gpus_on_node=node_gpus(environ))
+        if not contract.get(envs.JOB_TOKEN):
+            contract[envs.JOB_TOKEN] = mpi_job_token()
         if in_process:
             code = run_in_process(script, list(args), contract)
             if code != 0:

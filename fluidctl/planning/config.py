@@ -59,6 +59,7 @@ class LaunchConfig:
     hang_timeout: Optional[float] = None            # --hang-timeout seconds (None: off)
     log_tail: int = 20
     slurm: SlurmOptions = SlurmOptions()        # --backend slurm's own options
+    mpirun_args: Tuple[str, ...] = ()           # --mpirun-arg: passed to mpirun as they are
 
     @property
     def layout(self) -> LogLayout:
@@ -95,7 +96,8 @@ class LaunchConfig:
                      checkpoint_every: Optional[int] = None, mode: str = "collective",
                      pservers: Optional[int] = None, grace_period: float = 5.0,
                      log_dir: str = DEFAULT_LOG_DIR, tee_ranks: Optional[str] = None,
-                     hang_timeout: Optional[float] = None, **settings) -> "LaunchConfig":
+                     hang_timeout: Optional[float] = None, mpirun_args: Iterable[str] = (),
+                     **settings) -> "LaunchConfig":
         """Check the options of ``fluidctl train`` (a UsageError for the first mistake, before
         anything is started or written) and freeze them; ``settings`` are taken as they are."""
         check_range("--grace-period", grace_period, 0, 86400, "e.g. --grace-period 10",
@@ -129,6 +131,10 @@ class LaunchConfig:
             raise UsageError("--tee-ranks needs fluidctl's own supervision of every rank "
                              "(mpirun forwards the remote ranks' output as one stream)",
                              "use --tee all, or --backend local, ssh, fabric or slurm")
+        mpirun_args = tuple(mpirun_args or ())
+        if mpirun_args and backend != "mpi":
+            raise UsageError(f"--mpirun-arg {mpirun_args[0]} is for --backend mpi",
+                             "add --backend mpi, or drop --mpirun-arg")
         endpoints = split_endpoints(pserver_endpoints)
         token = job_token(token_file)
         hosts = tuple(load_hosts(hostfile, hosts_arg)) if hostfile or hosts_arg else ()
@@ -139,7 +145,8 @@ class LaunchConfig:
                                 if h.strip()),
             pserver_args=tuple(pserver_args(checkpoint_dir, checkpoint_every)),
             token=token, user_env=MappingProxyType(user_env), grace_period=grace_period,
-            log_dir=log_dir, tee_ranks=ranks, hang_timeout=hang_timeout, **settings)
+            log_dir=log_dir, tee_ranks=ranks, hang_timeout=hang_timeout,
+            mpirun_args=mpirun_args, **settings)
 
     def check_tee_ranks(self, trainers: int) -> None:
         """--tee-ranks names ranks the planned job has."""

@@ -122,12 +122,47 @@ def check_cpus(alloc: Allocation, nodes: Sequence[str], per_node: int,
                 f"salloc -N {len(nodes)} --ntasks-per-node {per_node}")
 
 
-def check_gpus(alloc: Allocation, gpus: Optional[str]) -> None:
+# what salloc/sbatch set when the allocation has GPUs (--gpus-per-node, --gpus, --gres)
+GPU_VARIABLES = ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE", "SLURM_JOB_GPUS", "SLURM_GPUS",
+                 "SLURM_STEP_GPUS", "SLURM_GPUS_PER_TASK", "SLURM_TRES_PER_NODE",
+                 "SLURM_TRES_PER_TASK", "SLURM_JOB_GRES")
+# the sbatch options that decide which job is made: inside an allocation there is none to make
+JOB_ONLY_OPTIONS = ("partition", "time", "account", "qos", "constraint", "exclude", "job_name")
+
+
+def check_step_options(alloc: Allocation, options: SlurmOptions) -> None:
+    """Inside an allocation fluidctl runs a step of a job that already exists: --partition,
+    --time, --account, --qos, --constraint, --exclude and --job-name, which choose the job,
+    cannot apply, and are refused rather than ignored."""
+    given = [name for name in JOB_ONLY_OPTIONS if getattr(options, name)]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise UsageError(f"{flag} {getattr(options, given[0])} applies to a new job, but this "
+                         f"runs inside allocation {alloc.job_id}",
+                         f"drop {flag} here (step options go in --slurm-arg), or submit a new "
+                         "job with --detach or from outside the allocation")
+
+
+def check_gpus(alloc: Allocation, gpus: Optional[str], environ: Mapping[str, str] = {},
+               slurm_args: Sequence[str] = ()) -> None:
     """Inside an allocation that has GPUs (SLURM_GPUS_ON_NODE): ``--gpus`` asks for no more
     per node than it has, and names no GPU past the last. Otherwise the extra ranks would
-    start and fail one by one on a device that is not there."""
+    start and fail one by one on a device that is not there. In an allocation without any
+    GPU (none of GPU_VARIABLES, no --slurm-arg asking for one), ``--gpus`` is refused: the
+    ranks would train on CPU and end with 0."""
     have = alloc.gpus_per_node
-    if gpus is None or not have:
+    if gpus is None:
+        return
+    if not have and not any("gpu" in environ.get(name, "").lower() or
+                            (name != "SLURM_TRES_PER_NODE" and environ.get(name, "").strip())
+                            for name in GPU_VARIABLES) \
+            and not any("gpu" in arg or "gres" in arg for arg in slurm_args):
+        count, _ = gpu_request(gpus)
+        raise UsageError(f"--gpus {gpus} but allocation {alloc.job_id} has no GPUs (Slurm set "
+                         "none of SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS, SLURM_GPUS_PER_NODE)",
+                         f"allocate some, e.g. salloc --gpus-per-node {count}, or run on CPU "
+                         f"with --nproc {count}")
+    if not have:
         return
     count, ids = gpu_request(gpus)
     where = f"allocation {alloc.job_id} has {have} GPU(s) on each node"

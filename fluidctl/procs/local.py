@@ -56,20 +56,36 @@ def _signal_procs(procs: List[psutil.Process], sig: int) -> None:
             pass
 
 
+class _Same:
+    """No second file: stderr goes with stdout."""
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
 class LocalProcess:
     """A worker process and its tree (the Handle protocol of backends.base)."""
 
     def __init__(self, label: str, argv: List[str], env: Mapping[str, str], log: str,
                  host: str = "127.0.0.1", cwd: Optional[str] = None, service: bool = False,
-                 pass_fds: Sequence[int] = ()):
+                 pass_fds: Sequence[int] = (), stdin=subprocess.DEVNULL,
+                 err_log: Optional[str] = None):
+        """``err_log``: stderr to a file of its own (else with stdout in ``log``); ``stdin``:
+        what the process reads (nothing by default; mpirun forwards ours to rank 0)."""
         self.label, self.host, self.log, self.service = label, host, log, service
+        self.err_log = err_log
         self.rank: Optional[int] = None      # a trainer's global rank (for stack dumps)
-        with open(log, "ab", buffering=0) as out:
+        with open(log, "ab", buffering=0) as out, \
+                (open(err_log, "ab", buffering=0) if err_log else _Same()) as err:
             # the child dies with this launcher (a pserver gets SIGTERM: it checkpoints)
             env = {k: v for k, v in env.items() if k != lifeline.MARKER}
             env.update(lifeline.marker_env(service))    # found by the watchdog, wherever
-            self.popen = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                          stdout=out, stderr=subprocess.STDOUT,
+            self.popen = subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin,
+                                          stdout=out, stderr=err if err_log else
+                                          subprocess.STDOUT,
                                           start_new_session=True, close_fds=True,
                                           pass_fds=pass_fds, preexec_fn=lifeline.preexec(
                                               signal.SIGTERM if service else signal.SIGKILL))

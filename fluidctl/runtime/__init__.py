@@ -131,7 +131,14 @@ def init(timeout: Optional[float] = None, transport: str = "auto",
         from fluidctl.runtime.collective import Communicator
         if env.world_size > 1:
             from fluidctl.runtime.collective import bootstrap
-            ctx.env = env = bootstrap.with_token(env)
+            from fluidctl.runtime.usersecret import SecretUnavailable
+            try:
+                ctx.env = env = bootstrap.with_token(env, environ)
+            except SecretUnavailable as exc:       # one line on every rank, no traceback
+                what, how = exc.args
+                print(f"error: rank {env.rank}: no {envs.JOB_TOKEN} and no user secret: "
+                      f"{what} ({how})", file=sys.stderr, flush=True)
+                raise SystemExit(2) from None
             ctx._server, ctx.store, _ = bootstrap.connect_store(env, ctx.timeout)
             try:
                 ctx.comm = bootstrap.build(env, ctx.store, ctx.timeout, transport,

@@ -127,3 +127,93 @@ def test_two_ssh_nodes_every_path_sees_the_same_world(sshd_nodes, tmp_path):
                    cwd=tmp_path, timeout=180, env={"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_coll": "^han"})
     assert res.returncode == 0, res.stdout + res.stderr
     assert results(tmp_path / "train", 4) == expected
+
+
+# --- issue 25.16 and 25.14: mpirun options, stderr, stdin, spawned ranks -------------------
+def train(tmp_path, *args, stdin=None, timeout=120):
+    env = dict(__import__("os").environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return subprocess.run([sys.executable, "-m", "fluidctl", "train", "--backend", "mpi",
+                           *map(str, args)], cwd=tmp_path, env=env, input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+STREAMS = """
+import os, sys
+from mpi4py import MPI
+print(f"out {MPI.COMM_WORLD.rank} {os.environ.get('MY_SETTING')}", flush=True)
+print(f"warning from {MPI.COMM_WORLD.rank}", file=sys.stderr, flush=True)
+"""
+
+
+def test_mpirun_arg_is_passed_and_rank_stderr_stays_on_stderr(tmp_path):
+    """--mpirun-arg reaches mpirun as it is (repeatable, shown by --dry-run); the ranks'
+    stderr is echoed on fluidctl's stderr, so 2>/dev/null hides it as under plain mpirun."""
+    script = tmp_path / "streams.py"
+    script.write_text(STREAMS)
+    dry = train(tmp_path, "--nproc", 2, "--mpirun-arg=-x MY_SETTING=42",
+                "--mpirun-arg=--mca", "--mpirun-arg=btl self,tcp", "--dry-run", script)
+    assert dry.returncode == 0, dry.stderr
+    assert " --oversubscribe -x MY_SETTING=42 --mca btl self,tcp -x " in dry.stdout, dry.stdout
+    for tee in ("rank0", "all"):
+        res = train(tmp_path, "--nproc", 2, "--tee", tee, "--mpirun-arg=-x MY_SETTING=42",
+                    script)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "out 0 42" in res.stdout and "warning from 0" in res.stderr, (tee, res)
+        assert "warning" not in res.stdout, (tee, res.stdout)
+    both = (tmp_path / "mylog" / "workerlog.0").read_text()
+    assert "out 0 42" in both and "warning from 0" in both     # the log keeps both streams
+    bad = fluidctl("train", "--nproc", 2, "--mpirun-arg=--oversubscribe", script, cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --mpirun-arg --oversubscribe "
+                                                         "is for --backend mpi"), bad.stderr
+
+
+PI_FROM_STDIN = """
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+n = int(input("intervals? ")) if comm.rank == 0 else None
+n = comm.bcast(n, root=0)
+h = 1.0 / n
+part = sum(4.0 / (1.0 + ((i + 0.5) * h) ** 2) for i in range(comm.rank, n, comm.size)) * h
+pi = comm.reduce(part, op=MPI.SUM, root=0)
+if comm.rank == 0:
+    print(f"pi {pi:.6f}", flush=True)
+"""
+
+
+def test_standard_input_reaches_rank_0(tmp_path):
+    """The classic pi program reads its interval count from stdin on rank 0: forwarded as
+    mpirun does (before, the ranks' stdin was /dev/null)."""
+    script = tmp_path / "pi.py"
+    script.write_text(PI_FROM_STDIN)
+    res = train(tmp_path, "--nproc", 2, script, stdin="1000\n", timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "pi 3.141593" in res.stdout, res.stdout
+
+
+SPAWN = """
+import sys
+from mpi4py import MPI
+from fluidctl.backends.mpi import local_slots
+if sys.argv[1:] == ["child"]:
+    parent = MPI.Comm.Get_parent()
+    parent.send(MPI.COMM_WORLD.Get_rank() + 100, dest=0)
+    parent.Disconnect()
+    sys.exit(0)
+n = local_slots()          # as many as the cores: more than the slots left beside the parent
+children = MPI.COMM_SELF.Spawn(sys.executable, args=[__file__, "child"], maxprocs=n)
+got = sorted(children.recv(source=i) for i in range(n))
+children.Disconnect()
+print("SPAWNED", got, flush=True)
+"""
+
+
+def test_spawned_ranks_find_room_on_one_node(tmp_path):
+    """MPI_Comm_spawn under --nproc 1: on one node mpirun may oversubscribe, so the spawned
+    ranks are started instead of 'not enough slots'."""
+    script = tmp_path / "spawn.py"
+    script.write_text(SPAWN)
+    res = train(tmp_path, "--nproc", 1, script, timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    n = mpi.local_slots()
+    assert f"SPAWNED {[100 + i for i in range(n)]}" in res.stdout, res.stdout

@@ -153,3 +153,27 @@ def test_available_and_vendor():
     """available() is true exactly where an Open MPI mpirun is found (it runs --version)."""
     assert mpi.available() == (MPIRUN is not None and mpi.mpi_vendor(MPIRUN) == "openmpi")
     assert not mpi.available("/nonexistent/mpirun")
+
+
+@needs_mpi
+def test_bare_mpirun_worker_gives_a_child_program_the_job_token(tmp_path):
+    """Issue 25.2 (the mpirun side): a program that is not Python runs as the worker's child
+    without MPI's variables, so the runtime in it cannot get a token over MPI; the worker hands
+    it the token rank 0 made (no FLUIDCTL_JOB_TOKEN set anywhere)."""
+    import os
+    train = tmp_path / "train.py"
+    train.write_text("import json, numpy as np, fluidctl.runtime as rt\n"
+                     "ctx = rt.init(timeout=60)\n"
+                     "s = ctx.allreduce(np.full(2, ctx.rank + 1.0))\n"
+                     "print('RESULT', json.dumps([ctx.rank, s.tolist()]), flush=True)\n")
+    wrapper = tmp_path / "run.sh"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {train}\n")
+    wrapper.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "FLUIDCTL_JOB_TOKEN"}
+    proc = subprocess.run([MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                           FLUIDCTL, "worker", str(wrapper)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = sorted(json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
+                 if line.startswith("RESULT "))
+    assert got == [[0, [3.0, 3.0]], [1, [3.0, 3.0]]]

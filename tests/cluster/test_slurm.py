@@ -3,6 +3,8 @@
 import json
 import sys
 
+import pytest
+
 from fluidctl import envs
 
 from launchutil import ROOT  # noqa: E402
@@ -55,19 +57,72 @@ def test_plain_srun_of_fluidctl_worker_gets_the_whole_contract(slurm, tmp_path):
                               c["master"].split(":")[1]]
 
 
+TRAIN = """
+import json, sys
+import numpy as np
+import fluidctl.runtime as rt
+ctx = rt.init(timeout=60)
+total = ctx.allreduce(np.full(3, ctx.rank + 1.0), "sum")
+print("RESULT " + json.dumps({"rank": ctx.rank, "sum": total.tolist()}), flush=True)
+"""
+
+
+def no_token_env(slurm, tmp_path):
+    """The cluster's environment with no job token anywhere, and the user secret under
+    tmp_path (FLUIDCTL_STATE_DIR) rather than the real home."""
+    env = slurm.env()
+    env.pop("FLUIDCTL_JOB_TOKEN", None)
+    env["FLUIDCTL_STATE_DIR"] = str(tmp_path / "state")
+    return env
+
+
 def test_plain_srun_runtime_allreduce_across_two_nodes(slurm, tmp_path):
     """No fluidctl launcher and no worker: fluidctl.runtime.init() maps SLURM_* itself; two
     nodes of two ranks each reduce through shared memory and the TCP ring (hierarchical). No
-    fluidctl server runs without a job token (issue 13): a plain srun exports one to its tasks."""
+    token is exported (issue 25.2): every task derives the step's token from the user secret."""
     res = slurm.run("srun", "-N2", "--ntasks-per-node=2", sys.executable, RUNTIME_WORKER, "ops",
-                    cwd=tmp_path, check=False, timeout=120,
-                    env=dict(slurm.env(), FLUIDCTL_JOB_TOKEN="srun-job-token"))
+                    cwd=tmp_path, check=False, timeout=120, env=no_token_env(slurm, tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
     got = results(res.stdout)
     assert len(got) == 4
     for r in got:
         assert r["transport"] == "hierarchical", r
         assert all(v for k, v in r.items() if k not in ("transport", "shm_direct")), r
+
+
+@pytest.mark.parametrize("worker", [False, True], ids=["python", "fluidctl-worker"])
+def test_plain_srun_authenticates_without_a_token(slurm, tmp_path, worker):
+    """Issue 25.2: `srun -N2 -n2 python train.py` (and `srun ... fluidctl worker train.py`)
+    with rt.init() and an allreduce, no FLUIDCTL_JOB_TOKEN: the user secret is made once,
+    mode 0600, and both ranks derive the same token from it."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    entry = [sys.executable, "-m", "fluidctl", "worker"] if worker else [sys.executable]
+    res = slurm.run("srun", "-N2", "-n2", *entry, str(script), cwd=tmp_path, check=False,
+                    timeout=120, env=no_token_env(slurm, tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted((r["rank"], r["sum"]) for r in results(res.stdout)) == [
+        (0, [3.0] * 3), (1, [3.0] * 3)]
+    secret = tmp_path / "state" / "secret"
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in secret.parent.iterdir()] == ["secret"]     # no temporary left
+
+
+def test_plain_srun_without_a_usable_secret_is_one_line(slurm, tmp_path):
+    """A user secret others can read is refused: one line per rank, exit 2, no traceback."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    secret = tmp_path / "state" / "secret"
+    secret.parent.mkdir()
+    secret.write_text("x" * 64)
+    secret.chmod(0o644)
+    res = slurm.run("srun", "-N2", "-n2", sys.executable, str(script), cwd=tmp_path,
+                    check=False, timeout=120, env=no_token_env(slurm, tmp_path))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 2, res.stderr
+    assert f"{secret} is readable by others (mode 644) (chmod 600 {secret}" in lines[0]
 
 
 def test_busy_master_port_is_named_by_rank_0(slurm, tmp_path):

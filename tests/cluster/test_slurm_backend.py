@@ -175,10 +175,61 @@ def test_sbatch_submit_follow_and_exit_code(slurm, tmp_path):
     assert res.returncode == 5, res.stdout + res.stderr
     job_id = re.search(r"submitted Slurm job (\d+)", res.stderr).group(1)
     assert re.search(r"trainer 2 .*127\.0\.0\.3", res.stderr), res.stderr
-    assert (tmp_path / "mylog" / "job.sbatch").read_text() == script_text
+    assert (tmp_path / "mylog" / f"slurm-{job_id}.sbatch").read_text() == script_text
+    assert (tmp_path / "mylog" / f"slurm-{job_id}" / "workerlog.2").exists()
     assert "[trainer 2] CONTRACT" in res.stdout        # echoed from its workerlog.2
     status = json.loads(fluidctl(slurm, tmp_path, "job", "status", job_id, "--json").stdout)
     assert (status["state"], status["exit_code"]) == ("FAILED", 5)
+
+
+def test_two_submissions_from_one_directory_keep_their_own_logs(slurm, tmp_path):
+    """Issue 25.4: two --detach jobs from one directory (default mylog/): each has its own
+    script and log dir (mylog/slurm-JOBID/), `job logs N` shows N's, and `job status` of the
+    failed one says why."""
+    script = tmp_path / "which.py"
+    script.write_text("import os, sys\nprint('I am job', os.environ['SLURM_JOB_ID'], flush=True)\n"
+                      "if sys.argv[1] == 'fail':\n    raise ValueError('bad learning rate')\n")
+    ids = []
+    for how in ("ok", "fail"):
+        res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--nodes", 1,
+                       "--detach", script, how)
+        assert res.returncode == 0, res.stderr
+        ids.append(re.search(r"submitted Slurm job (\d+)", res.stderr).group(1))
+    for job_id in ids:
+        slurm.wait_gone(job_id)
+    first, second = ids
+    for job_id in ids:
+        assert (tmp_path / "mylog" / f"slurm-{job_id}.sbatch").is_file()
+        shown = fluidctl(slurm, tmp_path, "job", "logs", job_id)
+        assert shown.stdout.startswith(f"I am job {job_id}\n"), shown.stdout + shown.stderr
+    ok = fluidctl(slurm, tmp_path, "job", "status", first)
+    assert ok.returncode == 0 and "why:" not in ok.stdout, ok.stdout
+    failed = fluidctl(slurm, tmp_path, "job", "status", second)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert (f"why: trainer 0 on 127.0.0.2 exited with code 1: ValueError: bad learning rate "
+            f"(at which.py:4) (log {tmp_path / 'mylog' / f'slurm-{second}' / 'workerlog.0'})"
+            ) in failed.stdout, failed.stdout
+    row = json.loads(fluidctl(slurm, tmp_path, "job", "status", second, "--json").stdout)
+    assert "ValueError: bad learning rate" in row["why"]
+
+
+def test_an_error_before_the_script_is_quoted_in_the_report(slurm, tmp_path):
+    """Issue 25.6: rank 0's worker refuses before the script (and its log) starts; the report
+    quotes its one line from srun.log instead of 'exit code 2 (no traceback in its log)'."""
+    import socket
+    script = tmp_path / "t.py"
+    script.write_text("print('never')\n")
+    alloc = slurm.allocate(2, 1)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.2", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", script,
+                       env={**alloc, "MASTER_PORT": str(port)})
+    assert res.returncode == 2, res.stdout + res.stderr
+    flat = " ".join(res.stderr.split())
+    assert f"error: master port {port} on 127.0.0.2 (127.0.0.2) is not usable" in flat, flat
+    assert "no traceback in its log" not in flat
 
 
 def test_ctrl_c_while_following_detaches(slurm, tmp_path):
@@ -235,6 +286,13 @@ def test_bad_input(slurm, tmp_path):
                                 tmp_path / "cpus", script],
          "8 rank(s) per node need 8 CPU(s), but allocation"),
         ({}, ["--nodes", 2, script], "are Slurm options"),
+        # issue 25.5: not ignored inside a CPU-only allocation
+        (one, ["--backend", "slurm", "--gpus", 1, script],
+         "--gpus 1 but allocation %s has no GPUs" % one["SLURM_JOB_ID"]),
+        (one, ["--backend", "slurm", "--partition", "gpu", script],
+         "--partition gpu applies to a new job, but this runs inside allocation"),
+        (one, ["--backend", "slurm", "--time", "5:00", script],
+         "--time 5:00 applies to a new job"),
     ]
     said = {}
     for env, args, what in cases:
@@ -341,7 +399,9 @@ def test_a_submitted_job_watches_for_hangs_in_its_own_allocation(slurm, tmp_path
                    "--partition", slurm.partition, "--time", "5:00", "--hang-timeout", 5,
                    "--log-dir", log, TROUBLE, "stuck", timeout=240)
     assert res.returncode == 124, res.stdout + res.stderr
-    assert " --hang-timeout 5 " in (log / "job.sbatch").read_text()
+    (script,) = list(log.glob("slurm-*.sbatch"))
+    assert " --hang-timeout 5 " in script.read_text()
+    log = log / script.stem                                   # the job's own: slurm-JOBID/
     (where,) = list(log.glob("hang-*"))
     loader = f"rank 1 is in load_batch at trouble.py:{_line_of('time.sleep(3600)')}"
     assert loader in (where / "summary.txt").read_text()

@@ -31,7 +31,7 @@ GOLDEN = """\
 #SBATCH --signal=B:USR2@120
 
 rm -f '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode
-/opt/py/bin/python -m fluidctl train --backend slurm --log-dir '/logs/my run' train.py --lr '0.1 0.2'
+/opt/py/bin/python -m fluidctl train --backend slurm --log-dir '/logs/my run/slurm-'"$SLURM_JOB_ID" train.py --lr '0.1 0.2'
 code=$?
 echo "$code" > '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode.tmp && mv -f '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode.tmp '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode
 exit "$code"
@@ -46,7 +46,7 @@ def test_golden_sbatch_script():
     spec = slurmctl.SbatchSpec(
         job_name="train", nodes=2, ntasks_per_node=4, gpus_per_node=4, options=options,
         command=["/opt/py/bin/python", "-m", "fluidctl", "train", "--backend", "slurm",
-                 "--log-dir", "/logs/my run", "train.py", "--lr", "0.1 0.2"],
+                 "--log-dir", str(layout.slurm_job("%j").root), "train.py", "--lr", "0.1 0.2"],
         workdir="/home/u/proj", output=str(layout.slurm_output),
         exit_file=str(layout.job_exit("%j")), header="written by fluidctl 9.9")
     assert slurmctl.sbatch_script(spec) == GOLDEN
@@ -57,7 +57,8 @@ def test_golden_sbatch_script():
 # --- against the real Slurm -----------------------------------------------------------------
 JOB = """
 import os, sys, time
-log = os.path.join(sys.argv[1], "workerlog.0")
+os.makedirs(os.path.join(sys.argv[1], "slurm-" + os.environ["SLURM_JOB_ID"]), exist_ok=True)
+log = os.path.join(sys.argv[1], "slurm-" + os.environ["SLURM_JOB_ID"], "workerlog.0")
 with open(log, "a") as f:
     for i in range(3):
         print(f"step {i} of job {os.environ['SLURM_JOB_ID']}", file=f, flush=True)
@@ -82,7 +83,7 @@ def submit(slurm, tmp_path, monkeypatch, code=0, command=None):
         command=command or [sys.executable, str(script), str(log_dir), str(code)],
         workdir=str(tmp_path), output=str(layout.slurm_output),
         exit_file=str(layout.job_exit("%j")))
-    return slurmctl.submit(spec, layout.sbatch_script, log_dir)
+    return slurmctl.submit(spec, layout)
 
 
 def cli(slurm, tmp_path, *args, timeout=60):

@@ -78,8 +78,16 @@ def test_gpus_beyond_the_allocation_s_are_refused_before_srun(gpus, message):
         with pytest.raises(UsageError) as refused:
             slurmplan.check_gpus(alloc, gpus)
         assert refused.value.one_line() == "error: " + message
-    slurmplan.check_gpus(slurmplan.allocation({"SLURM_JOB_ID": "7",             # no GPUs known:
-                                             "SLURM_JOB_NODELIST": "n1"}), "8")  # not judged
+    bare = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1"}
+    gres = {**bare, "SLURM_JOB_GPUS": "0,1"}           # GPUs, but not how many per node:
+    slurmplan.check_gpus(slurmplan.allocation(gres), "8", gres)              # not judged
+    slurmplan.check_gpus(slurmplan.allocation(bare), "8", bare, ["--gres=gpu:8"])
+    with pytest.raises(UsageError) as cpu_only:         # issue 25.5: no GPU at all
+        slurmplan.check_gpus(slurmplan.allocation(bare), "8", bare)
+    assert cpu_only.value.one_line() == (
+        "error: --gpus 8 but allocation 7 has no GPUs (Slurm set none of SLURM_GPUS_ON_NODE, "
+        "SLURM_JOB_GPUS, SLURM_GPUS_PER_NODE) (allocate some, e.g. salloc --gpus-per-node 8, "
+        "or run on CPU with --nproc 8)")
     typed = slurmplan.allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1",
                                  "SLURM_GPUS_PER_NODE": "a100:4"})     # --gpus-per-node a100:4
     assert typed.gpus_per_node == 4

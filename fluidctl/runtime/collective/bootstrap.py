@@ -54,18 +54,24 @@ def _mpi_master(env: envs.DistEnv) -> str:
     return comm.bcast(endpoint, root=0)
 
 
-def with_token(env: envs.DistEnv) -> envs.DistEnv:
+def with_token(env: envs.DistEnv, environ=None) -> envs.DistEnv:
     """``env`` with a job token: no fluidctl server runs without one. fluidctl train always
     sets FLUIDCTL_JOB_TOKEN; under a bare mpirun rank 0 makes one and MPI (a channel the job
-    already trusts) hands it to every rank; otherwise it is an error."""
+    already trusts) hands it to every rank; in a plain srun step every task derives the same
+    one from the user's secret file and the job and step ids (runtime/usersecret.py); otherwise
+    it is an error."""
     if env.token or env.world_size <= 1:
         return env
+    environ = os.environ if environ is None else environ
     if env.under_mpi and _has_mpi4py():
         from mpi4py import MPI
         import secrets
         comm = MPI.COMM_WORLD
         token = comm.bcast(secrets.token_hex(16) if comm.Get_rank() == 0 else None, root=0)
         return env._replace(token=token)
+    if envs.in_slurm_step(environ):
+        from fluidctl.runtime import usersecret
+        return env._replace(token=usersecret.slurm_step_token(environ))
     raise CollectiveError(f"rank {env.rank}: no {envs.JOB_TOKEN} in the environment: the "
                           "rendezvous store and the ring never serve without one (start the "
                           f"job with fluidctl train, or export the same {envs.JOB_TOKEN} to "
