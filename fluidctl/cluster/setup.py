@@ -354,7 +354,7 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
                          echo=console(stderr=True).print)
     results, failures = _setup_all(hosts, targets, timeout, house, venv, python,
                                    system_site_packages, dry_run)
-    _print_setup(hosts, results, house, python, dry_run)
+    _print_setup(hosts, results, failures, house, python, dry_run)
     if failures:
         error = fail_nodes("failed the setup", ordered(failures, hosts), len(hosts))
         error.exit_code = len(failures)
@@ -370,6 +370,8 @@ def _setup_all(hosts, targets, timeout, house, venv, python, system_site, dry_ru
     def one(node):
         try:
             return setup_node(node, house, venv, python, system_site, dry_run)
+        except ssh.SFTPUnavailable as exc:
+            return NodeSetup(node.host.name, reason=str(exc))
         except ssh.NODE_LOST as exc:
             return NodeSetup(node.host.name, reason=f"connection failed: {exc}")
     try:
@@ -380,7 +382,8 @@ def _setup_all(hosts, targets, timeout, house, venv, python, system_site, dry_ru
     return results, failures
 
 
-def _print_setup(hosts, results: dict, house: Wheelhouse, python: str, dry_run: bool) -> None:
+def _print_setup(hosts, results: dict, failures: dict, house: Wheelhouse, python: str,
+                 dry_run: bool) -> None:
     from rich.table import Table
     from fluidctl.console import console
     from fluidctl.units import human_bytes
@@ -392,10 +395,19 @@ def _print_setup(hosts, results: dict, house: Wheelhouse, python: str, dry_run: 
     details = []
     for host in hosts:
         r = results.get(host.name)
+        if host.name in failures:       # a failed node's steps were never decided: say why
+            if dry_run:
+                details.append(f"{host.name}: cannot be set up: {failures[host.name]}")
+            if r is None or not r.action:
+                table.add_row(host.name, (r.venv if r else "") or "-", "-", "-", "-",
+                              "[bold red]FAIL[/]")
+                continue
         if r is None:
             continue
         pushed = f"{len(r.push)} ({human_bytes(r.push_bytes)})" if r.push else "nothing"
-        if dry_run:
+        if not r.ok and r.reason:
+            status = "[bold red]FAIL[/]"
+        elif dry_run:
             status = "-"
         elif r.ok:
             status = f"[green]ready[/] fluidctl {r.fluidctl}, {r.seconds:.1f}s"
@@ -403,7 +415,7 @@ def _print_setup(hosts, results: dict, house: Wheelhouse, python: str, dry_run: 
             status = "[bold red]FAIL[/]"
         table.add_row(host.name, r.venv, r.action, pushed, str(len(r.install)) if r.install
                       else "-", status)
-        if dry_run:
+        if dry_run and host.name not in failures:
             details.append(f"{host.name}: {r.venv}: " + "; ".join(_dry_steps(r, python)))
     out = console()
     out.print(table)

@@ -45,6 +45,10 @@ Example:
               help="The environment 'fluidctl cluster setup' made on the nodes ('{host}' is "
                    "the node's name; default: $FLUIDCTL_VENV, else ~/.fluidctl/venv). Where it "
                    "exists, its python is checked and its versions compared with this machine's.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON record per node instead of the table, e.g. "
+                   "fluidctl cluster check --hostfile hosts.txt --json | jq '.[] | select(.ok "
+                   "| not) | .host'.")
 def check(**params):
     from fluidctl.cluster.check import run
     run(**params)

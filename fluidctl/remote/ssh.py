@@ -42,6 +42,14 @@ class ConnectFailed(Exception):
     """Could not reach or log into a node; ``str()`` is the reason, naming what to change."""
 
 
+class SFTPUnavailable(paramiko.SSHException):
+    """The node's sshd serves no SFTP subsystem (``cluster setup`` moves its files over SFTP)."""
+
+    def __init__(self, host: str):
+        super().__init__(f"{host} has no SFTP server, which cluster setup needs (add "
+                         "'Subsystem sftp internal-sftp' to its sshd_config)")
+
+
 class ConnectionLost(Exception):
     """The SSH connection to a node died while a command ran."""
 
@@ -415,7 +423,13 @@ class SSHNode:
     @property
     def sftp(self) -> paramiko.SFTPClient:
         if self._sftp is None:
-            self._sftp = self.client.open_sftp()
+            try:
+                self._sftp = self.client.open_sftp()
+            except paramiko.SSHException as exc:
+                if not self.client.get_transport() or \
+                        not self.client.get_transport().is_active():
+                    raise
+                raise SFTPUnavailable(self.host.name) from exc
             self._sftp.get_channel().settimeout(max(self.timeout, 30.0))
         return self._sftp
 

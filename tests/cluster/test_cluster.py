@@ -166,3 +166,100 @@ def test_exec_ctrl_c_stops_the_command_on_every_node(sshd_nodes, hostfile):
     assert "not-reached" not in out
     gone, alive = psutil.wait_procs(remote, timeout=10)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def on_terminal(args, columns):
+    """Run fluidctl with stdout on a pseudo-terminal ``columns`` wide; (exit code, output)."""
+    import os
+    import pty
+    main, sub = pty.openpty()
+    proc = subprocess.Popen([*FLUIDCTL, *map(str, args)], stdout=sub, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL,
+                            env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "TERM": "xterm",
+                                 "COLUMNS": str(columns), "HOME": str(Path.home())})
+    os.close(sub)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:             # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    proc.wait(60)
+    import re
+    out = re.sub(r"\x1b\[[0-9;]*m", "", b"".join(chunks).decode())     # bold, italic
+    return proc.returncode, out.replace("\r\n", "\n")
+
+
+@pytest.fixture(scope="module")
+def no_cupy(tmp_path_factory):
+    """An interpreter that imports this checkout's fluidctl but has no CuPy: the check's
+    CuPy / NCCL cell then carries install advice with brackets in it."""
+    import fluidctl
+    venv = tmp_path_factory.mktemp("nocupy") / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "checkout.pth").write_text(str(Path(fluidctl.__file__).parent.parent) + "\n")
+    return venv / "bin" / "python"
+
+
+def test_check_prints_install_advice_whole_and_fits_the_terminal(sshd_nodes, hostfile,
+                                                                 no_cupy):
+    args = ["cluster", "check", "--hostfile", hostfile, "--ssh-config", sshd_nodes.config,
+            "--python", no_cupy]
+    r = fluidctl(*args)                       # a pipe: plain columns, no box
+    assert r.returncode == 0, r.stderr
+    assert "│" not in r.stdout and "┃" not in r.stdout
+    assert table_row(r.stdout, "node1")[2] == "ok"
+    assert "pip install 'fluidctl[gpu]'" in table_row(r.stdout, "node1")[8]
+    for columns in (80, 120):                 # a narrow terminal: blocks; a wide one: a table
+        code, out = on_terminal(args, columns)
+        assert code == 0, out
+        assert max(len(line) for line in out.splitlines()) <= columns, out
+        assert "pip install 'fluidctl[gpu]'" in out.replace("\n", "")
+        assert len(out.strip().splitlines()) <= 12, out
+        assert ("node1 (127.0.0.2): ok" in out) == (columns < 100), out
+
+
+def test_check_json(sshd_nodes, hostfile):
+    import json
+    r = fluidctl("cluster", "check", "--hostfile", hostfile, "--ssh-config", sshd_nodes.config,
+                 "--json")
+    assert r.returncode == 0, r.stderr
+    records = json.loads(r.stdout)
+    assert [(n["host"], n["address"], n["ok"], n["env"]) for n in records] == [
+        ("node1", "127.0.0.2", True, "-"), ("node2", "127.0.0.3", True, "-")]
+    assert records[0]["fluidctl"] == "0.1.0" and records[0]["disk_free"] > 0
+
+
+@pytest.fixture(scope="module")
+def no_sftp(tmp_path_factory):
+    """A node whose sshd serves no SFTP (the docs ask nodes for only Python and sshd)."""
+    from sshd import SSHNodes
+    nodes = SSHNodes.start(tmp_path_factory.mktemp("nosftp"), {"bare": "127.0.0.4"},
+                           sftp=False)
+    try:
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+def test_a_node_without_sftp_is_not_ready_in_check_and_setup_dry_run(no_sftp, tmp_path):
+    hosts = no_sftp.hostfile("hosts", slots=1)
+    why = ("bare has no SFTP server, which cluster setup needs (add 'Subsystem sftp "
+           "internal-sftp' to its sshd_config)")
+    r = fluidctl("cluster", "check", "--hostfile", hosts, "--ssh-config", no_sftp.config)
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"error: 1 of 1 node(s) failed the check: bare: {why}"
+    assert table_row(r.stdout, "bare")[2] == "FAIL"
+    r = fluidctl("cluster", "setup", "--hostfile", hosts, "--ssh-config", no_sftp.config,
+                 "--venv", tmp_path / "venv", "--wheelhouse", tmp_path / "wheels",
+                 "--system-site-packages", "--no-deps", "--dry-run", timeout=300)
+    assert r.returncode == 1
+    assert f"bare: cannot be set up: {why}" in r.stdout, r.stdout
+    assert "use the venv there" not in r.stdout
+    assert r.stderr.strip().splitlines()[-1] == \
+        f"error: 1 of 1 node(s) failed the setup: bare: {why}"

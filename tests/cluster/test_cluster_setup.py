@@ -73,9 +73,10 @@ def setup_args(cluster, venv, *more):
 
 
 def row(out, host):
-    """The cells of the table row for ``host`` (host, venv, action, pushed, install, status)."""
+    """The cells of the table row for ``host`` (rich's box, or plain " | " columns)."""
     for line in out.splitlines():
-        cells = [c.strip() for c in line.strip("│ ").split("│")]
+        sep = "│" if "│" in line else "|"
+        cells = [c.strip() for c in line.strip("│ ").split(sep)]
         if cells and cells[0] == host:
             return cells
     raise AssertionError(f"no row {host!r} in:\n{out}")
