@@ -231,3 +231,33 @@ def test_train_backend_mpi_runs_with_the_provisioned_environment(cluster, ready,
                        text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("error: --venv ") and \
         "differs per node" in r.stderr
+
+
+@pytest.mark.parametrize("version", ["3.11", "3.12"])
+def test_setup_from_a_bare_venv(cluster, tmp_path, version):
+    """A new user's path: ``python3 -m venv``, ``pip install`` this checkout (pip's build
+    isolation fetches setuptools), then that venv's fluidctl sets the nodes up (its wheelhouse
+    build isolated too, with nothing but pip in the venv to lean on)."""
+    import shutil
+    python = shutil.which(f"python{version}", path="/usr/bin:/usr/local/bin")
+    if python is None:
+        pytest.skip(f"no python{version} here")
+    bare = tmp_path / "bare"
+    subprocess.run([python, "-m", "venv", str(bare)], check=True)
+    checkout = Path(__file__).resolve().parents[2]
+    subprocess.run([str(bare / "bin" / "python"), "-m", "pip", "install", "-q",
+                    "--disable-pip-version-check", "-e", str(checkout)], check=True,
+                   capture_output=True, timeout=600)
+    template = tmp_path / "nodes" / "{host}" / "venv"
+    r = subprocess.run([str(bare / "bin" / "fluidctl"), "cluster", "setup", "--hostfile",
+                        str(cluster["hostfile"]), "--ssh-config", str(cluster["config"]),
+                        "--requirements", str(cluster["requirements"]), "--venv", str(template),
+                        "--wheelhouse", str(tmp_path / "wheels"), "--system-site-packages",
+                        "--no-deps", "--python", f"python{version}"],
+                       capture_output=True, text=True, timeout=300,
+                       env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "HOME": str(Path.home())})
+    assert r.returncode == 0, r.stderr + r.stdout
+    for host in ("node1", "node2"):
+        assert row(r.stdout, host)[5].startswith("ready fluidctl 0.1.0"), r.stdout
+        venv = Path(str(template).replace("{host}", host))
+        assert venv_python_says(venv, "import tinyreq; print(tinyreq.VERSION)") == "1.0"
