@@ -82,7 +82,7 @@ def parse_probe(check: NodeCheck, output: str, python: str, remote_dir: Optional
 
 def check_nodes(hosts: Sequence[Host], ssh_config=None, timeout: float = DEFAULT_TIMEOUT,
                 accept_new: bool = False, python: Optional[str] = None,
-                remote_dir: Optional[str] = None, targets=None) -> List[NodeCheck]:
+                remote_dir: Optional[str] = None, targets=None, say=None) -> List[NodeCheck]:
     """Check every node in parallel: reachable, authenticated, Python and fluidctl there, free
     disk, GPUs. One NodeCheck per host, in hostfile order; ``ok`` False says ``reason``.
 
@@ -116,6 +116,8 @@ def check_nodes(hosts: Sequence[Host], ssh_config=None, timeout: float = DEFAULT
         finally:
             node.close()
             check.seconds = time.monotonic() - started
+        if say:
+            say(host.name, f"checked: {'ok' if check.ok else 'FAIL'} ({check.seconds:.1f} s)")
         return check
     return parallel(list(hosts), one)
 
@@ -127,20 +129,24 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
     ``cluster setup`` venv where one exists), a table (or JSON), and exit 1 naming each failing
     node."""
     from fluidctl.cluster import setup as provision
-    from fluidctl.cluster.nodes import resolve
+    from fluidctl.cluster.nodes import progress_lines, resolve
     from fluidctl.cluster.sync import fail_nodes
     from fluidctl.paths import NODE_VENV
     hosts, targets = resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
-    envs = provision.inspect_all(hosts, targets, venv or NODE_VENV, timeout)
+    say = progress_lines()
+    unreachable: dict = {}
+    envs = provision.inspect_all(hosts, targets, venv or NODE_VENV, timeout, progress=say,
+                                 unreachable=unreachable)
+    found = {name: NodeCheck(name, address=targets[name].hostname, reason=reason)
+             for name, reason in unreachable.items()}   # not tried twice: one timeout each
     groups: dict = {}           # interpreter -> hosts checked with it (a node's venv python)
-    for host in hosts:
+    for host in (h for h in hosts if h.name not in unreachable):
         env = envs.get(host.name)
         chosen = python or (env.executable if env and env.present else None)
         groups.setdefault(chosen, []).append(host)
-    found = {}
     for chosen, members in groups.items():
         for r in check_nodes(members, targets=targets, timeout=timeout, python=chosen,
-                             remote_dir=remote_dir):
+                             remote_dir=remote_dir, say=say):
             found[r.host] = r
     results = [found[h.name] for h in hosts]
     for r in results:

@@ -59,9 +59,10 @@ def test_check_names_each_failing_node_with_its_reason(sshd_nodes, tmp_path):
     r = fluidctl("cluster", "check", "--hostfile", hosts, "--ssh-config", sshd_nodes.config,
                  "--timeout", "3")
     assert r.returncode == 1
-    assert r.stderr.startswith("error: 1 of 2 node(s) failed the check: 127.0.0.4: "
-                               f"connection refused at 127.0.0.4:{port}")
-    assert "node1" not in r.stderr and "Traceback" not in r.stderr
+    error = r.stderr.strip().splitlines()[-1]        # after one progress line per step
+    assert error.startswith("error: 1 of 2 node(s) failed the check: 127.0.0.4: "
+                            f"connection refused at 127.0.0.4:{port}")
+    assert "node1" not in error and "Traceback" not in r.stderr
     assert "FAIL" in r.stdout
     # a wrong remote interpreter is named too
     r = fluidctl("cluster", "check", "--hosts", "node2", "--ssh-config", sshd_nodes.config,
@@ -253,7 +254,8 @@ def test_a_node_without_sftp_is_not_ready_in_check_and_setup_dry_run(no_sftp, tm
            "internal-sftp' to its sshd_config)")
     r = fluidctl("cluster", "check", "--hostfile", hosts, "--ssh-config", no_sftp.config)
     assert r.returncode == 1
-    assert r.stderr.strip() == f"error: 1 of 1 node(s) failed the check: bare: {why}"
+    assert r.stderr.strip().splitlines()[-1] == \
+        f"error: 1 of 1 node(s) failed the check: bare: {why}"
     assert table_row(r.stdout, "bare")[2] == "FAIL"
     r = fluidctl("cluster", "setup", "--hostfile", hosts, "--ssh-config", no_sftp.config,
                  "--venv", tmp_path / "venv", "--wheelhouse", tmp_path / "wheels",
@@ -263,3 +265,46 @@ def test_a_node_without_sftp_is_not_ready_in_check_and_setup_dry_run(no_sftp, tm
     assert "use the venv there" not in r.stdout
     assert r.stderr.strip().splitlines()[-1] == \
         f"error: 1 of 1 node(s) failed the setup: bare: {why}"
+
+
+@pytest.mark.parametrize("command", ["check", "setup"])
+def test_progress_lines_name_each_step_and_a_silent_node_while_waiting(sshd_nodes, tmp_path,
+                                                                      command):
+    """In a pipe: one stderr line per node per step as it happens, and a node that accepts
+    the connection but never speaks SSH is named while it is being waited for."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.4", 0))
+    silent.listen()
+    port = silent.getsockname()[1]
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"node1 slots=1\n127.0.0.4:{port} slots=1\n")
+    more = (["--venv", tmp_path / "{host}" / "venv", "--wheelhouse", tmp_path / "wheels",
+             "--system-site-packages", "--no-deps", "--dry-run"] if command == "setup" else [])
+    proc = subprocess.Popen([*FLUIDCTL, "cluster", command, "--hostfile", str(hosts),
+                             "--ssh-config", str(sshd_nodes.config), "--timeout", "4",
+                             *map(str, more)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1",
+                                 "HOME": str(Path.home())})
+    try:
+        seen = []
+        for line in proc.stderr:
+            seen.append(line.rstrip("\n"))
+            if line.startswith("waiting for 127.0.0.4 ("):
+                assert proc.poll() is None          # said while waiting, not afterwards
+                break
+        assert seen[-1].startswith("waiting for 127.0.0.4 (") and \
+            seen[-1].endswith(" of 4 s)"), seen
+        assert "node1: connected (" in "\n".join(seen), seen
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        silent.close()
+    lines = seen + err.splitlines()
+    assert proc.returncode == 1
+    assert any(l.startswith("127.0.0.4: cannot connect: ") for l in lines), lines
+    steps = ["node1: checked: ok ("] if command == "check" else \
+        ["node1: reading its environment", "node1: planned (create)"]
+    for step in steps:
+        assert any(l.startswith(step) for l in lines), lines
+    assert lines[-1].startswith("error: 1 of 2 node(s) failed the " + command)
