@@ -64,6 +64,10 @@ Examples:
 @host_options
 @click.option("--remote-dir", metavar="DIR",
               help="Run the command in this directory (e.g. --remote-dir /data/job).")
+@click.option("--venv", metavar="DIR", envvar="FLUIDCTL_VENV", default=None,
+              help="The environment 'fluidctl cluster setup' made on the nodes, put first on "
+                   "the command's PATH where it exists ('{host}' is the node's name; default: "
+                   "$FLUIDCTL_VENV, else ~/.fluidctl/venv; e.g. --venv /opt/job-env).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_(command, **params):
     from fluidctl.cluster.exec import run

@@ -262,3 +262,18 @@ def test_setup_from_a_bare_venv(cluster, tmp_path, version):
         assert row(r.stdout, host)[5].startswith("ready fluidctl 0.1.0"), r.stdout
         venv = Path(str(template).replace("{host}", host))
         assert venv_python_says(venv, "import tinyreq; print(tinyreq.VERSION)") == "1.0"
+
+
+def test_cluster_exec_runs_with_the_setup_venv(cluster, ready, tmp_path):
+    """Right after setup, what it installed is what ``cluster exec`` finds (tinyreq is only in
+    the nodes' venvs); a node without that venv runs the command as it is."""
+    template = ready[0]
+    exec_ = ["cluster", "exec", "--hostfile", cluster["hostfile"], "--ssh-config",
+             cluster["config"], "--venv", template, "--"]
+    r = fluidctl(*exec_, "python -c 'import sys, tinyreq; print(sys.prefix, tinyreq.VERSION)'")
+    assert r.returncode == 0, r.stderr + r.stdout
+    for host in ("node1", "node2"):
+        assert f"[{host}] {str(template).replace('{host}', host)} 1.0" in r.stdout, r.stdout
+    r = fluidctl("cluster", "exec", "--hostfile", cluster["hostfile"], "--ssh-config",
+                 cluster["config"], "--venv", tmp_path / "none", "--", "echo $VIRTUAL_ENV-")
+    assert r.returncode == 0 and sorted(r.stdout.split()) == ["-", "-", "[node1]", "[node2]"]
