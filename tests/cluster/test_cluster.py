@@ -308,3 +308,35 @@ def test_progress_lines_name_each_step_and_a_silent_node_while_waiting(sshd_node
     for step in steps:
         assert any(l.startswith(step) for l in lines), lines
     assert lines[-1].startswith("error: 1 of 2 node(s) failed the " + command)
+
+
+@pytest.mark.parametrize("backend", ["ssh", "fabric"])
+def test_train_runs_a_shell_script_of_the_working_directory(sshd_nodes, tmp_path, backend):
+    """``hi.sh``, ``./hi.sh`` and its absolute path run as they do locally: from the job's
+    directory on each node (a bare name is not looked up on the node's PATH); a script
+    missing there is one line naming the node and the path."""
+    import json
+    (tmp_path / "hi.sh").write_text('#!/bin/sh\necho "hi $PADDLE_TRAINER_ID in $(pwd)"\n')
+    (tmp_path / "hi.sh").chmod(0o755)
+    base = [*FLUIDCTL, "train", "--hostfile", str(sshd_nodes.hostfile("hosts.one", slots=1)),
+            "--ssh-config", str(sshd_nodes.config), "--backend", backend]
+    env = {"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "HOME": str(Path.home())}
+    for script in ("hi.sh", "./hi.sh", str(tmp_path / "hi.sh")):
+        r = subprocess.run([*base, "--log-dir", str(tmp_path / "logs"), script], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 0, r.stderr + r.stdout
+        for rank, host in enumerate(("node1", "node2")):
+            log = (tmp_path / "logs" / host / f"workerlog.{rank}").read_text()
+            assert f"hi {rank} in {tmp_path}" in log, log
+    r = subprocess.run([*base, "--dry-run", "--json", "hi.sh"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["procs"][0]["argv"] == ["./hi.sh"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = subprocess.run([*base, "--remote-dir", str(empty), "--log-dir", str(tmp_path / "l2"),
+                        "hi.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**env, "COLUMNS": "300"})
+    assert r.returncode != 0
+    assert "Traceback" not in r.stdout + r.stderr and "FileNotFoundError" not in r.stderr
+    assert f"SCRIPT ./hi.sh does not exist on node1 (in {empty})" in r.stderr, r.stderr
