@@ -91,7 +91,9 @@ class SSHNodes:
         return ""
 
     @classmethod
-    def start(cls, workdir: Path, addresses: Dict[str, str] = ADDRESSES) -> "SSHNodes":
+    def start(cls, workdir: Path, addresses: Dict[str, str] = ADDRESSES,
+              sftp: bool = True) -> "SSHNodes":
+        """``sftp=False``: servers without an SFTP subsystem (nodes that have only sshd)."""
         workdir.mkdir(parents=True, exist_ok=True)
         host_key = workdir / "ssh_host_ed25519_key"
         host_pub = keygen(host_key, "fluidctl-test-host")
@@ -105,7 +107,8 @@ class SSHNodes:
         nodes = cls(workdir, user_key, known_hosts, config, host_pub)
         try:
             for alias, address in addresses.items():
-                nodes.nodes[alias] = nodes._start_one(alias, address, host_key, authorized)
+                nodes.nodes[alias] = nodes._start_one(alias, address, host_key, authorized,
+                                                      sftp)
             deadline = time.monotonic() + 20
             for node in nodes.nodes.values():
                 wait_listening(node.address, node.port, node.proc, deadline)
@@ -120,7 +123,7 @@ class SSHNodes:
             f"    StrictHostKeyChecking yes\n\n" for n in nodes.nodes.values()))
         return nodes
 
-    def _start_one(self, alias, address, host_key, authorized) -> SSHNode:
+    def _start_one(self, alias, address, host_key, authorized, sftp=True) -> SSHNode:
         port = free_port(address)
         conf = self.workdir / f"sshd_config.{alias}"
         conf.write_text(
@@ -138,7 +141,7 @@ class SSHNodes:
             "AllowTcpForwarding yes\n"
             "MaxStartups 50:30:100\n"
             "MaxSessions 50\n"
-            "Subsystem sftp internal-sftp\n")
+            + ("Subsystem sftp internal-sftp\n" if sftp else ""))
         log = self.workdir / f"sshd.{alias}.log"
         proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(conf)],
                                 stdout=subprocess.DEVNULL, stderr=open(log, "wb"),

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from fluidctl import __version__
-from fluidctl.remote.ssh import DEFAULT_TIMEOUT, NODE_LOST, ConnectFailed, SSHNode, parallel
+from fluidctl.remote.ssh import (DEFAULT_TIMEOUT, NODE_LOST, ConnectFailed, SFTPUnavailable,
+                                 SSHNode, parallel)
 from fluidctl.planning.hosts import Host
 from fluidctl.remote.sshconfig import resolve_hosts
 
@@ -81,7 +82,7 @@ def parse_probe(check: NodeCheck, output: str, python: str, remote_dir: Optional
 
 def check_nodes(hosts: Sequence[Host], ssh_config=None, timeout: float = DEFAULT_TIMEOUT,
                 accept_new: bool = False, python: Optional[str] = None,
-                remote_dir: Optional[str] = None, targets=None) -> List[NodeCheck]:
+                remote_dir: Optional[str] = None, targets=None, say=None) -> List[NodeCheck]:
     """Check every node in parallel: reachable, authenticated, Python and fluidctl there, free
     disk, GPUs. One NodeCheck per host, in hostfile order; ``ok`` False says ``reason``.
 
@@ -100,6 +101,12 @@ def check_nodes(hosts: Sequence[Host], ssh_config=None, timeout: float = DEFAULT
             check.address = node.peer_address
             result = node.run(probe_script(python, remote_dir), timeout=timeout)
             parse_probe(check, result.stdout, python, remote_dir)
+            try:                # cluster setup moves its files over SFTP: not ready without
+                node.sftp
+            except SFTPUnavailable as exc:
+                check.ok = False
+                check.reason = "; ".join([*([check.reason] if check.reason else []),
+                                          str(exc)])
         except ConnectFailed as exc:
             check.reason = str(exc)
         except TimeoutError:
@@ -109,29 +116,37 @@ def check_nodes(hosts: Sequence[Host], ssh_config=None, timeout: float = DEFAULT
         finally:
             node.close()
             check.seconds = time.monotonic() - started
+        if say:
+            say(host.name, f"checked: {'ok' if check.ok else 'FAIL'} ({check.seconds:.1f} s)")
         return check
     return parallel(list(hosts), one)
 
 
 def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
-        accept_new_host_keys=False, python=None, remote_dir=None, venv=None) -> None:
+        accept_new_host_keys=False, python=None, remote_dir=None, venv=None,
+        as_json=False) -> None:
     """``fluidctl cluster check``: every node checked with the interpreter it would run (its
-    ``cluster setup`` venv where one exists), a table, and exit 1 naming each failing node."""
+    ``cluster setup`` venv where one exists), a table (or JSON), and exit 1 naming each failing
+    node."""
     from fluidctl.cluster import setup as provision
-    from fluidctl.cluster.nodes import resolve
+    from fluidctl.cluster.nodes import progress_lines, resolve
     from fluidctl.cluster.sync import fail_nodes
     from fluidctl.paths import NODE_VENV
     hosts, targets = resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
-    envs = provision.inspect_all(hosts, targets, venv or NODE_VENV, timeout)
+    say = progress_lines()
+    unreachable: dict = {}
+    envs = provision.inspect_all(hosts, targets, venv or NODE_VENV, timeout, progress=say,
+                                 unreachable=unreachable)
+    found = {name: NodeCheck(name, address=targets[name].hostname, reason=reason)
+             for name, reason in unreachable.items()}   # not tried twice: one timeout each
     groups: dict = {}           # interpreter -> hosts checked with it (a node's venv python)
-    for host in hosts:
+    for host in (h for h in hosts if h.name not in unreachable):
         env = envs.get(host.name)
         chosen = python or (env.executable if env and env.present else None)
         groups.setdefault(chosen, []).append(host)
-    found = {}
     for chosen, members in groups.items():
         for r in check_nodes(members, targets=targets, timeout=timeout, python=chosen,
-                             remote_dir=remote_dir):
+                             remote_dir=remote_dir, say=say):
             found[r.host] = r
     results = [found[h.name] for h in hosts]
     for r in results:
@@ -141,26 +156,76 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
             r.ok = False
             r.reason = "; ".join([*([r.reason] if r.reason else []), ", ".join(drift)
                                   + " (run fluidctl cluster setup)"])
-    _print_checks(results, envs)
+    if as_json:
+        import json
+        print(json.dumps([_record(r, envs.get(r.host)) for r in results], indent=1),
+              flush=True)
+    else:
+        _print_checks(results, envs)
     failures = {r.host: r.reason for r in results if not r.ok}
     if failures:
         raise fail_nodes("failed the check", failures, len(results))
 
 
+def _env_state(env) -> str:
+    if env is None or not env.present:
+        return "-"
+    return "differs" if env.differences() else "ok"
+
+
+def _record(r: NodeCheck, env) -> dict:
+    """One node for ``--json``: the NodeCheck's fields and the env column's word."""
+    from dataclasses import asdict
+    return {**asdict(r), "env": _env_state(env),
+            "venv_python": env.executable if env is not None and env.present else None}
+
+
+# under this many columns a table cannot hold a node's cells: one block per node instead
+NARROW = 100
+
+
 def _print_checks(results: List[NodeCheck], envs: dict) -> None:
-    from rich.table import Table
-    from fluidctl.console import console
+    """A table on a wide terminal, one block per node on a narrow one, plain `` | `` columns
+    (no rich) elsewhere. Cells are printed as text, never as rich markup: install advice such
+    as ``pip install 'fluidctl[gpu]'`` must reach the user whole."""
+    from fluidctl.tables import print_table
     from fluidctl.units import human_bytes
-    table = Table(title=f"fluidctl cluster check: {len(results)} node(s)")
-    for column in ("host", "address", "status", "env", "python", "fluidctl", "free disk",
-                   "gpus", "CuPy / NCCL", "seconds", "reason"):
-        table.add_column(column, overflow="fold")
+    title = f"fluidctl cluster check: {len(results)} node(s)"
+    rows = []
     for r in results:
-        status = "[green]ok[/]" if r.ok else "[bold red]FAIL[/]"
-        env = envs.get(r.host)
-        state = "-" if env is None or not env.present else \
-            ("differs" if env.differences() else "ok")
-        table.add_row(r.host, r.address, status, state, r.python or "-", r.fluidctl or "-",
-                      human_bytes(r.disk_free), "-" if r.gpus is None else str(r.gpus),
-                      r.gpu_stack or "-", f"{r.seconds:.2f}", r.reason)
-    console().print(table)
+        rows.append([r.host, r.address, "ok" if r.ok else "FAIL", _env_state(envs.get(r.host)),
+                     r.python or "-", r.fluidctl or "-", human_bytes(r.disk_free),
+                     "-" if r.gpus is None else str(r.gpus), r.gpu_stack or "-",
+                     f"{r.seconds:.2f}", r.reason or "-"])
+    if not sys.stdout.isatty():
+        print_table(title, ("host", "address", "status", "env", "python", "fluidctl",
+                            "free disk", "gpus", "CuPy / NCCL", "seconds", "reason"), rows)
+        return
+    from rich.table import Table
+    from rich.text import Text
+    from fluidctl.console import console
+    out = console()
+    if out.width < NARROW:
+        out.print(title, markup=False)
+        for row, r in zip(rows, results):
+            host, address, status, env, py, fl, disk, gpus, stack, secs, reason = row
+            out.print(Text.assemble((host, "bold"), f" ({address}): ",
+                                    (status, "green" if r.ok else "bold red"), f", {secs}s"))
+            out.print(Text(f"  env {env}, python {py}, fluidctl {fl}, {disk} free, "
+                           f"{gpus} GPU(s)"))
+            out.print(Text(f"  CuPy / NCCL: {stack}"))
+            if r.reason:
+                out.print(Text(f"  reason: {reason}"))
+        return
+    # the wide table leaves out the address and seconds; each reason follows it on its line
+    table = Table(title=title)
+    for column in ("host", "status", "env", "python", "fluidctl", "free disk", "gpus",
+                   "CuPy / NCCL"):
+        table.add_column(column, overflow="fold")
+    for row, r in zip(rows, results):
+        table.add_row(Text(row[0]), Text(row[2], style="green" if r.ok else "bold red"),
+                      *(Text(c) for c in row[3:9]))
+    out.print(table)
+    for r in results:
+        if r.reason:
+            out.print(Text(f"{r.host}: {r.reason}"), soft_wrap=True)

@@ -10,9 +10,12 @@ from fluidctl.remote.ssh import DEFAULT_TIMEOUT
 
 
 def run(command, hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
-        accept_new_host_keys=False, remote_dir=None) -> None:
-    """Run ``command`` (words, joined as ssh joins them) on every node; exit 1 naming each node
-    where it failed or could not run."""
+        accept_new_host_keys=False, remote_dir=None, venv=None) -> None:
+    """Run ``command`` (words, joined as ssh joins them) on every node, with the node's
+    ``cluster setup`` venv first on PATH where it exists (so what setup installed is what the
+    command finds); exit 1 naming each node where it failed or could not run."""
+    from fluidctl.paths import NODE_VENV
+    from fluidctl.planning.venv import activate
     from rich.text import Text
     from fluidctl.cluster.nodes import ordered, resolve
     from fluidctl.cluster.sync import fail_nodes
@@ -31,22 +34,25 @@ def run(command, hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT
     connected = ssh.connect_all(hosts, targets, timeout=timeout)
     failures = dict(connected.failures)
     try:
-        failures.update(_run_on(connected.nodes, " ".join(command), remote_dir, on_line))
+        text = " ".join(command)
+        failures.update(_run_on(connected.nodes, {
+            name: activate(text, venv or NODE_VENV, name) for name in connected.nodes},
+            remote_dir, on_line))
     finally:
         connected.close()
     if failures:
         raise fail_nodes("failed", ordered(failures, hosts), len(hosts))
 
 
-def _run_on(nodes: dict, text: str, remote_dir, on_line) -> dict:
-    """Start ``text`` on every connected node, wait for each; {host: reason} where it failed.
+def _run_on(nodes: dict, texts: dict, remote_dir, on_line) -> dict:
+    """Start ``texts[name]`` on every connected node, wait for each; {host: reason} where it failed.
     On Ctrl-C every node's command gets SIGTERM before KeyboardInterrupt goes on."""
     from fluidctl.remote import ssh
     failures, procs = {}, {}
     try:
         for name, node in nodes.items():        # output streams from reader threads
             try:
-                procs[name] = node.start(text, cwd=remote_dir,
+                procs[name] = node.start(texts[name], cwd=remote_dir,
                                          on_line=functools.partial(on_line, name))
             except ssh.NODE_LOST as exc:
                 failures[name] = f"cannot start the command: {exc}"

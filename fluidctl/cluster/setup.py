@@ -200,23 +200,33 @@ def verify_node(node: SSHNode, venv: str, house: Wheelhouse):
     return report, ""
 
 
+def _quiet(host: str, text: str) -> None:
+    pass
+
+
 def setup_node(node: SSHNode, house: Wheelhouse, venv_spec: str, python: str,
-               system_site: bool, dry_run: bool = False) -> NodeSetup:
+               system_site: bool, dry_run: bool = False, say=_quiet) -> NodeSetup:
+    """Plan and (unless ``dry_run``) apply the setup of one node; ``say(host, text)`` hears
+    each step as it starts."""
     started = time.monotonic()
+    say(node.host.name, "reading its environment")
     result, record = plan_node(node, house, venv_spec)
     try:
         if not dry_run:
-            _apply(node, house, result, record, python, system_site)
+            _apply(node, house, result, record, python, system_site, say)
     finally:
         result.seconds = time.monotonic() - started
     return result
 
 
 def _apply(node: SSHNode, house: Wheelhouse, result: NodeSetup, record: dict, python: str,
-           system_site: bool) -> None:
+           system_site: bool, say=_quiet) -> None:
+    from fluidctl.units import human_bytes
     venv = result.venv
+    host = node.host.name
     wheelhouse = posixpath.join(venv, NODE_WHEELHOUSE)
     if result.push:
+        say(host, f"pushing {len(result.push)} wheel(s) ({human_bytes(result.push_bytes)})")
         send_files(node, SyncPlan(wheelhouse, [
             FileToSend(house.path / w.file, posixpath.join(wheelhouse, w.file), w.size,
                        (house.path / w.file).stat().st_mtime, 0o644) for w in result.push]))
@@ -230,6 +240,7 @@ def _apply(node: SSHNode, house: Wheelhouse, result: NodeSetup, record: dict, py
         node.sftp.remove(posixpath.join(wheelhouse, name))
     report = None
     if result.action == "ready":
+        say(host, "verifying the venv")
         report, _ = verify_node(node, venv, house)
         if report is None:              # recorded as ready but broken since: install again
             result.action = "update"
@@ -238,11 +249,14 @@ def _apply(node: SSHNode, house: Wheelhouse, result: NodeSetup, record: dict, py
         installed = record.get("installed", {})
         reinstall = [w.file for w in house.wheels
                      if installed.get(w.project) not in (None, w.sha256)]
+        say(host, ("creating the venv, then " if result.action == "create" else "")
+            + f"installing {len(result.install)} wheel(s)")
         done = node.run(install_script(venv, python, system_site, reinstall, result.install))
         if done.exit_code != 0:
             step = "venv creation" if done.exit_code == 3 else "pip install"
             result.reason = f"{step} failed: {pip_error(done.stderr + chr(10) + done.stdout)}"
             return
+        say(host, "verifying the venv")
         report, why = verify_node(node, venv, house)
         if report is None:
             result.reason = f"verification failed: {why}"
@@ -320,11 +334,14 @@ def inspect(node: SSHNode, venv_spec: str, timeout: Optional[float] = None) -> E
     return status
 
 
-def inspect_all(hosts, targets, venv_spec: str, timeout: float) -> Dict[str, EnvStatus]:
+def inspect_all(hosts, targets, venv_spec: str, timeout: float, progress=None,
+                unreachable: Optional[dict] = None) -> Dict[str, EnvStatus]:
     """``inspect`` on every node at once; nodes that cannot be reached are left out (the
-    caller's own checks name them)."""
+    caller's own checks name them), and put in ``unreachable`` {host: reason} if given."""
     from fluidctl.remote.ssh import connect_all, parallel
-    connected = connect_all(hosts, targets, timeout=timeout)
+    connected = connect_all(hosts, targets, timeout=timeout, progress=progress)
+    if unreachable is not None:
+        unreachable.update(connected.failures)
     try:
         found = parallel(list(connected.nodes.values()),
                          lambda node: inspect(node, venv_spec, timeout))
@@ -354,7 +371,7 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
                          echo=console(stderr=True).print)
     results, failures = _setup_all(hosts, targets, timeout, house, venv, python,
                                    system_site_packages, dry_run)
-    _print_setup(hosts, results, house, python, dry_run)
+    _print_setup(hosts, results, failures, house, python, dry_run)
     if failures:
         error = fail_nodes("failed the setup", ordered(failures, hosts), len(hosts))
         error.exit_code = len(failures)
@@ -363,13 +380,27 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
 
 def _setup_all(hosts, targets, timeout, house, venv, python, system_site, dry_run):
     """``setup_node`` on every node at once: ({host: NodeSetup}, {host: reason})."""
+    from fluidctl.cluster.nodes import progress_lines
     from fluidctl.remote import ssh
-    connected = ssh.connect_all(hosts, targets, timeout=timeout)
+    say = progress_lines()
+    connected = ssh.connect_all(hosts, targets, timeout=timeout, progress=say)
     failures = dict(connected.failures)
 
     def one(node):
+        r = _one(node)
+        if r.reason:
+            say(r.host, f"failed: {r.reason}")
+        elif dry_run:
+            say(r.host, f"planned ({r.action or 'nothing'})")
+        else:
+            say(r.host, f"ready ({r.seconds:.1f} s)")
+        return r
+
+    def _one(node):
         try:
-            return setup_node(node, house, venv, python, system_site, dry_run)
+            return setup_node(node, house, venv, python, system_site, dry_run, say)
+        except ssh.SFTPUnavailable as exc:
+            return NodeSetup(node.host.name, reason=str(exc))
         except ssh.NODE_LOST as exc:
             return NodeSetup(node.host.name, reason=f"connection failed: {exc}")
     try:
@@ -380,7 +411,8 @@ def _setup_all(hosts, targets, timeout, house, venv, python, system_site, dry_ru
     return results, failures
 
 
-def _print_setup(hosts, results: dict, house: Wheelhouse, python: str, dry_run: bool) -> None:
+def _print_setup(hosts, results: dict, failures: dict, house: Wheelhouse, python: str,
+                 dry_run: bool) -> None:
     from rich.table import Table
     from fluidctl.console import console
     from fluidctl.units import human_bytes
@@ -392,10 +424,19 @@ def _print_setup(hosts, results: dict, house: Wheelhouse, python: str, dry_run: 
     details = []
     for host in hosts:
         r = results.get(host.name)
+        if host.name in failures:       # a failed node's steps were never decided: say why
+            if dry_run:
+                details.append(f"{host.name}: cannot be set up: {failures[host.name]}")
+            if r is None or not r.action:
+                table.add_row(host.name, (r.venv if r else "") or "-", "-", "-", "-",
+                              "[bold red]FAIL[/]")
+                continue
         if r is None:
             continue
         pushed = f"{len(r.push)} ({human_bytes(r.push_bytes)})" if r.push else "nothing"
-        if dry_run:
+        if not r.ok and r.reason:
+            status = "[bold red]FAIL[/]"
+        elif dry_run:
             status = "-"
         elif r.ok:
             status = f"[green]ready[/] fluidctl {r.fluidctl}, {r.seconds:.1f}s"
@@ -403,7 +444,7 @@ def _print_setup(hosts, results: dict, house: Wheelhouse, python: str, dry_run: 
             status = "[bold red]FAIL[/]"
         table.add_row(host.name, r.venv, r.action, pushed, str(len(r.install)) if r.install
                       else "-", status)
-        if dry_run:
+        if dry_run and host.name not in failures:
             details.append(f"{host.name}: {r.venv}: " + "; ".join(_dry_steps(r, python)))
     out = console()
     out.print(table)

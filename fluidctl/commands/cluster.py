@@ -45,6 +45,10 @@ Example:
               help="The environment 'fluidctl cluster setup' made on the nodes ('{host}' is "
                    "the node's name; default: $FLUIDCTL_VENV, else ~/.fluidctl/venv). Where it "
                    "exists, its python is checked and its versions compared with this machine's.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON record per node instead of the table, e.g. "
+                   "fluidctl cluster check --hostfile hosts.txt --json | jq '.[] | select(.ok "
+                   "| not) | .host'.")
 def check(**params):
     from fluidctl.cluster.check import run
     run(**params)
@@ -60,6 +64,10 @@ Examples:
 @host_options
 @click.option("--remote-dir", metavar="DIR",
               help="Run the command in this directory (e.g. --remote-dir /data/job).")
+@click.option("--venv", metavar="DIR", envvar="FLUIDCTL_VENV", default=None,
+              help="The environment 'fluidctl cluster setup' made on the nodes, put first on "
+                   "the command's PATH where it exists ('{host}' is the node's name; default: "
+                   "$FLUIDCTL_VENV, else ~/.fluidctl/venv; e.g. --venv /opt/job-env).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_(command, **params):
     from fluidctl.cluster.exec import run

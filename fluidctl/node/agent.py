@@ -107,6 +107,20 @@ def _read_share() -> NodeShare:
         raise UsageError(str(exc), not_by_hand) from None
 
 
+def _check_scripts(procs, host: str) -> None:
+    """A training script the plan names by path must be here: otherwise one line naming this
+    node and the path (not start_procs' FileNotFoundError traceback on every node)."""
+    for p in procs:
+        if p.role != "trainer" or not p.argv:
+            continue
+        script = p.argv[2] if p.argv[1:2] == ["-u"] and len(p.argv) > 2 else p.argv[0]
+        if "/" not in script or os.path.exists(script):
+            continue
+        raise UsageError(f"SCRIPT {script} does not exist on {host} (in {os.getcwd()})",
+                         "copy it there, e.g. fluidctl cluster sync --hostfile HOSTS ., or "
+                         "pass --remote-dir with the directory that holds it")
+
+
 def node_agent(ports: int) -> None:
     """Run this node's share of a job (started by fluidctl over SSH). The probe goes out first:
     the launcher plans while the supervisor, the planner and the diagnostics load here."""
@@ -123,6 +137,7 @@ def node_agent(ports: int) -> None:
     except TypeError as exc:
         raise UsageError(f"the node plan's processes are not this version's ({exc})",
                          "install the same fluidctl version on every node") from None
+    _check_scripts(procs, share.host)
     layout = LogLayout(Path(share.log_dir), share.host)     # LOG_DIR/<host>/, as there
     layout.create()
     logs = [str(layout.for_role(p.role, p.rank)) for p in procs]

@@ -220,10 +220,13 @@ def node_ports(needed: int, started_port: Optional[int], probed: Sequence[int]) 
 
 def relative_script(script: str, cwd: str) -> str:
     """A script inside the working directory is named relative to it, so it is found under
-    --remote-dir on the nodes; others keep their absolute path."""
+    --remote-dir on the nodes; others keep their absolute path. A program (not ``.py``) gets
+    ``./``, as a shell needs: a bare ``hi.sh`` would be looked up on the node's PATH."""
     absolute = os.path.abspath(script)
     rel = os.path.relpath(absolute, cwd)
-    return absolute if rel.startswith("..") else rel
+    if rel.startswith(".."):
+        return absolute
+    return rel if script.endswith(".py") else "./" + rel
 
 
 def make_plan(job: JobSpec, ports: Mapping[int, Sequence[int]], backend: str = "local",

@@ -17,6 +17,17 @@ def prefer_venv(argv: Sequence[str], venv: str, host: str) -> List[str]:
     return ["/bin/sh", "-c", PREFER, "sh", node_venv(venv, host), *argv]
 
 
+def activate(command: str, venv: str, host: str) -> str:
+    """``command`` (shell text) run with the node's venv's ``bin`` first on PATH (and
+    VIRTUAL_ENV set) where that venv exists, as after ``source VENV/bin/activate``; else as
+    it is. Relative venv paths are from the remote home, wherever the command runs."""
+    import shlex
+    v = shlex.quote(node_venv(venv, host))
+    return (f'case {v} in /*) v={v};; *) v="$HOME"/{v};; esac; '
+            'if [ -x "$v/bin/python" ]; then PATH="$v/bin:$PATH"; VIRTUAL_ENV="$v"; '
+            f'export PATH VIRTUAL_ENV; fi; unset v; {command}')
+
+
 def use_node_interpreters(plan, executables: Sequence[str]):
     """The plan with each node's processes started by the interpreter that node's agent runs
     with (``executables[i]`` for node i) where they would have used the job's python."""

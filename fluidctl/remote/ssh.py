@@ -42,6 +42,14 @@ class ConnectFailed(Exception):
     """Could not reach or log into a node; ``str()`` is the reason, naming what to change."""
 
 
+class SFTPUnavailable(paramiko.SSHException):
+    """The node's sshd serves no SFTP subsystem (``cluster setup`` moves its files over SFTP)."""
+
+    def __init__(self, host: str):
+        super().__init__(f"{host} has no SFTP server, which cluster setup needs (add "
+                         "'Subsystem sftp internal-sftp' to its sshd_config)")
+
+
 class ConnectionLost(Exception):
     """The SSH connection to a node died while a command ran."""
 
@@ -415,7 +423,13 @@ class SSHNode:
     @property
     def sftp(self) -> paramiko.SFTPClient:
         if self._sftp is None:
-            self._sftp = self.client.open_sftp()
+            try:
+                self._sftp = self.client.open_sftp()
+            except paramiko.SSHException as exc:
+                if not self.client.get_transport() or \
+                        not self.client.get_transport().is_active():
+                    raise
+                raise SFTPUnavailable(self.host.name) from exc
             self._sftp.get_channel().settimeout(max(self.timeout, 30.0))
         return self._sftp
 
@@ -489,19 +503,50 @@ def parallel(items: Sequence, fn: Callable, workers: int = 32) -> List:
 
 def connect_all(hosts: Sequence[Host], targets: Mapping[str, SSHTarget],
                 timeout: float = DEFAULT_TIMEOUT, node_class=None,
-                timeout_option: str = "--timeout") -> Connected:
-    """Connect to every node at once; the slowest bounds the wait (``timeout`` each)."""
+                timeout_option: str = "--timeout", progress=None) -> Connected:
+    """Connect to every node at once; the slowest bounds the wait (``timeout`` each).
+
+    ``progress(host, text)`` hears each node connect or fail, and, while some have not
+    answered, "waiting for HOST (N s of T s)": a silent node is named before it times out."""
     node_class = node_class or SSHNode
+    pending = {h.name for h in hosts}
+    lock = threading.Lock()
+    started = time.monotonic()
 
     def one(host):
         node = node_class(host, targets[host.name], timeout=timeout,
                           timeout_option=timeout_option)
         try:
-            return host.name, node.connect(), None
+            found = host.name, node.connect(), None
         except ConnectFailed as exc:
-            return host.name, None, str(exc)
+            found = host.name, None, str(exc)
+        with lock:
+            pending.discard(host.name)
+        if progress:
+            progress(host.name, f"connected ({time.monotonic() - started:.1f} s)"
+                     if found[2] is None else f"cannot connect: {found[2]}")
+        return found
+    done = threading.Event()
+    watcher = None
+    if progress:
+        def watch():
+            step = max(1.0, min(5.0, timeout / 4))
+            while not done.wait(step):
+                with lock:
+                    silent = sorted(pending)
+                for name in silent:
+                    progress(name, f"waiting for {name} ({time.monotonic() - started:.0f} s "
+                                   f"of {timeout:g} s)")
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+    try:
+        connected = parallel(list(hosts), one)
+    finally:
+        done.set()
+        if watcher:
+            watcher.join()
     nodes, failures = {}, {}
-    for name, node, reason in parallel(list(hosts), one):
+    for name, node, reason in connected:
         if node is None:
             failures[name] = reason
         else:

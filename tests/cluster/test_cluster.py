@@ -59,9 +59,10 @@ def test_check_names_each_failing_node_with_its_reason(sshd_nodes, tmp_path):
     r = fluidctl("cluster", "check", "--hostfile", hosts, "--ssh-config", sshd_nodes.config,
                  "--timeout", "3")
     assert r.returncode == 1
-    assert r.stderr.startswith("error: 1 of 2 node(s) failed the check: 127.0.0.4: "
-                               f"connection refused at 127.0.0.4:{port}")
-    assert "node1" not in r.stderr and "Traceback" not in r.stderr
+    error = r.stderr.strip().splitlines()[-1]        # after one progress line per step
+    assert error.startswith("error: 1 of 2 node(s) failed the check: 127.0.0.4: "
+                            f"connection refused at 127.0.0.4:{port}")
+    assert "node1" not in error and "Traceback" not in r.stderr
     assert "FAIL" in r.stdout
     # a wrong remote interpreter is named too
     r = fluidctl("cluster", "check", "--hosts", "node2", "--ssh-config", sshd_nodes.config,
@@ -166,3 +167,177 @@ def test_exec_ctrl_c_stops_the_command_on_every_node(sshd_nodes, hostfile):
     assert "not-reached" not in out
     gone, alive = psutil.wait_procs(remote, timeout=10)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def on_terminal(args, columns):
+    """Run fluidctl with stdout on a pseudo-terminal ``columns`` wide; (exit code, output)."""
+    import os
+    import pty
+    main, sub = pty.openpty()
+    proc = subprocess.Popen([*FLUIDCTL, *map(str, args)], stdout=sub, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL,
+                            env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "TERM": "xterm",
+                                 "COLUMNS": str(columns), "HOME": str(Path.home())})
+    os.close(sub)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:             # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    proc.wait(60)
+    import re
+    out = re.sub(r"\x1b\[[0-9;]*m", "", b"".join(chunks).decode())     # bold, italic
+    return proc.returncode, out.replace("\r\n", "\n")
+
+
+@pytest.fixture(scope="module")
+def no_cupy(tmp_path_factory):
+    """An interpreter that imports this checkout's fluidctl but has no CuPy: the check's
+    CuPy / NCCL cell then carries install advice with brackets in it."""
+    import fluidctl
+    venv = tmp_path_factory.mktemp("nocupy") / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "checkout.pth").write_text(str(Path(fluidctl.__file__).parent.parent) + "\n")
+    return venv / "bin" / "python"
+
+
+def test_check_prints_install_advice_whole_and_fits_the_terminal(sshd_nodes, hostfile,
+                                                                 no_cupy):
+    args = ["cluster", "check", "--hostfile", hostfile, "--ssh-config", sshd_nodes.config,
+            "--python", no_cupy]
+    r = fluidctl(*args)                       # a pipe: plain columns, no box
+    assert r.returncode == 0, r.stderr
+    assert "│" not in r.stdout and "┃" not in r.stdout
+    assert table_row(r.stdout, "node1")[2] == "ok"
+    assert "pip install 'fluidctl[gpu]'" in table_row(r.stdout, "node1")[8]
+    for columns in (80, 120):                 # a narrow terminal: blocks; a wide one: a table
+        code, out = on_terminal(args, columns)
+        assert code == 0, out
+        assert max(len(line) for line in out.splitlines()) <= columns, out
+        assert "pip install 'fluidctl[gpu]'" in out.replace("\n", "")
+        assert len(out.strip().splitlines()) <= 12, out
+        assert ("node1 (127.0.0.2): ok" in out) == (columns < 100), out
+
+
+def test_check_json(sshd_nodes, hostfile):
+    import json
+    r = fluidctl("cluster", "check", "--hostfile", hostfile, "--ssh-config", sshd_nodes.config,
+                 "--json")
+    assert r.returncode == 0, r.stderr
+    records = json.loads(r.stdout)
+    assert [(n["host"], n["address"], n["ok"], n["env"]) for n in records] == [
+        ("node1", "127.0.0.2", True, "-"), ("node2", "127.0.0.3", True, "-")]
+    assert records[0]["fluidctl"] == "0.1.0" and records[0]["disk_free"] > 0
+
+
+@pytest.fixture(scope="module")
+def no_sftp(tmp_path_factory):
+    """A node whose sshd serves no SFTP (the docs ask nodes for only Python and sshd)."""
+    from sshd import SSHNodes
+    nodes = SSHNodes.start(tmp_path_factory.mktemp("nosftp"), {"bare": "127.0.0.4"},
+                           sftp=False)
+    try:
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+def test_a_node_without_sftp_is_not_ready_in_check_and_setup_dry_run(no_sftp, tmp_path):
+    hosts = no_sftp.hostfile("hosts", slots=1)
+    why = ("bare has no SFTP server, which cluster setup needs (add 'Subsystem sftp "
+           "internal-sftp' to its sshd_config)")
+    r = fluidctl("cluster", "check", "--hostfile", hosts, "--ssh-config", no_sftp.config)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1] == \
+        f"error: 1 of 1 node(s) failed the check: bare: {why}"
+    assert table_row(r.stdout, "bare")[2] == "FAIL"
+    r = fluidctl("cluster", "setup", "--hostfile", hosts, "--ssh-config", no_sftp.config,
+                 "--venv", tmp_path / "venv", "--wheelhouse", tmp_path / "wheels",
+                 "--system-site-packages", "--no-deps", "--dry-run", timeout=300)
+    assert r.returncode == 1
+    assert f"bare: cannot be set up: {why}" in r.stdout, r.stdout
+    assert "use the venv there" not in r.stdout
+    assert r.stderr.strip().splitlines()[-1] == \
+        f"error: 1 of 1 node(s) failed the setup: bare: {why}"
+
+
+@pytest.mark.parametrize("command", ["check", "setup"])
+def test_progress_lines_name_each_step_and_a_silent_node_while_waiting(sshd_nodes, tmp_path,
+                                                                      command):
+    """In a pipe: one stderr line per node per step as it happens, and a node that accepts
+    the connection but never speaks SSH is named while it is being waited for."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.4", 0))
+    silent.listen()
+    port = silent.getsockname()[1]
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"node1 slots=1\n127.0.0.4:{port} slots=1\n")
+    more = (["--venv", tmp_path / "{host}" / "venv", "--wheelhouse", tmp_path / "wheels",
+             "--system-site-packages", "--no-deps", "--dry-run"] if command == "setup" else [])
+    proc = subprocess.Popen([*FLUIDCTL, "cluster", command, "--hostfile", str(hosts),
+                             "--ssh-config", str(sshd_nodes.config), "--timeout", "4",
+                             *map(str, more)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1",
+                                 "HOME": str(Path.home())})
+    try:
+        seen = []
+        for line in proc.stderr:
+            seen.append(line.rstrip("\n"))
+            if line.startswith("waiting for 127.0.0.4 ("):
+                assert proc.poll() is None          # said while waiting, not afterwards
+                break
+        assert seen[-1].startswith("waiting for 127.0.0.4 (") and \
+            seen[-1].endswith(" of 4 s)"), seen
+        assert "node1: connected (" in "\n".join(seen), seen
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        silent.close()
+    lines = seen + err.splitlines()
+    assert proc.returncode == 1
+    assert any(l.startswith("127.0.0.4: cannot connect: ") for l in lines), lines
+    steps = ["node1: checked: ok ("] if command == "check" else \
+        ["node1: reading its environment", "node1: planned (create)"]
+    for step in steps:
+        assert any(l.startswith(step) for l in lines), lines
+    assert lines[-1].startswith("error: 1 of 2 node(s) failed the " + command)
+
+
+@pytest.mark.parametrize("backend", ["ssh", "fabric"])
+def test_train_runs_a_shell_script_of_the_working_directory(sshd_nodes, tmp_path, backend):
+    """``hi.sh``, ``./hi.sh`` and its absolute path run as they do locally: from the job's
+    directory on each node (a bare name is not looked up on the node's PATH); a script
+    missing there is one line naming the node and the path."""
+    import json
+    (tmp_path / "hi.sh").write_text('#!/bin/sh\necho "hi $PADDLE_TRAINER_ID in $(pwd)"\n')
+    (tmp_path / "hi.sh").chmod(0o755)
+    base = [*FLUIDCTL, "train", "--hostfile", str(sshd_nodes.hostfile("hosts.one", slots=1)),
+            "--ssh-config", str(sshd_nodes.config), "--backend", backend]
+    env = {"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "HOME": str(Path.home())}
+    for script in ("hi.sh", "./hi.sh", str(tmp_path / "hi.sh")):
+        r = subprocess.run([*base, "--log-dir", str(tmp_path / "logs"), script], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 0, r.stderr + r.stdout
+        for rank, host in enumerate(("node1", "node2")):
+            log = (tmp_path / "logs" / host / f"workerlog.{rank}").read_text()
+            assert f"hi {rank} in {tmp_path}" in log, log
+    r = subprocess.run([*base, "--dry-run", "--json", "hi.sh"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["procs"][0]["argv"] == ["./hi.sh"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = subprocess.run([*base, "--remote-dir", str(empty), "--log-dir", str(tmp_path / "l2"),
+                        "hi.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**env, "COLUMNS": "300"})
+    assert r.returncode != 0
+    assert "Traceback" not in r.stdout + r.stderr and "FileNotFoundError" not in r.stderr
+    assert any(f"SCRIPT ./hi.sh does not exist on {host} (in {empty})" in r.stderr
+               for host in ("node1", "node2")), r.stderr      # whichever node answers first
