@@ -215,12 +215,12 @@ def test_check_prints_install_advice_whole_and_fits_the_terminal(sshd_nodes, hos
     assert r.returncode == 0, r.stderr
     assert "│" not in r.stdout and "┃" not in r.stdout
     assert table_row(r.stdout, "node1")[2] == "ok"
-    assert "pip install 'fluidctl[gpu]'" in table_row(r.stdout, "node1")[8]
+    assert "pip install 'fluidctl[gpu-cuda12]'" in table_row(r.stdout, "node1")[8]
     for columns in (80, 120):                 # a narrow terminal: blocks; a wide one: a table
         code, out = on_terminal(args, columns)
         assert code == 0, out
         assert max(len(line) for line in out.splitlines()) <= columns, out
-        assert "pip install 'fluidctl[gpu]'" in out.replace("\n", "")
+        assert "pip install 'fluidctl[gpu-cuda12]'" in out.replace("\n", "")
         assert len(out.strip().splitlines()) <= 12, out
         assert ("node1 (127.0.0.2): ok" in out) == (columns < 100), out
 
