@@ -71,3 +71,30 @@ def alive(pid: int) -> bool:
 def assert_all_gone(pids, timeout=10.0):
     """Every pid ended; zombies count as left behind only while their parent lives."""
     wait_for(lambda: not any(alive(p) for p in pids), timeout, f"pids {pids} to end")
+
+
+def read_terminal(fd: int) -> bytes:
+    """Everything written to the pseudo-terminal whose controller side is ``fd``, until the
+    child closes it (Linux then gives EIO); ``fd`` is closed."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:             # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def table_row(out: str, first_cell: str):
+    """The cells of the table row that starts with ``first_cell`` (rich's box, or the plain
+    " | " columns fluidctl prints off a terminal)."""
+    for line in out.splitlines():
+        sep = "│" if "│" in line else "|"
+        cells = [c.strip() for c in line.strip("│ ").split(sep)]
+        if cells and cells[0] == first_cell:
+            return cells
+    raise AssertionError(f"no row {first_cell!r} in:\n{out}")

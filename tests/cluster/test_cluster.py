@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launchutil import default_sigint
+from launchutil import default_sigint, read_terminal, table_row
 
 FLUIDCTL = [sys.executable, "-m", "fluidctl"]
 
@@ -24,17 +24,6 @@ def fluidctl(*args, timeout=60):
 @pytest.fixture(scope="module")
 def hostfile(sshd_nodes):
     return sshd_nodes.hostfile("hosts.txt", slots=2)
-
-
-def table_row(out, first_cell):
-    """The cells of the table row that starts with ``first_cell`` (rich's box, or the plain
-    " | " columns cluster sync prints off a terminal)."""
-    for line in out.splitlines():
-        sep = "│" if "│" in line else "|"
-        cells = [c.strip() for c in line.strip("│ ").split(sep)]
-        if cells and cells[0] == first_cell:
-            return cells
-    raise AssertionError(f"no row {first_cell!r} in:\n{out}")
 
 
 def closed_port(address):
@@ -179,19 +168,10 @@ def on_terminal(args, columns):
                             env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "TERM": "xterm",
                                  "COLUMNS": str(columns), "HOME": str(Path.home())})
     os.close(sub)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(main, 65536)
-        except OSError:             # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(main)
+    seen = read_terminal(main)
     proc.wait(60)
     import re
-    out = re.sub(r"\x1b\[[0-9;]*m", "", b"".join(chunks).decode())     # bold, italic
+    out = re.sub(r"\x1b\[[0-9;]*m", "", seen.decode())     # bold, italic
     return proc.returncode, out.replace("\r\n", "\n")
 
 

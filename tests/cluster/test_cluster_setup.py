@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from launchutil import table_row as row
 
 FLUIDCTL = [sys.executable, "-m", "fluidctl"]
 PY = f"python{sys.version_info[0]}.{sys.version_info[1]}"
@@ -70,16 +71,6 @@ def setup_args(cluster, venv, *more):
             cluster["config"], "--requirements", cluster["requirements"], "--venv", venv,
             "--wheelhouse", cluster["wheelhouse"], "--system-site-packages", "--no-deps",
             "--python", PY, *more]
-
-
-def row(out, host):
-    """The cells of the table row for ``host`` (rich's box, or plain " | " columns)."""
-    for line in out.splitlines():
-        sep = "│" if "│" in line else "|"
-        cells = [c.strip() for c in line.strip("│ ").split(sep)]
-        if cells and cells[0] == host:
-            return cells
-    raise AssertionError(f"no row {host!r} in:\n{out}")
 
 
 def venv_python_says(venv: Path, code: str) -> str:

@@ -16,7 +16,7 @@ import pytest
 from fluidctl import sharding
 from fluidctl.errors import UsageError
 
-from launchutil import default_sigint
+from launchutil import default_sigint, read_terminal
 from shardutil import (check_manifest_matches_files, listing, run, shard_files, text_input,
                        write_lines)
 
@@ -145,16 +145,7 @@ def test_progress_bar_on_a_terminal(text, tmp_path):
                              "2", "-o", str(tmp_path / "out")], stdout=subprocess.DEVNULL,
                             stderr=slave, env=env)
     os.close(slave)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:          # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(master)
+    seen = read_terminal(master)
     assert proc.wait(timeout=60) == 0
     assert b"writing shards" in seen and b"records" in seen
 
