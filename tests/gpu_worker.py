@@ -144,18 +144,56 @@ def handshake(ctx):
 
 
 def host_waits(ctx):
-    """How often one allreduce makes the host wait, and on which stream (the double counts)."""
+    """How often one allreduce makes the host wait, and on which stream: the double counts
+    every wait; on a real GPU CuPy's Python-visible blocking calls are wrapped and counted
+    (cudaStream/Event/DeviceSynchronize; a wait inside CuPy's own Cython is not seen)."""
     import cupy as cp
-    from cupy import _double
     x = cp.ones(1 << 12, cp.float32)
     ctx.allreduce(x)                                   # warm up
+    counter = _host_wait_counter(cp)
     caller = cp.cuda.get_current_stream().ptr
-    before = dict(_double.host_waits["by_stream"]), _double.host_waits["count"]
+    before = dict(counter["by_stream"]), counter["count"]
     ctx.allreduce(x)
-    after = dict(_double.host_waits["by_stream"]), _double.host_waits["count"]
+    after = dict(counter["by_stream"]), counter["count"]
     result(total=after[1] - before[1],
            caller=after[0].get(caller, 0) - before[0].get(caller, 0),
-           ok=bool((x.get() == ctx.world_size ** 2).all()))
+           ok=bool((x.get() == ctx.world_size ** 2).all()), hooks=counter.get("hooks", "double"))
+
+
+def _host_wait_counter(cp) -> dict:
+    try:
+        from cupy import _double
+        return _double.host_waits
+    except ImportError:
+        pass
+    counter = {"count": 0, "by_stream": {}, "hooks": []}
+
+    def count(ptr):
+        counter["count"] += 1
+        counter["by_stream"][ptr] = counter["by_stream"].get(ptr, 0) + 1
+
+    runtime = cp.cuda.runtime
+    for name, ptr_of in (("streamSynchronize", lambda a: a[0]), ("eventSynchronize", lambda a: -1),
+                         ("deviceSynchronize", lambda a: cp.cuda.get_current_stream().ptr)):
+        real = getattr(runtime, name)
+
+        def wrapped(*a, _real=real, _ptr_of=ptr_of):
+            count(_ptr_of(a))
+            return _real(*a)
+        setattr(runtime, name, wrapped)
+        counter["hooks"].append(f"runtime.{name}")
+    for cls_name, ptr_of in (("Stream", lambda self: self.ptr), ("Event", lambda self: -1)):
+        cls = getattr(cp.cuda, cls_name)
+        real = cls.synchronize
+        try:
+            def sync(self, _real=real, _ptr_of=ptr_of):
+                count(_ptr_of(self))
+                return _real(self)
+            cls.synchronize = sync
+            counter["hooks"].append(f"{cls_name}.synchronize")
+        except TypeError:                                   # a cdef class: not patchable
+            pass
+    return counter
 
 
 def pci(ctx):
