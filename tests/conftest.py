@@ -18,7 +18,8 @@ from slurm import SlurmCluster  # noqa: E402
 
 
 # fixture -> marker: the expensive real things a test stands on
-TIER_MARKERS = {"sshd_nodes": "ssh", "slurm": "slurm", "slurm_cluster": "slurm", "openmpi": "mpi"}
+TIER_MARKERS = {"sshd_nodes": "ssh", "slurm": "slurm", "slurm_cluster": "slurm", "openmpi": "mpi",
+                "netns_nodes": "netns"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -50,6 +51,27 @@ def sshd_nodes(tmp_path_factory):
         yield nodes
     finally:
         nodes.stop()
+
+
+@pytest.fixture
+def netns_nodes(tmp_path_factory):
+    """A factory of namespace nodes (tests/netns.py): ``nodes = netns_nodes(4)`` gives node1..4
+    with their own addresses, sshd, links and cgroups; all of them are removed after the test."""
+    import netns
+    why_not = netns.available()
+    if why_not:
+        pytest.skip(why_not)
+    made = []
+
+    def make(n: int = 4, sftp: bool = True):
+        nodes = netns.NetnsNodes.start(tmp_path_factory.mktemp("netns"), n, sftp=sftp)
+        made.append(nodes)
+        return nodes
+    try:
+        yield make
+    finally:
+        for nodes in made:
+            nodes.stop()
 
 
 @pytest.fixture(scope="session")
