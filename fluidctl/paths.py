@@ -346,3 +346,11 @@ def jobs_dir() -> Path:
 
 def job_record(job_id: str) -> Path:
     return jobs_dir() / f"slurm-{job_id}.json"
+
+
+def bad_nodes_ledger() -> Path:
+    """The ledger of bad nodes (cluster/ledger.py): $FLUIDCTL_STATE_DIR/bad-nodes.json, else
+    ~/.fluidctl/bad-nodes.json (kept across jobs and logins)."""
+    if os.environ.get(STATE_ENV):
+        return Path(os.environ[STATE_ENV]) / "bad-nodes.json"
+    return Path.home() / ".fluidctl" / "bad-nodes.json"
