@@ -360,7 +360,7 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
     from pathlib import Path
     from fluidctl.cluster import wheelhouse as wheels
     from fluidctl.cluster.nodes import ordered, resolve
-    from fluidctl.cluster.sync import fail_nodes
+    from fluidctl.errors import node_failures
     from fluidctl.console import console
     from fluidctl.paths import NODE_VENV, wheelhouse_dir
     hosts, targets = resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
@@ -373,17 +373,16 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
                                    system_site_packages, dry_run)
     _print_setup(hosts, results, failures, house, python, dry_run)
     if failures:
-        error = fail_nodes("failed the setup", ordered(failures, hosts), len(hosts))
-        error.exit_code = len(failures)
-        raise error
+        raise node_failures("failed the setup", ordered(failures, hosts), len(hosts),
+                            exit_code=len(failures))
 
 
 def _setup_all(hosts, targets, timeout, house, venv, python, system_site, dry_run):
     """``setup_node`` on every node at once: ({host: NodeSetup}, {host: reason})."""
-    from fluidctl.cluster.nodes import progress_lines
     from fluidctl.remote import ssh
-    say = progress_lines()
-    connected = ssh.connect_all(hosts, targets, timeout=timeout, progress=say)
+    from fluidctl.remote.progress import NodeProgress
+    with NodeProgress([h.name for h in hosts], timeout=timeout) as say:
+        connected = ssh.connect_all(hosts, targets, timeout=timeout, progress=say)
     failures = dict(connected.failures)
 
     def one(node):
