@@ -243,6 +243,7 @@ def test_a_node_without_sftp_is_not_ready_in_check_and_setup_dry_run(no_sftp, tm
                  "--system-site-packages", "--no-deps", "--dry-run", timeout=300)
     assert r.returncode == 1
     assert f"bare: cannot be set up: {why}" in r.stdout, r.stdout
+    assert "│" not in r.stdout and table_row(r.stdout, "bare")[5] == "FAIL"   # 25.12: a pipe
     assert "use the venv there" not in r.stdout
     assert r.stderr.strip().splitlines()[-1] == \
         f"error: node bare failed the setup: {why}"
