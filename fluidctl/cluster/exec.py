@@ -31,7 +31,9 @@ def run(command, hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT
             (err if stream == "stderr" else out).print(
                 Text.assemble((f"[{host:<{width}}] ", "cyan"), line), soft_wrap=True)
 
-    connected = ssh.connect_all(hosts, targets, timeout=timeout)
+    from fluidctl.remote.progress import NodeProgress
+    with NodeProgress([h.name for h in hosts], timeout=timeout) as waits:
+        connected = ssh.connect_all(hosts, targets, timeout=timeout, progress=waits.answered)
     failures = dict(connected.failures)
     try:
         text = " ".join(command)

@@ -42,10 +42,15 @@ class NodeProgress:
         self.say(host, text)
 
     def say(self, host: str, text: str) -> None:
+        self.answered(host)
+        self._show(host, f"{host}: {text}")
+
+    def answered(self, host: str, text: str = "") -> None:
+        """The node answered (or failed): no longer waited for. Says nothing, for a command
+        whose output is the nodes' own (``cluster exec``)."""
         with self._lock:
             if host in self._silent:
                 self._silent.remove(host)
-        self._show(host, f"{host}: {text}")
 
     def elapsed(self) -> str:
         return f"{time.monotonic() - self.started:.1f} s"

@@ -278,6 +278,25 @@ def test_progress_lines_name_each_step_and_a_silent_node_while_waiting(sshd_node
     assert lines[-1].startswith(f"error: node 127.0.0.4 failed the {command}: ")
 
 
+def test_25_8_exec_names_a_silent_node_while_waiting(sshd_nodes, tmp_path):
+    """cluster exec: the nodes' output only, but a node that never speaks SSH is named while
+    it is waited for, then in the error."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.4", 0))
+    silent.listen()
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"node1 slots=1\n127.0.0.4:{silent.getsockname()[1]} slots=1\n")
+    try:
+        code, out, lines = silent_node_progress(
+            [*FLUIDCTL, "cluster", "exec", "--hostfile", hosts, "--ssh-config", sshd_nodes.config,
+             "--timeout", 2, "--", "echo hi"], "127.0.0.4", 2)
+    finally:
+        silent.close()
+    assert code == 1 and out.startswith("[node1") and out.endswith("] hi\n"), (out, lines)
+    assert lines[-1].startswith("error: node 127.0.0.4 failed: "), lines
+    assert not [l for l in lines if l.startswith("node1")], lines
+
+
 @pytest.mark.parametrize("backend", ["ssh", "fabric"])
 def test_train_runs_a_shell_script_of_the_working_directory(sshd_nodes, tmp_path, backend):
     """``hi.sh``, ``./hi.sh`` and its absolute path run as they do locally: from the job's
