@@ -23,15 +23,17 @@ class FluidctlError(Exception):
                          ["  " + d.replace("\n", " ") for d in self.details])
 
 
-def node_failures(what: str, failures, total: int, hint: str, *, exit_code: int = 2,
+def node_failures(what: str, failures, total: int, hint: str = "", *, exit_code: int = 2,
                   error=None) -> "FluidctlError":
-    """``failures`` ((node, why), ...) as one error: one node's on one line; several nodes' as
-    a summary line (``N of M node(s) <what>``, the hint) and one line per node below it."""
-    failures = list(failures)
+    """The one way any command reports nodes that failed. ``failures`` ((node, why), ...) or
+    {node: why}: one node's on one line (``node N <what>: why``); several nodes' as a summary
+    line (``N of M node(s) <what>``, the hint) and one line per node below it, never one line
+    of every node's reasons."""
+    failures = list(failures.items() if isinstance(failures, dict) else failures)
     error = error or FluidctlError
     if len(failures) == 1:
         name, why = failures[0]
-        return error(f"node {name}: {why}", hint, exit_code=exit_code)
+        return error(f"node {name} {what}: {why}", hint, exit_code=exit_code)
     return error(f"{len(failures)} of {total} node(s) {what}", hint, exit_code=exit_code,
                  details=[f"node {name}: {why}" for name, why in failures])
 

@@ -98,3 +98,28 @@ def table_row(out: str, first_cell: str):
         if cells and cells[0] == first_cell:
             return cells
     raise AssertionError(f"no row {first_cell!r} in:\n{out}")
+
+
+def silent_node_progress(argv, host: str, timeout: int, wait_s: float = 120):
+    """Run a many-node command (``argv``) in a pipe, as a script would, with ``host`` a node
+    that accepts connections but never speaks SSH: assert that its stderr names ``host``
+    while the command still waits for it (``waiting for HOST (N s of TIMEOUT s)``), then
+    let it end. Returns (exit code, stdout, every stderr line)."""
+    proc = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1",
+                                 "HOME": str(Path.home())})
+    try:
+        seen = []
+        for line in proc.stderr:        # the command's own --timeout bounds this
+            seen.append(line.rstrip("\n"))
+            if line.startswith(f"waiting for {host} ("):
+                assert proc.poll() is None          # said while waiting, not afterwards
+                break
+        assert seen and seen[-1].startswith(f"waiting for {host} (") and \
+            seen[-1].endswith(f" of {timeout} s)"), seen
+        out, err = proc.communicate(timeout=wait_s)
+    finally:
+        proc.kill()
+        proc.wait()
+    return proc.returncode, out, seen + err.splitlines()

@@ -34,6 +34,9 @@ class Handle(Protocol):
     log: str            # the log its failure report quotes
     pid: Optional[int]
     service: bool       # a pserver: serves the trainers; its end (even exit 0) fails the job
+    # optional, False when absent: True for a handle that a signal only stops following (a
+    # submitted Slurm job keeps running): the supervisor then does not say it stops processes
+    detaches: bool
 
     def fileno(self) -> int:
         """A descriptor that becomes readable when the handle may have ended (-1: none, the

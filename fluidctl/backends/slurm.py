@@ -214,6 +214,7 @@ class SubmittedJob:
     leaving the job running; a failure is the failing rank's, from the srun.log the job's own
     fluidctl wrote."""
     service = False
+    detaches = True         # a signal stops the following, never the job
 
     def __init__(self, record: slurmctl.JobRecord, detached: bool = False):
         self.record, self.layout = record, record.run_layout
@@ -255,7 +256,7 @@ class SubmittedJob:
     def terminate(self) -> None:
         if self._code is None:
             self._code = 128 + signal.SIGINT
-            self._say(slurmctl.how_to_follow(self.record.job_id))
+            self._say(slurmctl.stopped_following(self.record.job_id))
 
     kill = terminate
 

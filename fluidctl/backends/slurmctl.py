@@ -435,6 +435,12 @@ def wait_done(record: JobRecord, poll: float = POLL, on_state=None) -> JobState:
         time.sleep(poll)
 
 
+def stopped_following(job_id: str) -> str:
+    """What Ctrl-C while following a submitted job did, in one line: Slurm runs the job."""
+    return (f"stopped following job {job_id}; the job keeps running in Slurm ('fluidctl job "
+            f"cancel {job_id}' cancels it, 'fluidctl job logs {job_id} -f' follows it again)")
+
+
 def how_to_follow(job_id: str) -> str:
     return (f"job {job_id} keeps running: 'fluidctl job logs {job_id} -f' follows it, "
             f"'fluidctl job cancel {job_id}' cancels it")

@@ -129,14 +129,15 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
     ``cluster setup`` venv where one exists), a table (or JSON), and exit 1 naming each failing
     node."""
     from fluidctl.cluster import setup as provision
-    from fluidctl.cluster.nodes import progress_lines, resolve
-    from fluidctl.cluster.sync import fail_nodes
+    from fluidctl.cluster.nodes import resolve
+    from fluidctl.remote.progress import NodeProgress
+    from fluidctl.errors import node_failures
     from fluidctl.paths import NODE_VENV
     hosts, targets = resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
-    say = progress_lines()
     unreachable: dict = {}
-    envs = provision.inspect_all(hosts, targets, venv or NODE_VENV, timeout, progress=say,
-                                 unreachable=unreachable)
+    with NodeProgress([h.name for h in hosts], timeout=timeout) as say:
+        envs = provision.inspect_all(hosts, targets, venv or NODE_VENV, timeout, progress=say,
+                                     unreachable=unreachable)
     found = {name: NodeCheck(name, address=targets[name].hostname, reason=reason)
              for name, reason in unreachable.items()}   # not tried twice: one timeout each
     groups: dict = {}           # interpreter -> hosts checked with it (a node's venv python)
@@ -164,7 +165,7 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
         _print_checks(results, envs)
     failures = {r.host: r.reason for r in results if not r.ok}
     if failures:
-        raise fail_nodes("failed the check", failures, len(results))
+        raise node_failures("failed the check", failures, len(results), exit_code=1)
 
 
 def _env_state(env) -> str:

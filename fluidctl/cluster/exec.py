@@ -18,7 +18,7 @@ def run(command, hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT
     from fluidctl.planning.venv import activate
     from rich.text import Text
     from fluidctl.cluster.nodes import ordered, resolve
-    from fluidctl.cluster.sync import fail_nodes
+    from fluidctl.errors import node_failures
     from fluidctl.console import console
     from fluidctl.remote import ssh
     hosts, targets = resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
@@ -31,7 +31,9 @@ def run(command, hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT
             (err if stream == "stderr" else out).print(
                 Text.assemble((f"[{host:<{width}}] ", "cyan"), line), soft_wrap=True)
 
-    connected = ssh.connect_all(hosts, targets, timeout=timeout)
+    from fluidctl.remote.progress import NodeProgress
+    with NodeProgress([h.name for h in hosts], timeout=timeout) as waits:
+        connected = ssh.connect_all(hosts, targets, timeout=timeout, progress=waits.answered)
     failures = dict(connected.failures)
     try:
         text = " ".join(command)
@@ -41,7 +43,7 @@ def run(command, hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT
     finally:
         connected.close()
     if failures:
-        raise fail_nodes("failed", ordered(failures, hosts), len(hosts))
+        raise node_failures("failed", ordered(failures, hosts), len(hosts), exit_code=1)
 
 
 def _run_on(nodes: dict, texts: dict, remote_dir, on_line) -> dict:

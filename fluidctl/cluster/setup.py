@@ -360,7 +360,7 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
     from pathlib import Path
     from fluidctl.cluster import wheelhouse as wheels
     from fluidctl.cluster.nodes import ordered, resolve
-    from fluidctl.cluster.sync import fail_nodes
+    from fluidctl.errors import node_failures
     from fluidctl.console import console
     from fluidctl.paths import NODE_VENV, wheelhouse_dir
     hosts, targets = resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
@@ -373,17 +373,16 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
                                    system_site_packages, dry_run)
     _print_setup(hosts, results, failures, house, python, dry_run)
     if failures:
-        error = fail_nodes("failed the setup", ordered(failures, hosts), len(hosts))
-        error.exit_code = len(failures)
-        raise error
+        raise node_failures("failed the setup", ordered(failures, hosts), len(hosts),
+                            exit_code=len(failures))
 
 
 def _setup_all(hosts, targets, timeout, house, venv, python, system_site, dry_run):
     """``setup_node`` on every node at once: ({host: NodeSetup}, {host: reason})."""
-    from fluidctl.cluster.nodes import progress_lines
     from fluidctl.remote import ssh
-    say = progress_lines()
-    connected = ssh.connect_all(hosts, targets, timeout=timeout, progress=say)
+    from fluidctl.remote.progress import NodeProgress
+    with NodeProgress([h.name for h in hosts], timeout=timeout) as say:
+        connected = ssh.connect_all(hosts, targets, timeout=timeout, progress=say)
     failures = dict(connected.failures)
 
     def one(node):
@@ -413,43 +412,40 @@ def _setup_all(hosts, targets, timeout, house, venv, python, system_site, dry_ru
 
 def _print_setup(hosts, results: dict, failures: dict, house: Wheelhouse, python: str,
                  dry_run: bool) -> None:
-    from rich.table import Table
-    from fluidctl.console import console
+    """A row per node (a table on a terminal, plain columns in a pipe or a file), then with
+    ``dry_run`` each node's steps on a line."""
+    from fluidctl.tables import print_table
     from fluidctl.units import human_bytes
     what = "would push" if dry_run else "pushed"
-    table = Table(title=f"fluidctl cluster setup{' --dry-run' if dry_run else ''}: "
-                        f"{len(house.wheels)} wheel(s), {human_bytes(house.bytes)}")
-    for column in ("host", "venv", "action", what, "install", "status"):
-        table.add_column(column, overflow="fold")
-    details = []
+    rows, details = [], []
     for host in hosts:
         r = results.get(host.name)
         if host.name in failures:       # a failed node's steps were never decided: say why
             if dry_run:
                 details.append(f"{host.name}: cannot be set up: {failures[host.name]}")
             if r is None or not r.action:
-                table.add_row(host.name, (r.venv if r else "") or "-", "-", "-", "-",
-                              "[bold red]FAIL[/]")
+                rows.append((host.name, (r.venv if r else "") or "-", "-", "-", "-", "FAIL"))
                 continue
         if r is None:
             continue
         pushed = f"{len(r.push)} ({human_bytes(r.push_bytes)})" if r.push else "nothing"
         if not r.ok and r.reason:
-            status = "[bold red]FAIL[/]"
+            status = "FAIL"
         elif dry_run:
             status = "-"
         elif r.ok:
-            status = f"[green]ready[/] fluidctl {r.fluidctl}, {r.seconds:.1f}s"
+            status = f"ready fluidctl {r.fluidctl}, {r.seconds:.1f}s"
         else:
-            status = "[bold red]FAIL[/]"
-        table.add_row(host.name, r.venv, r.action, pushed, str(len(r.install)) if r.install
-                      else "-", status)
+            status = "FAIL"
+        rows.append((host.name, r.venv, r.action, pushed,
+                     str(len(r.install)) if r.install else "-", status))
         if dry_run and host.name not in failures:
             details.append(f"{host.name}: {r.venv}: " + "; ".join(_dry_steps(r, python)))
-    out = console()
-    out.print(table)
-    for line in details:
-        out.print(line, soft_wrap=True, markup=False)
+    print_table(f"fluidctl cluster setup{' --dry-run' if dry_run else ''}: "
+                f"{len(house.wheels)} wheel(s), {human_bytes(house.bytes)}",
+                ("host", "venv", "action", what, "install", "status"), rows)
+    if details:
+        print("\n".join(details), flush=True)
 
 
 def _dry_steps(r: NodeSetup, python: str) -> List[str]:

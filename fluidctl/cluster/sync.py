@@ -13,15 +13,9 @@ from __future__ import annotations
 import _thread       # not threading: its imports (functools, collections) would delay the ssh
 import os
 
-from fluidctl.errors import FluidctlError
+from fluidctl.errors import node_failures
 
 DEFAULT_TIMEOUT = 10.0      # fluidctl.remote.ssh.DEFAULT_TIMEOUT (tests check they agree)
-
-
-def fail_nodes(what: str, failures: dict, total: int) -> FluidctlError:
-    """``N of M node(s) <what>: host: reason; ...``, exit code 1."""
-    names = "; ".join(f"{host}: {reason}" for host, reason in failures.items())
-    return FluidctlError(f"{len(failures)} of {total} node(s) {what}: {names}", exit_code=1)
 
 
 def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
@@ -50,7 +44,8 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
         raise
     compare = "hash" if checksum else "mtime"
     total = files.total_bytes()
-    progress = _SyncProgress({h.name: total for h in hosts})
+    from fluidctl.remote.progress import NodeProgress
+    progress = NodeProgress(argvs, timeout=timeout, totals={h.name: total for h in hosts})
     outcomes = {}
     vanished = set()
 
@@ -59,7 +54,9 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
         if host.name in channels:
             try:
                 result = push.push(argvs[host.name], files, where, compare,
-                                   progress.advancer(host.name), channel=channels[host.name])
+                                   progress.advancer(host.name), channel=channels[host.name],
+                                   on_answer=lambda n, size: progress.say(
+                                       host.name, _to_send(n, size, len(files))))
                 outcomes[host.name] = (where, len(result.sent), result.sent_bytes,
                                        result.unchanged)
                 vanished.update(result.vanished)
@@ -73,12 +70,14 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
                 outcomes[host.name] = f"{exc.filename or 'copy'}: {exc.strerror or exc}"
                 return
         outcomes[host.name] = _sync_sftp(host, source, where, excludes, compare, ssh_config,
-                                         accept_new_host_keys, timeout,
-                                         progress.advancer(host.name), vanished)
+                                         accept_new_host_keys, timeout, progress, vanished)
 
     def worker(host, finished):
         try:
             one(host)
+            outcome = outcomes.get(host.name)
+            progress.say(host.name, f"failed: {outcome}" if isinstance(outcome, str) else
+                         f"synced ({progress.elapsed()})")
         finally:
             finished.release()
 
@@ -102,38 +101,15 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
     print_table(f"fluidctl cluster sync: {source}",
                 ("host", "remote dir", "sent files", "sent", "unchanged"), rows)
     if failures:
-        raise fail_nodes("failed to sync", failures, len(hosts))
+        raise node_failures("failed to sync", failures, len(hosts), exit_code=1)
 
 
-class _SyncProgress:
-    """One rich bar per node, drawn only on a terminal (rich is imported only then)."""
-
-    def __init__(self, totals: dict):
-        import sys
-        self.bar = None
-        if sys.stderr.isatty():
-            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                                       TransferSpeedColumn)
-            from fluidctl.console import console
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                                TransferSpeedColumn(), console=console(stderr=True),
-                                transient=True)
-            self.tasks = {name: self.bar.add_task(name, total=total or 1)
-                          for name, total in totals.items()}
-
-    def advancer(self, name: str):
-        if self.bar is None:
-            return None
-        return lambda n: self.bar.advance(self.tasks[name], n)
-
-    def __enter__(self):
-        if self.bar is not None:
-            self.bar.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
+def _to_send(count: int, size: int, listed: int) -> str:
+    """A node's answer: what it lacks of the ``listed`` files."""
+    if not count:
+        return f"up to date ({listed} file(s))"
+    from fluidctl.units import human_bytes
+    return f"sending {count} of {listed} file(s) ({human_bytes(size)})"
 
 
 def _warn(text: str) -> None:
@@ -142,7 +118,7 @@ def _warn(text: str) -> None:
 
 
 def _sync_sftp(host, source, where, excludes, compare, ssh_config, accept_new, timeout,
-               on_bytes, vanished):
+               progress, vanished):
     """The fallback: paramiko + SFTP (no ssh client here, or no python3 on the node); returns
     (remote dir, files sent, bytes sent, unchanged) or the reason it failed."""
     from pathlib import Path
@@ -159,8 +135,10 @@ def _sync_sftp(host, source, where, excludes, compare, ssh_config, accept_new, t
             plan = plan_sync(node, Path(source), where, (*DEFAULT_EXCLUDES, *excludes), compare)
         except ssh.NODE_LOST as exc:
             return f"cannot list {where}: {exc}"
+        progress.say(host.name, _to_send(len(plan.send), plan.bytes, len(plan.send) +
+                                         plan.unchanged) + " over SFTP")
         try:
-            send_files(node, plan, on_bytes)
+            send_files(node, plan, progress.advancer(host.name))
         except ssh.NODE_LOST as exc:
             return f"copy failed: {exc}"
         source_dir = source if os.path.isdir(source) else os.path.dirname(source)

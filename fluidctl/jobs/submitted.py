@@ -128,7 +128,7 @@ def logs(job_id: str, rank: int = 0, batch: bool = False, follow: bool = False) 
     try:
         st = follow_job(record, [(path, "")])
     except KeyboardInterrupt:
-        print(slurmctl.how_to_follow(job_id), file=sys.stderr, flush=True)
+        print(f"fluidctl: {slurmctl.stopped_following(job_id)}", file=sys.stderr, flush=True)
         sys.exit(130)
     print(f"fluidctl: job {job_id} {st.state}" + (
         f", exit code {st.exit_code}" if st.exit_code is not None else ""), file=sys.stderr,

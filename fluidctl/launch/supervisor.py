@@ -177,8 +177,9 @@ class Supervisor:
                 return self._result(code, attempts=attempt + 1, aborted=why)
             if self._signal is not None:
                 self.log(f"received {signal.Signals(self._signal).name}: stopping the job")
-                self.say(f"fluidctl: {signal.Signals(self._signal).name} received, "
-                         "stopping all processes")
+                if not all(getattr(h, "detaches", False) for h in self._handles):
+                    self.say(f"fluidctl: {signal.Signals(self._signal).name} received, "
+                             "stopping all processes")     # else each handle says it leaves
                 self._stop(self._handles)
                 return self._result(128 + self._signal, signal=self._signal,
                                     attempts=attempt + 1)

@@ -540,11 +540,13 @@ def connect_all(ssh_argvs: Sequence[List[str]]) -> List["_Channel"]:
 
 def push(ssh_argv: List[str], files: FileList, remote_dir: str,
          compare: str = "mtime", on_bytes: Optional[Callable[[int], None]] = None,
-         channel: Optional["_Channel"] = None) -> PushResult:
+         channel: Optional["_Channel"] = None,
+         on_answer: Optional[Callable[[int, int], None]] = None) -> PushResult:
     """Make ``remote_dir`` on the node hold ``files`` (missing or changed ones are sent; by size
     and mtime, or by size and sha256 with ``compare="hash"``). Raises PushUnavailable when this
     transport cannot work there (fall back to SFTP), PushFailed with the reason otherwise.
-    ``channel``: one started by ``connect(ssh_argv)`` earlier."""
+    ``channel``: one started by ``connect(ssh_argv)`` earlier; ``on_answer(files, bytes)``
+    hears, once the node has answered, what it will be sent."""
     channel = channel or connect(ssh_argv)
     try:
         channel.write(_request(files, remote_dir, compare))
@@ -558,6 +560,8 @@ def push(ssh_argv: List[str], files: FileList, remote_dir: str,
             if file_digest(files[int(index)].path, "sha256") != remote_digest.decode():
                 need.add(int(index))
         result = PushResult(remote_dir, unchanged=len(files) - len(need))
+        if on_answer is not None:
+            on_answer(len(need), sum(files[i].size for i in need))
         _stream(channel, files, sorted(need), result, on_bytes)
         channel.write(HEADER.pack(END, 0))
         channel.close_stdin()

@@ -506,11 +506,9 @@ def connect_all(hosts: Sequence[Host], targets: Mapping[str, SSHTarget],
                 timeout_option: str = "--timeout", progress=None) -> Connected:
     """Connect to every node at once; the slowest bounds the wait (``timeout`` each).
 
-    ``progress(host, text)`` hears each node connect or fail, and, while some have not
-    answered, "waiting for HOST (N s of T s)": a silent node is named before it times out."""
+    ``progress(host, text)`` hears each node connect or fail (a ``remote.progress.NodeProgress``
+    also names a silent node while it is waited for)."""
     node_class = node_class or SSHNode
-    pending = {h.name for h in hosts}
-    lock = threading.Lock()
     started = time.monotonic()
 
     def one(host):
@@ -520,31 +518,11 @@ def connect_all(hosts: Sequence[Host], targets: Mapping[str, SSHTarget],
             found = host.name, node.connect(), None
         except ConnectFailed as exc:
             found = host.name, None, str(exc)
-        with lock:
-            pending.discard(host.name)
         if progress:
             progress(host.name, f"connected ({time.monotonic() - started:.1f} s)"
                      if found[2] is None else f"cannot connect: {found[2]}")
         return found
-    done = threading.Event()
-    watcher = None
-    if progress:
-        def watch():
-            step = max(1.0, min(5.0, timeout / 4))
-            while not done.wait(step):
-                with lock:
-                    silent = sorted(pending)
-                for name in silent:
-                    progress(name, f"waiting for {name} ({time.monotonic() - started:.0f} s "
-                                   f"of {timeout:g} s)")
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-    try:
-        connected = parallel(list(hosts), one)
-    finally:
-        done.set()
-        if watcher:
-            watcher.join()
+    connected = parallel(list(hosts), one)
     nodes, failures = {}, {}
     for name, node, reason in connected:
         if node is None:

@@ -16,7 +16,7 @@ import stat
 import sys
 from pathlib import Path
 
-from fluidctl.errors import FluidctlError, UsageError, node_failures
+from fluidctl.errors import UsageError, node_failures
 from fluidctl.planning.hosts import Host
 
 TYPE_CHECKING = False
@@ -64,10 +64,15 @@ def remote_out_dir(out_dir: str, remote_dir: Optional[str], host: str) -> str:
 
 
 def connect(hosts: Sequence[Host], *, ssh_config, accept_new: bool, timeout: float):
+    """Every node connected to, its progress said as it comes (a silent node named while it is
+    waited for), or one error naming each node that could not be reached."""
+    from fluidctl.remote.progress import NodeProgress
     from fluidctl.remote.ssh import connect_all
     from fluidctl.remote.sshconfig import resolve_hosts
     resolved, targets = resolve_hosts(hosts, ssh_config, accept_new)
-    connected = connect_all(resolved, targets, timeout=timeout, timeout_option="")
+    with NodeProgress([h.name for h in hosts], timeout=timeout) as say:
+        connected = connect_all(resolved, targets, timeout=timeout, timeout_option="",
+                                progress=say)
     if connected.failures:
         connected.close()
         raise node_failures("could not be reached", connected.failures.items(), len(hosts),
@@ -77,16 +82,19 @@ def connect(hosts: Sequence[Host], *, ssh_config, accept_new: bool, timeout: flo
 
 
 def send_shards(manifest: dict, out_dir: str, hosts: Sequence[Host], nodes, placed,
-                remote_dir: Optional[str], on_bytes=None) -> Dict[str, List[str]]:
-    """Send every node its shards and the manifest; verify; return {node: [remote paths]}."""
-    from fluidctl.remote.ssh import parallel
+                remote_dir: Optional[str]) -> Dict[str, List[str]]:
+    """Send every node its shards and the manifest; verify; return {node: [remote paths]}.
+    Each node's steps are said as they happen (a bar per node on a terminal); every node that
+    failed is named, one line each."""
+    from fluidctl.remote.progress import NodeProgress
+    from fluidctl.remote.ssh import NODE_LOST, parallel
     from fluidctl.remote.sftp import FileToSend, SyncPlan, send_files
     from fluidctl.runtime.data import shard_digest
+    from fluidctl.units import human_bytes
 
     shards = manifest["shards"]
-
-    def one(host: Host):
-        node = nodes[host.name]
+    plans = {}
+    for host in hosts:
         where = remote_out_dir(out_dir, remote_dir, host.name)
         names = [shards[r]["file"] for r in placed[host.name]] + [MANIFEST]
         files = []
@@ -95,8 +103,21 @@ def send_shards(manifest: dict, out_dir: str, hosts: Sequence[Host], nodes, plac
             st = local.stat()
             files.append(FileToSend(local, posixpath.join(where, name), st.st_size,
                                     st.st_mtime, stat.S_IMODE(st.st_mode)))
-        send_files(node, SyncPlan(where, files), on_bytes)
-        expected = {posixpath.join(where, shards[r]["file"]): shard_digest(shards[r])
+        plans[host.name] = SyncPlan(where, files)
+    progress = NodeProgress([h.name for h in hosts],
+                            totals={name: sum(f.size for f in plan.send)
+                                    for name, plan in plans.items()})
+
+    def one(host: Host):
+        node, plan = nodes[host.name], plans[host.name]
+        progress.say(host.name, f"sending {len(plan.send) - 1} shard(s) and the manifest "
+                                f"({human_bytes(sum(f.size for f in plan.send))})")
+        try:
+            send_files(node, plan, progress.advancer(host.name))
+        except NODE_LOST as exc:
+            return f"copy failed: {exc}"
+        progress.say(host.name, "verifying the shards' digests")
+        expected = {posixpath.join(plan.remote_dir, shards[r]["file"]): shard_digest(shards[r])
                     for r in placed[host.name]}
         bad = []
         for algorithm in {alg for alg, _ in expected.values() if alg}:
@@ -104,8 +125,14 @@ def send_shards(manifest: dict, out_dir: str, hosts: Sequence[Host], nodes, plac
             got = remote_digests(node, algorithm, wanted)
             bad += [p for p in wanted if got.get(p) != expected[p][1]]
         if bad:
-            raise FluidctlError(f"node {host.name}: {', '.join(bad)} differ from the manifest "
-                                "after the copy", "run the command again", exit_code=1)
-        return [f.remote for f in files]
+            return f"{', '.join(bad)} differ from the manifest after the copy"
+        progress.say(host.name, f"done ({progress.elapsed()})")
+        return [f.remote for f in plan.send]
 
-    return dict(zip([h.name for h in hosts], parallel(list(hosts), one)))
+    with progress:
+        results = dict(zip([h.name for h in hosts], parallel(list(hosts), one)))
+    failures = [(name, why) for name, why in results.items() if isinstance(why, str)]
+    if failures:
+        raise node_failures("failed to receive the shards", failures, len(hosts),
+                            "run the command again", exit_code=1)
+    return results

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launchutil import default_sigint, read_terminal, table_row
+from launchutil import default_sigint, read_terminal, silent_node_progress, table_row
 
 FLUIDCTL = [sys.executable, "-m", "fluidctl"]
 
@@ -49,14 +49,15 @@ def test_check_names_each_failing_node_with_its_reason(sshd_nodes, tmp_path):
                  "--timeout", "3")
     assert r.returncode == 1
     error = r.stderr.strip().splitlines()[-1]        # after one progress line per step
-    assert error.startswith("error: 1 of 2 node(s) failed the check: 127.0.0.4: "
+    assert error.startswith("error: node 127.0.0.4 failed the check: "
                             f"connection refused at 127.0.0.4:{port}")
     assert "node1" not in error and "Traceback" not in r.stderr
     assert "FAIL" in r.stdout
     # a wrong remote interpreter is named too
     r = fluidctl("cluster", "check", "--hosts", "node2", "--ssh-config", sshd_nodes.config,
                  "--python", "/nowhere/python")
-    assert r.returncode == 1 and "node2: python /nowhere/python not found" in r.stderr
+    assert r.returncode == 1 and "node node2 failed the check: python /nowhere/python not found" \
+        in r.stderr
 
 
 def test_unknown_host_keys_refused_unless_accepted(sshd_nodes, tmp_path):
@@ -95,7 +96,7 @@ def test_exec_prefixes_output_and_fails_when_a_node_fails(sshd_nodes, hostfile):
                  "--", "case $SSH_CONNECTION in *127.0.0.3*) exit 3;; esac; echo fine")
     assert r.returncode == 1
     assert "[node1] fine" in r.stdout
-    assert r.stderr.strip() == "error: 1 of 2 node(s) failed: node2: exit code 3"
+    assert r.stderr.strip() == "error: node node2 failed: exit code 3"
 
 
 def test_sync_pushes_only_changed_files(sshd_nodes, hostfile, tmp_path):
@@ -235,16 +236,17 @@ def test_a_node_without_sftp_is_not_ready_in_check_and_setup_dry_run(no_sftp, tm
     r = fluidctl("cluster", "check", "--hostfile", hosts, "--ssh-config", no_sftp.config)
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1] == \
-        f"error: 1 of 1 node(s) failed the check: bare: {why}"
+        f"error: node bare failed the check: {why}"
     assert table_row(r.stdout, "bare")[2] == "FAIL"
     r = fluidctl("cluster", "setup", "--hostfile", hosts, "--ssh-config", no_sftp.config,
                  "--venv", tmp_path / "venv", "--wheelhouse", tmp_path / "wheels",
                  "--system-site-packages", "--no-deps", "--dry-run", timeout=300)
     assert r.returncode == 1
     assert f"bare: cannot be set up: {why}" in r.stdout, r.stdout
+    assert "│" not in r.stdout and table_row(r.stdout, "bare")[5] == "FAIL"   # 25.12: a pipe
     assert "use the venv there" not in r.stdout
     assert r.stderr.strip().splitlines()[-1] == \
-        f"error: 1 of 1 node(s) failed the setup: bare: {why}"
+        f"error: node bare failed the setup: {why}"
 
 
 @pytest.mark.parametrize("command", ["check", "setup"])
@@ -260,34 +262,39 @@ def test_progress_lines_name_each_step_and_a_silent_node_while_waiting(sshd_node
     hosts.write_text(f"node1 slots=1\n127.0.0.4:{port} slots=1\n")
     more = (["--venv", tmp_path / "{host}" / "venv", "--wheelhouse", tmp_path / "wheels",
              "--system-site-packages", "--no-deps", "--dry-run"] if command == "setup" else [])
-    proc = subprocess.Popen([*FLUIDCTL, "cluster", command, "--hostfile", str(hosts),
-                             "--ssh-config", str(sshd_nodes.config), "--timeout", "4",
-                             *map(str, more)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1",
-                                 "HOME": str(Path.home())})
     try:
-        seen = []
-        for line in proc.stderr:
-            seen.append(line.rstrip("\n"))
-            if line.startswith("waiting for 127.0.0.4 ("):
-                assert proc.poll() is None          # said while waiting, not afterwards
-                break
-        assert seen[-1].startswith("waiting for 127.0.0.4 (") and \
-            seen[-1].endswith(" of 4 s)"), seen
-        assert "node1: connected (" in "\n".join(seen), seen
-        out, err = proc.communicate(timeout=120)
+        code, _, lines = silent_node_progress(
+            [*FLUIDCTL, "cluster", command, "--hostfile", hosts, "--ssh-config",
+             sshd_nodes.config, "--timeout", 4, *more], "127.0.0.4", 4)
     finally:
-        proc.kill()
         silent.close()
-    lines = seen + err.splitlines()
-    assert proc.returncode == 1
+    assert code == 1
+    assert any(l.startswith("node1: connected (") for l in lines), lines
     assert any(l.startswith("127.0.0.4: cannot connect: ") for l in lines), lines
     steps = ["node1: checked: ok ("] if command == "check" else \
         ["node1: reading its environment", "node1: planned (create)"]
     for step in steps:
         assert any(l.startswith(step) for l in lines), lines
-    assert lines[-1].startswith("error: 1 of 2 node(s) failed the " + command)
+    assert lines[-1].startswith(f"error: node 127.0.0.4 failed the {command}: ")
+
+
+def test_25_8_exec_names_a_silent_node_while_waiting(sshd_nodes, tmp_path):
+    """cluster exec: the nodes' output only, but a node that never speaks SSH is named while
+    it is waited for, then in the error."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.4", 0))
+    silent.listen()
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"node1 slots=1\n127.0.0.4:{silent.getsockname()[1]} slots=1\n")
+    try:
+        code, out, lines = silent_node_progress(
+            [*FLUIDCTL, "cluster", "exec", "--hostfile", hosts, "--ssh-config", sshd_nodes.config,
+             "--timeout", 2, "--", "echo hi"], "127.0.0.4", 2)
+    finally:
+        silent.close()
+    assert code == 1 and out.startswith("[node1") and out.endswith("] hi\n"), (out, lines)
+    assert lines[-1].startswith("error: node 127.0.0.4 failed: "), lines
+    assert not [l for l in lines if l.startswith("node1")], lines
 
 
 @pytest.mark.parametrize("backend", ["ssh", "fabric"])

@@ -143,7 +143,7 @@ def test_a_failing_node_is_named_with_pips_error_and_the_other_is_set_up(cluster
     assert r.returncode == 1, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()[-1:]      # after the progress lines
     assert "Traceback" not in r.stderr
-    assert lines[0].startswith("error: 1 of 2 node(s) failed the setup: node1: pip install "
+    assert lines[0].startswith("error: node node1 failed the setup: pip install "
                                "failed: ERROR: ")
     assert "Not a directory" in lines[0] and "node2" not in lines[0]
     assert row(r.stdout, "node1")[5] == "FAIL"
@@ -172,7 +172,7 @@ def test_cluster_check_reports_the_environment_and_a_version_drift(cluster, read
         r = fluidctl(*check, env=env)
         assert r.returncode == 1
         assert r.stderr.strip().splitlines()[-1] == (
-            "error: 1 of 2 node(s) failed the check: node1: "
+            "error: node node1 failed the check: "
                                     "tinyreq 2.0 there, 1.0 here (run fluidctl cluster setup)")
     finally:       # put the ready environment back for the other tests
         fixed = fluidctl(*setup_args(cluster, template))

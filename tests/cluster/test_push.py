@@ -12,7 +12,7 @@ import pytest
 
 from fluidctl.remote import push
 
-from launchutil import default_sigint
+from launchutil import default_sigint, silent_node_progress
 from pushutil import files_of, make_workspace
 
 
@@ -109,21 +109,37 @@ def test_sync_without_an_ssh_client_goes_over_sftp(sshd_nodes, workspace, tmp_pa
     assert all(row[2] == "0" and row[4] == "5" for row in rows), r.stdout    # sent, unchanged
 
 
-def test_sync_names_each_failing_node_on_one_line(sshd_nodes, workspace, tmp_path):
+def test_25_8_sync_progress_in_a_pipe_and_a_line_per_failing_node(sshd_nodes, workspace,
+                                                                  tmp_path):
+    """In a pipe: one stderr line per node per step (its answer, its end), a node that
+    accepts the connection but never speaks SSH named while it is waited for, and the
+    failing nodes under one summary line, one line each."""
+    import socket
+    silent = socket.socket()
+    silent.bind(("127.0.0.4", 0))
+    silent.listen()
     hostfile = tmp_path / "hosts"
-    hostfile.write_text("node1\nclosed\n")
+    hostfile.write_text("node1\nclosed\nsilent\n")
     config = tmp_path / "ssh_config"
     config.write_text(sshd_nodes.config.read_text()
-                      + "Host closed\n    HostName 127.0.0.4\n    Port 1\n")
-    r = subprocess.run([sys.executable, "-m", "fluidctl", "cluster", "sync", "--hostfile",
-                        str(hostfile), "--ssh-config", str(config), "--timeout", "5",
-                        "--remote-dir", str(tmp_path / "remote" / "{host}"), str(workspace)],
-                       capture_output=True, text=True, timeout=120,
-                       env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "HOME": str(Path.home())})
-    assert r.returncode == 1
-    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: 1 of 2 node(s) failed to "
-                                                             "sync: closed: "), r.stderr
-    assert "Connection refused" in r.stderr
+                      + "Host closed\n    HostName 127.0.0.4\n    Port 1\n"
+                      + f"Host silent\n    HostName 127.0.0.4\n"
+                        f"    Port {silent.getsockname()[1]}\n")
+    try:
+        code, _, lines = silent_node_progress(
+            [sys.executable, "-m", "fluidctl", "cluster", "sync", "--hostfile", hostfile,
+             "--ssh-config", config, "--timeout", 3, "--remote-dir",
+             tmp_path / "remote" / "{host}", workspace], "silent", 3)
+    finally:
+        silent.close()
+    assert code == 1, lines
+    assert any(re.fullmatch(r"node1: sending \d+ of \d+ file\(s\) \(.*\)", l) for l in lines)
+    assert any(re.fullmatch(r"node1: synced \(\d+\.\d s\)", l) for l in lines), lines
+    assert any(l.startswith("closed: failed: ") for l in lines), lines
+    assert lines[-3:-2] == ["error: 2 of 3 node(s) failed to sync"], lines
+    assert lines[-2].startswith("  node closed: ") and "Connection refused" in lines[-2]
+    assert lines[-1].startswith("  node silent: "), lines
+    assert "Traceback" not in "\n".join(lines)
     assert (tmp_path / "remote" / "node1" / "train.py").read_text() == "print('v1')\n"
 
 

@@ -13,7 +13,8 @@ def _data(tmp_path, lines=1000):
     return path
 
 
-def test_each_shard_goes_only_where_its_trainer_runs(tmp_path, sshd_nodes):
+def test_each_shard_goes_only_where_its_trainer_runs_25_8_with_progress(tmp_path, sshd_nodes):
+    """... and in a pipe each node's steps are one stderr line each, as they happen."""
     hosts = sshd_nodes.hostfile("hosts.shard", slots=2)
     _data(tmp_path)
     remote = tmp_path / "remote" / "{host}"
@@ -21,6 +22,11 @@ def test_each_shard_goes_only_where_its_trainer_runs(tmp_path, sshd_nodes):
                    hosts, "--ssh-config", sshd_nodes.config, "--remote-dir", remote,
                    cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stderr
+    for node in ("node1", "node2"):
+        steps = [line for line in res.stderr.splitlines() if line.startswith(f"{node}: ")]
+        assert [s.split(" (")[0] for s in steps] == [
+            f"{node}: connected", f"{node}: sending 2 shard(s) and the manifest",
+            f"{node}: verifying the shards' digests", f"{node}: done"], res.stderr
     for node, ranks in (("node1", (0, 1)), ("node2", (2, 3))):
         where = tmp_path / "remote" / node / "shards"
         assert sorted(os.listdir(where)) == sorted(
@@ -52,7 +58,8 @@ def test_an_unreachable_node_stops_before_sharding(tmp_path, sshd_nodes):
     _data(tmp_path)
     res = fluidctl("shard-data", "train.txt", "--trainers", 2, "-o", "shards", "--to-hosts",
                    hosts, "--ssh-config", sshd_nodes.config, cwd=tmp_path, timeout=60)
-    assert res.returncode == 2 and res.stderr.startswith("error: node 127.0.0.4")
+    assert res.returncode == 2
+    assert res.stderr.splitlines()[-1].startswith("error: node 127.0.0.4 could not be reached: ")
     assert not (tmp_path / "shards").exists()
 
 

@@ -232,11 +232,15 @@ def test_an_error_before_the_script_is_quoted_in_the_report(slurm, tmp_path):
     assert "no traceback in its log" not in flat
 
 
-def test_ctrl_c_while_following_detaches(slurm, tmp_path):
+def test_25_8_ctrl_c_while_following_says_the_job_keeps_running(slurm, tmp_path):
+    """Ctrl-C while following a submitted job (train, then 'job logs -f'): one honest line
+    (the job keeps running, how to cancel it), not "SIGINT received, stopping all processes";
+    the job does keep running."""
+    import select
     pids = tmp_path / "pids"
     pids.mkdir()
     proc = start_fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--nodes", 1,
-                          BEHAVE, "--pidfile", pids, "--hang")
+                          BEHAVE, "--pidfile", pids, "--lines", 1, "--hang")
     try:
         wait_for(lambda: list(pids.glob("*.pids")), timeout=60, what="the rank to start")
         proc.send_signal(signal.SIGINT)
@@ -245,8 +249,23 @@ def test_ctrl_c_while_following_detaches(slurm, tmp_path):
         if proc.poll() is None:
             proc.kill()
     job_id = re.search(r"submitted Slurm job (\d+)", err).group(1)
-    assert proc.returncode == 130 and f"'fluidctl job logs {job_id} -f' follows it" in err
+    honest = (f"fluidctl: stopped following job {job_id}; the job keeps running in Slurm "
+              f"('fluidctl job cancel {job_id}' cancels it, 'fluidctl job logs {job_id} -f' "
+              "follows it again)")
+    assert proc.returncode == 130 and honest in err.splitlines(), err
+    assert "stopping" not in err and "SIGINT" not in err, err
     assert all(alive(p) for p in read_pids(pids, [0]))        # the job keeps running
+    follower = start_fluidctl(slurm, tmp_path, "job", "logs", job_id, "--follow")
+    try:
+        ready, _, _ = select.select([follower.stdout], [], [], 60)
+        assert ready and follower.stdout.readline()             # following: rank 0's line
+        follower.send_signal(signal.SIGINT)
+        _, err = follower.communicate(timeout=60)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 130 and err.splitlines() == [honest], err
+    assert all(alive(p) for p in read_pids(pids, [0]))
     assert fluidctl(slurm, tmp_path, "job", "cancel", job_id).returncode == 0
     slurm.wait_gone(job_id)
 

@@ -20,7 +20,7 @@ def test_cluster_sync_runs_without_click(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1, r.stderr
     assert lines[-1] == "False", r.stderr                 # neither was imported
-    assert lines[0].startswith("error: 1 of 1 node(s) failed to sync: deadnode:"), r.stderr
+    assert lines[-2].startswith("error: node deadnode failed to sync: "), r.stderr
     assert "Traceback" not in r.stderr
 
 

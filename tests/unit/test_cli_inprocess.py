@@ -141,7 +141,8 @@ def test_several_nodes_errors_are_a_summary_and_one_line_each(capsys, tmp_path, 
     assert lines[1].startswith("  node n1.invalid: cannot resolve n1.invalid")
     assert lines[2].startswith("  node n2.invalid: cannot resolve n2.invalid")
     code, out, err = run_cli(capsys, "train", "--hosts", "n1.invalid:1", "--dry-run", BEHAVE)
-    assert code == 2 and err.startswith("error: node n1.invalid: cannot resolve")
+    assert code == 2 and err.startswith("error: node n1.invalid could not start the job: "
+                                        "cannot resolve")
     assert len(err.splitlines()) == 1
 
 

@@ -1,0 +1,128 @@
+"""README.md's and docs/*.md's blocks that run on this machine without a cluster, run as a
+reader would run them (tests/unit/test_readme.py parses every fluidctl line of every block and
+runs the in-process ones): the quick start's demos, the shard-data session, a transcript's
+output, the runtime's Python examples, the completion lines."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from docblocks import blocks, python_blocks, quick_start_commands, shell_lines
+from launchutil import ROOT
+
+BIN = str(Path(sys.executable).parent)     # `fluidctl` and `python3` as a reader's venv has them
+
+# Python blocks not run here, and why.
+PYTHON_NOT_RUN = {
+    "docs/pserver.md": "a training loop over the user's own `data` and `model`, against "
+                       "running pservers (tests/e2e/test_pserver_e2e.py runs the client)",
+    "docs/multi-node.md": "MPI's own initialisation, for scripts run under mpirun "
+                          "(tests/cluster/test_mpi_programs.py)",
+}
+# What the fragments use without defining it (the reader's own arrays), same shapes as the docs.
+PRELUDE = """import numpy as np
+x = np.ones(1024, np.float32)
+x2d = np.ones((4, 8), np.float32)
+params = {"w": np.zeros((16, 4), np.float32), "b": np.zeros(4, np.float32)}
+grads = {"w": np.ones((16, 4), np.float32), "b": np.ones(4, np.float32)}
+epochs = 1
+"""
+
+
+def shell(command: str, cwd, timeout=120, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout,
+                          env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}",
+                               "FLUIDCTL_STATE_DIR": str(Path(cwd) / "state"), **(env or {})})
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    """A directory as a reader's checkout looks from the docs' commands: templates/, tests/."""
+    for name in ("templates", "tests"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    return tmp_path
+
+
+def test_readme_quick_start_demos_run_as_written(workspace):
+    """README command 1, as written, after its install step (this checkout is installed in
+    the interpreter running the tests): each demo prints its heading, then its output."""
+    first = quick_start_commands()[0]
+    install, demos = first.split(" && ", 1)
+    assert "pip install" in install
+    res = shell(demos, workspace, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    headings = [line for line in res.stdout.splitlines() if line.startswith("== ")]
+    assert headings == [h.strip("'") for h in re.findall(r"echo ('== .*?')", demos)], res.stdout
+    for heading, after in zip(headings, res.stdout.split("\n== ")[1:]):
+        assert len(after.splitlines()) > 1, f"nothing under {heading!r}:\n{res.stdout}"
+
+
+def test_shard_data_session_runs_as_documented(workspace):
+    """docs/shard-data.md's first session: the commands run and `ls` shows what it shows."""
+    block = next(b for b in blocks() if b.path.name == "shard-data.md"
+                 and b.text.startswith("$ fluidctl shard-data train.txt"))
+    (workspace / "train.txt").write_text("".join(f"record {i}\n" for i in range(1000)))
+    session = []                            # (command, the lines the page shows it print)
+    for line in block.text.splitlines():
+        if line.startswith("$ "):
+            session.append((line[2:], []))
+        else:
+            session[-1][1].append(line)
+    for command, shown in session:
+        res = shell(command, workspace)
+        assert res.returncode == 0, (command, res.stdout, res.stderr)
+        if command.startswith("ls "):
+            assert res.stdout.split() == " ".join(shown).split(), res.stdout
+
+
+def test_readme_tee_ranks_transcript_is_what_it_prints(workspace):
+    """README's --tee-ranks transcript: each rank's lines, in order, as the block shows them
+    (ranks interleave as they run)."""
+    block = next(b for b in blocks() if "--tee-ranks 0,2" in b.text and b.text.startswith("$"))
+    command, *shown = block.text.splitlines()
+    res = shell(command[2:], workspace)
+    assert res.returncode == 0, res.stderr
+
+    def by_rank(lines):
+        ranks = {}
+        for line in lines:
+            ranks.setdefault(line.split("]")[0], []).append(line)
+        return ranks
+    assert by_rank(res.stdout.splitlines()) == by_rank(shown), res.stdout
+
+
+@pytest.mark.parametrize("block", python_blocks(), ids=lambda b: b.where)
+def test_python_examples_run(block, workspace):
+    """The runtime's examples, under the launcher they are written for (fluidctl train with
+    2 ranks; the shard reader as trainer 1 of 4 next to a shard-data output), after a prelude
+    that defines the arrays they take as given."""
+    page = str(block.path.relative_to(ROOT))
+    if page in PYTHON_NOT_RUN:
+        pytest.skip(PYTHON_NOT_RUN[page])
+    (workspace / "example.py").write_text(PRELUDE + block.text)
+    if "ShardReader" in block.text:
+        (workspace / "train.txt").write_text("".join(f"record {i}\n" for i in range(1000)))
+        command = ("fluidctl shard-data train.txt --trainers 4 -o shards/ -q && "
+                   "python3 example.py")
+        env = {"PADDLE_TRAINER_ID": "1", "PADDLE_TRAINERS_NUM": "4"}
+    else:
+        command, env = "fluidctl train --nproc 2 example.py", {}
+    res = shell(command, workspace, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+def test_completion_lines_print_a_script():
+    """README's completion lines: each shell's script comes out of fluidctl."""
+    block = next(b for b in blocks() if "_FLUIDCTL_COMPLETE" in b.text)
+    for line in shell_lines(block):
+        found = re.search(r"(_FLUIDCTL_COMPLETE=\w+) fluidctl", line)
+        name, value = found[1].split("=")
+        res = subprocess.run([f"{BIN}/fluidctl"], env={**os.environ, name: value},
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0 and "_FLUIDCTL_COMPLETE" in res.stdout, (line, res.stderr)
+        assert shlex.split(line)        # the line itself is shell a reader can paste
