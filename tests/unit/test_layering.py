@@ -39,7 +39,7 @@ NEVER = {
                        "fluidctl.procs", "fluidctl.diagnostics"),
     "cluster": ENTRY + ("fluidctl.launch", "fluidctl.backends"),
     "backends": ENTRY + ("fluidctl.launch", "fluidctl.cluster"),
-    "launch": ENTRY + ("fluidctl.cluster",),
+    "launch": ENTRY,        # cluster's ledger and health gate choose a job's nodes first
     "jobs": ENTRY + ("fluidctl.cluster",),
     "pserverctl": ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.cluster",
                            "fluidctl.remote", "fluidctl.sharding"),
