@@ -55,6 +55,7 @@ def health_gate(hosts: Sequence[Host], min_nodes: int, *, ssh_config=None,
     from fluidctl.remote.sshconfig import resolve_hosts
     resolved, targets = resolve_hosts(list(hosts), ssh_config, accept_new_host_keys)
     started = time.monotonic()
+    say(f"health gate: measuring {len(hosts)} node(s) (CPU, memory, disk, network, GPUs)")
     report = health.measure(resolved, targets, python=python, venv=venv, workdirs=workdirs,
                             timeout=timeout)
     bad = report.bad()

@@ -13,8 +13,9 @@ How it stays comparable on nodes that share hardware (and fast):
   - the network is measured in rounds of disjoint pairs around a ring (node i sends to node
     i+1), every pair of a round at once; a node's figure is the best of its two pairs, so a
     slow neighbour does not make it look slow;
-  - a suspect is measured again (CPU: once more; network: against a healthy partner) and is
-    named only if it is slow both times: a busy moment is not a bad node.
+  - a suspect is measured again (CPU, memory, disk: up to twice more, keeping its best;
+    network: against a healthy partner) and is named only if it stays slow: a busy moment is
+    not a bad node.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ THRESHOLD = 0.5                 # an outlier measures under half its peers' medi
 CPU_SECONDS = 0.25              # GEMM per node per round (several CFS periods: a quota shows)
 MEM_SECONDS = 0.1               # memory copies per node per round
 CPU_ROUNDS = 1                  # rounds over the nodes; each node keeps its best
+CONFIRMATIONS = 2               # a suspect is measured again up to this many times
 NET_SECONDS = 0.5               # per round of pairs
 DISK_MIB = 8
 PROBE_LIFE_S = 120              # the probe exits by itself after this, whatever happens
@@ -362,11 +364,13 @@ def measure(hosts: Sequence[Host], targets, *, python: Optional[str] = None,
             if name not in m.probes and not health[name].reason:
                 health[name].reason = f"the probe did not start within {2 * timeout + 5:g} s"
         m.names.sort(key=starting.index)            # the ring in hostfile order
-        live = [health[n] for n in m.names]
-        for node in suspects(live, ("gemm_gflops", "mem_gbps", "write_mbps"), threshold):
-            say(node.host, "slow: measuring CPU, memory and disk again")
-            m.cpu(node.host)
-            m.disk(node.host, workdirs.get(node.host))
+        for _ in range(CONFIRMATIONS):              # a busy moment is not a bad node
+            live = [health[n] for n in m.names]
+            slow = suspects(live, ("gemm_gflops", "mem_gbps", "write_mbps"), threshold)
+            for node in slow:
+                say(node.host, "slow: measuring CPU, memory and disk again")
+                m.cpu(node.host)
+                m.disk(node.host, workdirs.get(node.host))
         parallel(list(m.names), m.gpu)              # each node's own GPUs: at once
         names = list(m.names)
         for pairs in ring_rounds(len(names)):

@@ -12,8 +12,17 @@ from launchutil import TEMPLATES, fluidctl
 HELLO = TEMPLATES / "hello.py"
 
 
+def like_real_nodes(nodes):
+    """Every node's cpu cgroup weighs as much as cgroup v1 allows (cpu.shares), so the other
+    load of this machine's few cores does not decide the CPU figures, as on real nodes with
+    cores of their own; a quota (throttle_cpu) still caps its node."""
+    for alias in nodes.nodes:
+        (nodes._cgroup(alias, netns.CPU) / "cpu.shares").write_text("262144")
+    return nodes
+
+
 def test_deep_check_names_a_throttled_cpu_and_a_capped_link(tmp_path, netns_nodes):
-    nodes = netns_nodes(8)
+    nodes = like_real_nodes(netns_nodes(8))
     nodes.throttle_cpu("node3", 0.1)
     nodes.cap_link("node6", "10mbit")
     started = time.monotonic()
@@ -33,7 +42,7 @@ def test_deep_check_names_a_throttled_cpu_and_a_capped_link(tmp_path, netns_node
 
 
 def test_health_gate_leaves_outliers_out_and_the_ledger_keeps_them_out(tmp_path, netns_nodes):
-    nodes = netns_nodes(4)
+    nodes = like_real_nodes(netns_nodes(4))
     state = {"FLUIDCTL_STATE_DIR": str(tmp_path / "state")}
     common = ["--hostfile", nodes.hostfile(), "--ssh-config", nodes.config]
     nodes.throttle_cpu("node2", 0.1)
