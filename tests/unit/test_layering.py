@@ -47,11 +47,17 @@ NEVER = {
 }
 
 
+# leaves inside a wing that a layer beside it may use: the bad-node ledger (it imports only
+# paths) is written by the Slurm launcher when a step fails on a node
+LEAVES = {"backends": ("fluidctl.cluster", "fluidctl.cluster.ledger")}
+
+
 def test_no_import_climbs_the_layers():
     root = Path(fluidctl.__file__).parent
     for package, never in NEVER.items():
         wrong = [(f, m) for f, m in imported_names(root / package)
-                 if any(m == a or m.startswith(a + ".") for a in never)]
+                 if any(m == a or m.startswith(a + ".") for a in never)
+                 and m not in LEAVES.get(package, ())]
         assert wrong == [], f"fluidctl/{package} imports from above it: {wrong}"
 
 

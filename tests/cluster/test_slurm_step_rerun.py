@@ -1,0 +1,39 @@
+"""Inside a real Slurm allocation (tests/slurm.py): a step that failed on a node runs again
+on the allocation's other nodes (srun --exclude) when --nodes leaves one to spare, and the
+node goes to the bad-node ledger (reason step-failed)."""
+import json
+import subprocess
+import sys
+
+FAIL_FIRST = """
+import os, sys
+restart = os.environ.get("PADDLE_RESTART_COUNT")
+print("ran on", os.environ["SLURMD_NODENAME"], "restart", restart, flush=True)
+sys.exit(5 if restart == "0" else 0)
+"""
+
+
+def fluidctl(slurm, tmp_path, *args, env):
+    full = slurm.env(FLUIDCTL_STATE_DIR=str(tmp_path / "state"), **env)
+    return subprocess.run([sys.executable, "-m", "fluidctl", *map(str, args)], env=full,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
+def test_a_failed_step_runs_again_without_its_node_and_the_node_is_ledgered(slurm, tmp_path):
+    alloc = slurm.allocate(2, 1)
+    script = tmp_path / "fail_first.py"
+    script.write_text(FAIL_FIRST)
+    res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--nodes", 1,
+                   "--max-restarts", 1, "--tee", "all", script, env=alloc)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "ran on 127.0.0.3 restart 1" in res.stdout, res.stdout
+    assert ("fluidctl: 127.0.0.2 failed (task 0): running the step again on 127.0.0.3 "
+            "(srun --exclude=127.0.0.2); 127.0.0.2 is in the bad-node ledger") in res.stderr
+    launch_log = (tmp_path / "mylog" / "launch.log").read_text()
+    assert "--nodelist=127.0.0.3 --exclude=127.0.0.2" in launch_log
+    [entry] = json.loads(fluidctl(slurm, tmp_path, "cluster", "ledger", "list", "--json",
+                                  env={}).stdout)
+    assert (entry["host"], entry["why"], entry["job"]) == (
+        "127.0.0.2", "step-failed", alloc["SLURM_JOB_ID"])
+    assert entry["detail"] == "task 0 of a step failed there (exit code 5)"
+    assert slurm.steps(alloc["SLURM_JOB_ID"]) == []
