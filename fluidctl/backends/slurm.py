@@ -375,6 +375,11 @@ class SlurmLauncher(BaseLauncher):
             alloc = None                      # --detach always submits a new job
         self.alloc = alloc
         nodes = slurmplan.job_nodes(options, alloc)
+        if alloc is not None:       # the allocation's nodes less the ledgered ones
+            from fluidctl.cluster import ledger
+            usable = ledger.usable(alloc.nodes, options.nodes or 1, config.include_bad,
+                                   say=lambda line: print(line, file=sys.stderr, flush=True))
+            nodes = usable[:options.nodes] if options.nodes else usable
         per_node = slurmplan.ranks_per_node(config.nproc, config.gpus, alloc)
         pservers = slurmplan.pserver_count(config.mode, config.pservers, len(nodes))
         job = config.job([])

@@ -11,7 +11,6 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl.cluster import ledger
-from fluidctl.errors import UsageError
 from fluidctl.planning.hosts import Host
 
 
@@ -19,30 +18,11 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def describe(entry: ledger.Entry) -> str:
-    return f"{entry.why}, {entry.detail}" if entry.detail else entry.why
-
-
 def skip_ledgered(hosts: Sequence[Host], min_nodes: int, include_bad: bool = False,
                   say=_say) -> List[Host]:
-    """``hosts`` without the ledger's active entries; a UsageError when fewer than
-    ``min_nodes`` are left."""
-    if include_bad:
-        return list(hosts)
-    bad = ledger.excluded([h.name for h in hosts])
-    if not bad:
-        return list(hosts)
-    left = [h for h in hosts if h.name not in bad]
-    names = ", ".join(bad)
-    if len(left) < min_nodes:
-        raise UsageError(f"{len(bad)} of {len(hosts)} node(s) are in the bad-node ledger "
-                         f"({names}): {len(left)} left, {min_nodes} required",
-                         "pass --include-bad to use them, or forget them with "
-                         "fluidctl cluster ledger clear HOST")
-    say(f"note: leaving out {len(bad)} node(s) in the bad-node ledger: "
-        + "; ".join(f"{h} ({describe(e)})" for h, e in bad.items())
-        + " (--include-bad uses them; fluidctl cluster ledger clear HOST forgets them)")
-    return left
+    """``hosts`` without the ledger's active entries (cluster/ledger.py ``usable``)."""
+    names = ledger.usable([h.name for h in hosts], min_nodes, include_bad, say)
+    return [h for h in hosts if h.name in names]
 
 
 def health_gate(hosts: Sequence[Host], min_nodes: int, *, ssh_config=None,

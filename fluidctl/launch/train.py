@@ -55,10 +55,14 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
         raise UsageError(f"--nodes {nodes}, but {where}",
                          "--nodes, --partition, --time, ... are Slurm options: add --backend "
                          "slurm; over SSH the nodes are the lines of --hostfile")
-    if (health_gate or include_bad) and config.backend == "slurm":
-        raise UsageError("--health-gate and --include-bad choose among the nodes of "
-                         "--hostfile/--hosts; under Slurm the allocation chooses",
-                         "drop them, or pass --exclude to choose nodes")
+    if health_gate and config.backend == "slurm":
+        raise UsageError("--health-gate measures the nodes of --hostfile/--hosts over SSH; "
+                         "under Slurm the allocation chooses them",
+                         "drop --health-gate (run fluidctl cluster check --deep on the "
+                         "allocation's nodes), or pass --exclude")
+    if include_bad:
+        import dataclasses
+        config = dataclasses.replace(config, include_bad=True)
     if health_gate and not config.hosts:
         raise UsageError("--health-gate measures the nodes of --hostfile/--hosts, and there "
                          "are none", "pass --hostfile, or drop --health-gate")

@@ -37,3 +37,20 @@ def test_a_failed_step_runs_again_without_its_node_and_the_node_is_ledgered(slur
         "127.0.0.2", "step-failed", alloc["SLURM_JOB_ID"])
     assert entry["detail"] == "task 0 of a step failed there (exit code 5)"
     assert slurm.steps(alloc["SLURM_JOB_ID"]) == []
+
+    # the next job in an allocation of both nodes leaves the ledgered one out, unless told
+    alloc = slurm.allocate(2, 1)
+    (tmp_path / "x.py").write_text("")
+    res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--dry-run", "--json",
+                   "x.py", env=alloc)
+    assert res.returncode == 0, res.stderr
+    assert [n["name"] for n in json.loads(res.stdout)["nodes"]] == ["127.0.0.3"]
+    assert res.stderr.startswith("note: leaving out 1 node(s) in the bad-node ledger: "
+                                 "127.0.0.2 (step-failed, task 0 of a step failed there")
+    res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--nodes", 2, "--dry-run",
+                   "x.py", env=alloc)
+    assert res.returncode == 2 and res.stderr.startswith(
+        "error: 1 of 2 node(s) are in the bad-node ledger (127.0.0.2): 1 left, 2 required")
+    res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--include-bad",
+                   "--dry-run", "--json", "x.py", env=alloc)
+    assert [n["name"] for n in json.loads(res.stdout)["nodes"]] == ["127.0.0.2", "127.0.0.3"]
