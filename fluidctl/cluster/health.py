@@ -97,7 +97,7 @@ def number(value: float) -> str:
 
 
 def ratio(value: float) -> str:
-    return f"{value:.2f}" if value >= 0.1 else f"{value:.1g}"
+    return f"{value:.2f}" if value >= 0.01 else f"{value:.1g}"
 
 
 def show(key: str, value: float) -> str:
