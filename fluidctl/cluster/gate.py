@@ -49,8 +49,10 @@ def health_gate(hosts: Sequence[Host], min_nodes: int, *, ssh_config=None,
         say(f"warning: health gate: {lines}; leaving them out would leave {len(left)} "
             f"node(s), {min_nodes} required: starting with them")
         return list(hosts)
-    for host, why in bad.items():
-        ledger.record(host, ledger.HEALTH, why, job=job)
+    unmeasured = {n.host for n in report.nodes if n.reason}
+    for host, why in bad.items():       # unreachable: lost; measured and slow: health
+        ledger.record(host, ledger.LOST if host in unmeasured else ledger.HEALTH, why,
+                      job=job)
     say(f"health gate: leaving out {lines}; recorded in the bad-node ledger "
         "(fluidctl cluster ledger list)")
     return left

@@ -6,8 +6,9 @@ import json
 import time
 
 import netns
+import psutil
 
-from launchutil import TEMPLATES, fluidctl
+from launchutil import TEMPLATES, fluidctl, wait_for
 
 HELLO = TEMPLATES / "hello.py"
 
@@ -19,6 +20,19 @@ def like_real_nodes(nodes):
     for alias in nodes.nodes:
         (nodes._cgroup(alias, netns.CPU) / "cpu.shares").write_text("262144")
     return nodes
+
+
+def probes(nodes):
+    """The deep check's probes still running on any node."""
+    found = []
+    for alias in nodes.nodes:
+        for pid in nodes.pids(alias):
+            try:
+                if "fluidctl.node.healthprobe" in psutil.Process(pid).cmdline():
+                    found.append(pid)
+            except psutil.Error:
+                pass
+    return found
 
 
 def test_deep_check_names_a_throttled_cpu_and_a_capped_link(tmp_path, netns_nodes):
@@ -39,6 +53,7 @@ def test_deep_check_names_a_throttled_cpu_and_a_capped_link(tmp_path, netns_node
     assert report["node6"]["figures"]["net_gbps"] < 0.02        # 10 mbit/s, as capped
     assert took < 30, took
     assert res.stderr.startswith("error: 2 of 8 node(s) failed the deep check: node3, node6")
+    wait_for(lambda: not probes(nodes), 5, "the probes to exit")  # nothing outlives the check
 
 
 def test_health_gate_leaves_outliers_out_and_the_ledger_keeps_them_out(tmp_path, netns_nodes):
