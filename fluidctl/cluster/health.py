@@ -229,14 +229,16 @@ class _Measure:
     def __init__(self, probes: Dict[str, Probe], health: Dict[str, NodeHealth], say):
         self.probes, self.health, self.say = probes, health, say
         self.names = list(probes)
+        self._lock = threading.Lock()           # pairs of a round fail from their threads
 
     def _fail(self, host: str, why: str) -> None:
-        self.health[host].reason = why
-        probe = self.probes.pop(host, None)
+        with self._lock:
+            self.health[host].reason = why
+            probe = self.probes.pop(host, None)
+            if host in self.names:
+                self.names.remove(host)
         if probe:
             probe.close()
-        if host in self.names:
-            self.names.remove(host)
 
     def ask(self, host: str, request: dict, timeout: float) -> Optional[dict]:
         probe = self.probes.get(host)
