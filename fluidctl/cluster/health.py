@@ -287,7 +287,9 @@ class _Measure:
         if "nccl_busbw_gbps" in got:
             node.figures["nccl_gbps"] = got["nccl_busbw_gbps"]
         else:
-            node.notes.append(f"NCCL: skipped ({got.get('nccl_skipped') or got.get('nccl_error')})")
+            skipped = got.get("nccl_skipped")
+            node.notes.append(f"NCCL: {skipped}" if skipped and skipped.startswith("one GPU")
+                              else f"NCCL: skipped ({skipped or got.get('nccl_error')})")
 
     def pair(self, sender: str, receiver: str) -> Optional[float]:
         """Bandwidth from ``sender`` to ``receiver`` over TCP, as the receiver counts it."""
