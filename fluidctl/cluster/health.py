@@ -123,7 +123,10 @@ class Probe:
         env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         argv = ["-m", "fluidctl.node.healthprobe", str(PROBE_LIFE_S)]
         if venv:        # the venv's python where ``cluster setup`` made one, else ``python``
-            venv_py = shlex.quote(f"{venv.replace('{host}', self.host)}/bin/python")
+            path = venv.replace("{host}", self.host)
+            path = path[2:] if path.startswith("~/") else path
+            venv_py = (shlex.quote(f"{path}/bin/python") if path.startswith("/")
+                       else '"$HOME"/' + shlex.quote(f"{path}/bin/python"))   # home-relative
             command = (f"P={venv_py}; [ -x \"$P\" ] || P={shlex.quote(python)}; "
                        f"exec \"$P\" {' '.join(shlex.quote(a) for a in argv)}")
         else:
@@ -431,7 +434,9 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
     """``fluidctl cluster check --deep``: measure, print (or JSON), exit 1 naming outliers."""
     from fluidctl.cluster.nodes import progress_lines, resolve
     from fluidctl.errors import FluidctlError
+    from fluidctl.paths import NODE_VENV
     hosts, targets = resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
+    venv = None if python else (venv or NODE_VENV)      # an explicit --python wins
     workdirs = {h.name: remote_dir.replace("{host}", h.name) for h in hosts} if remote_dir \
         else None
     report = measure(hosts, targets, python=python, venv=venv, workdirs=workdirs,
