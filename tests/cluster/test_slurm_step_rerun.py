@@ -54,3 +54,18 @@ def test_a_failed_step_runs_again_without_its_node_and_the_node_is_ledgered(slur
     res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--include-bad",
                    "--dry-run", "--json", "x.py", env=alloc)
     assert [n["name"] for n in json.loads(res.stdout)["nodes"]] == ["127.0.0.2", "127.0.0.3"]
+
+
+def test_without_a_node_to_spare_the_step_runs_again_on_the_same_nodes(slurm, tmp_path):
+    alloc = slurm.allocate(2, 1)
+    script = tmp_path / "fail_first.py"
+    script.write_text(FAIL_FIRST)
+    res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--max-restarts", 1,
+                   "--tee", "all", script, env=alloc)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(res.stdout.count(f"ran on 127.0.0.{k} restart 1") for k in (2, 3)) == [1, 1]
+    assert "the allocation has no node to spare for the 2 the step needs: running again on " \
+           "the same nodes" in res.stderr, res.stderr
+    hosts = [e["host"] for e in json.loads(fluidctl(slurm, tmp_path, "cluster", "ledger",
+                                                    "list", "--json", env={}).stdout)]
+    assert len(hosts) == 1 and hosts[0] in ("127.0.0.2", "127.0.0.3")
