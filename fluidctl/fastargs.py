@@ -381,6 +381,8 @@ TRAIN = Command("fluidctl.launch.train:run", (
     Option(["--venv"], "venv", envvar="FLUIDCTL_VENV"),
     Option(["--export"], "exports", MULTI),
     Option(["--pserver-hosts"], "pserver_hosts"),
+    Option(["--include-bad"], "include_bad", FLAG),
+    Option(["--health-gate"], "health_gate", FLAG),
     Option(["--ssh-timeout"], "ssh_timeout", type=float_between(0.1, 86400, "--ssh-timeout 30"),
            default=SSH_TIMEOUT),
     Option(["--started-port"], "started_port", type=int_at_least(1, 65535)),

@@ -19,6 +19,9 @@ TRAIN_BAD_INPUT = [
     (["--pservers", "2", "{behave}"], "need --mode pserver"),
     (["--mode", "pserver", "--pserver-endpoints", "nohost", "{behave}"],
      "malformed pserver endpoint"),
+    (["--health-gate", "{behave}"], "--health-gate measures the nodes of --hostfile/--hosts"),
+    (["--backend", "slurm", "--health-gate", "{behave}"],
+     "--health-gate measures the nodes of --hostfile/--hosts over SSH"),
     (["{tmp}"], "is a directory"),
     ([], "Missing argument 'SCRIPT'"),
 ]

@@ -32,7 +32,7 @@ from fluidctl.backends.base import BaseLauncher
 from fluidctl.procs import lifeline
 from fluidctl.procs.local import LocalProcess
 from fluidctl.errors import UsageError
-from fluidctl.diagnostics.failures import Failure, FailureKind
+from fluidctl.diagnostics.failures import Failure, FailureKind, describe_exit
 from fluidctl.paths import LogLayout
 from fluidctl.planning import slurm as slurmplan
 
@@ -348,6 +348,7 @@ class SlurmLauncher(BaseLauncher):
         self.steps: List[dict] = []
         self.spec: Optional[slurmctl.SbatchSpec] = None
         self.nodes: List[str] = []          # the trainers' nodes (inside an allocation)
+        self.failed: set = set()            # nodes a step failed on, left out of restarts
         self.python = sys.executable
         self.world = 0
         self.job_layout: Optional[LogLayout] = None     # the submitted job's own log dir
@@ -375,6 +376,11 @@ class SlurmLauncher(BaseLauncher):
             alloc = None                      # --detach always submits a new job
         self.alloc = alloc
         nodes = slurmplan.job_nodes(options, alloc)
+        if alloc is not None:       # the allocation's nodes less the ledgered ones
+            from fluidctl.cluster import ledger
+            usable = ledger.usable(alloc.nodes, options.nodes or 1, config.include_bad,
+                                   say=lambda line: print(line, file=sys.stderr, flush=True))
+            nodes = usable[:options.nodes] if options.nodes else usable
         per_node = slurmplan.ranks_per_node(config.nproc, config.gpus, alloc)
         pservers = slurmplan.pserver_count(config.mode, config.pservers, len(nodes))
         job = config.job([])
@@ -480,6 +486,8 @@ class SlurmLauncher(BaseLauncher):
                 print(f"fluidctl: {slurmctl.how_to_follow(record.job_id)}", file=sys.stderr,
                       flush=True)
             return [SubmittedJob(record, detached=self.config.slurm.detach)]
+        if attempt:
+            self._leave_out_failed_node(layout)
         handles = []
         try:
             for step in self.steps:
@@ -492,6 +500,44 @@ class SlurmLauncher(BaseLauncher):
                 h.kill()
             raise
         return handles
+
+    def _leave_out_failed_node(self, layout: LogLayout) -> None:
+        """Before a restart inside an allocation: the node of the step's first failed task
+        goes to the bad-node ledger (STEP_FAILED) and, where the allocation has a node to
+        spare beyond the step's --nodes, the step runs again without it (srun --exclude)."""
+        try:
+            found = first_failed_task(layout.srun.read_text(errors="replace"))
+        except OSError:
+            found = None
+        if found is None or found[1] not in self.alloc.nodes:
+            return
+        task, node, code = found
+        from fluidctl.cluster import ledger
+        ledger.record(node, ledger.STEP_FAILED, f"task {task} of a step failed there "
+                      f"({describe_exit(code)})", job=self.alloc.job_id)
+        self.failed.add(node)
+        spare = [n for n in self.alloc.nodes if n not in self.failed]
+        need = len(self.nodes)
+        if node not in self.nodes:
+            return
+        if len(spare) < need or any(s["role"] == "pserver" for s in self.steps):
+            say = (f"{node} failed (task {task}); the allocation has no node to spare for "
+                   f"the {need} the step needs: running again on the same nodes")
+        else:
+            self.nodes = spare[:need]
+            trainer = self.steps[-1]
+            trainer["nodelist"] = self.nodes
+            trainer["argv"] = srun_argv(
+                nodes=need, ntasks_per_node=trainer["per_node"], name=trainer["name"],
+                command=trainer["command"], nodelist=self.nodes,
+                extra=[f"--exclude={','.join(sorted(self.failed))}",
+                       *self.config.slurm.slurm_args])
+            say = (f"{node} failed (task {task}): running the step again on "
+                   f"{','.join(self.nodes)} (srun --exclude={','.join(sorted(self.failed))}); "
+                   f"{node} is in the bad-node ledger")
+        print(f"fluidctl: {say}", file=sys.stderr, flush=True)
+        self.log(say)
+        self.log(f"runs on allocation {self.alloc.job_id}: {' '.join(self.steps[-1]['argv'])}")
 
     def logs(self, plan) -> List[str]:
         layout = self.config.layout

@@ -12,7 +12,7 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 from fluidctl import paths
 
@@ -104,3 +104,30 @@ def clear(host: Optional[str] = None) -> List[str]:
         _write(path, found)
     return gone
 
+
+
+def usable(names: Sequence[str], min_count: int, include_bad: bool = False,
+           say: Optional[Callable[[str], None]] = None) -> List[str]:
+    """``names`` (a job's candidate nodes) without the active entries, unless ``include_bad``;
+    ``say`` hears one line naming those left out, why, and how to include them. A UsageError
+    when fewer than ``min_count`` are left."""
+    bad = {} if include_bad else excluded(names)
+    if not bad:
+        return list(names)
+    from fluidctl.errors import UsageError
+    left = [n for n in names if n not in bad]
+    if len(left) < min_count:
+        raise UsageError(f"{len(bad)} of {len(names)} node(s) are in the bad-node ledger "
+                         f"({', '.join(bad)}): {len(left)} left, {min_count} required",
+                         "pass --include-bad to use them, or forget them with "
+                         "fluidctl cluster ledger clear HOST")
+    if say:
+        say(f"note: leaving out {len(bad)} node(s) in the bad-node ledger: "
+            + "; ".join(f"{h} ({describe(e)})" for h, e in bad.items())
+            + " (--include-bad uses them; fluidctl cluster ledger clear HOST forgets them)")
+    return left
+
+
+def describe(entry: Entry) -> str:
+    """'why, evidence' in one phrase."""
+    return f"{entry.why}, {entry.detail}" if entry.detail else entry.why

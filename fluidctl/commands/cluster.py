@@ -49,8 +49,15 @@ Example:
               help="Print one JSON record per node instead of the table, e.g. "
                    "fluidctl cluster check --hostfile hosts.txt --json | jq '.[] | select(.ok "
                    "| not) | .host'.")
-def check(**params):
-    from fluidctl.cluster.check import run
+@click.option("--deep", is_flag=True,
+              help="Measure each node (CPU, memory, disk, network, GPU) and name the ones "
+                   "far below their peers' median, e.g. fluidctl cluster check --hostfile "
+                   "hosts.txt --deep --json.")
+def check(deep=False, **params):
+    if deep:
+        from fluidctl.cluster.health import run
+    else:
+        from fluidctl.cluster.check import run
     run(**params)
 
 
@@ -133,3 +140,42 @@ Examples:
 def setup(**params):
     from fluidctl.cluster.setup import run
     run(**params)
+
+
+@cluster.group(help="""The bad-node ledger: nodes that were lost, failed the health gate or
+whose ranks crashed, left out of later jobs until their time is up (fluidctl train
+--include-bad uses them anyway).
+
+\b
+Examples:
+  fluidctl cluster ledger list
+  fluidctl cluster ledger clear node3""")
+def ledger():
+    pass
+
+
+@ledger.command(name="list", help="""Show the nodes in the ledger: why, since when, until
+when, and the evidence.
+
+\b
+Example:
+  fluidctl cluster ledger list --json""")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON record per node, e.g. fluidctl cluster ledger list --json | "
+                   "jq -r '.[].host'.")
+def ledger_list(as_json):
+    from fluidctl.cluster.ledgerctl import list_
+    list_(as_json)
+
+
+@ledger.command(name="clear", help="""Forget HOST (every node without HOST): later jobs use
+it again.
+
+\b
+Examples:
+  fluidctl cluster ledger clear node3
+  fluidctl cluster ledger clear""")
+@click.argument("host", required=False)
+def ledger_clear(host):
+    from fluidctl.cluster.ledgerctl import clear
+    clear(host)

@@ -9,7 +9,9 @@ OPTIONS = (
     click.option("--nodes", "--nnodes", "nodes", type=click.IntRange(1), default=None,
                  help="slurm: nodes to run on (default inside an allocation: all of its nodes; "
                       "required to submit from a login node), e.g. --nodes 2. Without "
-                      "slurm, the nodes are --hostfile's; --nodes must then count them."),
+                      "slurm, the nodes are --hostfile's; --nodes N then runs on the "
+                      "first N of them that are not in the bad-node ledger (the rest are "
+                      "spares)."),
     click.option("--partition", default=None,
                  help="slurm: the partition to submit to, e.g. --partition gpu."),
     click.option("--time", "time_limit", default=None,

@@ -102,6 +102,16 @@ def _non_negative(name: str):
 @click.option("--pserver-hosts", metavar="H,...", default=None,
               help="pserver mode with hosts: the nodes that run pservers (default: round robin "
                    "over all nodes), e.g. --pserver-hosts node1.")
+@click.option("--include-bad", is_flag=True,
+              help="Use the nodes of --hostfile/--hosts (or of the Slurm allocation) that "
+                   "are in the bad-node ledger too (fluidctl cluster ledger list); without it "
+                   "they are left out, one line says which. E.g. --hostfile hosts "
+                   "--include-bad.")
+@click.option("--health-gate", is_flag=True,
+              help="Before starting, measure the nodes as fluidctl cluster check --deep does "
+                   "and leave out (recording them in the bad-node ledger) those far below "
+                   "their peers, while --nodes N (default 1) nodes remain, e.g. "
+                   "--hostfile hosts --health-gate --nodes 6.")
 @click.option("--ssh-timeout", type=seconds(0.1, 86400, "--ssh-timeout 30"), default=10.0,
               show_default=True,
               help="Seconds to wait for each node to connect and answer, e.g. --ssh-timeout 30.")

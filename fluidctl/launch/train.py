@@ -3,6 +3,7 @@
 parser of train's plain forms call the same ``run``."""
 from __future__ import annotations
 
+import os
 import sys
 
 from fluidctl.errors import UsageError
@@ -24,7 +25,7 @@ def slurm_options(options: dict):
 
 
 def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False,
-        **options) -> None:
+        include_bad: bool = False, health_gate: bool = False, **options) -> None:
     """Plan and run the job (``--dry-run``: print the plan); exits with the job's code.
     ``options`` are ``LaunchConfig.from_options``'s keywords plus the Slurm options."""
     if as_json and not dry_run:
@@ -48,12 +49,25 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
                          "give a count per node, e.g. --gpus 4")
     from fluidctl.planning.config import LaunchConfig
     config = LaunchConfig.from_options(slurm=slurm, **options)
-    if nodes is not None and nodes != max(1, len(config.hosts)):
+    if nodes is not None and nodes > max(1, len(config.hosts)):
         where = (f"--hostfile/--hosts name {len(config.hosts)} nodes" if config.hosts
                  else "without --hostfile or --hosts the job runs on this machine alone")
         raise UsageError(f"--nodes {nodes}, but {where}",
                          "--nodes, --partition, --time, ... are Slurm options: add --backend "
                          "slurm; over SSH the nodes are the lines of --hostfile")
+    if health_gate and config.backend == "slurm":
+        raise UsageError("--health-gate measures the nodes of --hostfile/--hosts over SSH; "
+                         "under Slurm the allocation chooses them",
+                         "drop --health-gate (run fluidctl cluster check --deep on the "
+                         "allocation's nodes), or pass --exclude")
+    if include_bad:
+        import dataclasses
+        config = dataclasses.replace(config, include_bad=True)
+    if health_gate and not config.hosts:
+        raise UsageError("--health-gate measures the nodes of --hostfile/--hosts, and there "
+                         "are none", "pass --hostfile, or drop --health-gate")
+    if config.hosts and config.backend != "slurm":
+        config = _choose_nodes(config, nodes, include_bad, health_gate and not dry_run)
     _warn_slots_over_nproc(config)
     from fluidctl.launch.execute import launch
     sys.exit(launch(config, dry_run=dry_run, as_json=as_json, show_secrets=show_secrets))
@@ -71,3 +85,21 @@ def _warn_slots_over_nproc(config) -> None:
         print(f"warning: --nproc {config.nproc} does not apply to {names}: a hostfile's "
               "slots= is its node's trainer count (drop --nproc, or change slots=)",
               file=sys.stderr, flush=True)
+
+
+def _choose_nodes(config, nodes, include_bad: bool, health_gate: bool):
+    """The hostfile's nodes less the ledgered ones (unless ``include_bad``) and, with the
+    health gate, its outliers; ``--nodes N``: the first N of them, N at least (a hostfile
+    may name spares)."""
+    import dataclasses
+    from fluidctl.cluster import gate
+    chosen = gate.choose(
+        config.hosts, min_nodes=nodes or 1, want=nodes, include_bad=include_bad,
+        gate=health_gate, ssh_config=config.ssh_config,
+        accept_new_host_keys=config.accept_new_host_keys, python=config.interpreter,
+        venv=config.node_venv, timeout=config.ssh_timeout,
+        workdirs={h.name: (config.remote_dir or os.getcwd()).replace("{host}", h.name)
+                  for h in config.hosts})
+    if len(chosen) == len(config.hosts):
+        return config
+    return dataclasses.replace(config, hosts=tuple(chosen))

@@ -60,6 +60,7 @@ class LaunchConfig:
     log_tail: int = 20
     slurm: SlurmOptions = SlurmOptions()        # --backend slurm's own options
     mpirun_args: Tuple[str, ...] = ()           # --mpirun-arg: passed to mpirun as they are
+    include_bad: bool = False                   # --include-bad: use nodes in the bad-node ledger
 
     @property
     def layout(self) -> LogLayout:

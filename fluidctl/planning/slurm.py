@@ -233,6 +233,8 @@ def inner_train_argv(config, log_dir: Path) -> List[str]:
         argv += ["--log-tail", str(config.log_tail)]
     if config.hang_timeout:
         argv += ["--hang-timeout", f"{config.hang_timeout:g}"]
+    if config.include_bad:
+        argv.append("--include-bad")
     script = config.script
     if script.endswith(".py") or os.sep in script:
         script = os.path.abspath(script)

@@ -1,0 +1,57 @@
+"""The deep check's arithmetic (cluster/health.py) and the ledger's part in choosing a job's
+nodes (cluster/gate.py), in-process; the measurements themselves run on namespace nodes in
+tests/cluster/test_health_gate.py."""
+import pytest
+
+from fluidctl.cluster import gate, health, ledger
+from fluidctl.errors import UsageError
+from fluidctl.planning.hosts import Host
+
+
+def test_ring_rounds_are_disjoint_and_cover_every_edge_of_the_ring():
+    assert health.ring_rounds(1) == []
+    assert health.ring_rounds(2) == [[(0, 1)]]
+    assert health.ring_rounds(8) == [[(0, 1), (2, 3), (4, 5), (6, 7)],
+                                     [(1, 2), (3, 4), (5, 6), (7, 0)]]
+    rounds = health.ring_rounds(5)
+    assert sorted(e for r in rounds for e in r) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 0)]
+    for r in rounds:
+        ends = [n for e in r for n in e]
+        assert len(ends) == len(set(ends))              # no node in two pairs at once
+
+
+def test_an_outlier_is_named_with_its_figure_and_its_peers_median():
+    nodes = [health.NodeHealth(f"node{k}", figures={"gemm_gflops": v, "net_gbps": 5.0})
+             for k, v in enumerate([40.0, 41.0, 4.1, 40.9, 39.0, 42.0], 1)]
+    nodes[4].figures["net_gbps"] = 0.0096
+    health.compare(nodes)
+    assert nodes[2].outliers == ["node3: CPU GEMM 4.10 GFLOP/s, 0.10x the peers' median 40.9"]
+    assert nodes[4].outliers == ["node5: network 0.0096 Gbit/s, 0.002x the peers' median 5.00"]
+    assert [n.host for n in nodes if not n.ok] == ["node3", "node5"]
+    assert nodes[0].medians["gemm_gflops"] == 40.9      # the median of the others, not its own
+    record = health.HealthReport(nodes, 1.0).to_record()
+    assert record["threshold"] == 0.5 and record["nodes"][2]["outliers"] == nodes[2].outliers
+
+
+def test_ledgered_nodes_are_left_out_unless_included_and_too_few_is_one_line(tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.setenv("FLUIDCTL_STATE_DIR", str(tmp_path))
+    hosts = [Host(f"node{k}") for k in range(1, 5)]
+    ledger.record("node2", ledger.LOST, "no heartbeat for 3.0 s")
+    ledger.record("node9", ledger.HEALTH, "not in this hostfile")
+    said = []
+    chosen = gate.choose(hosts, min_nodes=2, say=said.append)
+    assert [h.name for h in chosen] == ["node1", "node3", "node4"]
+    assert said == ["note: leaving out 1 node(s) in the bad-node ledger: node2 (lost, no "
+                    "heartbeat for 3.0 s) (--include-bad uses them; fluidctl cluster ledger "
+                    "clear HOST forgets them)"]
+    assert [h.name for h in gate.choose(hosts, min_nodes=2, want=2, say=said.append)] == [
+        "node1", "node3"]                               # --nodes 2: the first two usable
+    assert len(gate.choose(hosts, min_nodes=4, include_bad=True, say=None)) == 4
+    with pytest.raises(UsageError) as caught:
+        gate.choose(hosts, min_nodes=4, say=said.append)
+    assert caught.value.one_line() == (
+        "error: 1 of 4 node(s) are in the bad-node ledger (node2): 3 left, 4 required (pass "
+        "--include-bad to use them, or forget them with fluidctl cluster ledger clear HOST)")
+    ledger.record("node2", ledger.LOST, "gone", exclude_s=-1)   # expired: used again
+    assert len(gate.choose(hosts, min_nodes=4, say=said.append)) == 4
