@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from array import array
+from itertools import accumulate
 from typing import Any, Iterator, List, Mapping, Optional
 
 from fluidctl.errors import UsageError
@@ -46,22 +47,10 @@ class RecordFile:
                              f"check it with: fluidctl shard-data --verify {os.path.dirname(path) or '.'}")
 
     def _index(self, header_lines: int) -> array:
-        """Byte offset of every line's start, then the end of the last line; the header's
-        lines dropped."""
-        starts = array("Q", [0])
-        append, pos = starts.append, 0
-        while True:
-            chunk = os.pread(self.fd, _CHUNK, pos)
-            if not chunk:
-                break
-            find = chunk.find
-            nl = find(b"\n")
-            while nl >= 0:
-                append(pos + nl + 1)
-                nl = find(b"\n", nl + 1)
-            pos += len(chunk)
-        if pos > starts[-1]:                    # the last record lacks its newline
-            append(pos)
+        """Byte offset of every line's start, then the end of the last line (a last line
+        without its newline included); the header's lines dropped."""
+        with open(self.fd, "rb", buffering=_CHUNK, closefd=False) as lines:
+            starts = array("Q", accumulate(map(len, lines), initial=0))
         del starts[:header_lines]
         return starts
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 
-from fluidctl import envs
+from fluidctl import envs, paths
 from fluidctl.runtime.data import ShardReader
 
 parser = argparse.ArgumentParser()
@@ -32,8 +32,6 @@ with open(base + ".samples", "w") as log:
         log.writelines(f"{epoch} {sample}\n" for sample in batch)
         if step == args.steps:
             break
-with open(base + ".state.json.tmp", "w") as f:
-    json.dump(reader.state(), f)
-os.replace(base + ".state.json.tmp", base + ".state.json")
+paths.write_atomic(base + ".state.json", json.dumps(reader.state()))
 print(f"rank {rank}: epoch {epoch}, {min(args.steps or steps, steps)} of {steps} step(s), "
       f"state {reader.state()}", flush=True)
