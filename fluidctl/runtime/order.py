@@ -3,8 +3,9 @@ arithmetic, no I/O, so a job stopped at one world size resumes at another exactl
 
 An epoch's order is a permutation of every sample, fixed by (seed, epoch) and the shards' record
 counts, never by the world size: the shards in a keyed order, then inside each shard its records
-in a keyed order. A permutation is a keyed bijection (a Feistel network with cycle walking), so
-no permutation is ever held in memory: position -> (shard, record) is computed on demand.
+in a keyed order. A permutation of more than 1024 items is a keyed bijection (a Feistel network
+with cycle walking), so no large permutation is ever held in memory: position -> (shard, record)
+is computed on demand; smaller ones are a uniform shuffle's table.
 
 Rank ``r`` of ``W`` ranks, resuming at global offset ``o``, takes positions ``o + r``,
 ``o + r + W``, ``o + r + 2W`` ...; a step of batch size ``B`` is the window of ``B * W``
@@ -39,26 +40,43 @@ def key_of(*parts: int) -> int:
     return key
 
 
+SMALL = 1024        # up to this many items, a table: a Feistel network's orders are uneven
+
+
+def shuffled(n: int, key: int) -> list:
+    """``range(n)`` in a keyed uniform order: Fisher-Yates driven by splitmix64 (64-bit draws,
+    so the modulo's bias is below 2**-50)."""
+    items, state = list(range(n)), key
+    for i in range(n - 1, 0, -1):
+        state = (state + _GOLDEN) & _M64
+        j = mix(state) % (i + 1)
+        items[i], items[j] = items[j], items[i]
+    return items
+
+
 class Permutation:
-    """A keyed bijection of ``range(n)``: a four-round balanced Feistel network over the
+    """A keyed bijection of ``range(n)``. Up to ``SMALL`` items, a table from
+    :func:`shuffled` (uniform). Beyond, no table: a four-round balanced Feistel network over the
     smallest even number of bits that holds ``n`` (each round: the top bits of one half xor a
     round key times the golden-ratio constant, Fibonacci hashing, xored into the other half),
     walked until the value falls inside: the domain is under 4x the range, so under 4 walks and
     about 2 on average. ``perm(i)`` costs a few microseconds and no memory; integer arithmetic
     only, so the same order on every platform and Python version."""
 
-    __slots__ = ("n", "half", "mask", "shift", "keys")
+    __slots__ = ("n", "half", "mask", "shift", "keys", "table")
 
     def __init__(self, n: int, key: int):
         self.n = n
-        half = max(1, ((n - 1).bit_length() + 1) // 2)
-        self.half, self.mask, self.shift = half, (1 << half) - 1, 64 - half
-        self.keys = tuple(key_of(key, i) for i in range(4))
+        self.table = shuffled(n, key) if n <= SMALL else None
+        if self.table is None:
+            half = ((n - 1).bit_length() + 1) // 2
+            self.half, self.mask, self.shift = half, (1 << half) - 1, 64 - half
+            self.keys = tuple(key_of(key, i) for i in range(4))
 
     def __call__(self, i: int) -> int:
+        if self.table is not None:
+            return self.table[i]
         n = self.n
-        if n <= 1:
-            return i
         half, mask, shift = self.half, self.mask, self.shift
         k0, k1, k2, k3 = self.keys
         while True:

@@ -16,12 +16,21 @@ from shardutil import run, write_lines
 WORLDS = (4, 3, 4)
 
 
-def test_permutation_is_a_bijection_for_every_small_size():
-    for n in range(0, 70):
-        for key in (0, 1, 12345):
+def test_permutation_is_a_bijection_table_or_feistel():
+    for n in [*range(0, 40), order.SMALL, order.SMALL + 1, 3000, 4097]:
+        for key in (0, 12345):
             perm = order.Permutation(n, key)
-            assert sorted(perm(i) for i in range(n)) == list(range(n))
+            assert sorted(perm(i) for i in range(n)) == list(range(n)), n
     assert [order.Permutation(10, 1)(i) for i in range(10)] != list(range(10))
+    big = [order.Permutation(3000, 9)(i) for i in range(3000)]
+    assert sum(a == b for a, b in enumerate(big)) < 10
+
+
+def test_small_orders_are_uniform():
+    """24 orders of 4 items over 2400 keys: each about 100 times (a Feistel network's are not)."""
+    seen = Counter(tuple(order.Permutation(4, order.key_of(k))(i) for i in range(4))
+                   for k in range(2400))
+    assert len(seen) == 24 and 55 < min(seen.values()) and max(seen.values()) < 145, seen
 
 
 def test_the_order_is_fixed_by_seed_and_epoch():
@@ -53,7 +62,7 @@ def simulate(counts, seed, batch_sizes, stops, drop_last=False):
     return consumed
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(counts=st.lists(st.integers(1, 30), min_size=1, max_size=8),
        seed=st.integers(0, 2**32), batch_sizes=st.lists(st.integers(1, 6), min_size=1, max_size=3),
        stops=st.lists(st.integers(0, 12), min_size=1, max_size=9))
@@ -69,7 +78,7 @@ def test_any_stops_at_4_3_4_ranks_consume_each_sample_once_per_epoch(counts, see
     assert all(v == 1 for v in last.values()) and not last - everything
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(counts=st.lists(st.integers(1, 30), min_size=1, max_size=6), seed=st.integers(0, 99),
        batch=st.integers(1, 5), stops=st.lists(st.integers(0, 8), min_size=1, max_size=6))
 def test_drop_last_never_repeats_and_steps_agree(counts, seed, batch, stops):
@@ -108,7 +117,7 @@ def read_segments(directory, seed, batch_sizes, stops, worlds=WORLDS):
     return consumed
 
 
-@settings(max_examples=25, deadline=None,
+@settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(records=st.integers(1, 120), shards=st.integers(1, 7), seed=st.integers(0, 10**6),
        batch_sizes=st.lists(st.integers(1, 5), min_size=1, max_size=3),
