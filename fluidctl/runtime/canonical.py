@@ -139,14 +139,17 @@ class CanonicalReader:
         try:
             for positions in order.rank_steps(self.offset, self.rank, self.world,
                                               self.batch_size, self.samples, self.drop_last):
-                batch = [self._record(*epoch_order.sample(p)) for p in positions]
+                batch: list = []
+                for shard, records in epoch_order.runs(positions):
+                    read, decode = self._source(shard).read, self._decode
+                    batch.extend([decode(read(r)) for r in records])
                 self.offset = order.offset_after(self.offset, 1, per_step, self.samples)
                 yield batch
             self.epoch, self.offset = self.epoch + 1, 0
         finally:
             self.close()
 
-    def _record(self, shard: int, index: int) -> Any:
+    def _source(self, shard: int) -> RecordFile:
         source = self._open.get(shard)
         if source is None:
             if len(self._open) >= 2:    # positions only move forward: older shards are done
@@ -154,7 +157,7 @@ class CanonicalReader:
                 self._open.pop(oldest).close()
             source = self._open[shard] = RecordFile(self.paths[shard], self.counts[shard],
                                                     self.header_lines)
-        return self._decode(source.read(index))
+        return source
 
     def close(self) -> None:
         while self._open:

@@ -133,6 +133,19 @@ class EpochOrder:
         return shard, self._record_order(shard)(position - self.starts[j])
 
 
+    def runs(self, positions: range) -> list:
+        """``[(shard, [record, ...]), ...]`` for the positions of one step, in order, grouped
+        by shard: what :meth:`sample` gives for each, with one lookup per shard."""
+        out, p, stop, step = [], positions.start, positions.stop, positions.step
+        while p < stop:
+            j = bisect.bisect_right(self.starts, p) - 1
+            shard, base, end = self.shards[j], self.starts[j], min(stop, self.starts[j + 1])
+            perm = self._record_order(shard)
+            out.append((shard, [perm(q - base) for q in range(p, end, step)]))
+            p += -(-(end - p) // step) * step
+        return out
+
+
 def steps_left(offset: int, total: int, per_step: int, drop_last: bool) -> int:
     """Steps from ``offset`` to the end of the epoch, ``per_step = batch_size * world``."""
     left = max(0, total - offset)

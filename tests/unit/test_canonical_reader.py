@@ -55,7 +55,9 @@ def simulate(counts, seed, batch_sizes, stops, drop_last=False):
         epoch_order = order.EpochOrder(counts, seed, epoch)
         for rank in range(world):
             ranges = list(order.rank_steps(offset, rank, world, batch, total, drop_last))[:steps]
-            consumed.setdefault(epoch, []).extend(epoch_order.sample(p) for r in ranges for p in r)
+            taken = [epoch_order.sample(p) for r in ranges for p in r]
+            assert taken == [(s, i) for r in ranges for s, rs in epoch_order.runs(r) for i in rs]
+            consumed.setdefault(epoch, []).extend(taken)
         offset = order.offset_after(offset, steps, per_step, total)
         if order.steps_left(offset, total, per_step, drop_last) == 0:
             epoch, offset = epoch + 1, 0
