@@ -281,7 +281,12 @@ CLUSTER_SYNC = Command("fluidctl.cluster.sync:run", HOST_OPTIONS + (
 
 SHARD_DATA = Command("fluidctl.sharding.run:run", (
     Option(["-n", "--trainers"], "trainers", type=INT,
-           help="Number of shards, one per trainer (required). Example: --trainers 4"),
+           help="Number of shards, one per trainer (this or --shards is required). "
+                "Example: --trainers 4"),
+    Option(["--shards"], "shards", type=INT,
+           help="Number of canonical shards instead, independent of the trainer count: "
+                "ShardReader gives each rank its part of every epoch's global order, and a "
+                "job resumes at another world size exactly. Example: --shards 64"),
     Option(["-o", "--output"], "out_dir", metavar="OUT_DIR",
            help="Directory to create for the shards (required). Example: -o shards/"),
     Option(["--verify"], "verify_dir", metavar="DIR",

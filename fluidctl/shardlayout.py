@@ -7,8 +7,16 @@ and the writer should not load the training runtime to learn a file name.
 """
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 2          # 2: per shard "checksum" (algorithm) + "digest"; 1: "sha256"
+MANIFEST_VERSION = 3          # 3: "layout"; 2: per shard "checksum" + "digest"; 1: "sha256"
 FORMATS = ("text", "csv", "jsonl")
+# "per-trainer" (--trainers N: shard i is trainer i's) or "canonical" (--shards N: every rank
+# reads its part of an epoch's global order over all of them); manifests before 3 are per-trainer
+PER_TRAINER, CANONICAL = "per-trainer", "canonical"
+
+
+def layout(manifest: dict) -> str:
+    """The layout a manifest describes."""
+    return manifest.get("layout", PER_TRAINER)
 
 
 def shard_name(name: str, index: int, suffix_length: int = 5) -> str:

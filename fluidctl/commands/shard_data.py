@@ -12,6 +12,10 @@ HELP = """Split INPUT... into one shard per trainer: OUT_DIR/<name>-00000, -0000
 OUT_DIR/manifest.json (inputs, options, and per shard its file, records, bytes and digest,
 xxh3-128 by default, with the name of the algorithm beside it).
 
+--shards N writes N canonical shards instead, independent of the trainer count: every rank
+reads its part of each epoch's global order over all of them, and a job stopped at one world
+size resumes at another with exactly the samples it had not consumed (ShardReader's state).
+
 INPUT may be files, directories (every file inside, sorted) or globs; gzip files are read
 transparently. By default shards are contiguous, in order, about 1/N of the bytes each, cut at
 line ends: concatenated they are byte-identical to the input.
@@ -30,17 +34,20 @@ Examples:
   fluidctl shard-data data/ --trainers 8 -o shards/ --by files
   fluidctl shard-data 'logs/*.jsonl.gz' -n 4 -o shards/ --format jsonl --shuffle --seed 7
   fluidctl shard-data train.csv -n 4 -o shards/ --format csv --equalize pad
+  fluidctl shard-data train.txt --shards 64 -o canon/ --shuffle
   fluidctl shard-data --verify shards/
 
 \b
 In the training script (reads PADDLE_TRAINER_ID / PADDLE_TRAINERS_NUM):
   from fluidctl.runtime.data import ShardReader
   for batch in ShardReader("shards/", batch_size=32): ...
+  reader = ShardReader("canon/", batch_size=32, seed=7, state=saved_or_None)
+  ... save reader.state() with each checkpoint
 """
 
 
 
-@click.command("shard-data", help=HELP, short_help="Split a data set into one shard per trainer.")
+@click.command("shard-data", help=HELP, short_help="Split a data set into shards: per trainer, or canonical.")
 @fastoptions.parameters(fastargs.SHARD_DATA)
 def shard_data(**params):
     from fluidctl.sharding.run import run

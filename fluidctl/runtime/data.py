@@ -22,7 +22,8 @@ from typing import Any, Iterable, Iterator, List, Mapping, Optional
 from fluidctl import envs
 from fluidctl.errors import UsageError
 
-from fluidctl.shardlayout import FORMATS, MANIFEST_NAME, MANIFEST_VERSION, shard_name  # noqa: F401
+from fluidctl.shardlayout import (CANONICAL, FORMATS, MANIFEST_NAME, MANIFEST_VERSION,  # noqa: F401
+                                  layout, shard_name)
 
 _NUMBERED = re.compile(r"^(?P<name>.+)-(?P<index>\d+)$")
 
@@ -111,6 +112,12 @@ def shard_path(pattern_or_dir: str = "shards", *, rank: Optional[int] = None,
             raise UsageError(f"shard {path} for trainer {rank} does not exist",
                              "check the pattern and that shard-data ran for this node")
         return path
+    manifest = read_manifest(target) if os.path.isdir(target) else None
+    if manifest is not None and layout(manifest) == CANONICAL:
+        raise UsageError(f"{target} holds {len(manifest['shards'])} canonical shards "
+                         "(shard-data --shards), not one per trainer",
+                         f"read them with ShardReader({target!r}, batch_size=...), which "
+                         "gives each rank its part of every epoch")
     paths = shard_paths(target)
     if len(paths) != world:
         raise _count_mismatch(target, len(paths), world)
@@ -246,36 +253,97 @@ def batches(records: Iterable[Any], batch_size: int, drop_last: bool = False) ->
 
 
 class ShardReader:
-    """This trainer's shard as an iterable of batches; iterate once per epoch.
+    """This trainer's batches; iterate once per epoch.
 
-    ``len(reader)`` is the number of batches, from the manifest's record count when there is one
-    (so NCCL2 jobs can check every trainer runs the same number of steps before starting).
-    ``verify=True`` checks this trainer's shard against the manifest's size and digest first
-    (one read of the file) and raises ``UsageError`` naming it when it differs.
+    Over per-trainer shards (``shard-data --trainers N``): this trainer's shard, in file order.
+    Over canonical shards (``shard-data --shards N``): this rank's part of the epoch's global
+    order, a permutation of every sample fixed by (``seed``, epoch) whatever the world size
+    (:mod:`fluidctl.runtime.order`); ``reader.state()`` is what to save with a checkpoint and
+    ``ShardReader(..., state=saved)`` resumes at any world size with exactly the samples of the
+    epoch not yet handed out. ``shuffle=False`` reads the shards in index order.
+
+    ``len(reader)`` is the number of batches (left in this epoch, for canonical shards), from
+    the manifest's record counts when there is one (so NCCL2 jobs can check every trainer runs
+    the same number of steps before starting). ``verify=True`` checks the shards this reader
+    reads against the manifest's sizes and digests first and raises ``UsageError`` naming one
+    that differs.
     """
 
     def __init__(self, pattern_or_dir: str = "shards", batch_size: int = 32, *,
                  drop_last: bool = False, format: Optional[str] = None, decode: bool = True,
-                 environ: Optional[Mapping[str, str]] = None, verify: bool = False):
-        self.path = shard_path(pattern_or_dir, environ=environ, verify=verify)
+                 environ: Optional[Mapping[str, str]] = None, verify: bool = False,
+                 seed: Optional[int] = None, shuffle: Optional[bool] = None,
+                 state: Optional[Mapping[str, Any]] = None, rank: Optional[int] = None,
+                 world: Optional[int] = None):
+        if batch_size < 1:
+            raise UsageError(f"batch size must be at least 1, not {batch_size}",
+                             "pass batch_size=32")
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.format = format
         self.decode = decode
-        if batch_size < 1:
-            raise UsageError(f"batch size must be at least 1, not {batch_size}",
-                             "pass batch_size=32")
+        target = os.fspath(pattern_or_dir)
+        manifest = read_manifest(target) if os.path.isdir(target) else None
+        self._global = None
+        if manifest is not None and layout(manifest) == CANONICAL:
+            self._global = _canonical(target, manifest, self, rank, world, environ, verify,
+                                      seed, shuffle, state)
+            self.path, self.records = target, manifest["records"]
+            return
+        if seed is not None or shuffle is not None or state is not None:
+            raise UsageError(f"seed=, shuffle= and state= need canonical shards, and "
+                             f"{target} holds one shard per trainer",
+                             f"re-shard with: fluidctl shard-data ... --shards 16 -o {target} "
+                             "--force")
+        self.path = shard_path(target, rank=rank, world=world, environ=environ, verify=verify)
         info = shard_info(self.path)
         self.records = info["records"] if info else None
 
+    def state(self) -> dict:
+        """Epoch and global offset (with the seed, shuffle and data-set size they hold for):
+        every batch handed out so far counts as consumed. Canonical shards only."""
+        if self._global is None:
+            raise UsageError(f"{self.path} is a per-trainer shard: its reader has no state to "
+                             "resume at another world size",
+                             "shard the data with fluidctl shard-data --shards N")
+        return self._global.state()
+
+    @property
+    def epoch(self) -> Optional[int]:
+        """The epoch the next iteration reads (canonical shards), else None."""
+        return None if self._global is None else self._global.epoch
+
     def __iter__(self) -> Iterator[list]:
+        if self._global is not None:
+            return iter(self._global)
         return batches(iter_records(self.path, self.format, decode=self.decode),
                        self.batch_size, self.drop_last)
 
     def __len__(self) -> int:
+        if self._global is not None:
+            return len(self._global)
         records = self.records
         if records is None:
             records = sum(1 for _ in iter_records(self.path, self.format, decode=False))
             self.records = records
         full, rest = divmod(records, self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
+
+
+def _canonical(directory: str, manifest: dict, opts: ShardReader, rank, world, environ,
+               verify: bool, seed, shuffle, state):
+    from fluidctl.runtime.canonical import CanonicalReader
+    rank, world = _rank_world(rank, world, environ)
+    if verify:
+        problems = verify_dir(directory)
+        if problems:
+            raise UsageError(problems[0], _FIX)
+    fmt = opts.format or manifest.get("format", "text")
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown record format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+    entries = manifest["shards"]
+    return CanonicalReader([os.path.join(directory, e["file"]) for e in entries],
+                           [e["records"] for e in entries], fmt, opts.batch_size, rank=rank,
+                           world=world, seed=0 if seed is None else seed,
+                           shuffle=True if shuffle is None else shuffle,
+                           drop_last=opts.drop_last, decode=opts.decode, state=state)

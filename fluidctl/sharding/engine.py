@@ -83,9 +83,9 @@ def _build(opts: ShardOptions, files: List[str], name: str, stage: Staging,
     else:
         stream = Stream(sources, make_spans(sources))
         if opts.by == "lines":
-            plans = plan_lines(stream, opts.trainers)
+            plans = plan_lines(stream, opts.trainers, opts.count_flag)
         else:
-            plans = plan_files(stream, sources, opts.trainers)
+            plans = plan_files(stream, sources, opts.trainers, opts.count_flag)
         if opts.equalize == "truncate":
             from fluidctl.sharding.equalize import count_plan, truncate_plan
             progress.stage("counting records", stream.length)

@@ -9,7 +9,7 @@ except ImportError:                                         # pragma: no cover -
     from json.encoder import encode_basestring_ascii as _quote
 
 from fluidctl import __version__
-from fluidctl.shardlayout import MANIFEST_VERSION
+from fluidctl.shardlayout import CANONICAL, MANIFEST_VERSION, PER_TRAINER
 from fluidctl.sharding.inputs import Source, _short
 from fluidctl.sharding.options import ShardOptions, ShardResult
 
@@ -23,7 +23,8 @@ def _manifest(opts: ShardOptions, name: str, results: List[ShardResult],
     manifest = {
         "fluidctl": __version__,
         "manifest_version": MANIFEST_VERSION,
-        "trainers": opts.trainers,
+        "layout": CANONICAL if opts.canonical else PER_TRAINER,
+        "trainers": None if opts.canonical else opts.trainers,    # canonical: any number
         "format": opts.format,
         "name": name,
         "inputs": [{"path": os.path.abspath(s.display), "bytes": s.input_bytes, "gzip": s.gzip}

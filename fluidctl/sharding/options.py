@@ -20,12 +20,19 @@ MAX_SUFFIX_LENGTH = 20          # 10**20 shards: more than any file system holds
 # dataclass's definition cost start-up, and shard-data's start-up is part of its speed.
 class ShardOptions(namedtuple("ShardOptions", (
         "inputs", "trainers", "out_dir", "by", "format", "shuffle", "seed", "name",
-        "suffix_length", "equalize", "checksum", "force"),
-        defaults=("lines", "text", False, 0, None, 5, "none", digest.DEFAULT, False))):
-    """inputs (paths), trainers, out_dir; by 'lines'|'files', format, shuffle and seed, name
-    (the shards' base name, None: the input's), suffix_length, equalize 'none'|'pad'|'truncate',
-    checksum (a digest algorithm or 'none'), force (replace an existing out_dir)."""
+        "suffix_length", "equalize", "checksum", "force", "canonical"),
+        defaults=("lines", "text", False, 0, None, 5, "none", digest.DEFAULT, False, False))):
+    """inputs (paths), trainers (the shard count), out_dir; by 'lines'|'files', format, shuffle
+    and seed, name (the shards' base name, None: the input's), suffix_length, equalize
+    'none'|'pad'|'truncate', checksum (a digest algorithm or 'none'), force (replace an existing
+    out_dir), canonical (--shards: shards read in a global order by any number of trainers,
+    not one per trainer)."""
     __slots__ = ()
+
+    @property
+    def count_flag(self) -> str:
+        """The option that set the shard count, for messages."""
+        return "--shards" if self.canonical else "--trainers"
 
 
 class Progress:
@@ -47,8 +54,12 @@ class ShardResult(namedtuple("ShardResult", ("index", "file", "records", "bytes"
 
 def check_options(opts: ShardOptions) -> None:
     if opts.trainers < 1:
-        raise UsageError(f"--trainers must be at least 1, not {opts.trainers}",
-                         "pass --trainers 4")
+        raise UsageError(f"{opts.count_flag} must be at least 1, not {opts.trainers}",
+                         f"pass {opts.count_flag} 4")
+    if opts.canonical and opts.equalize != "none":
+        raise UsageError(f"--equalize {opts.equalize} with --shards: canonical shards need no "
+                         "equal counts (every rank reads its part of all of them), and pad "
+                         "would repeat records", "drop --equalize")
     for value, choices, flag in ((opts.by, BY_CHOICES, "--by"), (opts.format, FORMATS, "--format"),
                                  (opts.equalize, EQUALIZE_CHOICES, "--equalize"),
                                  (opts.checksum, CHECKSUM_CHOICES, "--checksum")):

@@ -114,7 +114,7 @@ class Stream:
         return count
 
 
-def plan_lines(stream: Stream, trainers: int) -> List[List[Segment]]:
+def plan_lines(stream: Stream, trainers: int, flag: str = "--trainers") -> List[List[Segment]]:
     """Contiguous shards of about 1/N of the bytes each, cut at record boundaries, each holding
     at least one record."""
     total = stream.length
@@ -126,8 +126,8 @@ def plan_lines(stream: Stream, trainers: int) -> List[List[Segment]]:
         _place_cuts(stream, cuts)
     if any(cuts[i] >= cuts[i + 1] for i in range(trainers)):
         records = stream.count_records(trainers)
-        raise UsageError(f"{trainers} trainers but only {records} record(s) in the input",
-                         f"pass --trainers {max(1, records)} or fewer")
+        raise UsageError(f"{trainers} {flag[2:]} but only {records} record(s) in the input",
+                         f"pass {flag} {max(1, records)} or fewer")
     return [stream.segments(cuts[i], cuts[i + 1]) for i in range(trainers)]
 
 
@@ -146,12 +146,13 @@ def _place_cuts(stream: Stream, cuts: List[int]) -> None:
             cuts[i] = stream.prev_start(cuts[i + 1]) if cuts[i + 1] > 0 else 0
 
 
-def plan_files(stream: Stream, sources: Sequence[Source], trainers: int) -> List[List[Segment]]:
+def plan_files(stream: Stream, sources: Sequence[Source], trainers: int,
+               flag: str = "--trainers") -> List[List[Segment]]:
     """Whole files to shards, largest first onto the lightest shard; a shard keeps its files in
     input order."""
     if len(stream.spans) < trainers:
-        raise UsageError(f"{trainers} trainers but only {len(stream.spans)} non-empty input file(s)",
-                         "use --by lines, or fewer --trainers")
+        raise UsageError(f"{trainers} {flag[2:]} but only {len(stream.spans)} non-empty input "
+                         "file(s)", f"use --by lines, or fewer {flag}")
     lightest = [(0, i) for i in range(trainers)]       # heap of (bytes, shard)
     owner: Dict[int, int] = {}
     for k in sorted(range(len(stream.spans)), key=lambda k: (-stream.spans[k].length, k)):

@@ -10,19 +10,31 @@ from fluidctl import digest, sharding, sigs
 from fluidctl.errors import FluidctlError, UsageError
 
 
-def run(inputs=(), trainers=None, out_dir=None, verify_dir=None, by="lines", fmt="text",
+def run(inputs=(), trainers=None, out_dir=None, verify_dir=None, shards=None, by="lines",
+        fmt="text",
         shuffle=False, seed=0, name=None, suffix_length=5, equalize="none",
         checksum=digest.DEFAULT, force=False, to_hosts=None, remote_dir=None, ssh_config=None,
         accept_new_host_keys=False, quiet=False) -> None:
     """Shard INPUT... (see ``fluidctl shard-data --help``), or check shards with verify_dir."""
     if verify_dir is not None:
-        if inputs or trainers is not None or out_dir is not None or to_hosts:
+        if inputs or trainers is not None or shards is not None or out_dir is not None \
+                or to_hosts:
             raise UsageError("--verify DIR checks existing shards and takes no INPUT, "
-                             "--trainers, -o or --to-hosts",
+                             "--trainers, --shards, -o or --to-hosts",
                              "run fluidctl shard-data --verify DIR alone")
         _verify(verify_dir, quiet)
         return
-    for value, what in ((inputs, "INPUT"), (trainers, "option --trainers"),
+    canonical = shards is not None
+    if canonical and trainers is not None:
+        raise UsageError("--trainers N writes one shard per trainer, --shards N canonical "
+                         "shards any number of trainers read: not both",
+                         "pass --shards N alone to resume at any world size")
+    if canonical and to_hosts:
+        raise UsageError("--to-hosts sends shard i to trainer i's node, and canonical shards "
+                         "are read by every trainer", "copy OUT_DIR to every node with "
+                         "fluidctl cluster sync, or use --trainers N --to-hosts")
+    trainers = shards if canonical else trainers
+    for value, what in ((inputs, "INPUT"), (trainers, "option --trainers or --shards"),
                         (out_dir, "option -o/--output")):
         if value is None or value == ():
             raise UsageError(f"missing {what}",
@@ -41,7 +53,7 @@ def run(inputs=(), trainers=None, out_dir=None, verify_dir=None, by="lines", fmt
                          "add --to-hosts HOSTFILE or drop them")
     try:
         manifest = _shard(inputs, trainers, out_dir, by, fmt, shuffle, seed, name, suffix_length,
-                          equalize, checksum, force, quiet)
+                          equalize, checksum, force, quiet, canonical)
         if targets is not None:
             resolved, connected = targets
             sent = distribute.send_shards(manifest, out_dir, resolved, connected.nodes, placed,
@@ -55,11 +67,11 @@ def run(inputs=(), trainers=None, out_dir=None, verify_dir=None, by="lines", fmt
 
 
 def _shard(inputs, trainers, out_dir, by, fmt, shuffle, seed, name, suffix_length, equalize,
-           checksum, force, quiet) -> dict:
+           checksum, force, quiet, canonical=False) -> dict:
     opts = sharding.ShardOptions(
         inputs=list(inputs), trainers=trainers, out_dir=out_dir, by=by, format=fmt,
         shuffle=shuffle, seed=seed, name=name, suffix_length=suffix_length, equalize=equalize,
-        checksum=checksum, force=force)
+        checksum=checksum, force=force, canonical=canonical)
     if quiet or not sys.stderr.isatty():       # rich is imported only when it will draw
         manifest = sharding.shard(opts)
     else:
@@ -68,7 +80,7 @@ def _shard(inputs, trainers, out_dir, by, fmt, shuffle, seed, name, suffix_lengt
             manifest = sharding.shard(opts, progress)
     if not quiet:
         print_summary(manifest, out_dir)
-    if equalize == "none":
+    if equalize == "none" and not canonical:
         warn_unequal(manifest)
     return manifest
 

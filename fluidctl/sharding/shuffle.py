@@ -207,8 +207,8 @@ def shuffle_shards(sources: Sequence[Source], opts: ShardOptions, work_dir: str,
     records = sum(b.records for b in buckets)
     n = opts.trainers
     if records < n:
-        raise UsageError(f"{n} trainers but only {records} record(s) in the input",
-                         f"pass --trainers {max(1, records)} or fewer")
+        raise UsageError(f"{n} {opts.count_flag[2:]} but only {records} record(s) in the input",
+                         f"pass {opts.count_flag} {max(1, records)} or fewer")
     base, extra = divmod(records, n)
     counts = [base] * n if opts.equalize == "truncate" else [base + (i < extra) for i in range(n)]
     progress.stage("writing shards", sum(b.bytes for b in buckets))

@@ -154,7 +154,8 @@ def test_progress_bar_on_a_terminal(text, tmp_path):
 @pytest.mark.parametrize("case", [
     "missing", "empty_dir", "trainers_0", "more_trainers_than_records", "binary", "csv_header",
     "out_inside_input", "input_inside_out", "bad_json", "empty_file", "suffix_too_short",
-    "bad_gzip", "twice",
+    "bad_gzip", "twice", "shards_and_trainers", "shards_equalize", "shards_to_hosts",
+    "more_shards_than_records",
 ])
 def test_bad_input(case, tmp_path):
     work = tmp_path / "w"
@@ -179,6 +180,13 @@ def test_bad_input(case, tmp_path):
                              ["cannot number 11 shards"]),
         "bad_gzip": ([work / "bad.gz", "-n", "2"], ["not a valid gzip file"]),
         "twice": ([three, three, "-n", "2"], ["given twice"]),
+        "shards_and_trainers": ([three, "--shards", "2", "-n", "2"], ["not both"]),
+        "shards_equalize": ([three, "--shards", "2", "--equalize", "pad"],
+                            ["--equalize pad with --shards", "drop --equalize"]),
+        "shards_to_hosts": ([three, "--shards", "2", "--to-hosts", work / "hosts"],
+                            ["read by every trainer", "cluster sync"]),
+        "more_shards_than_records": ([three, "--shards", "5"],
+                                     ["5 shards but only 3 record", "--shards 3"]),
     }[case]
     (work / "emptydir").mkdir()
     (work / "img.bin").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
