@@ -498,7 +498,8 @@ class AgentDiagnostics(Diagnostics):
         return {int(tag.split()[1]): agent.host for agent in handles
                 for tag in agent.copies if tag.startswith("trainer ")}
 
-    def activity(self, logs):
+    def activity(self, logs, handles=None):
+        """Log sizes and the agents' counters (the ranks are on the nodes: no samples)."""
         sizes = local_activity(logs, self.diag)
         return lambda: (sizes(), tuple(a.progress for a in self.agents()))
 

@@ -1,0 +1,103 @@
+"""Each class of hang and collective failure injected into a real job on this machine, and the
+sentence fluidctl prints first: a fluidctl.runtime script (tests/scripts/trouble.py) and an
+unmodified torch DDP gloo script (tests/scripts/torch_hang.py). The jobs of one test run side
+by side (each waits out its own --hang-timeout). The slow-data class (a rank in its data
+loader) is asserted in test_diagnose.py, on the backends' own tests in tests/cluster."""
+import json
+import re
+import time
+from datetime import datetime
+
+import pytest
+
+from launchutil import ROOT, start_fluidctl
+from troubleutil import TROUBLE, line_of
+
+TORCH_HANG = ROOT / "tests" / "scripts" / "torch_hang.py"
+TIMEOUT = 3
+CLASSIFIED_WITHIN = 10.0          # seconds from the hang's detection to its sentence
+
+
+def run_all(tmp_path, script, scenarios, nproc):
+    """Start one job per scenario, all at once; (returncode, stderr, log dir) per scenario."""
+    jobs = {}
+    for name in scenarios:
+        log = tmp_path / name
+        jobs[name] = (start_fluidctl("train", "--nproc", nproc, "--hang-timeout", TIMEOUT,
+                                     "--log-dir", log, script, name, cwd=tmp_path), log)
+    done = {}
+    for name, (proc, log) in jobs.items():
+        try:
+            _, err = proc.communicate(timeout=240)
+        finally:
+            proc.kill()
+        done[name] = (proc.returncode, err, log)
+    return done
+
+
+def classified_after(log) -> float:
+    """Seconds between the watchdog's finding and the classified sentence in launch.log."""
+    stamps = {}
+    for line in (log / "launch.log").read_text().splitlines():
+        m = re.match(r"(\S+ \S+) hang: (no rank wrote|\w[\w ]*: )", line)
+        if m:
+            key = "found" if m.group(2) == "no rank wrote" else "classified"
+            stamps[key] = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
+    return stamps["classified"] - stamps["found"]
+
+
+def hang_record(log):
+    return json.loads((log / "failure.json").read_text())["hang"]
+
+
+def test_runtime_script_each_class(tmp_path):
+    waits = line_of("ctx.allreduce(x)  # waits")
+    done = run_all(tmp_path, TROUBLE, ["spin", "stop", "skip", "desync", "mismatch"], 2)
+    for name in ("spin", "stop", "skip"):
+        code, err, log = done[name]
+        assert code == 124, (name, err)
+        assert "Traceback" not in err, err
+        assert classified_after(log) <= CLASSIFIED_WITHIN
+        assert f"rank 0 waits in allreduce #2 (trouble.py:{waits})" in err, err
+        assert "  no rank wrote to its log and no collective completed for 3s" in err
+        assert list(log.glob("hang-*/rank-1.txt")), name       # the stacks stay in LOG_DIR
+    code, err, log = done["spin"]
+    assert re.search(r"fluidctl: the job hung: slow compute: rank 1 on 127\.0\.0\.1 is busy in "
+                     rf"user code \(spin at trouble\.py:{line_of('n += 1')}, \d+% CPU", err), err
+    assert hang_record(log)["class"] == "slow compute" and hang_record(log)["ranks"] == [1]
+    code, err, log = done["stop"]
+    assert ("fluidctl: the job hung: dead peer: rank 1 on 127.0.0.1 is stopped (SIGSTOP or a "
+            "frozen cgroup); rank 0 waits in allreduce #2") in err, err
+    assert [e["state"] for e in hang_record(log)["evidence"]] == ["S", "T"]
+    code, err, log = done["skip"]
+    assert ("fluidctl: the job hung: desync: rank 1 on 127.0.0.1 never reached allreduce #2 "
+            f"(trouble.py:{waits}): is idle outside any collective (idle at "
+            f"trouble.py:{line_of('time.sleep(0.5)')}, 0% CPU)") in err, err
+    code, err, log = done["desync"]
+    assert code == 1
+    assert ("why: desync: collective #2: rank 0 called allreduce but rank 1 called broadcast; "
+            "every rank must make the same collective calls in the same order (at trouble.py:"
+            ) in err, err
+    assert json.loads((log / "failure.json").read_text())["first_failure"]["kind"] == "desync"
+    code, err, log = done["mismatch"]
+    assert code == 1
+    assert ("why: mismatch: allreduce: shape mismatch: rank 0 passed shape (4,), rank 1 shape "
+            f"(5,) (at trouble.py:{line_of('# mismatched')})") in err, err
+
+
+def test_unmodified_torch_ddp_script_desync_and_dead_peer(tmp_path):
+    pytest.importorskip("torch")
+    source = TORCH_HANG.read_text().splitlines()
+    forward = 1 + next(i for i, l in enumerate(source) if "model(x).sum().backward()" in l)
+    barrier = 1 + next(i for i, l in enumerate(source) if l == "dist.barrier()")
+    done = run_all(tmp_path, TORCH_HANG, ["uneven", "stop"], 2)
+    for name, (code, err, log) in done.items():
+        assert code == 124, (name, err)
+        assert classified_after(log) <= CLASSIFIED_WITHIN
+    code, err, log = done["uneven"]
+    assert (f"fluidctl: the job hung: desync: rank 0 waits in DDP forward (torch_hang.py:"
+            f"{forward}); rank 1 waits in barrier (torch_hang.py:{barrier}) on 127.0.0.1") in err, err
+    assert hang_record(log)["class"] == "desync" and hang_record(log)["ranks"] == [1]
+    code, err, log = done["stop"]
+    assert ("fluidctl: the job hung: dead peer: rank 1 on 127.0.0.1 is stopped (SIGSTOP or a "
+            f"frozen cgroup); rank 0 waits in DDP forward (torch_hang.py:{forward})") in err, err
