@@ -101,3 +101,25 @@ def test_unmodified_torch_ddp_script_desync_and_dead_peer(tmp_path):
     code, err, log = done["stop"]
     assert ("fluidctl: the job hung: dead peer: rank 1 on 127.0.0.1 is stopped (SIGSTOP or a "
             f"frozen cgroup); rank 0 waits in DDP forward (torch_hang.py:{forward})") in err, err
+
+
+@pytest.mark.usefixtures("openmpi")
+def test_under_mpirun_a_script_without_fluidctl_answers_the_stack_signal(tmp_path):
+    """--backend mpi without py-spy: each rank's fluidctl worker answers the stack signal into
+    the shared LOG_DIR, so a script that never imports fluidctl.runtime is classified too."""
+    script = ROOT / "tests" / "scripts" / "plain_hang.py"
+    proc = start_fluidctl("train", "--backend", "mpi", "--nproc", 2, "--hang-timeout", TIMEOUT,
+                          "--log-dir", tmp_path / "log", script, cwd=tmp_path,
+                          env={"FLUIDCTL_PYSPY": ""})
+    try:
+        _, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 124, err
+    read = 1 + next(i for i, l in enumerate(script.read_text().splitlines())
+                    if "never answers" in l)
+    assert re.search(r"fluidctl: the job hung: slow data: rank 1 on \S+ is in its data loader "
+                     rf"\(read_batch at plain_hang\.py:{read}, 0% CPU\)", err), err
+    assert hang_record(tmp_path / "log")["evidence"][1]["state"] == "S"
+    (stack,) = (tmp_path / "log").glob("hang-*/rank-1.txt")
+    assert "taken with faulthandler" in stack.read_text()
