@@ -64,7 +64,7 @@ class Evidence:
     host: str = ""
     frames: Optional[List[Frame]] = None     # main thread, innermost first; None: no stack
     why: str = ""                            # why no stack
-    state: str = ""                          # /proc state: R S D T t Z, or "exited"
+    state: str = ""                          # /proc state: R S D T t Z, exited, unreachable
     cpu: Optional[float] = None              # cores used while the stacks were taken
     count: Optional[int] = None              # collectives completed (fluidctl.runtime)
     running: Optional[float] = None          # share of state samples in R (running/runnable)
@@ -185,7 +185,8 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
                          for e in dead)
         return Verdict(DEAD_PEER, f"{DEAD_PEER}: {said}{tail}", [e.rank for e in dead])
 
-    lost = [e for e in evs if e.frames is None and "did not answer" in e.why]
+    lost = [e for e in evs if e.state == "unreachable"
+            or (e.frames is None and "did not answer" in e.why)]
     if lost:
         hosts = list(dict.fromkeys(e.host or "?" for e in lost))
         return Verdict(PARTITION, f"{PARTITION}: {rank_list([e.rank for e in lost])} on "
