@@ -316,8 +316,8 @@ class StackSampler:
                 continue
             try:
                 text = stacks.pyspy_dump(t.pid, SAMPLE_TIMEOUT, nonblocking=True)
-            except stacks.DumpUnavailable as exc:
-                self.off = "not installed" in str(exc) or "is off" in str(exc)
+            except stacks.DumpUnavailable as exc:   # missing, off or refused: for good
+                self.off = not ("took over" in str(exc) or "failed:" in str(exc))
                 continue
             frames = stacks.main_stack(stacks.parse_pyspy(text))
             seen.append((t.rank, tuple((f.func, f.file, f.line) for f in frames)))
