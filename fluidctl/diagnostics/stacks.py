@@ -237,6 +237,22 @@ def _is_user(frame: Frame) -> bool:
     return not any(part in path for part in _LIBRARY)
 
 
+# decorators and dispatch between a user's call and the function it names (torch's c10d
+# logger, nn.Module's __call__)
+_WRAPPERS = frozenset(["wrapper", "inner", "_fn", "decorate_context", "_wrapped_call_impl",
+                       "_call_impl"])
+
+
+def _called(frames: Sequence[Frame]) -> str:
+    """The library function a user's frame called (``frames``: the library frames below it,
+    innermost first), past decorators and nn.Module's dispatch."""
+    for frame in reversed(frames):
+        name = frame.func.rsplit(".", 1)[-1]
+        if name not in _WRAPPERS:
+            return name
+    return frames[-1].func.rsplit(".", 1)[-1]
+
+
 def describe(frames: Sequence[Frame]) -> str:
     """Where a stack is, for people: the innermost frame of the user's own code, and the
     library call it waits in ('wait in allreduce at train.py:88', 'in load at data.py:40')."""
@@ -245,7 +261,7 @@ def describe(frames: Sequence[Frame]) -> str:
     for i, frame in enumerate(frames):
         if _is_user(frame):
             if i > 0:           # the library call it made, e.g. Context.allreduce
-                return f"wait in {frames[i - 1].func.rsplit('.', 1)[-1]} at {frame.where}"
+                return f"wait in {_called(frames[:i])} at {frame.where}"
             return f"in {frame.func} at {frame.where}"
     return f"in {frames[0].func} at {frames[0].where}"
 
