@@ -17,6 +17,10 @@ waits in is number count + 1. ``classify`` reads them in this order:
 - stuck: every rank waits in the same collective (no rank is missing from it: the transport
   makes no progress).
 
+When every rank is busy in its own code and none waits in a collective, nobody is stuck: the
+verdict says so (``hung`` False) and the launcher keeps watching instead of stopping the job
+(a long silent step, or ranks still importing on a crowded machine).
+
 A failure the runtime raised on every rank (``CollectiveError``: its metadata agreement found
 ranks in different collectives, or different shapes/dtypes in the same one) is classed by
 ``classify_failure`` as desync or mismatch.
@@ -80,6 +84,7 @@ class Verdict:
     kind: str                                # one of the classes above
     sentence: str                            # "<kind>: ..." naming ranks, hosts, evidence
     ranks: List[int] = field(default_factory=list)   # the ranks at fault
+    hung: bool = True                        # False: every rank computes, none waits
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,9 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
     tail = f"; {_waiters(groups)}" if groups else ""
 
     dead = [e for e in evs if e.state in ("T", "t", "Z", "exited")]
+    if dead and all(e.state == "exited" for e in evs):
+        return Verdict(DEAD_PEER, "every rank has exited: the job is ending, not hung",
+                       [], hung=False)
     if dead:
         words = {"T": "is stopped (SIGSTOP or a frozen cgroup)", "t": "is stopped by a debugger",
                  "Z": "has exited (a zombie)", "exited": "has exited"}
@@ -211,6 +219,14 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
                            [e.rank for e in g])
         return None
 
+    if not groups and len(others) == len(evs) and all(places[e.rank].what == "busy"
+                                                      for e in others):
+        # nobody waits for anybody: a long silent step, or start-up on a crowded machine
+        p = places[evs[0].rank]
+        return Verdict(SLOW_COMPUTE, f"{SLOW_COMPUTE}: every rank is busy and none waits "
+                       f"({rank_list([e.rank for e in evs])}{_on(evs)}; rank {evs[0].rank} in "
+                       f"{p.name} at {p.site}{_cpu(evs[0])}): not a hang",
+                       [e.rank for e in evs], hung=False)
     for kind, what in ((SLOW_DATA, "data"), (SLOW_COMPUTE, "busy"), (DESYNC, "idle")):
         hit = [e for e in others if places[e.rank].what == what]
         if not hit:

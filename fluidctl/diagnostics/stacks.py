@@ -87,14 +87,23 @@ def pyspy_dump(pid: int, timeout: float = PYSPY_TIMEOUT, exe: Optional[str] = No
     if not exe:
         raise DumpUnavailable("py-spy is not installed (pip install 'fluidctl[debug]' or "
                               "pip install py-spy); using faulthandler instead")
-    try:
-        out = subprocess.run([exe, "dump", "--full-filenames", "--pid", str(pid)]
-                             + (["--nonblocking"] if nonblocking else []), capture_output=True,
-                             timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise DumpUnavailable(f"py-spy dump --pid {pid} took over {timeout:g}s") from None
+    argv = [exe, "dump", "--full-filenames", "--pid", str(pid)] + (
+        ["--nonblocking"] if nonblocking else [])
+    try:        # its own session: a wrapper (pyenv's shim) and py-spy are stopped together
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as exc:
         raise DumpUnavailable(f"py-spy could not run: {exc.strerror}") from None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, 9)
+        except OSError:
+            pass
+        proc.communicate()
+        raise DumpUnavailable(f"py-spy dump --pid {pid} took over {timeout:g}s") from None
+    out = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     text = out.stdout.decode("utf-8", errors="replace")
     if out.returncode == 0 and "Thread" in text:
         return text

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Hashable, List, Optional, Sequence
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from fluidctl.diagnostics import progress, triage
 from fluidctl.agentproto import ProcessEnd
@@ -286,43 +286,71 @@ class Watchdog(threading.Thread):
 
     def stop(self) -> None:
         self._halt.set()
+        getattr(self.activity, "stop", lambda: None)()     # local_activity's stack sampler
 
 
 SAMPLE_EVERY = (1.0, 0.25)  # stack samples: at least every 1 s, at most a quarter timeout
 SAMPLE_TIMEOUT = 5.0        # the most one py-spy sample may take
+CPU_MOVED = 0.05            # a rank that used this share of a core since its last sample
+                            # computes (a rank blocked in a collective uses ~0.01)
 
 
 class StackSampler:
     """Progress of ranks that report none (no fluidctl.runtime, or not yet in ``init()``):
-    every ``every`` seconds a py-spy sample of each such rank's main thread, without pausing
-    it; a stack that changed is progress (a rank waiting in a collective or a data loader
-    shows the same stack sample after sample). Without py-spy there is nothing to sample and
-    only logs and counters count."""
+    a thread of its own takes, every ``every`` seconds, a py-spy sample of each such rank's
+    main thread, without pausing it; a stack that changed is progress (a rank waiting in a
+    collective or a data loader shows the same stack sample after sample), and so is CPU
+    time used since the last sample (CPU_MOVED of a core): a healthy loop that spends most
+    of its time in a collective may be sampled in it every time, but it computes between.
+    (So a torch rank that computes forever while the others wait keeps such a job active:
+    scripts on fluidctl.runtime have their counters for that.) The watchdog
+    reads the latest samples and never waits for py-spy. Without py-spy there is nothing to
+    sample and only logs and counters count."""
 
     def __init__(self, targets: Callable[[], List[Target]], every: float):
         self.targets, self.every = targets, every
-        self.last = -every
         self.seen: Hashable = ()
-        self.off = False
+        self.counted: frozenset = frozenset()
+        self._halt = threading.Event()
+        self._thread: Optional[threading.Thread] = None
 
     def __call__(self, counted) -> Hashable:
-        now = time.monotonic()
-        if self.off or now - self.last < self.every:
-            return self.seen
-        from fluidctl.diagnostics import stacks
-        self.last, seen = now, []
-        for t in self.targets():
-            if t.rank in counted:
-                continue
-            try:
-                text = stacks.pyspy_dump(t.pid, SAMPLE_TIMEOUT, nonblocking=True)
-            except stacks.DumpUnavailable as exc:   # missing, off or refused: for good
-                self.off = not ("took over" in str(exc) or "failed:" in str(exc))
-                continue
-            frames = stacks.main_stack(stacks.parse_pyspy(text))
-            seen.append((t.rank, tuple((f.func, f.file, f.line) for f in frames)))
-        self.seen = tuple(seen)
+        self.counted = frozenset(counted)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="fluidctl-stack-samples",
+                                            daemon=True)
+            self._thread.start()
         return self.seen
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def _run(self) -> None:
+        from fluidctl.diagnostics import stacks
+        cpu: Dict[int, Tuple[float, float]] = {}        # rank -> (when, CPU seconds) sampled
+        n = 0
+        while not self._halt.is_set():
+            seen, n = [], n + 1
+            for t in self.targets():
+                if t.rank in self.counted or self._halt.is_set():
+                    continue
+                state, now = stacks.proc_state(t.pid), time.monotonic()
+                if state is not None:
+                    was = cpu.get(t.rank)
+                    cpu[t.rank] = (now, state[1])
+                    if was and state[1] - was[1] >= CPU_MOVED * (now - was[0]):
+                        seen.append((t.rank, n))       # it computes: progress, whatever
+                        continue                       # its stack (a loop mostly in a wait)
+                try:
+                    text = stacks.pyspy_dump(t.pid, SAMPLE_TIMEOUT, nonblocking=True)
+                except stacks.DumpUnavailable as exc:   # missing, off or refused: for good
+                    if not ("took over" in str(exc) or "failed:" in str(exc)):
+                        return
+                    continue
+                frames = stacks.main_stack(stacks.parse_pyspy(text))
+                seen.append((t.rank, tuple((f.func, f.file, f.line) for f in frames)))
+            self.seen = tuple(seen)
+            self._halt.wait(self.every)
 
 
 def local_activity(logs: Sequence[str], diag: DiagDir,
@@ -337,6 +365,7 @@ def local_activity(logs: Sequence[str], diag: DiagDir,
         counts = progress.read_all(diag)
         samples = sampler(counts) if sampler else ()
         return tuple(sizes), tuple(sorted(counts.items())), samples
+    activity.stop = sampler.stop if sampler else (lambda: None)      # type: ignore[attr-defined]
     return activity
 
 

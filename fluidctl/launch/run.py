@@ -187,11 +187,13 @@ class _Watch:
         self._hung_at = threading.Event()      # a hang was found: the job ends as one
         self._hang_taken = threading.Event()   # ... and its report is written
         self._previous = None
+        self._activity = None
 
     def start(self) -> None:
         from fluidctl.diagnostics import watch as diagnose
         if self.d.hang_timeout:
             activity = self.d.activity(self.logs, self.supervisor.handles)
+            self._activity = activity
             self.dog = diagnose.Watchdog(self.d.hang_timeout, activity,
                                          self._hung)
             self.dog.start()
@@ -223,7 +225,7 @@ class _Watch:
         elif why:
             header, first = f"{header}: {why}", []
         where = None
-        if self.d.log_root is not None:
+        if self.d.log_root is not None and (verdict is None or verdict.hung):
             where = diagnose.write_dump(self.d.log_root, dump, header, kind, hosts, first)
         return dump, where, verdict, header, first
 
@@ -254,6 +256,8 @@ class _Watch:
                 header = f"{header}: {why}"
                 notes = [f"the stacks could not be taken: {type(exc).__name__}: {exc}"]
                 self.launch_log(f"hang: {notes[0]}")
+            if verdict is not None and not verdict.hung and self._watch_on(verdict):
+                return
             self.hang = {"why": why, "dir": str(where) if where else None,
                          "class": verdict.kind if verdict else None,
                          "sentence": verdict.sentence if verdict else None,
@@ -268,9 +272,23 @@ class _Watch:
                 self.launch_log(f"hang report failed: {type(exc).__name__}: {exc}")
             except Exception:
                 pass
-        finally:
-            self._hang_taken.set()
-            self.supervisor.abort(diagnose.HANG_EXIT, f"hung ({why})")
+        self._hang_taken.set()
+        self.supervisor.abort(diagnose.HANG_EXIT, f"hung ({why})")
+
+    def _watch_on(self, verdict) -> bool:
+        """No rank waits for another (every one computes): not a hang. Watch on with a fresh
+        watchdog, unless the job is ending (then the hang it was found to be stands)."""
+        from fluidctl.diagnostics import watch as diagnose
+        if self._done.is_set():
+            return False
+        self.launch_log(f"no progress for {self.d.hang_timeout:g}s, but {verdict.sentence}; "
+                        "watching on")
+        self._hung_at.clear()
+        taken, self._hang_taken = self._hang_taken, threading.Event()
+        taken.set()             # a settle() waiting for a report: there is none, no hang
+        self.dog = diagnose.Watchdog(self.d.hang_timeout, self._activity, self._hung)
+        self.dog.start()
+        return True
 
     def settle(self, result: RunResult) -> RunResult:
         """A hang found ends as a hang (exit 124, its report), whatever the ranks did after
@@ -279,6 +297,8 @@ class _Watch:
         if not self._hung_at.is_set() or result.exit_code == diagnose.HANG_EXIT:
             return result
         self._hang_taken.wait(diagnose.HANG_REPORT_TIMEOUT)
+        if not self._hung_at.is_set():          # every rank was busy: no hang after all
+            return result
         why = self._why()
         self.launch_log(f"the job ended while its hang was being reported; it hung ({why})")
         import dataclasses

@@ -12,6 +12,7 @@ stop      rank 1 stops itself (SIGSTOP); the others wait
 skip      rank 1 skips the allreduce the others wait in and idles
 desync    rank 1 calls broadcast where the others call allreduce
 mismatch  rank 1 passes 5 elements where the others pass 4
+compute   no fault: every rank computes for 10 s without a word or a collective, then ends
 """
 import os
 import signal
@@ -87,3 +88,7 @@ elif scenario == "desync":
     ctx.allreduce(x)
 elif scenario == "mismatch":
     ctx.allreduce(np.ones(5 if ctx.rank == 1 else 4, np.float32))  # mismatched
+elif scenario == "compute":
+    end = time.monotonic() + 10
+    while time.monotonic() < end:         # a long silent step on every rank
+        pass

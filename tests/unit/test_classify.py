@@ -78,3 +78,13 @@ def test_collective_errors_are_desync_or_mismatch():
                          "rank 2 passed float64")
     assert v.kind == "mismatch" and v.ranks == [0, 2]
     assert classify_failure("ValueError", "shape mismatch") is None
+
+
+def test_every_rank_busy_and_none_waiting_is_not_a_hang():
+    """Ranks still importing on a crowded machine, or a long silent step: nobody is stuck."""
+    start = [Frame("_find_and_load", "<frozen importlib._bootstrap>", 1176),
+             Frame("<module>", "/job/train.py", 3)]
+    v = classify([Evidence(r, "n", start, state="R", cpu=0.1, running=0.8) for r in range(3)])
+    assert v.kind == "slow compute" and not v.hung
+    assert v.sentence.endswith("not a hang")
+    assert classify([waiting(0), Evidence(1, "n", start, state="R", cpu=0.9)]).hung
