@@ -263,3 +263,25 @@ def classify_failure(exc_type: str, message: str, where: str = "") -> Optional[V
     if any(t in message for t in _MISMATCH_TEXT):
         return Verdict(MISMATCH, f"{MISMATCH}: {message}{at}", ranks)
     return None
+
+
+def _shape(frames: Optional[Sequence[Frame]]) -> Tuple:
+    """A stack as compared between two looks: every frame's function and file, every line but
+    the innermost (a loop is sampled on one line or the next)."""
+    if not frames:
+        return ()
+    return tuple((f.func, f.file) for f in frames) + tuple(f.line for f in frames[1:])
+
+
+def still_busy(verdict: Verdict, first: Dict[int, Optional[List[Frame]]],
+               second: Dict[int, Optional[List[Frame]]]) -> Verdict:
+    """A slow-compute verdict checked against a second look at the stacks: a busy rank whose
+    stack moved meanwhile works its way forward (it imports, it starts up), so the job is not
+    hung (yet); one that stayed put is the slow rank."""
+    if verdict.kind != SLOW_COMPUTE or not verdict.hung:
+        return verdict
+    moved = [r for r in verdict.ranks if _shape(first.get(r)) != _shape(second.get(r))]
+    if not moved:
+        return verdict
+    return Verdict(SLOW_COMPUTE, f"{verdict.sentence}; but the stack of {rank_list(moved)} "
+                   "moved between two looks: not a hang", verdict.ranks, hung=False)

@@ -219,6 +219,9 @@ class _Watch:
         dump = self.d.stacks(handles)
         hosts = self.d.hosts(handles)
         verdict = dump.verdict(hosts) if kind == "hang" else None
+        if verdict is not None and verdict.kind == "slow compute" and verdict.hung:
+            from fluidctl.diagnostics.classify import still_busy   # a second look
+            verdict = still_busy(verdict, dump.frames, self.d.stacks(handles).frames)
         first = [why] if why else []
         if verdict is not None:
             header = f"fluidctl: the job hung: {verdict.sentence}"

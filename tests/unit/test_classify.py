@@ -88,3 +88,14 @@ def test_every_rank_busy_and_none_waiting_is_not_a_hang():
     assert v.kind == "slow compute" and not v.hung
     assert v.sentence.endswith("not a hang")
     assert classify([waiting(0), Evidence(1, "n", start, state="R", cpu=0.9)]).hung
+
+
+def test_a_busy_rank_whose_stack_moves_is_not_stuck():
+    from fluidctl.diagnostics.classify import still_busy
+    spin = [Frame("step", "/job/train.py", 12), Frame("<module>", "/job/train.py", 28)]
+    v = classify([waiting(0), Evidence(1, "n", spin, state="R", cpu=0.9, running=1.0)])
+    next_line = [Frame("step", "/job/train.py", 13)] + spin[1:]
+    assert still_busy(v, {1: spin}, {1: next_line}).hung          # the same loop
+    importing = [Frame("<module>", "/lib/numpy/core/__init__.py", 5)] + spin
+    later = still_busy(v, {1: spin}, {1: importing})
+    assert not later.hung and later.sentence.endswith("moved between two looks: not a hang")
