@@ -88,7 +88,7 @@ def _disk_full(path: str) -> str:
 def print_hang(lines: List[str], where) -> None:
     """The hang autopsy: why, then one line per group of ranks with the same stack."""
     err = console(stderr=True)
-    err.print(f"[bold red]{lines[0]}[/]", markup=True)
+    err.print(f"[bold red]{lines[0]}[/]", markup=True, soft_wrap=True)   # one line: the sentence
     for line in lines[1:]:
         err.print(f"  {line}", markup=False)
     if where is not None:

@@ -79,6 +79,7 @@ class RemoteAgent:
         self._tail = deque(maxlen=20)
         self._lost = ""
         self.progress = 0                       # collectives completed on the node (beats)
+        self.heard = time.monotonic()           # when the agent last said anything
         self.ends: Optional[List[ProcessEnd]] = None    # the node's processes' final states
         self.ends_came = threading.Event()
         self._stacks: Optional[dict] = None
@@ -177,6 +178,7 @@ class RemoteAgent:
         self.proc.close()
 
     def _line(self, stream: str, line: str) -> None:
+        self.heard = time.monotonic()
         parsed = parse_line(line) if stream == "stdout" else None
         if parsed is None:
             self._tail.append(line)
@@ -467,6 +469,8 @@ class SSHLauncher(BaseLauncher):
 
 
 STACKS_TIMEOUT = 60.0       # how long the launcher waits for a node's stacks
+SILENT = 5.0                # an agent quiet this long (it beats every 2 s) is cut off ...
+SILENT_WAIT = 5.0           # ... once this long after the stacks were asked for
 ENDS_WAIT = 5.0             # how long a failed job's report waits for the agents' last records
 
 
@@ -481,15 +485,31 @@ class AgentDiagnostics(Diagnostics):
         return list(getattr(self.launcher, "running", []))
 
     def stacks(self, handles) -> StackDump:
+        """Every node's ranks' stacks, asked of all agents at once. An agent that has not
+        answered SILENT_WAIT seconds later and said nothing (not even its heartbeat) for
+        SILENT seconds is cut off (its link or its node); the others get STACKS_TIMEOUT. The
+        ranks of a node that did not answer are named unreachable (a partition)."""
         dump = StackDump()
         agents = [h for h in handles if h.poll() is None]
+        asked = time.monotonic()
         for agent in agents:
             agent.ask_stacks()
         for agent in agents:
-            record = agent.stacks(STACKS_TIMEOUT)
+            record = agent.stacks(max(0.0, asked + SILENT_WAIT - time.monotonic()))
+            silent = time.monotonic() - agent.heard
+            if record is None and silent < SILENT:      # alive (it beats), only slow
+                record = agent.stacks(max(0.0, asked + STACKS_TIMEOUT - time.monotonic()))
+                silent = time.monotonic() - agent.heard
             if record is None:
-                dump.notes.append(f"node {agent.host}: no stacks within "
-                                  f"{STACKS_TIMEOUT:g}s")
+                why = (f"its node ({agent.host}) did not answer: nothing came from it for "
+                       f"{silent:.0f}s" if silent >= SILENT else
+                       f"its node ({agent.host}) did not answer within {STACKS_TIMEOUT:g}s")
+                dump.notes.append(f"node {agent.host}: no stacks ({why})")
+                for tag in agent.copies:
+                    if tag.startswith("trainer "):
+                        rank = int(tag.split()[1])
+                        dump.why[rank], dump.frames[rank] = why, None
+                        dump.state[rank] = "unreachable"
                 continue
             dump.merge(StackDump.from_json(record))
         return dump
@@ -498,7 +518,8 @@ class AgentDiagnostics(Diagnostics):
         return {int(tag.split()[1]): agent.host for agent in handles
                 for tag in agent.copies if tag.startswith("trainer ")}
 
-    def activity(self, logs):
+    def activity(self, logs, handles=None):
+        """Log sizes and the agents' counters (the ranks are on the nodes: no samples)."""
         sizes = local_activity(logs, self.diag)
         return lambda: (sizes(), tuple(a.progress for a in self.agents()))
 

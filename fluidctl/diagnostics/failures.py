@@ -75,6 +75,8 @@ class FailureKind(str, Enum):
     SIGNAL = "signal"
     EXIT = "exit"
     HANG = "hang"
+    DESYNC = "desync"           # ranks in different collectives (the runtime's agreement)
+    MISMATCH = "mismatch"       # shapes, dtypes, ops or roots differ in one collective
     REFUSED = "refused"         # Slurm refused to start the step
     CANCELLED = "cancelled"     # cancelled from outside (scancel): never restarted
 

@@ -63,6 +63,7 @@ class SharedDirDiagnostics(Diagnostics):
             else:
                 node = registered[rank][0]
                 dump.why[rank] = f"its node ({node}) did not answer"
+                dump.state[rank] = "unreachable"
                 note = f"node {node}: no stacks ({said})"
                 if node not in answered and note not in dump.notes:
                     dump.notes.append(note)

@@ -76,8 +76,10 @@ def ptrace_scope() -> Optional[int]:
         return None
 
 
-def pyspy_dump(pid: int, timeout: float = PYSPY_TIMEOUT, exe: Optional[str] = None) -> str:
-    """``py-spy dump`` of one process, or DumpUnavailable saying why not."""
+def pyspy_dump(pid: int, timeout: float = PYSPY_TIMEOUT, exe: Optional[str] = None,
+               nonblocking: bool = False) -> str:
+    """``py-spy dump`` of one process, or DumpUnavailable saying why not; ``nonblocking``:
+    without pausing it (a sample for the hang watchdog)."""
     exe = exe or pyspy_path()
     if not exe and os.environ.get(PYSPY) == "":
         raise DumpUnavailable("py-spy is off (FLUIDCTL_PYSPY is empty); using faulthandler "
@@ -85,13 +87,23 @@ def pyspy_dump(pid: int, timeout: float = PYSPY_TIMEOUT, exe: Optional[str] = No
     if not exe:
         raise DumpUnavailable("py-spy is not installed (pip install 'fluidctl[debug]' or "
                               "pip install py-spy); using faulthandler instead")
-    try:
-        out = subprocess.run([exe, "dump", "--full-filenames", "--pid", str(pid)], capture_output=True,
-                             timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise DumpUnavailable(f"py-spy dump --pid {pid} took over {timeout:g}s") from None
+    argv = [exe, "dump", "--full-filenames", "--pid", str(pid)] + (
+        ["--nonblocking"] if nonblocking else [])
+    try:        # its own session: a wrapper (pyenv's shim) and py-spy are stopped together
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as exc:
         raise DumpUnavailable(f"py-spy could not run: {exc.strerror}") from None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, 9)
+        except OSError:
+            pass
+        proc.communicate()
+        raise DumpUnavailable(f"py-spy dump --pid {pid} took over {timeout:g}s") from None
+    out = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     text = out.stdout.decode("utf-8", errors="replace")
     if out.returncode == 0 and "Thread" in text:
         return text
@@ -108,16 +120,27 @@ def pyspy_dump(pid: int, timeout: float = PYSPY_TIMEOUT, exe: Optional[str] = No
     raise DumpUnavailable(f"py-spy dump --pid {pid} failed: {last}")
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_state(pid: int) -> Optional[Tuple[str, float]]:
+    """(state letter, CPU seconds used so far: user + system, every thread) of ``pid`` from
+    /proc/PID/stat; None when it is gone or cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        end = stat.rindex(b")")
+        fields = stat[end + 2:].split()
+        return fields[0].decode(), (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def stopped(pid: int) -> Optional[str]:
     """Why ``pid`` cannot answer right now, if it is stopped (SIGSTOP, Ctrl-Z, a debugger):
     its stack signal would wait until it resumes, and py-spy may block on it. None when it
     runs (or its state cannot be read)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        state = stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3].decode()
-    except (OSError, ValueError):
-        return None
+    state = (proc_state(pid) or ("?", 0.0))[0]
     if state == "T":
         return f"pid {pid} is stopped (SIGSTOP or Ctrl-Z; kill -CONT {pid} resumes it)"
     if state == "t":
@@ -160,7 +183,7 @@ def faulthandler_dump(pid: int, stack_file: Path, timeout: float = 5.0) -> str:
 
 # --- reading stacks --------------------------------------------------------------------------
 
-_PYSPY_THREAD = re.compile(r'^Thread (\S+) \((\w+)\)(?:: "(.*)")?')
+_PYSPY_THREAD = re.compile(r'^Thread (\S+) \(([\w+]+)\)(?:: "(.*)")?')   # (idle), (active+gil)
 _PYSPY_FRAME = re.compile(r"^\s+(\S.*?) \((.+):(\d+)\)\s*$")
 _FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
 _FH_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')
@@ -223,6 +246,22 @@ def _is_user(frame: Frame) -> bool:
     return not any(part in path for part in _LIBRARY)
 
 
+# decorators and dispatch between a user's call and the function it names (torch's c10d
+# logger, nn.Module's __call__)
+_WRAPPERS = frozenset(["wrapper", "inner", "_fn", "decorate_context", "_wrapped_call_impl",
+                       "_call_impl"])
+
+
+def _called(frames: Sequence[Frame]) -> str:
+    """The library function a user's frame called (``frames``: the library frames below it,
+    innermost first), past decorators and nn.Module's dispatch."""
+    for frame in reversed(frames):
+        name = frame.func.rsplit(".", 1)[-1]
+        if name not in _WRAPPERS:
+            return name
+    return frames[-1].func.rsplit(".", 1)[-1]
+
+
 def describe(frames: Sequence[Frame]) -> str:
     """Where a stack is, for people: the innermost frame of the user's own code, and the
     library call it waits in ('wait in allreduce at train.py:88', 'in load at data.py:40')."""
@@ -231,7 +270,7 @@ def describe(frames: Sequence[Frame]) -> str:
     for i, frame in enumerate(frames):
         if _is_user(frame):
             if i > 0:           # the library call it made, e.g. Context.allreduce
-                return f"wait in {frames[i - 1].func.rsplit('.', 1)[-1]} at {frame.where}"
+                return f"wait in {_called(frames[:i])} at {frame.where}"
             return f"in {frame.func} at {frame.where}"
     return f"in {frames[0].func} at {frames[0].where}"
 

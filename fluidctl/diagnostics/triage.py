@@ -227,6 +227,7 @@ class PyException:
     type: str
     message: str
     where: str = ""         # innermost "file:line" of the traceback
+    user_where: str = ""    # innermost "file:line" of the script's own code
 
     def __str__(self) -> str:
         text = f"{self.type}: {self.message}" if self.message else self.type
@@ -246,17 +247,20 @@ def python_exception(lines: Sequence[str]) -> Optional[PyException]:
             break
     if start is None:
         return _compile_error(lines)
-    where = ""
+    from fluidctl.diagnostics.stacks import Frame, _is_user
+    where = user_where = ""
     for line in lines[start + 1:]:
         frame = _FRAME.match(line)
         if frame:
             where = f"{os.path.basename(frame.group(1))}:{frame.group(2)}"
+            if _is_user(Frame("", frame.group(1), int(frame.group(2)))):
+                user_where = where
             continue
         if line.startswith((" ", "\t")) or not line.strip():
             continue
         m = _EXC_LINE.match(line.strip())
         if m and (m.group(2) is not None or m.group(1)[:1].isupper()):
-            return PyException(m.group(1), (m.group(2) or "").strip(), where)
+            return PyException(m.group(1), (m.group(2) or "").strip(), where, user_where)
         return None
     return None
 
@@ -315,6 +319,10 @@ def explain(returncode: int, tail: Sequence[str], *, pid: Optional[int] = None,
         return Explanation(FailureKind.NCCL,
                            f"NCCL error {nccl}" + (f"; raised as {exc}" if exc else ""))
     if exc:
+        from fluidctl.diagnostics.classify import classify_failure
+        verdict = classify_failure(exc.type, exc.message, exc.user_where or exc.where)
+        if verdict is not None:
+            return Explanation(FailureKind(verdict.kind), verdict.sentence)
         return Explanation(FailureKind.EXCEPTION, str(exc))
     if sig:
         return Explanation(FailureKind.SIGNAL, explain_signal(sig))

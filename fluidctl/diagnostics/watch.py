@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Hashable, List, Optional, Sequence
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from fluidctl.diagnostics import progress, triage
 from fluidctl.agentproto import ProcessEnd
@@ -93,22 +93,30 @@ class StackDump:
     why: Dict[int, str] = field(default_factory=dict)          # rank -> why no stack
     method: Dict[int, str] = field(default_factory=dict)       # rank -> py-spy | faulthandler
     notes: List[str] = field(default_factory=list)             # e.g. "py-spy is not installed"
+    state: Dict[int, str] = field(default_factory=dict)        # rank -> /proc state | exited
+    cpu: Dict[int, float] = field(default_factory=dict)        # rank -> cores while taken
+    count: Dict[int, int] = field(default_factory=dict)        # rank -> collectives completed
+    running: Dict[int, float] = field(default_factory=dict)    # rank -> share of samples in R
+
+    EVIDENCE = ("state", "cpu", "count", "running")
 
     def merge(self, other: "StackDump") -> None:
-        for name in ("texts", "frames", "why", "method"):
+        for name in ("texts", "frames", "why", "method") + self.EVIDENCE:
             getattr(self, name).update(getattr(other, name))
         self.notes += [n for n in other.notes if n not in self.notes]
 
     def to_json(self) -> dict:
         return {"texts": self.texts, "why": self.why, "method": self.method,
-                "notes": self.notes}
+                "notes": self.notes, **{name: getattr(self, name) for name in self.EVIDENCE}}
 
     @classmethod
     def from_json(cls, data: dict) -> "StackDump":
         dump = cls(texts={int(k): v for k, v in data["texts"].items()},
                    why={int(k): v for k, v in data["why"].items()},
                    method={int(k): v for k, v in data["method"].items()},
-                   notes=list(data["notes"]))
+                   notes=list(data["notes"]),
+                   **{name: {int(k): v for k, v in data.get(name, {}).items()}
+                      for name in cls.EVIDENCE})
         from fluidctl.diagnostics import stacks
         for rank, text in dump.texts.items():
             parse = (stacks.parse_pyspy if dump.method.get(rank) == "py-spy"
@@ -122,8 +130,24 @@ class StackDump:
         from fluidctl.diagnostics import stacks
         return stacks.summary(self.frames, self.why)
 
+    def evidence(self, hosts: Optional[Dict[int, str]] = None) -> list:
+        """Every rank's ``classify.Evidence``."""
+        from fluidctl.diagnostics.classify import Evidence
+        hosts = hosts or {}
+        return [Evidence(rank, hosts.get(rank, ""), self.frames.get(rank), self.why.get(rank, ""),
+                         self.state.get(rank, ""), self.cpu.get(rank), self.count.get(rank),
+                         self.running.get(rank))
+                for rank in sorted(set(self.frames) | set(self.why))]
+
+    def verdict(self, hosts: Optional[Dict[int, str]] = None):
+        """The hang's class and sentence (``classify.Verdict``), or None."""
+        from fluidctl.diagnostics.classify import classify
+        return classify(self.evidence(hosts))
+
 
 STACKS_DEADLINE = 30.0      # the most one round of stacks takes: late ranks are named instead
+CPU_WINDOW = 0.5            # the least time over which a rank's CPU use is measured
+STATE_SAMPLES = 10          # samples of each rank's process state over that time
 
 
 def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
@@ -155,6 +179,11 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
         dump.notes.append("no rank of this job can be reached for its stack (the mpi and slurm "
                           "backends start their ranks themselves)")
         return dump
+    if diag is not None:
+        counts = progress.read_all(diag)
+        dump.count.update({t.rank: counts[t.rank] for t in targets if t.rank in counts})
+    before = {t.rank: stacks.proc_state(t.pid) for t in targets}
+    started = time.monotonic()
     pool = ThreadPoolExecutor(min(8, len(targets)))
     try:
         futures = [pool.submit(one, t) for t in targets]
@@ -177,11 +206,33 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
             dump.frames[t.rank] = stacks.main_stack(parse(text))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+    # CPU use over the time the stacks took, and how often each rank was running or
+    # runnable (state R: a busy rank on a crowded machine gets little CPU but is always R),
+    # sampled over at least CPU_WINDOW: a measurement, not a wait for anything
+    gap = max(0.02, (CPU_WINDOW - (time.monotonic() - started)) / STATE_SAMPLES)
+    states: Dict[int, List[str]] = {t.rank: [] for t in targets}
+    for _ in range(STATE_SAMPLES):
+        for t in targets:
+            now = stacks.proc_state(t.pid)
+            if now is not None:
+                states[t.rank].append(now[0])
+        time.sleep(gap)
+    elapsed = time.monotonic() - started
+    for t in targets:
+        first, now = before[t.rank], stacks.proc_state(t.pid)
+        if first is None or now is None:
+            dump.state[t.rank] = "exited"
+            dump.why.setdefault(t.rank, f"pid {t.pid} has exited")
+            continue
+        dump.state[t.rank] = first[0] if first[0] in "TtZ" else now[0]
+        dump.cpu[t.rank] = round(max(0.0, now[1] - first[1]) / elapsed, 2)
+        seen = states[t.rank]
+        dump.running[t.rank] = round(seen.count("R") / len(seen), 2) if seen else 0.0
     return dump
 
 
 def write_dump(root: Path, dump: StackDump, header: str, kind: str = "hang",
-               hosts: Optional[Dict[int, str]] = None) -> Path:
+               hosts: Optional[Dict[int, str]] = None, first: Sequence[str] = ()) -> Path:
     """LOG_DIR/<kind>-<time>/: rank-N.txt (every thread's stack) and summary.txt; written to
     a temporary name and renamed into place."""
     final = hang_dir(root, time.time(), kind)
@@ -197,7 +248,8 @@ def write_dump(root: Path, dump: StackDump, header: str, kind: str = "hang",
         method = dump.method.get(rank, "-")
         (tmp / f"rank-{rank}.txt").write_text(f"# rank {rank}{where}, taken with {method}\n"
                                               + body)
-    lines = [header] + [f"  {l}" for l in dump.summary()] + [f"  note: {n}" for n in dump.notes]
+    lines = ([header] + [f"  {l}" for l in first] + [f"  {l}" for l in dump.summary()]
+             + [f"  note: {n}" for n in dump.notes])
     (tmp / "summary.txt").write_text("\n".join(lines) + "\n")
     os.replace(tmp, final)
     return final
@@ -234,9 +286,75 @@ class Watchdog(threading.Thread):
 
     def stop(self) -> None:
         self._halt.set()
+        getattr(self.activity, "stop", lambda: None)()     # local_activity's stack sampler
 
 
-def local_activity(logs: Sequence[str], diag: DiagDir) -> Callable[[], Hashable]:
+SAMPLE_EVERY = (1.0, 0.25)  # stack samples: at least every 1 s, at most a quarter timeout
+SAMPLE_TIMEOUT = 5.0        # the most one py-spy sample may take
+CPU_MOVED = 0.05            # a rank that used this share of a core since its last sample
+                            # computes (a rank blocked in a collective uses ~0.01)
+
+
+class StackSampler:
+    """Progress of ranks that report none (no fluidctl.runtime, or not yet in ``init()``):
+    a thread of its own takes, every ``every`` seconds, a py-spy sample of each such rank's
+    main thread, without pausing it; a stack that changed is progress (a rank waiting in a
+    collective or a data loader shows the same stack sample after sample), and so is CPU
+    time used since the last sample (CPU_MOVED of a core): a healthy loop that spends most
+    of its time in a collective may be sampled in it every time, but it computes between.
+    (So a torch rank that computes forever while the others wait keeps such a job active:
+    scripts on fluidctl.runtime have their counters for that.) The watchdog
+    reads the latest samples and never waits for py-spy. Without py-spy there is nothing to
+    sample and only logs and counters count."""
+
+    def __init__(self, targets: Callable[[], List[Target]], every: float):
+        self.targets, self.every = targets, every
+        self.seen: Hashable = ()
+        self.counted: frozenset = frozenset()
+        self._halt = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def __call__(self, counted) -> Hashable:
+        self.counted = frozenset(counted)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="fluidctl-stack-samples",
+                                            daemon=True)
+            self._thread.start()
+        return self.seen
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def _run(self) -> None:
+        from fluidctl.diagnostics import stacks
+        cpu: Dict[int, Tuple[float, float]] = {}        # rank -> (when, CPU seconds) sampled
+        n = 0
+        while not self._halt.is_set():
+            seen, n = [], n + 1
+            for t in self.targets():
+                if t.rank in self.counted or self._halt.is_set():
+                    continue
+                state, now = stacks.proc_state(t.pid), time.monotonic()
+                if state is not None:
+                    was = cpu.get(t.rank)
+                    cpu[t.rank] = (now, state[1])
+                    if was and state[1] - was[1] >= CPU_MOVED * (now - was[0]):
+                        seen.append((t.rank, n))       # it computes: progress, whatever
+                        continue                       # its stack (a loop mostly in a wait)
+                try:
+                    text = stacks.pyspy_dump(t.pid, SAMPLE_TIMEOUT, nonblocking=True)
+                except stacks.DumpUnavailable as exc:   # missing, off or refused: for good
+                    if not ("took over" in str(exc) or "failed:" in str(exc)):
+                        return
+                    continue
+                frames = stacks.main_stack(stacks.parse_pyspy(text))
+                seen.append((t.rank, tuple((f.func, f.file, f.line) for f in frames)))
+            self.seen = tuple(seen)
+            self._halt.wait(self.every)
+
+
+def local_activity(logs: Sequence[str], diag: DiagDir,
+                   sampler: Optional[StackSampler] = None) -> Callable[[], Hashable]:
     def activity():
         sizes = []
         for log in logs:
@@ -244,7 +362,10 @@ def local_activity(logs: Sequence[str], diag: DiagDir) -> Callable[[], Hashable]
                 sizes.append(os.stat(log).st_size)
             except OSError:
                 sizes.append(-1)
-        return tuple(sizes), tuple(sorted(progress.read_all(diag).items()))
+        counts = progress.read_all(diag)
+        samples = sampler(counts) if sampler else ()
+        return tuple(sizes), tuple(sorted(counts.items())), samples
+    activity.stop = sampler.stop if sampler else (lambda: None)      # type: ignore[attr-defined]
     return activity
 
 
@@ -282,13 +403,27 @@ class Diagnostics:
                 if getattr(h, "rank", None) is not None and h.pid and h.poll() is None]
 
     def stacks(self, handles) -> StackDump:
-        return take_stacks(self.targets(handles), self.diag)
+        """Every live rank's stack; a rank whose process ended meanwhile is named as such
+        (it may be the peer the others wait for)."""
+        dump = take_stacks(self.targets(handles), self.diag)
+        for h in handles:
+            rank, code = getattr(h, "rank", None), h.poll() if h.pid else None
+            if rank is not None and code is not None and rank not in dump.frames:
+                dump.why[rank], dump.frames[rank] = f"exited with code {code}", None
+                dump.state[rank] = "exited"
+        return dump
 
     def hosts(self, handles) -> Dict[int, str]:
-        return {t.rank: t.host for t in self.targets(handles)}
+        return {h.rank: h.host for h in handles if getattr(h, "rank", None) is not None}
 
-    def activity(self, logs: Sequence[str]) -> Callable[[], Hashable]:
-        return local_activity(logs, self.diag)
+    def activity(self, logs: Sequence[str], handles=None) -> Callable[[], Hashable]:
+        """What the hang watchdog compares: log sizes, progress counters, and (given the
+        supervisor's ``handles`` callable) stack samples of the ranks without a counter."""
+        sampler = None
+        if handles is not None and self.hang_timeout:
+            every = max(SAMPLE_EVERY[0], self.hang_timeout * SAMPLE_EVERY[1])
+            sampler = StackSampler(lambda: self.targets(handles()), every)
+        return local_activity(logs, self.diag, sampler)
 
     def progress(self) -> int:
         """Collectives completed by this node's ranks (the agent's heartbeat carries it)."""

@@ -187,11 +187,14 @@ class _Watch:
         self._hung_at = threading.Event()      # a hang was found: the job ends as one
         self._hang_taken = threading.Event()   # ... and its report is written
         self._previous = None
+        self._activity = None
 
     def start(self) -> None:
         from fluidctl.diagnostics import watch as diagnose
         if self.d.hang_timeout:
-            self.dog = diagnose.Watchdog(self.d.hang_timeout, self.d.activity(self.logs),
+            activity = self.d.activity(self.logs, self.supervisor.handles)
+            self._activity = activity
+            self.dog = diagnose.Watchdog(self.d.hang_timeout, activity,
                                          self._hung)
             self.dog.start()
         if self.d.log_root is not None:
@@ -208,15 +211,26 @@ class _Watch:
                                  daemon=True).start()
                 diagnose.write_job_state(self.d.log_root)
 
-    def _dump(self, kind: str, header: str):
+    def _dump(self, kind: str, header: str, why: str = ""):
+        """Every rank's stack into LOG_DIR/<kind>-<time>/; for a hang, its class first
+        (``classify``): the header becomes the sentence, ``why`` the line after it."""
         from fluidctl.diagnostics import watch as diagnose
         handles = self.supervisor.handles()
         dump = self.d.stacks(handles)
+        hosts = self.d.hosts(handles)
+        verdict = dump.verdict(hosts) if kind == "hang" else None
+        if verdict is not None and verdict.kind == "slow compute" and verdict.hung:
+            from fluidctl.diagnostics.classify import still_busy   # a second look
+            verdict = still_busy(verdict, dump.frames, self.d.stacks(handles).frames)
+        first = [why] if why else []
+        if verdict is not None:
+            header = f"fluidctl: the job hung: {verdict.sentence}"
+        elif why:
+            header, first = f"{header}: {why}", []
         where = None
-        if self.d.log_root is not None:
-            where = diagnose.write_dump(self.d.log_root, dump, header, kind,
-                                        self.d.hosts(handles))
-        return dump, where
+        if self.d.log_root is not None and (verdict is None or verdict.hung):
+            where = diagnose.write_dump(self.d.log_root, dump, header, kind, hosts, first)
+        return dump, where, verdict, header, first
 
     def _why(self) -> str:
         return (f"no rank wrote to its log and no collective completed for "
@@ -230,28 +244,54 @@ class _Watch:
         from fluidctl.diagnostics import watch as diagnose
         self._hung_at.set()
         why = self._why()
-        header = f"fluidctl: the job hung: {why}"
+        header, first, verdict = "fluidctl: the job hung", [], None
         try:
             self.launch_log(f"hang: {why}; taking every rank's stack")
             try:
-                dump, where = self._dump("hang", header)
+                dump, where, verdict, header, first = self._dump("hang", header, why)
                 lines, notes = dump.summary(), list(dump.notes)
+                evidence = [{"rank": e.rank, "host": e.host, "state": e.state, "cpu": e.cpu,
+                             "running": e.running, "collectives_done": e.count}
+                            for e in dump.evidence(
+                                 self.d.hosts(self.supervisor.handles()))]
             except Exception as exc:             # no stacks: the hang is still reported
-                where, lines = None, []
+                where, lines, evidence = None, [], []
+                header = f"{header}: {why}"
                 notes = [f"the stacks could not be taken: {type(exc).__name__}: {exc}"]
                 self.launch_log(f"hang: {notes[0]}")
+            if verdict is not None and not verdict.hung and self._watch_on(verdict):
+                return
             self.hang = {"why": why, "dir": str(where) if where else None,
-                         "summary": lines, "notes": notes}
+                         "class": verdict.kind if verdict else None,
+                         "sentence": verdict.sentence if verdict else None,
+                         "ranks": verdict.ranks if verdict else [],
+                         "summary": lines, "notes": notes, "evidence": evidence}
+            if verdict is not None:
+                self.launch_log(f"hang: {verdict.sentence}")
             if self.on_hang:
-                self.on_hang([header] + lines + [f"note: {n}" for n in notes], where)
+                self.on_hang([header] + first + lines + [f"note: {n}" for n in notes], where)
         except Exception as exc:
             try:
                 self.launch_log(f"hang report failed: {type(exc).__name__}: {exc}")
             except Exception:
                 pass
-        finally:
-            self._hang_taken.set()
-            self.supervisor.abort(diagnose.HANG_EXIT, f"hung ({why})")
+        self._hang_taken.set()
+        self.supervisor.abort(diagnose.HANG_EXIT, f"hung ({why})")
+
+    def _watch_on(self, verdict) -> bool:
+        """No rank waits for another (every one computes): not a hang. Watch on with a fresh
+        watchdog, unless the job is ending (then the hang it was found to be stands)."""
+        from fluidctl.diagnostics import watch as diagnose
+        if self._done.is_set():
+            return False
+        self.launch_log(f"no progress for {self.d.hang_timeout:g}s, but {verdict.sentence}; "
+                        "watching on")
+        self._hung_at.clear()
+        taken, self._hang_taken = self._hang_taken, threading.Event()
+        taken.set()             # a settle() waiting for a report: there is none, no hang
+        self.dog = diagnose.Watchdog(self.d.hang_timeout, self._activity, self._hung)
+        self.dog.start()
+        return True
 
     def settle(self, result: RunResult) -> RunResult:
         """A hang found ends as a hang (exit 124, its report), whatever the ranks did after
@@ -260,6 +300,8 @@ class _Watch:
         if not self._hung_at.is_set() or result.exit_code == diagnose.HANG_EXIT:
             return result
         self._hang_taken.wait(diagnose.HANG_REPORT_TIMEOUT)
+        if not self._hung_at.is_set():          # every rank was busy: no hang after all
+            return result
         why = self._why()
         self.launch_log(f"the job ended while its hang was being reported; it hung ({why})")
         import dataclasses
@@ -274,7 +316,7 @@ class _Watch:
             self._requests.clear()
             self.launch_log("fluidctl dump requested: taking every rank's stack")
             try:
-                _, where = self._dump("dump", "fluidctl dump: the running job's stacks")
+                where = self._dump("dump", "fluidctl dump: the running job's stacks")[1]
                 self.launch_log(f"stacks written to {where}")
             except Exception as exc:            # a failed dump must not end the job
                 self.launch_log(f"fluidctl dump failed: {exc}")

@@ -335,6 +335,25 @@ def register_rank(environ: Mapping[str, str], rank: int) -> None:
         pass
 
 
+def answer_stack_signal(environ: Mapping[str, str], rank: int) -> None:
+    """A Python SCRIPT run in this process answers the stack signal (DUMP_SIGNAL) by writing
+    every thread's stack into DIAG_DIR/stack.N in the shared LOG_DIR, as fluidctl.runtime's
+    ``init()`` does: the node's stack taker falls back on it without py-spy, for scripts that
+    never import fluidctl.runtime too. (Never for a program exec'd in this process's place:
+    it would die of the signal.)"""
+    if not environ.get(envs.DIAG_DIR):
+        return
+    import faulthandler
+    from fluidctl.diagnostics.progress import DUMP_SIGNAL
+    from fluidctl.paths import DiagDir
+    try:
+        out = open(DiagDir(Path(environ[envs.DIAG_DIR])).stack(rank), "ab", buffering=0)
+    except OSError:
+        return
+    faulthandler.register(DUMP_SIGNAL, file=out, all_threads=True, chain=False)
+    signal.siginterrupt(DUMP_SIGNAL, False)
+
+
 def run_in_process(script: str, args: List[str], contract: Mapping[str, str]) -> int:
     """Run a Python SCRIPT as ``__main__`` in this process (MPI already initialised), with the
     contract added to the environment and OMPI_* kept; return its exit code."""
@@ -409,6 +428,7 @@ def run(script: str, args: Sequence[str]) -> None:
         if not contract.get(envs.JOB_TOKEN):
             contract[envs.JOB_TOKEN] = mpi_job_token()
         if in_process:
+            answer_stack_signal(environ, rank)
             code = run_in_process(script, list(args), contract)
             if code != 0:
                 exit_failed(code, close_output)
@@ -419,6 +439,7 @@ def run(script: str, args: Sequence[str]) -> None:
         # one interpreter per rank, as under plain srun: the script runs here (and every rank
         # of a big job pays this path's start-up: nothing more is imported for it)
         redirect_output(log_path)
+        answer_stack_signal(environ, rank)
         sys.exit(run_in_process(script, list(args), contract))
     from fluidctl.planning.plan import script_argv
     argv = script_argv(script, args, sys.executable)

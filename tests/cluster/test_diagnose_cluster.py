@@ -1,6 +1,7 @@
 """Hang autopsy, dumps, triage and the rendezvous doctor across nodes: two real sshd nodes on
 127.0.0.2 and 127.0.0.3, and mpirun reaching them over ssh. One node: tests/e2e/test_diagnose.py."""
 import json
+import re
 import signal
 
 import pytest
@@ -22,6 +23,9 @@ def test_hang_over_ssh_names_every_rank_on_every_node(tmp_path, nodes):
     assert proc.returncode == 124, proc.stderr
     assert f"ranks 0,2,3 wait in allreduce at trouble.py:{STUCK}" in proc.stderr, proc.stderr
     assert f"rank 1 is in load_batch at trouble.py:{LOADER}" in proc.stderr
+    assert re.search(r"fluidctl: the job hung: slow data: rank 1 on node1 is in its data loader "
+                     rf"\(load_batch at trouble\.py:{LOADER}, \d% CPU\); ranks 0,2,3 wait in "
+                     rf"allreduce #2 \(trouble\.py:{STUCK}\)", proc.stderr), proc.stderr
     where = hang_dir(tmp_path / "log")
     assert (where / "rank-3.txt").read_text().startswith("# rank 3 on node2, taken with ")
     assert (where / "rank-1.txt").read_text().startswith("# rank 1 on node1, taken with ")

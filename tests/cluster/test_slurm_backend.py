@@ -367,8 +367,11 @@ def test_a_hang_inside_an_allocation_is_diagnosed_on_every_node(slurm, tmp_path,
     assert res.returncode == 124, res.stdout + res.stderr
     err = res.stderr
     assert "Traceback" not in err and "Exception ignored" not in err, err
-    assert ("fluidctl: the job hung: no rank wrote to its log and no collective completed for "
-            "5s") in err
+    assert re.search(r"fluidctl: the job hung: slow data: rank 1 on 127\.0\.0\.2 is in its data "
+                     rf"loader \(load_batch at trouble\.py:{_line_of('time.sleep(3600)')}, \d% "
+                     rf"CPU\); ranks 0,2,3 wait in allreduce #2 \(trouble\.py:"
+                     rf"{_line_of('# stuck')}\)", err), err
+    assert "  no rank wrote to its log and no collective completed for 5s" in err
     assert f"ranks 0,2,3 wait in allreduce at trouble.py:{_line_of('# stuck')}" in err, err
     assert f"rank 1 is in load_batch at trouble.py:{_line_of('time.sleep(3600)')}" in err, err
     (where,) = list(log.glob("hang-*"))

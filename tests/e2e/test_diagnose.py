@@ -23,8 +23,10 @@ def test_hang_is_diagnosed_with_both_stacks_and_exit_124(tmp_path, pyspy):
                     TROUBLE, "stuck", cwd=tmp_path, env=env)
     assert proc.returncode == 124, proc.stderr
     err = proc.stderr
-    assert "fluidctl: the job hung: no rank wrote to its log and no collective completed for " \
-           "2s" in err
+    assert re.search(r"fluidctl: the job hung: slow data: rank 1 on 127\.0\.0\.1 is in its data "
+                     rf"loader \(load_batch at trouble\.py:{LOADER}, \d% CPU\); ranks 0,2 wait "
+                     rf"in allreduce #2 \(trouble\.py:{STUCK}\)", err), err
+    assert "  no rank wrote to its log and no collective completed for 2s" in err
     assert f"ranks 0,2 wait in allreduce at trouble.py:{STUCK}" in err, err
     assert f"rank 1 is in load_batch at trouble.py:{LOADER}" in err, err
     where = hang_dir(tmp_path / "log")
@@ -39,6 +41,8 @@ def test_hang_is_diagnosed_with_both_stacks_and_exit_124(tmp_path, pyspy):
     report = json.loads((tmp_path / "log" / "failure.json").read_text())
     assert report["exit_code"] == 124 and report["first_failure"] is None
     assert report["hang"]["summary"][0] == f"ranks 0,2 wait in allreduce at trouble.py:{STUCK}"
+    assert report["hang"]["class"] == "slow data" and report["hang"]["ranks"] == [1]
+    assert [e["collectives_done"] for e in report["hang"]["evidence"]] == [1, 1, 1]
     assert [p["state"].startswith("still running; stopped by fluidctl")
             for p in report["processes"]] == [True] * 3
     assert not (tmp_path / "log" / "job.json").exists()
@@ -185,6 +189,8 @@ def test_hang_under_mpirun_on_one_node(tmp_path):
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
     assert f"ranks 0,2 wait in allreduce at trouble.py:{STUCK}" in proc.stderr, proc.stderr
     assert f"rank 1 is in load_batch at trouble.py:{LOADER}" in proc.stderr
+    assert ("fluidctl: the job hung: slow data: rank 1 on ") in proc.stderr
+    assert f"ranks 0,2 wait in allreduce #2 (trouble.py:{STUCK})" in proc.stderr
     where = hang_dir(tmp_path / "log")
     assert sorted(p.name for p in where.iterdir()) == [
         "rank-0.txt", "rank-1.txt", "rank-2.txt", "summary.txt"]

@@ -7,6 +7,12 @@ oom DIR   rank 1 moves itself into the memory cgroup DIR and allocates until kil
 progress  every rank draws a progress bar with carriage returns, then prints "done"
 wait      every rank prints "ready" and waits (for fluidctl dump)
 busy S    allreduce for S seconds without printing anything
+spin      rank 1 computes forever (a busy loop in its own code); the others wait
+stop      rank 1 stops itself (SIGSTOP); the others wait
+skip      rank 1 skips the allreduce the others wait in and idles
+desync    rank 1 calls broadcast where the others call allreduce
+mismatch  rank 1 passes 5 elements where the others pass 4
+compute   no fault: every rank computes for 10 s without a word or a collective, then ends
 """
 import os
 import signal
@@ -25,6 +31,12 @@ def load_batch():
 def idle():
     while True:
         time.sleep(0.5)
+
+
+def spin():
+    n = 0
+    while True:                       # a step that never ends
+        n += 1
 
 
 scenario = sys.argv[1]
@@ -65,3 +77,18 @@ elif scenario == "busy":
         time.sleep(0.05)
 elif scenario == "wait":
     idle()
+elif scenario in ("spin", "stop", "skip"):
+    if ctx.rank == 1:
+        {"spin": spin, "skip": idle,
+         "stop": lambda: os.kill(os.getpid(), signal.SIGSTOP)}[scenario]()
+    ctx.allreduce(x)  # waits
+elif scenario == "desync":
+    if ctx.rank == 1:
+        ctx.broadcast(x)  # the odd one
+    ctx.allreduce(x)
+elif scenario == "mismatch":
+    ctx.allreduce(np.ones(5 if ctx.rank == 1 else 4, np.float32))  # mismatched
+elif scenario == "compute":
+    end = time.monotonic() + 10
+    while time.monotonic() < end:         # a long silent step on every rank
+        pass

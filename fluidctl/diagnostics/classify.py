@@ -1,0 +1,287 @@
+"""A hang or a failure in one sentence: its class, the ranks and hosts, and the evidence.
+
+The evidence of a hang is what the launcher can see without changing the script, per rank
+(``Evidence``): its main-thread stack (py-spy, else the runtime's faulthandler signal), its
+process state and CPU use while the stacks were taken (/proc/PID/stat), and, for scripts that
+use fluidctl.runtime, how many collectives it completed (its progress counter), so the one it
+waits in is number count + 1. ``classify`` reads them in this order:
+
+- dead peer: a rank is stopped (SIGSTOP, a debugger, a frozen cgroup), a zombie, or exited,
+  while the others wait for it;
+- partition: a rank's node did not answer the request for its stack;
+- desync: ranks wait in different collectives (another name or another number), or a rank
+  idles outside any collective (it skipped the one the others wait in);
+- slow data: a rank is inside its data loader (a frame of torch's DataLoader, fluidctl's
+  ShardReader, or a function of the script named like load/read/fetch/batch);
+- slow compute: a rank is busy in its own code (at least half a core) while the others wait;
+- stuck: every rank waits in the same collective (no rank is missing from it: the transport
+  makes no progress).
+
+When every rank is busy in its own code and none waits in a collective, nobody is stuck: the
+verdict says so (``hung`` False) and the launcher keeps watching instead of stopping the job
+(a long silent step, or ranks still importing on a crowded machine).
+
+A failure the runtime raised on every rank (``CollectiveError``: its metadata agreement found
+ranks in different collectives, or different shapes/dtypes in the same one) is classed by
+``classify_failure`` as desync or mismatch.
+
+Standard library only (node agents import the diagnostics package).
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from fluidctl.diagnostics.stacks import Frame, _is_user, rank_list
+
+BUSY = 0.5          # CPU (cores) from which a rank counts as computing, not waiting
+
+DEAD_PEER, PARTITION, DESYNC, MISMATCH = "dead peer", "partition", "desync", "mismatch"
+SLOW_DATA, SLOW_COMPUTE, STUCK = "slow data", "slow compute", "stuck"
+
+# the collectives of fluidctl.runtime (Context/Communicator), torch.distributed, mpi4py, Paddle
+COLLECTIVES = frozenset("""
+    allreduce all_reduce allreduce_coalesced all_reduce_coalesced broadcast broadcast_object_list
+    allgather all_gather all_gather_into_tensor all_gather_object allgather_into_tensor
+    reduce_scatter reduce_scatter_tensor barrier monitored_barrier reduce gather gather_object
+    scatter scatter_object_list all_to_all all_to_all_single alltoall alltoall_single send recv
+    isend irecv batch_isend_irecv sendrecv Allreduce Bcast Allgather Barrier Reduce Gather
+    Scatter Alltoall bcast
+""".split())
+# torch DDP moves its gradients inside backward (a C++ thread; the main thread waits there)
+# and runs collectives of its own in forward
+BACKWARD = frozenset(["_engine_run_backward", "run_backward"])
+_DDP = os.sep.join(("", "torch", "nn", "parallel", "distributed.py"))
+_DATA_FILES = (os.sep + "torch" + os.sep + "utils" + os.sep + "data" + os.sep,
+               os.sep + "fluidctl" + os.sep + "runtime" + os.sep + "data.py",
+               os.sep + "paddle" + os.sep + "io" + os.sep)
+_DATA_WORDS = frozenset("""load loader read reader fetch batch batches dataset data dataloader
+    shard shards prefetch sample samples""".split())
+
+
+@dataclass
+class Evidence:
+    """What was seen of one rank when the hang was found."""
+    rank: int
+    host: str = ""
+    frames: Optional[List[Frame]] = None     # main thread, innermost first; None: no stack
+    why: str = ""                            # why no stack
+    state: str = ""                          # /proc state: R S D T t Z, exited, unreachable
+    cpu: Optional[float] = None              # cores used while the stacks were taken
+    count: Optional[int] = None              # collectives completed (fluidctl.runtime)
+    running: Optional[float] = None          # share of state samples in R (running/runnable)
+
+    @property
+    def busy(self) -> bool:
+        """Computing: half a core, or runnable most of the time (a crowded machine)."""
+        return (self.cpu or 0.0) >= BUSY or (self.running or 0.0) >= BUSY
+
+
+@dataclass
+class Verdict:
+    kind: str                                # one of the classes above
+    sentence: str                            # "<kind>: ..." naming ranks, hosts, evidence
+    ranks: List[int] = field(default_factory=list)   # the ranks at fault
+    hung: bool = True                        # False: every rank computes, none waits
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where one rank is: ``what`` is collective | data | busy | idle."""
+    what: str
+    name: str           # the collective's or the function's name
+    site: str           # the user's file:line that called it
+    number: Optional[int] = None
+
+
+def _short(func: str) -> str:
+    return func.rsplit(".", 1)[-1]
+
+
+def _user_site(frames: Sequence[Frame], start: int) -> str:
+    for frame in frames[start:]:
+        if _is_user(frame):
+            return frame.where
+    return frames[-1].where if frames else "?"
+
+
+def _data_name(name: str) -> bool:
+    if name in ("__next__", "__getitem__", "__iter__"):
+        return True
+    return any(word in _DATA_WORDS for word in name.lower().strip("_").split("_"))
+
+
+def place(ev: Evidence) -> Optional[_Place]:
+    frames = ev.frames
+    if not frames:
+        return None
+    number = None if ev.count is None else ev.count + 1
+    user = next((i for i, f in enumerate(frames) if _is_user(f)), len(frames))
+    for i in range(user - 1, -1, -1):       # the library call nearest the user's code
+        name = _short(frames[i].func)
+        if name in COLLECTIVES:
+            return _Place("collective", name, _user_site(frames, i + 1), number)
+        if frames[i].file.endswith(_DDP) and ev.cpu is not None and not ev.busy:
+            # DDP's own collectives (bucket rebuild, buffer broadcast) run in its forward
+            return _Place("collective", f"DDP {name}", _user_site(frames, i + 1), number)
+    for i, frame in enumerate(frames):
+        if any(p in frame.file for p in _DATA_FILES):
+            return _Place("data", _short(frame.func), _user_site(frames, i + 1))
+    for frame in frames[user:]:
+        if _is_user(frame) and _data_name(_short(frame.func)):
+            return _Place("data", _short(frame.func), frame.where)
+    for i, frame in enumerate(frames):
+        if _short(frame.func) in BACKWARD and not ev.busy:
+            return _Place("collective", "backward", _user_site(frames, i + 1), number)
+    top = frames[user] if user < len(frames) else frames[0]
+    what = "busy" if ev.busy else "idle"
+    return _Place(what, _short(top.func), top.where)
+
+
+def _cpu(ev: Evidence) -> str:
+    if ev.cpu is None:
+        return ""
+    running = ("" if ev.running is None or not ev.busy
+               else f", runnable in {ev.running * 100:.0f}% of samples")
+    return f", {ev.cpu * 100:.0f}% CPU{running}"
+
+
+def _on(evs: Sequence[Evidence]) -> str:
+    hosts = list(dict.fromkeys(e.host for e in evs if e.host))
+    return f" on {','.join(hosts)}" if hosts else ""
+
+
+def _collective(p: _Place) -> str:
+    number = f" #{p.number}" if p.number is not None else ""
+    return f"{p.name}{number} ({p.site})"
+
+
+def _waiters(groups: List[Tuple[_Place, List[Evidence]]]) -> str:
+    parts = []
+    for p, evs in groups:
+        ranks = [e.rank for e in evs]
+        verb = "wait" if len(ranks) > 1 else "waits"
+        parts.append(f"{rank_list(ranks)} {verb} in {_collective(p)}")
+    return "; ".join(parts)
+
+
+def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
+    """The hang's class and sentence from every rank's evidence; None with no evidence."""
+    if not evidence:
+        return None
+    evs = sorted(evidence, key=lambda e: e.rank)
+    places = {e.rank: place(e) for e in evs}
+    waiting: Dict[_Place, List[Evidence]] = {}
+    for e in evs:
+        p = places[e.rank]
+        if p is not None and p.what == "collective":
+            waiting.setdefault(p, []).append(e)
+    groups = sorted(waiting.items(), key=lambda kv: (-len(kv[1]), kv[1][0].rank))
+    tail = f"; {_waiters(groups)}" if groups else ""
+
+    dead = [e for e in evs if e.state in ("T", "t", "Z", "exited")]
+    if dead and all(e.state == "exited" for e in evs):
+        return Verdict(DEAD_PEER, "every rank has exited: the job is ending, not hung",
+                       [], hung=False)
+    if dead:
+        words = {"T": "is stopped (SIGSTOP or a frozen cgroup)", "t": "is stopped by a debugger",
+                 "Z": "has exited (a zombie)", "exited": "has exited"}
+        said = "; ".join(f"{rank_list([e.rank])}{_on([e])} {words[e.state]}"
+                         + (f" ({e.why})" if e.why and e.state == "exited" else "")
+                         for e in dead)
+        return Verdict(DEAD_PEER, f"{DEAD_PEER}: {said}{tail}", [e.rank for e in dead])
+
+    lost = [e for e in evs if e.state == "unreachable"
+            or (e.frames is None and "did not answer" in e.why)]
+    if lost:
+        hosts = list(dict.fromkeys(e.host or "?" for e in lost))
+        return Verdict(PARTITION, f"{PARTITION}: {rank_list([e.rank for e in lost])} on "
+                       f"{','.join(hosts)} cannot be reached ({lost[0].why}){tail}",
+                       [e.rank for e in lost])
+
+    others = [e for e in evs if places[e.rank] is not None
+              and places[e.rank].what != "collective"]
+    if not others:
+        if len(groups) > 1:
+            odd = [e.rank for _, evs_ in groups[1:] for e in evs_]
+            parts = [f"{rank_list([e.rank for e in g])} "
+                     f"{'wait' if len(g) > 1 else 'waits'} in {_collective(p)}"
+                     + ("" if i == 0 else _on(g)) for i, (p, g) in enumerate(groups)]
+            return Verdict(DESYNC, f"{DESYNC}: " + "; ".join(parts), odd)
+        if groups:
+            p, g = groups[0]
+            cpu = max((e.cpu or 0.0) for e in g)
+            return Verdict(STUCK, f"{STUCK}: every rank waits in {_collective(p)}{_on(g)}, "
+                           f"at most {cpu * 100:.0f}% CPU: no rank is missing from it, its "
+                           "transport makes no progress (a link or a peer's network)",
+                           [e.rank for e in g])
+        return None
+
+    if not groups and len(others) == len(evs) and all(places[e.rank].what == "busy"
+                                                      for e in others):
+        # nobody waits for anybody: a long silent step, or start-up on a crowded machine
+        p = places[evs[0].rank]
+        return Verdict(SLOW_COMPUTE, f"{SLOW_COMPUTE}: every rank is busy and none waits "
+                       f"({rank_list([e.rank for e in evs])}{_on(evs)}; rank {evs[0].rank} in "
+                       f"{p.name} at {p.site}{_cpu(evs[0])}): not a hang",
+                       [e.rank for e in evs], hung=False)
+    for kind, what in ((SLOW_DATA, "data"), (SLOW_COMPUTE, "busy"), (DESYNC, "idle")):
+        hit = [e for e in others if places[e.rank].what == what]
+        if not hit:
+            continue
+        p = places[hit[0].rank]
+        who = f"{rank_list([e.rank for e in hit])}{_on(hit)}"
+        verb = "is" if len(hit) == 1 else "are"
+        if kind == SLOW_DATA:
+            text = f"{who} {verb} in its data loader ({p.name} at {p.site}{_cpu(hit[0])})"
+        elif kind == SLOW_COMPUTE:
+            text = f"{who} {verb} busy in user code ({p.name} at {p.site}{_cpu(hit[0])})"
+        else:
+            missed = f" {_collective(groups[0][0])}" if groups else " the collective"
+            text = (f"{who} never reached{missed}: {verb} idle outside any collective "
+                    f"({p.name} at {p.site}{_cpu(hit[0])})")
+        return Verdict(kind, f"{kind}: {text}{tail}", [e.rank for e in hit])
+    return None
+
+
+# --- failures the runtime's metadata agreement raised ----------------------------------------
+
+_DESYNC_TEXT = ("every rank must make the same collective calls",)
+_MISMATCH_TEXT = ("shape mismatch", "dtype mismatch", "asked for op", "names root")
+
+
+def classify_failure(exc_type: str, message: str, where: str = "") -> Optional[Verdict]:
+    """A ``CollectiveError`` of the runtime as desync or mismatch (None for anything else)."""
+    if not exc_type.endswith("CollectiveError"):
+        return None
+    at = f" (at {where})" if where else ""
+    ranks = sorted({int(r) for r in re.findall(r"rank (\d+)", message)})
+    if any(t in message for t in _DESYNC_TEXT):
+        return Verdict(DESYNC, f"{DESYNC}: {message}{at}", ranks)
+    if any(t in message for t in _MISMATCH_TEXT):
+        return Verdict(MISMATCH, f"{MISMATCH}: {message}{at}", ranks)
+    return None
+
+
+def _shape(frames: Optional[Sequence[Frame]]) -> Tuple:
+    """A stack as compared between two looks: every frame's function and file, every line but
+    the innermost (a loop is sampled on one line or the next)."""
+    if not frames:
+        return ()
+    return tuple((f.func, f.file) for f in frames) + tuple(f.line for f in frames[1:])
+
+
+def still_busy(verdict: Verdict, first: Dict[int, Optional[List[Frame]]],
+               second: Dict[int, Optional[List[Frame]]]) -> Verdict:
+    """A slow-compute verdict checked against a second look at the stacks: a busy rank whose
+    stack moved meanwhile works its way forward (it imports, it starts up), so the job is not
+    hung (yet); one that stayed put is the slow rank."""
+    if verdict.kind != SLOW_COMPUTE or not verdict.hung:
+        return verdict
+    moved = [r for r in verdict.ranks if _shape(first.get(r)) != _shape(second.get(r))]
+    if not moved:
+        return verdict
+    return Verdict(SLOW_COMPUTE, f"{verdict.sentence}; but the stack of {rank_list(moved)} "
+                   "moved between two looks: not a hang", verdict.ranks, hung=False)

@@ -1,0 +1,136 @@
+"""Each class of hang and collective failure injected into a real job on this machine, and the
+sentence fluidctl prints first: a fluidctl.runtime script (tests/scripts/trouble.py) and an
+unmodified torch DDP gloo script (tests/scripts/torch_hang.py). The jobs of one test run side
+by side (each waits out its own --hang-timeout). The slow-data class (a rank in its data
+loader) is asserted in test_diagnose.py and in the Slurm and ssh tests in tests/cluster."""
+import json
+import re
+import time
+from datetime import datetime
+
+import pytest
+
+from launchutil import ROOT, start_fluidctl
+from troubleutil import TROUBLE, line_of
+
+TORCH_HANG = ROOT / "tests" / "scripts" / "torch_hang.py"
+TIMEOUT = 3
+CLASSIFIED_WITHIN = 10.0          # seconds from the hang's detection to its sentence
+
+
+def run_all(tmp_path, script, scenarios, nproc):
+    """Start one job per scenario, all at once; (returncode, stderr, log dir) per scenario."""
+    jobs = {}
+    for name in scenarios:
+        log = tmp_path / name
+        jobs[name] = (start_fluidctl("train", "--nproc", nproc, "--hang-timeout", TIMEOUT,
+                                     "--log-dir", log, script, name, cwd=tmp_path), log)
+    done = {}
+    for name, (proc, log) in jobs.items():
+        try:
+            _, err = proc.communicate(timeout=240)
+        finally:
+            proc.kill()
+        done[name] = (proc.returncode, err, log)
+    return done
+
+
+def classified_after(log) -> float:
+    """Seconds between the watchdog's finding and the classified sentence in launch.log."""
+    stamps = {}
+    for line in (log / "launch.log").read_text().splitlines():
+        m = re.match(r"(\S+ \S+) hang: (no rank wrote|\w[\w ]*: )", line)
+        if m:
+            key = "found" if m.group(2) == "no rank wrote" else "classified"
+            stamps[key] = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
+    return stamps["classified"] - stamps["found"]
+
+
+def hang_record(log):
+    return json.loads((log / "failure.json").read_text())["hang"]
+
+
+def test_runtime_script_each_class(tmp_path):
+    waits = line_of("ctx.allreduce(x)  # waits")
+    done = run_all(tmp_path, TROUBLE, ["spin", "stop", "skip", "desync", "mismatch",
+                                       "compute"], 2)
+    code, err, log = done.pop("compute")       # every rank busy, none waiting: no hang
+    assert code == 0 and "hung" not in err, err
+    assert "every rank is busy and none waits" in (log / "launch.log").read_text()
+    for name in ("spin", "stop", "skip"):
+        code, err, log = done[name]
+        assert code == 124, (name, err)
+        assert "Traceback" not in err, err
+        assert classified_after(log) <= CLASSIFIED_WITHIN
+        assert f"rank 0 waits in allreduce #2 (trouble.py:{waits})" in err, err
+        assert "  no rank wrote to its log and no collective completed for 3s" in err
+        assert list(log.glob("hang-*/rank-1.txt")), name       # the stacks stay in LOG_DIR
+    code, err, log = done["spin"]
+    assert re.search(r"fluidctl: the job hung: slow compute: rank 1 on 127\.0\.0\.1 is busy in "
+                     rf"user code \(spin at trouble\.py:{line_of('n += 1')}, \d+% CPU", err), err
+    assert hang_record(log)["class"] == "slow compute" and hang_record(log)["ranks"] == [1]
+    code, err, log = done["stop"]
+    assert ("fluidctl: the job hung: dead peer: rank 1 on 127.0.0.1 is stopped (SIGSTOP or a "
+            "frozen cgroup); rank 0 waits in allreduce #2") in err, err
+    assert [e["state"] for e in hang_record(log)["evidence"]] == ["S", "T"]
+    code, err, log = done["skip"]
+    assert re.search(r"fluidctl: the job hung: desync: rank 1 on 127\.0\.0\.1 never reached "
+                     rf"allreduce #2 \(trouble\.py:{waits}\): is idle outside any collective "
+                     rf"\(idle at trouble\.py:{line_of('time.sleep(0.5)')}, \d% CPU\)", err), err
+    code, err, log = done["desync"]
+    assert code == 1
+    assert ("why: desync: collective #2: rank 0 called allreduce but rank 1 called broadcast; "
+            "every rank must make the same collective calls in the same order (at trouble.py:"
+            ) in err, err
+    assert json.loads((log / "failure.json").read_text())["first_failure"]["kind"] == "desync"
+    code, err, log = done["mismatch"]
+    assert code == 1
+    assert ("why: mismatch: allreduce: shape mismatch: rank 0 passed shape (4,), rank 1 shape "
+            f"(5,) (at trouble.py:{line_of('# mismatched')})") in err, err
+
+
+def test_unmodified_torch_ddp_script_desync_and_dead_peer(tmp_path):
+    """Beside the two faults, a healthy torch job that prints nothing for longer than the
+    timeout: its stack samples move, so it is no hang (without py-spy it would be one)."""
+    pytest.importorskip("torch")
+    from fluidctl.diagnostics import stacks
+    if not stacks.pyspy_path():
+        pytest.skip("py-spy not installed (pip install 'fluidctl[debug]')")
+    source = TORCH_HANG.read_text().splitlines()
+    forward = 1 + next(i for i, l in enumerate(source) if "model(x).sum().backward()" in l)
+    barrier = 1 + next(i for i, l in enumerate(source) if l == "dist.barrier()")
+    done = run_all(tmp_path, TORCH_HANG, ["uneven", "stop", "quiet"], 2)
+    code, err, log = done.pop("quiet")
+    assert code == 0 and "hung" not in err, err
+    for name, (code, err, log) in done.items():
+        assert code == 124, (name, err)
+        assert classified_after(log) <= CLASSIFIED_WITHIN
+    code, err, log = done["uneven"]
+    assert (f"fluidctl: the job hung: desync: rank 0 waits in DDP forward (torch_hang.py:"
+            f"{forward}); rank 1 waits in barrier (torch_hang.py:{barrier}) on 127.0.0.1") in err, err
+    assert hang_record(log)["class"] == "desync" and hang_record(log)["ranks"] == [1]
+    code, err, log = done["stop"]
+    assert ("fluidctl: the job hung: dead peer: rank 1 on 127.0.0.1 is stopped (SIGSTOP or a "
+            f"frozen cgroup); rank 0 waits in DDP forward (torch_hang.py:{forward})") in err, err
+
+
+@pytest.mark.usefixtures("openmpi")
+def test_under_mpirun_a_script_without_fluidctl_answers_the_stack_signal(tmp_path):
+    """--backend mpi without py-spy: each rank's fluidctl worker answers the stack signal into
+    the shared LOG_DIR, so a script that never imports fluidctl.runtime is classified too."""
+    script = ROOT / "tests" / "scripts" / "plain_hang.py"
+    proc = start_fluidctl("train", "--backend", "mpi", "--nproc", 2, "--hang-timeout", TIMEOUT,
+                          "--log-dir", tmp_path / "log", script, cwd=tmp_path,
+                          env={"FLUIDCTL_PYSPY": ""})
+    try:
+        _, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 124, err
+    read = 1 + next(i for i, l in enumerate(script.read_text().splitlines())
+                    if "never answers" in l)
+    assert re.search(r"fluidctl: the job hung: slow data: rank 1 on \S+ is in its data loader "
+                     rf"\(read_batch at plain_hang\.py:{read}, \d% CPU\)", err), err
+    assert hang_record(tmp_path / "log")["evidence"][1]["state"] == "S"
+    (stack,) = (tmp_path / "log").glob("hang-*/rank-1.txt")
+    assert "taken with faulthandler" in stack.read_text()

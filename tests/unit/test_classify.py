@@ -1,0 +1,101 @@
+"""classify(): each class from recorded evidence (stacks as py-spy prints them, states, CPU,
+collective counters), and the runtime's CollectiveError messages as desync or mismatch."""
+from fluidctl.diagnostics.classify import Evidence, classify, classify_failure
+from fluidctl.diagnostics.stacks import Frame
+
+LIB = "/usr/lib/python3.11/site-packages"
+ALLREDUCE = [Frame("Communicator.allreduce", f"{LIB}/fluidctl/runtime/collective/__init__.py", 163),
+             Frame("Context.allreduce", f"{LIB}/fluidctl/runtime/__init__.py", 63),
+             Frame("<module>", "/job/train.py", 30)]
+BROADCAST = [Frame("Communicator._run", f"{LIB}/fluidctl/runtime/collective/__init__.py", 94),
+             Frame("Communicator.broadcast", f"{LIB}/fluidctl/runtime/collective/__init__.py", 178),
+             Frame("Context.broadcast", f"{LIB}/fluidctl/runtime/__init__.py", 70),
+             Frame("<module>", "/job/train.py", 33)]
+LOADER = [Frame("_MultiProcessingDataLoaderIter._next_data",
+                f"{LIB}/torch/utils/data/dataloader.py", 1300),
+          Frame("_BaseDataLoaderIter.__next__", f"{LIB}/torch/utils/data/dataloader.py", 700),
+          Frame("<module>", "/job/train.py", 25)]
+
+
+def waiting(rank, host="node1", count=40, frames=ALLREDUCE):
+    return Evidence(rank, host, frames, state="S", cpu=0.0, count=count, running=0.0)
+
+
+def test_ranks_in_different_collectives_are_a_desync():
+    v = classify([waiting(0), waiting(1, "node2", frames=BROADCAST), waiting(2), waiting(3)])
+    assert v.kind == "desync" and v.ranks == [1]
+    assert v.sentence == ("desync: ranks 0,2,3 wait in allreduce #41 (train.py:30); rank 1 waits "
+                          "in broadcast #41 (train.py:33) on node2")
+
+
+def test_a_rank_one_collective_behind_is_a_desync():
+    v = classify([waiting(0), waiting(1, count=39)])
+    assert v.kind == "desync" and "rank 1 waits in allreduce #40 (train.py:30)" in v.sentence
+
+
+def test_a_rank_in_torch_dataloader_is_slow_data():
+    v = classify([waiting(0), Evidence(1, "node2", LOADER, state="S", cpu=0.01, running=0.0)])
+    assert v.kind == "slow data" and v.ranks == [1]
+    assert v.sentence.startswith("slow data: rank 1 on node2 is in its data loader "
+                                 "(_next_data at train.py:25, 1% CPU)")
+
+
+def test_stopped_exited_and_unreachable_ranks():
+    stopped = Evidence(1, "node2", None, "did not answer: pid 7 is stopped", state="T")
+    assert classify([waiting(0), stopped]).kind == "dead peer"
+    gone = Evidence(1, "node2", None, "exited with code 0", state="exited")
+    v = classify([waiting(0), gone])
+    assert v.sentence == ("dead peer: rank 1 on node2 has exited (exited with code 0); rank 0 "
+                          "waits in allreduce #41 (train.py:30)")
+    lost = Evidence(2, "node3", None, "its node (node3) did not answer")
+    v = classify([waiting(0), waiting(1), lost])
+    assert v.kind == "partition" and v.ranks == [2]
+    assert v.sentence.startswith("partition: rank 2 on node3 cannot be reached")
+
+
+def test_a_busy_rank_on_a_crowded_machine_is_slow_compute():
+    spin = [Frame("step", "/job/train.py", 12), Frame("<module>", "/job/train.py", 28)]
+    v = classify([waiting(0), Evidence(1, "n", spin, state="R", cpu=0.3, running=1.0)])
+    assert v.kind == "slow compute"
+    assert "busy in user code (step at train.py:12, 30% CPU, runnable in 100% of samples)" \
+        in v.sentence
+    idle = classify([waiting(0), Evidence(1, "n", spin, state="S", cpu=0.0, running=0.0)])
+    assert idle.kind == "desync" and "never reached allreduce #41" in idle.sentence
+
+
+def test_everyone_in_the_same_collective_is_stuck():
+    v = classify([waiting(0), waiting(1)])
+    assert v.kind == "stuck" and "every rank waits in allreduce #41 (train.py:30)" in v.sentence
+
+
+def test_collective_errors_are_desync_or_mismatch():
+    v = classify_failure("fluidctl.runtime.collective.meta.CollectiveError",
+                         "collective #2: rank 0 called allreduce but rank 1 called broadcast; "
+                         "every rank must make the same collective calls in the same order",
+                         "train.py:9")
+    assert v.kind == "desync" and v.ranks == [0, 1] and v.sentence.endswith("(at train.py:9)")
+    v = classify_failure("CollectiveError", "allreduce: dtype mismatch: rank 0 passed float32, "
+                         "rank 2 passed float64")
+    assert v.kind == "mismatch" and v.ranks == [0, 2]
+    assert classify_failure("ValueError", "shape mismatch") is None
+
+
+def test_every_rank_busy_and_none_waiting_is_not_a_hang():
+    """Ranks still importing on a crowded machine, or a long silent step: nobody is stuck."""
+    start = [Frame("_find_and_load", "<frozen importlib._bootstrap>", 1176),
+             Frame("<module>", "/job/train.py", 3)]
+    v = classify([Evidence(r, "n", start, state="R", cpu=0.1, running=0.8) for r in range(3)])
+    assert v.kind == "slow compute" and not v.hung
+    assert v.sentence.endswith("not a hang")
+    assert classify([waiting(0), Evidence(1, "n", start, state="R", cpu=0.9)]).hung
+
+
+def test_a_busy_rank_whose_stack_moves_is_not_stuck():
+    from fluidctl.diagnostics.classify import still_busy
+    spin = [Frame("step", "/job/train.py", 12), Frame("<module>", "/job/train.py", 28)]
+    v = classify([waiting(0), Evidence(1, "n", spin, state="R", cpu=0.9, running=1.0)])
+    next_line = [Frame("step", "/job/train.py", 13)] + spin[1:]
+    assert still_busy(v, {1: spin}, {1: next_line}).hung          # the same loop
+    importing = [Frame("<module>", "/lib/numpy/core/__init__.py", 5)] + spin
+    later = still_busy(v, {1: spin}, {1: importing})
+    assert not later.hung and later.sentence.endswith("moved between two looks: not a hang")
