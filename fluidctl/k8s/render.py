@@ -165,8 +165,9 @@ def kubeflow_job(spec: Spec, trainers: int, pservers: int):
         return kf.KubeflowOrgV1ReplicaSpec(
             replicas=count, restart_policy=_restart(spec),
             template=pod_template(spec, cmd, node_env(base, field), gpus=spec.gpus_per_pod))
+    # Running: once the trainers are done, pods still running (pservers) are deleted
     run_policy = kf.KubeflowOrgV1RunPolicy(backoff_limit=spec.max_restarts,
-                                           clean_pod_policy="None")
+                                           clean_pod_policy="Running")
     api_version, kind, _ = API[spec.kind]
     meta = _meta(spec, spec.name)
     if spec.kind == kplan.PYTORCHJOB:

@@ -7,7 +7,9 @@ FLUIDCTL_K8S_INDEX (its replica index, from the downward API); the token comes f
 (FLUIDCTL_JOB_TOKEN, a secretKeyRef). Its processes start with exactly the environment the plan
 gave them (what the operator injected, e.g. RANK or MASTER_ADDR, is replaced by the plan's), each
 writing LOG_DIR/<pod>/workerlog.N, every line echoed to stdout with a ``[trainer N]`` prefix
-(``kubectl logs``). The pod exits with the first failing process's code.
+(``kubectl logs``). The pod exits with the first failing process's code. A pod of pservers only
+runs until they end: the job's success policy (its trainers done) stops it with SIGTERM, and
+each pserver saves its checkpoint in the grace period.
 """
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ def run_pod(path: str) -> int:
     from fluidctl.diagnostics.watch import Diagnostics
     from fluidctl.launch import run
     from fluidctl.launch.supervisor import LaunchLog, RunOptions
+    from fluidctl.planning.plan import PSERVER
     from fluidctl.procs.local import start_procs
     share, procs = my_share(path, os.environ)
     logs = [p.log for p in procs]
@@ -71,9 +74,15 @@ def run_pod(path: str) -> int:
     launch_log(f"pod {share.host}: " + ", ".join(p.label for p in procs))
     diagnostics = Diagnostics()
 
+    serves_only = all(p.role == PSERVER for p in procs)
+
     def start(attempt):
-        diagnostics.current = start_procs(procs, attempt, logs, extra_env=diagnostics.env())
-        return diagnostics.current
+        handles = start_procs(procs, attempt, logs, extra_env=diagnostics.env())
+        if serves_only:     # a pserver pod runs until its pservers end or the job stops it
+            for handle in handles:
+                handle.service = False
+        diagnostics.current = handles
+        return handles
     shown = run.ConsoleOutput(sources=[(p.log, f"[{p.label}] ") for p in procs],
                               report=run.failure_reporter(20))
     result = run.run_supervised(start, logs=logs, launch_log=launch_log,
