@@ -61,14 +61,18 @@ class K8sLauncher(BaseLauncher):
                 nodes.append(planner.Node(a, 0, (), a.split(".")[0], pservers=1))
         job = config.job(nodes, script=script, multi_node_logs=True)
         job.python = python
+        job.cores = nproc       # the pods' cores are unknown here: one thread per process
+                                # (CPU_NUM, OMP_NUM_THREADS) unless --env sets them
         self.spec_args = dict(kind=opts.kind, name=name, namespace=opts.namespace,
                               image=opts.image, python=python, token=config.token,
                               max_restarts=config.max_restarts, gpus_per_pod=gpus,
-                              workdir=config.remote_dir)
+                              workdir=config.remote_dir, grace=config.grace_period)
         if opts.kind == kplan.MPIJOB:
             from fluidctl.backends import mpi
             rank_argv = mpi.worker_argv(script, config.script_args, python)
             plan = planner.plan_mpi(job, rank_argv, backend=self.name)
+            for proc in plan.procs:         # in the pod's working directory, not this one
+                proc.env[envs.LOG_DIR] = config.log_dir
             env = plan.procs[0].env
             if gpus:
                 for proc in plan.procs:

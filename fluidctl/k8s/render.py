@@ -45,10 +45,12 @@ class Spec:
 
     def __init__(self, kind: str, name: str, namespace: str, image: str, python: str,
                  token: str, max_restarts: int = 0, gpus_per_pod: int = 0,
-                 workdir: Optional[str] = None, mpirun: Sequence[str] = ()):
+                 workdir: Optional[str] = None, mpirun: Sequence[str] = (),
+                 grace: float = 5.0):
         self.kind, self.name, self.namespace, self.image = kind, name, namespace, image
         self.python, self.token, self.max_restarts = python, token, max_restarts
         self.gpus_per_pod, self.workdir, self.mpirun = gpus_per_pod, workdir, list(mpirun)
+        self.grace = grace          # --grace-period: SIGTERM to SIGKILL inside a pod
 
 
 def _client():
@@ -68,7 +70,7 @@ def _meta(spec: Spec, name: str):
                           labels={**MANAGED, JOB_LABEL: spec.name})
 
 
-def shares(plan: Plan) -> List[dict]:
+def shares(plan: Plan, grace: float = 5.0) -> List[dict]:
     """Each node's processes as the NodeShare record its pod runs (the token left out)."""
     from fluidctl.agentproto import NodeShare
     out = []
@@ -78,7 +80,7 @@ def shares(plan: Plan) -> List[dict]:
             record = p.to_json()
             record["env"] = {k: v for k, v in record["env"].items() if k != envs.JOB_TOKEN}
             procs.append(record)
-        out.append(NodeShare(procs, plan.job.log_dir, node.label).to_record())
+        out.append(NodeShare(procs, plan.job.log_dir, node.label, grace=grace).to_record())
     return out
 
 
@@ -90,7 +92,8 @@ def secret(spec: Spec):
 
 def config_map(spec: Spec, plan: Plan):
     c = _client()
-    data = json.dumps({"job": spec.name, "kind": spec.kind, "nodes": shares(plan)}, indent=1)
+    data = json.dumps({"job": spec.name, "kind": spec.kind,
+                       "nodes": shares(plan, spec.grace)}, indent=1)
     return c.V1ConfigMap(api_version="v1", kind="ConfigMap",
                          metadata=_meta(spec, f"{spec.name}-plan"), data={PLAN_FILE: data})
 
