@@ -51,11 +51,15 @@ def pods(objects: List[dict]) -> List[Pod]:
     for rtype, rspec in job["spec"][key].items():
         for index in range(rspec["replicas"]):
             pod = f"{name}-{rtype.lower()}-{index}"      # and its Service, of the same name
+            if rtype == "Launcher":                      # MPIJob's one launcher: no index
+                pod = f"{name}-launcher"
             out.append(Pod(pod, [pod, f"{pod}.{ns}", f"{pod}.{ns}.svc",
                                  f"{pod}.{ns}.svc.cluster.local"],
                            rspec["template"], {REPLICA_INDEX: str(index)},
-                           # PaddleJob: the Workers' success is the job's (Masters: pservers)
-                           not (job["kind"] == "PaddleJob" and rtype == "Master")))
+                           # PaddleJob: the Workers' success is the job's (Masters: pservers);
+                           # MPIJob: the Launcher's (Workers wait for mpirun's daemons)
+                           not (job["kind"] == "PaddleJob" and rtype == "Master"
+                                or job["kind"] == "MPIJob" and rtype == "Worker")))
     return out
 
 
@@ -84,6 +88,8 @@ class PodRun:
 
     def __init__(self, objects: List[dict], nodes, workdir: Path):
         self.objects, self.nodes, self.workdir = objects, nodes, workdir
+        self.files: Dict[str, str] = {}     # path in the pod -> a file here (operator's)
+        self.extra_env: Dict[str, Dict[str, str]] = {}     # pod -> what the operator adds
         self.pods = pods(objects)
         self.procs: Dict[str, subprocess.Popen] = {}
         self.etc: List[Path] = []
@@ -123,6 +129,7 @@ class PodRun:
             mounts = self._volumes(pod)
             argv = []
             for arg in container["command"]:
+                arg = self.files.get(arg, arg)
                 for path, where in mounts.items():
                     if arg.startswith(path + "/"):
                         arg = where + arg[len(path):]
@@ -130,7 +137,8 @@ class PodRun:
             if argv[0] == "python3":                    # the image's entry: this checkout's
                 argv[0] = sys.executable
             env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
-                   "LANG": "C.UTF-8", **container_env(container, self.objects, pod)}
+                   "LANG": "C.UTF-8", **container_env(container, self.objects, pod),
+                   **self.extra_env.get(pod.name, {})}
             log = open(self.workdir / f"{pod.name}.out", "wb")
             node = self.where[pod.name]
             # the pod's own hostname (UTS namespace), as the kubelet sets it
@@ -162,6 +170,30 @@ class PodRun:
                 codes[pod.name] = None
         return {pod.name: (codes[pod.name], (self.workdir / f"{pod.name}.out").read_text(
             errors="replace")) for pod in self.pods}
+
+    def mpi_operator(self, sys_prefix: str) -> None:
+        """What Kubeflow's MPIJob controller gives the Launcher: /etc/mpi/hostfile (a Worker
+        per line with its slots) and a remote-exec agent that runs mpirun's daemon inside a
+        Worker pod (kubectl exec there; ``ip netns exec`` into the Worker's namespace here)."""
+        job = self.objects[-1]
+        slots = job["spec"].get("slotsPerWorker", 1)
+        workers = [p for p in self.pods if not p.decides]
+        hostfile = self.workdir / "mpi-hostfile"
+        hostfile.write_text("".join(f"{p.name} slots={slots}\n" for p in workers))
+        self.files["/etc/mpi/hostfile"] = str(hostfile)
+        agent = self.workdir / "kubexec.sh"
+        cases = "".join(f"  {p.name}) NS={self.where[p.name].netns} ;;\n" for p in workers)
+        agent.write_text(
+            "#!/bin/sh\n# kubexec: run the command in the named pod\n"
+            f"POD=$1; shift\ncase $POD in\n{cases}  *) echo \"no pod $POD\" >&2; exit 1 ;;\nesac\n"
+            f"export PATH={sys_prefix}/bin:$PATH OPAL_PREFIX={sys_prefix}\n"
+            # the pod's network and its hostname, as kubectl exec enters them
+            'exec ip netns exec $NS unshare --uts -- sh -c "hostname $POD && $*"\n')
+        agent.chmod(0o755)
+        launcher = next(p for p in self.pods if p.decides)
+        self.extra_env[launcher.name] = {"OMPI_MCA_plm_rsh_agent": str(agent),
+                                         "PRTE_MCA_plm_ssh_agent": str(agent),
+                                         "OMPI_MCA_orte_keep_fqdn_hostnames": "true"}
 
     def close(self) -> None:
         for proc in self.procs.values():

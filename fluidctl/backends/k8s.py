@@ -79,7 +79,7 @@ class K8sLauncher(BaseLauncher):
                     proc.env[envs.GPUS] = str(gpus)
             argv = mpi.command(rank_argv, len(plan.procs), hostfile=MPI_HOSTFILE,
                                env_names=sorted(env), mpirun="mpirun", prefix="",
-                               as_root=False, oversubscribe=False,
+                               as_root=True, oversubscribe=False,   # images run as root
                                extra=mpi.user_mpirun_args(config.mpirun_args))
             plan.commands = [planner.LaunchCommand(pods[0].split(".")[0] + "-launcher", argv)]
             self.spec_args["mpirun"] = argv

@@ -10,7 +10,6 @@ the pservers are pods of their own (a separate replica set), after the trainer p
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -36,6 +35,7 @@ class K8sOptions:
     apply: bool = False
 
     def check(self) -> None:
+        import re
         if self.kind not in KINDS:
             raise UsageError("--backend k8s needs --kind", f"choose one of {', '.join(KINDS)}, "
                              "e.g. --kind pytorchjob")
@@ -53,6 +53,7 @@ def job_name(given: Optional[str], script: str) -> str:
     """A DNS-1035 label for the job (--job-name, else the script's name): lower case, '-',
     short enough that pod names and hostnames built from it stay within 63 characters."""
     import os
+    import re
     raw = given or os.path.splitext(os.path.basename(script))[0]
     name = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
     if given and (name != given or not name[:1].isalpha() or len(name) > 40):

@@ -7,6 +7,7 @@ ConfigMap), not a Kubernetes cluster."""
 import importlib.util
 import re
 import shutil
+import sys
 
 import pytest
 
@@ -31,6 +32,8 @@ def run_pods(objects, nodes, workdir, timeout=90, meanwhile=None, torch_exit=Fal
     """Run the pods to the end; ``meanwhile()`` (the reference run here) runs while they do.
     Returns (the pods' results, what ``meanwhile`` returned)."""
     run = PodRun(objects, nodes, workdir)
+    if objects[-1]["kind"] == "MPIJob":
+        run.mpi_operator(sys.prefix)
     try:
         run.start()
         beside = meanwhile() if meanwhile else None
@@ -78,12 +81,12 @@ def local_weights(tmp_path_factory):
     return dict(np.load(work / "w.npz"))
 
 
-@pytest.mark.parametrize("kind", ["pytorchjob", "paddlejob", "jobset"])
+@pytest.mark.parametrize("kind", ["pytorchjob", "paddlejob", "jobset", "mpijob"])
 def test_runtime_script_gives_the_same_weights_as_fluidctl_train(netns_nodes, tmp_path,
                                                                   monkeypatch, kind,
                                                                   local_weights):
     import numpy as np
-    nodes = netns_nodes(2, sftp=False)
+    nodes = netns_nodes(3 if kind == "mpijob" else 2, sftp=False)
     script = TEMPLATES / "train_nccl2.py"
     work, objects = rendered(tmp_path, monkeypatch, script, kind, 2,
                              script_args=tuple(RUNTIME_ARGS))
@@ -107,6 +110,17 @@ def test_pserver_mode_as_a_separate_replica_set(netns_nodes, tmp_path, monkeypat
     done = sorted(re.findall(r"trainer \d done: loss .*", "".join(
         out for _, out in results.values())))
     assert len(done) == 2 and done == sorted(re.findall(r"trainer \d done: loss .*", stdout))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("paddle") is None, reason="paddle not installed")
+def test_paddle_dataparallel_in_paddlejob_pods(netns_nodes, tmp_path, monkeypatch):
+    nodes = netns_nodes(2, sftp=False)
+    work, objects = rendered(tmp_path, monkeypatch, SCRIPTS / "paddle_dp.py", "paddlejob", 2)
+    results, (_, stdout) = run_pods(objects, nodes, work, timeout=150, meanwhile=lambda: local_run(
+        tmp_path, SCRIPTS / "paddle_dp.py"))
+    pattern = r"paddle rank (\d)/2 allreduce 3\.0 weights (\[.*\])"
+    found = re.findall(pattern, "".join(out for _, out in results.values()))
+    assert sorted(found) == sorted(re.findall(pattern, stdout)) and len(found) == 2
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
