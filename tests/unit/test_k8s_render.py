@@ -2,8 +2,8 @@
 published schemas (tests/k8sutil.py: kubernetes-validate for core objects and pod templates,
 the operators' generated models for the custom resources); the pods carry the plan's contract
 (the ConfigMap is the --dry-run --json plan, token removed), the token only in a Secret; without
-a kubeconfig --apply is one line; --apply and ``fluidctl job`` speak the real client's HTTP to a
-small API server here."""
+a kubeconfig --apply is one line; --apply and ``fluidctl job list|status|logs|cancel`` speak the
+real client's HTTP to a small API server here."""
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -115,7 +115,28 @@ class FakeAPIServer(BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.seen.append(("GET", self.path, self.headers.get("Authorization")))
-        obj = self.stored.get(self.path.split("?")[0])
+        path, _, query = self.path.partition("?")
+        if path == "/apis/kubeflow.org/v1/pytorchjobs":        # list, every namespace
+            assert "labelSelector=app.kubernetes.io%2Fmanaged-by%3Dfluidctl" in query, query
+            return self._reply(200, {"items": [o for k, o in self.stored.items()
+                                               if "/pytorchjobs/" in k]})
+        if path.startswith("/apis/"):
+            if path.count("/") <= 4:                             # another kind's list
+                return self._reply(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+        if path == "/api/v1/namespaces/ml/pods":
+            assert "labelSelector=fluidctl.io%2Fjob%3Dbehave" in query, query
+            return self._reply(200, {"kind": "PodList", "items": [
+                {"metadata": {"name": "behave-worker-0"}},
+                {"metadata": {"name": "behave-master-0"}}]})
+        if path.endswith("/log"):
+            data = f"[trainer 0] log of {path.split('/')[-2]}\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        obj = self.stored.get(path)
         if obj is None:
             return self._reply(404, {"kind": "Status", "status": "Failure", "code": 404,
                                      "reason": "NotFound", "message": "not found"})
@@ -161,6 +182,13 @@ def test_apply_and_job_commands_through_the_client(capsys, tmp_path, monkeypatch
         ("POST", "/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs", "Bearer bearer-1")]
     code, out, err = run_cli(capsys, "job", "status", "pytorchjob/behave", "--namespace", "ml")
     assert (code, out) == (0, "job pytorchjob/behave in ml: Running\n"), err
+    code, out, err = run_cli(capsys, "job", "list", "--k8s", "--json")
+    assert code == 0, err
+    assert json.loads(out) == [{"job_id": "pytorchjob/behave", "namespace": "ml",
+                                "state": "Pending"}]          # no status in the stored object
+    code, out, err = run_cli(capsys, "job", "logs", "pytorchjob/behave", "--namespace", "ml",
+                             "--rank", 1)
+    assert (code, out) == (0, "[trainer 0] log of behave-worker-0\n"), err   # pods by name
     code, out, err = run_cli(capsys, "job", "cancel", "pytorchjob/behave", "--namespace", "ml")
     assert code == 0, err
     assert [s[:2] for s in api_server.seen if s[0] == "DELETE"] == [
