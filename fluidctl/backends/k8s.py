@@ -18,6 +18,24 @@ from fluidctl.errors import UsageError
 from fluidctl.planning import k8s as kplan
 
 MPI_HOSTFILE = "/etc/mpi/hostfile"      # where Kubeflow's MPIJob puts the Workers' names
+# what renders each kind: the kubernetes client always, and the kind's own models
+NEEDS = {"kubernetes": "kubernetes", "kubeflow.training": "kubeflow-training",
+         "kubeflow_trainer_api": "kubeflow-trainer-api"}
+
+
+def check_libraries(kind: str) -> None:
+    """The rendering libraries are the k8s extra's: one line when one is missing."""
+    import importlib.util
+    wanted = ["kubernetes", "kubeflow_trainer_api" if kind == kplan.JOBSET
+              else "kubeflow.training"]
+    for module in wanted:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:         # kubeflow itself missing
+            found = False
+        if not found:
+            raise UsageError(f"--backend k8s needs the {NEEDS[module]} package",
+                             "pip install 'fluidctl[k8s]'")
 
 
 def gpu_count(gpus) -> int:
@@ -42,6 +60,7 @@ class K8sLauncher(BaseLauncher):
         from fluidctl.planning import plan as planner
         opts = config.k8s
         opts.check()
+        check_libraries(opts.kind)
         gpus = gpu_count(config.gpus)
         if gpus and config.nproc is not None and config.nproc != gpus:
             raise UsageError(f"--nproc {config.nproc} and --gpus {config.gpus} disagree",

@@ -197,3 +197,15 @@ def test_apply_and_job_commands_through_the_client(capsys, tmp_path, monkeypatch
         ("DELETE", "/api/v1/namespaces/ml/configmaps/behave-plan")]
     code, out, err = run_cli(capsys, "job", "status", "jobset/nope", "--namespace", "ml")
     assert code == 2 and err.startswith("error: reading jobset/nope in ml failed: 404")
+
+
+def test_a_missing_rendering_library_is_one_line(capsys, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "kubeflow_trainer_api" else real(name, *a))
+    code, out, err = run_cli(capsys, "train", "--backend", "k8s", "--kind", "jobset", "--image",
+                             "i", "--dry-run", BEHAVE)
+    assert (code, out) == (2, "")
+    assert err == ("error: --backend k8s needs the kubeflow-trainer-api package "
+                   "(pip install 'fluidctl[k8s]')\n")
