@@ -56,11 +56,17 @@ def pods(objects: List[dict]) -> List[Pod]:
             out.append(Pod(pod, [pod, f"{pod}.{ns}", f"{pod}.{ns}.svc",
                                  f"{pod}.{ns}.svc.cluster.local"],
                            rspec["template"], {REPLICA_INDEX: str(index)},
-                           # PaddleJob: the Workers' success is the job's (Masters: pservers);
-                           # MPIJob: the Launcher's (Workers wait for mpirun's daemons)
-                           not (job["kind"] == "PaddleJob" and rtype == "Master"
-                                or job["kind"] == "MPIJob" and rtype == "Worker")))
+                           # PaddleJob: the Masters' success is the job's when it has
+                           # Masters, else the Workers'; MPIJob: the Launcher's
+                           _decides(job, rtype)))
     return out
+
+
+def _decides(job: dict, rtype: str) -> bool:
+    """Whether a replica type's success is the job's, as the training operator judges it."""
+    if job["kind"] == "PaddleJob":
+        return rtype == ("Master" if "Master" in job["spec"]["paddleReplicaSpecs"] else "Worker")
+    return not (job["kind"] == "MPIJob" and rtype == "Worker")
 
 
 def _by_kind(objects, kind) -> Dict[str, dict]:

@@ -78,12 +78,10 @@ class K8sLauncher(BaseLauncher):
         if config.mode == "pserver" and not config.pserver_endpoints:
             for a in kplan.pserver_pods(opts.kind, name, config.pservers or 1, opts.namespace):
                 nodes.append(planner.Node(a, 0, (), a.split(".")[0], pservers=1))
-            if opts.kind == kplan.PADDLEJOB:
-                print("warning: a PaddleJob with Master replicas (the pservers) succeeds when "
-                      "they exit, and fluidctl's pservers serve until stopped: after training "
-                      "it stays Running until 'fluidctl job cancel paddlejob/" + name + "' "
-                      "(--kind jobset ends with its trainers)", file=sys.stderr, flush=True)
         job = config.job(nodes, script=script, multi_node_logs=True)
+        # a pserver pod ends once every trainer has left: a PaddleJob succeeds when its
+        # Masters (the pservers) do, and no pserver pod outlives the job
+        job.pserver_args = [*job.pserver_args, "--exit-when-done"]
         job.python = python
         job.cores = nproc       # the pods' cores are unknown here: one thread per process
                                 # (CPU_NUM, OMP_NUM_THREADS) unless --env sets them

@@ -99,11 +99,14 @@ def test_runtime_script_gives_the_same_weights_as_fluidctl_train(netns_nodes, tm
         assert np.array_equal(in_pods[key], here), key
 
 
-def test_pserver_mode_as_a_separate_replica_set(netns_nodes, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["jobset", "paddlejob"])
+def test_pserver_mode_as_a_separate_replica_set(netns_nodes, tmp_path, monkeypatch, kind):
+    """The pservers are pods of their own; they end once every trainer left (a PaddleJob
+    succeeds when its Masters, the pservers, do)."""
     nodes = netns_nodes(3, sftp=False)
     script = TEMPLATES / "train_pserver.py"
     args = ("--steps", "20")
-    work, objects = rendered(tmp_path, monkeypatch, script, "jobset", 2, mode="pserver",
+    work, objects = rendered(tmp_path, monkeypatch, script, kind, 2, mode="pserver",
                              pservers=1, script_args=args)
     results, (_, stdout) = run_pods(objects, nodes, work, meanwhile=lambda: local_run(
         tmp_path, script, *args, mode=("--mode", "pserver")))
