@@ -70,6 +70,8 @@ INIT_USE_GPU = "PADDLE_INIT_USE_GPU"
 INIT_TRAINER_COUNT = "PADDLE_INIT_TRAINER_COUNT"
 PSERVER_ID = "PADDLE_PSERVER_ID"
 # --- fluidctl's own -------------------------------------------------------------------------
+K8S_NODE_BASE = "FLUIDCTL_K8S_NODE_BASE"  # a Kubernetes pod's first node in the plan (render)
+K8S_NODE_INDEX = "FLUIDCTL_K8S_INDEX"     # its index in its replica set (downward API)
 JOB_TOKEN = "FLUIDCTL_JOB_TOKEN"        # per-job secret for HMAC authentication on the wire
 SYNC_MODE = "FLUIDCTL_SYNC_MODE"        # "sync" | "async" (parameter-server mode)
 TIMEOUT = "FLUIDCTL_TIMEOUT"            # seconds a collective or rendezvous may wait

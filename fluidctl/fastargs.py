@@ -347,6 +347,11 @@ def _backend_names():
     return backends.names()
 
 
+def _k8s_kinds():
+    from fluidctl.planning.k8s import KINDS
+    return KINDS
+
+
 def _tee_choices():
     from fluidctl.planning.config import TEE_CHOICES
     return TEE_CHOICES
@@ -379,6 +384,10 @@ TRAIN = Command("fluidctl.launch.train:run", (
     Option(["--mpirun-arg"], "mpirun_args", MULTI),
     Option(["--job-name"], "job_name"),
     Option(["--detach"], "detach", FLAG),
+    Option(["--kind"], "kind", type=choice(_k8s_kinds)),
+    Option(["--image"], "image"),
+    Option(["--namespace"], "namespace"),
+    Option(["--apply"], "apply", FLAG),
     Option(["--ssh-config"], "ssh_config"),
     Option(["--accept-new-host-keys"], "accept_new_host_keys", FLAG),
     Option(["--remote-dir"], "remote_dir"),

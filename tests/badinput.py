@@ -24,6 +24,15 @@ TRAIN_BAD_INPUT = [
      "--health-gate measures the nodes of --hostfile/--hosts over SSH"),
     (["{tmp}"], "is a directory"),
     ([], "Missing argument 'SCRIPT'"),
+    (["--backend", "k8s", "--image", "i", "{behave}"], "--backend k8s needs --kind"),
+    (["--backend", "k8s", "--kind", "jobset", "{behave}"], "--backend k8s needs --image"),
+    (["--kind", "jobset", "{behave}"], "--kind is a Kubernetes option"),
+    (["--backend", "k8s", "--kind", "pytorchjob", "--image", "i", "--mode", "pserver",
+      "{behave}"], "--mode pserver has no replica set in a pytorchjob"),
+    (["--backend", "k8s", "--kind", "jobset", "--image", "i", "{behave}"],
+     "add --dry-run to print the YAML, or --apply"),
+    (["--backend", "k8s", "--kind", "jobset", "--image", "i", "--namespace", "Bad_NS",
+      "--dry-run", "{behave}"], "is not a Kubernetes namespace name"),
 ]
 
 # errors checked on the real command only (a missing script or program, GPU discovery,

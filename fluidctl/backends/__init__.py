@@ -16,6 +16,7 @@ LAUNCHERS = {
     "fabric": "fluidctl.backends.ssh:FabricLauncher",
     "mpi": "fluidctl.backends.mpi:MPILauncher",
     "slurm": "fluidctl.backends.slurm:SlurmLauncher",
+    "k8s": "fluidctl.backends.k8s:K8sLauncher",
 }
 
 

@@ -8,27 +8,37 @@ import click
 
 
 @click.group(help="""Slurm jobs submitted with 'fluidctl train --backend slurm' (from a login
-node): their state, logs, and cancelling them. No sacct needed.
+node), and Kubernetes jobs submitted with 'fluidctl train --backend k8s --apply' (named
+KIND/NAME, e.g. pytorchjob/bert; through your kubeconfig): their state, logs, and cancelling
+them. No sacct needed.
 
 \b
 Examples:
   fluidctl job list
   fluidctl job status 1234 --json
   fluidctl job logs 1234 -f --rank 3
-  fluidctl job cancel 1234""")
+  fluidctl job cancel 1234
+  fluidctl job status pytorchjob/bert --namespace ml-team""")
 def job():
     pass
 
 
 @job.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, e.g. fluidctl job list --json.")
-def list_jobs(as_json):
+@click.option("--k8s", is_flag=True,
+              help="List the Kubernetes jobs fluidctl submitted (every namespace, or "
+                   "--namespace), through your kubeconfig, e.g. --k8s.")
+@click.option("--namespace", default=None, help="With --k8s: only this namespace.")
+def list_jobs(as_json, k8s, namespace):
     """Every recorded job, newest first, with its state now.
 
     \b
     Example:
       fluidctl job list --json | jq '.[] | select(.state == "RUNNING") | .job_id'
     """
+    if k8s:
+        from fluidctl.jobs import kube
+        return kube.list_jobs(namespace, as_json)
     from fluidctl.jobs.submitted import list_jobs as run
     run(as_json)
 
@@ -37,7 +47,9 @@ def list_jobs(as_json):
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True,
               help="Print JSON, e.g. fluidctl job status 1234 --json.")
-def status(job_id, as_json):
+@click.option("--namespace", default="default", show_default=True,
+              help="Kubernetes jobs (KIND/NAME): their namespace, e.g. --namespace ml-team.")
+def status(job_id, as_json, namespace):
     """State of one job: PENDING (and why), RUNNING (where), or how it ended and its exit code.
     Exits 0 for a job that is queued, running or completed, 1 for one that failed or was
     cancelled (also once Slurm has forgotten it: fluidctl records how it ended).
@@ -46,6 +58,9 @@ def status(job_id, as_json):
     Example:
       fluidctl job status 1234
     """
+    if "/" in job_id:
+        from fluidctl.jobs import kube
+        return kube.status(job_id, namespace, as_json)
     from fluidctl.jobs.submitted import status as run
     run(job_id, as_json)
 
@@ -58,7 +73,10 @@ def status(job_id, as_json):
               help="Show the batch script's own output (slurm-JOBID.out) instead of a rank's.")
 @click.option("-f", "--follow", is_flag=True,
               help="Keep printing until the job ends, then exit with its exit code.")
-def logs(job_id, rank, batch, follow):
+@click.option("--namespace", default="default", show_default=True,
+              help="Kubernetes jobs: their namespace; --rank N shows the N-th pod's log (all "
+                   "of its processes), e.g. --namespace ml-team.")
+def logs(job_id, rank, batch, follow, namespace):
     """Print a rank's log (rank 0 by default); -f follows it while the job runs.
 
     \b
@@ -66,18 +84,26 @@ def logs(job_id, rank, batch, follow):
       fluidctl job logs 1234
       fluidctl job logs 1234 -f --rank 3
     """
+    if "/" in job_id:
+        from fluidctl.jobs import kube
+        return kube.logs(job_id, namespace, rank)
     from fluidctl.jobs.submitted import logs as run
     run(job_id, rank, batch, follow)
 
 
 @job.command("cancel")
 @click.argument("job_id")
-def cancel(job_id):
+@click.option("--namespace", default="default", show_default=True,
+              help="Kubernetes jobs (KIND/NAME): their namespace, e.g. --namespace ml-team.")
+def cancel(job_id, namespace):
     """Cancel a job (scancel: every step and the batch script get SIGTERM, then SIGKILL).
 
     \b
     Example:
       fluidctl job cancel 1234
     """
+    if "/" in job_id:
+        from fluidctl.jobs import kube
+        return kube.cancel(job_id, namespace)
     from fluidctl.jobs.submitted import cancel as run
     run(job_id)

@@ -12,6 +12,7 @@ import click
 
 from fluidctl import backends, envs
 from fluidctl.commands.numbers import Number, seconds
+from fluidctl.commands.k8s_options import k8s_options
 from fluidctl.commands.slurm_options import slurm_options
 from fluidctl.paths import DEFAULT_LOG_DIR
 from fluidctl.planning.config import HANG_HINT, HANG_TIMEOUT_MAX, TEE_CHOICES
@@ -79,9 +80,11 @@ def _non_negative(name: str):
               help="Nodes on the command line, e.g. --hosts node1:2,node2:2.")
 @click.option("--backend", type=click.Choice(backends.names()), default=None,
               help="How processes start: local (default without hosts), ssh (paramiko; default "
-                   "with hosts), fabric, mpi (mpirun + fluidctl worker), or slurm (one srun step "
-                   "in an allocation, else sbatch: docs/slurm.md), e.g. --backend mpi.")
+                   "with hosts), fabric, mpi (mpirun + fluidctl worker), slurm (one srun step "
+                   "in an allocation, else sbatch: docs/slurm.md), or k8s (a Kubernetes job: "
+                   "docs/kubernetes.md), e.g. --backend mpi.")
 @slurm_options
+@k8s_options
 @click.option("--ssh-config", type=str, default=None,
               help="ssh config file to read instead of ~/.ssh/config, e.g. --ssh-config ./ssh.cfg.")
 @click.option("--accept-new-host-keys", is_flag=True,

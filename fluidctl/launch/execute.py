@@ -33,10 +33,14 @@ def launch(config: "LaunchConfig", launcher_name: Optional[str] = None, *,
         plan = launcher.prepare(config)
         config.check_tee_ranks(len(plan.trainers))
         if dry_run:
-            print_plan(plan, as_json, show_secrets)
-            if not as_json:
-                print(launcher.describe(plan), end="")
+            if as_json or getattr(launcher, "dry_run_table", True):
+                print_plan(plan, as_json, show_secrets)
+            if not as_json:      # --show-secrets: the k8s YAML with its Secret's token
+                print(launcher.describe(plan, True) if show_secrets else launcher.describe(plan),
+                      end="")
             return 0
+        if getattr(launcher, "submits", False):     # the cluster runs it (k8s)
+            return launcher.submit(plan, config)
         return execute(plan, launcher, config, launch_log).exit_code
     finally:
         launcher.close()

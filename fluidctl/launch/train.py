@@ -12,6 +12,9 @@ from fluidctl.errors import UsageError
 SLURM_NAMES = ("nodes", "partition", "time_limit", "account", "qos", "constraint", "exclude",
                "slurm_args", "job_name", "detach")
 
+# the Kubernetes-only options (``--backend k8s``), gathered into one K8sOptions
+K8S_NAMES = ("kind", "image", "namespace", "apply")
+
 
 def slurm_options(options: dict):
     """Pop the Slurm options out of ``options``: (SlurmOptions, whether any was given)."""
@@ -24,19 +27,37 @@ def slurm_options(options: dict):
     return SlurmOptions(**values), given
 
 
+def k8s_options(options: dict):
+    """Pop the Kubernetes options out of ``options`` into one K8sOptions (``--nodes`` and
+    ``--job-name`` are the pod count and the job's name under ``--backend k8s``)."""
+    from fluidctl.planning.k8s import K8sOptions
+    values = {name: options.pop(name, None) for name in K8S_NAMES}
+    if options.get("backend") != "k8s":
+        given = [name for name, value in values.items() if value]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise UsageError(f"{flag} is a Kubernetes option", "add --backend k8s")
+        return K8sOptions()
+    nodes, name = options.pop("nodes", None), options.pop("job_name", None)
+    return K8sOptions(kind=values["kind"], image=values["image"],
+                      namespace=values["namespace"] or "default", nodes=nodes or 1, name=name,
+                      apply=bool(values["apply"]))
+
+
 def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False,
         include_bad: bool = False, health_gate: bool = False, **options) -> None:
     """Plan and run the job (``--dry-run``: print the plan); exits with the job's code.
     ``options`` are ``LaunchConfig.from_options``'s keywords plus the Slurm options."""
     if as_json and not dry_run:
         raise UsageError("--json only works with --dry-run", "add --dry-run")
-    if show_secrets and not as_json:
+    if show_secrets and not (as_json or dry_run and options.get("backend") == "k8s"):
         raise UsageError("--show-secrets only works with --dry-run --json (it unmasks the job "
                          "token in the printed plan)", "add --dry-run --json, or drop it")
     if options.pop("node_rank", None) is not None:
         raise UsageError("--node-rank is torchrun's: fluidctl plans node ranks itself (the "
                          "order of --hostfile/--hosts) and starts every node from here",
                          "drop --node-rank and run fluidctl once, on one machine")
+    k8s = k8s_options(options)
     nodes = options.get("nodes") if options.get("backend") != "slurm" else None
     if nodes is not None:            # torchrun's --nnodes: here the nodes are the hostfile's
         options["nodes"] = None
@@ -48,7 +69,7 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
         raise UsageError(f"--gpus all is not known with --backend {options['backend']}",
                          "give a count per node, e.g. --gpus 4")
     from fluidctl.planning.config import LaunchConfig
-    config = LaunchConfig.from_options(slurm=slurm, **options)
+    config = LaunchConfig.from_options(slurm=slurm, k8s=k8s, **options)
     if nodes is not None and nodes > max(1, len(config.hosts)):
         where = (f"--hostfile/--hosts name {len(config.hosts)} nodes" if config.hosts
                  else "without --hostfile or --hosts the job runs on this machine alone")

@@ -19,6 +19,7 @@ from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
 from fluidctl.planning import options as opts
 from fluidctl.planning.hosts import Host, load_hosts
 from fluidctl.planning.plan import JobSpec, Node
+from fluidctl.planning.k8s import K8sOptions
 from fluidctl.planning.slurm import SlurmOptions
 
 TEE_CHOICES = ("rank0", "all", "none")
@@ -59,6 +60,7 @@ class LaunchConfig:
     hang_timeout: Optional[float] = None            # --hang-timeout seconds (None: off)
     log_tail: int = 20
     slurm: SlurmOptions = SlurmOptions()        # --backend slurm's own options
+    k8s: K8sOptions = K8sOptions()              # --backend k8s's own options
     mpirun_args: Tuple[str, ...] = ()           # --mpirun-arg: passed to mpirun as they are
     include_bad: bool = False                   # --include-bad: use nodes in the bad-node ledger
 

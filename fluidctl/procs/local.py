@@ -167,6 +167,8 @@ def start_procs(procs: Sequence["ProcSpec"], attempt: int,
             handles[i].rank = proc.rank if proc.role != PSERVER else None   # whose stack
             if fds:
                 waiting[read_fd] = handles[i]
+        if waiting:         # pservers alone (a pserver pod): return once they listen
+            _wait_ready(waiting)
     except BaseException:
         for h in handles:
             if h is not None:

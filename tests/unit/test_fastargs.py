@@ -204,7 +204,7 @@ def test_train_s_plain_forms_are_parsed_here(paths):
         assert parsed is not None, argv
         assert parsed == click_params(TRAIN, argv), argv
     for argv in ([], ["--help"], ["-h"], ["--nproc", "0", "t.py"], ["--", "t.py"],
-                 ["--backend", "k8s", "t.py"], ["--checkpoint-dir", "hosts.txt", "t.py"],
+                 ["--backend", "nomad", "t.py"], ["--checkpoint-dir", "hosts.txt", "t.py"],
                  ["--log-tail", "-1", "t.py"], ["--sync=yes", "t.py"], ["-"],
                  ["--slurm-arg=--mail-type=END", "t.py"]):       # a value like an option
         assert fastargs.COMMANDS[TRAIN].parse(argv) is None, argv

@@ -41,6 +41,10 @@ NEVER = {
     "backends": ENTRY + ("fluidctl.launch", "fluidctl.cluster"),
     "launch": ENTRY,        # cluster's ledger and health gate choose a job's nodes first
     "jobs": ENTRY + ("fluidctl.cluster",),
+    # rendering and the API: below the backends, above planning (it renders a Plan)
+    "k8s": ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.cluster",
+                    "fluidctl.remote", "fluidctl.procs", "fluidctl.diagnostics",
+                    "fluidctl.runtime", "fluidctl.jobs"),
     "pserverctl": ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.cluster",
                            "fluidctl.remote", "fluidctl.sharding"),
     "node": ("fluidctl.cli", "fluidctl.commands", "fluidctl.cluster"),
@@ -66,7 +70,7 @@ def test_backends_hold_launchers_only():
     rendezvous doctor: nothing else lives there."""
     root = Path(fluidctl.__file__).parent / "backends"
     assert sorted(p.stem for p in root.glob("*.py")) == [
-        "__init__", "base", "doctor", "local", "mpi", "slurm", "slurmctl", "ssh"]
+        "__init__", "base", "doctor", "k8s", "local", "mpi", "slurm", "slurmctl", "ssh"]
     from fluidctl import backends
     for name, spec in backends.LAUNCHERS.items():
         assert spec.startswith("fluidctl.backends."), (name, spec)

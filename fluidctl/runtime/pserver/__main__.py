@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not write a pid file and state record")
     p.add_argument("--log-file", help="recorded in the state record for `status`")
     p.add_argument("--ready-fd", type=int, help="write the endpoint here once listening")
+    p.add_argument("--exit-when-done", action="store_true",
+                   help="stop (final checkpoint, exit 0) once every trainer has left, e.g. a "
+                        "pserver pod whose job ends when its pservers do")
     p.add_argument("--no-parent-watch", action="store_true",
                    help="keep serving when the process that started this one exits (daemons)")
     return p
@@ -77,6 +80,7 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerC
         token=token, max_frame=args.max_frame_mb << 20,
         register_timeout=args.register_timeout or env.timeout, round_timeout=env.timeout,
         write_state=not args.no_state, log_file=args.log_file,
+        exit_when_done=args.exit_when_done,
         watch_parent=environ.get(envs.TRAINING_ROLE) == envs.ROLE_PSERVER and not args.no_parent_watch)
     for name, value, low in (("--port", cfg.port, 0), ("--ports-num", cfg.ports_num, 1),
                              ("--ports-num-for-sparse", cfg.ports_num_for_sparse, 0),

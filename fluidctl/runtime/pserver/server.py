@@ -58,6 +58,7 @@ class ServerConfig:
     register_timeout: float = 300.0
     round_timeout: float = 300.0       # sync: how long a round waits for every trainer
     watch_parent: bool = False         # stop when the process that started us is gone
+    exit_when_done: bool = False       # stop (checkpoint, exit 0) once every trainer has left
     write_state: bool = True           # pid file + state record in fluidctl.paths.state_dir()
     log_file: Optional[str] = None     # shown by `fluidctl pserver status`
 
@@ -442,6 +443,12 @@ class PServer:
         self.shard.leave(h["trainer"])
         conn.trainer = None
         wire.send_frame(conn.sock, {"op": P.OK})
+        if self.cfg.exit_when_done:
+            with self.shard.cond:
+                done = len(self.shard.left) >= self.shard.trainers
+            if done:
+                log.info("every trainer has left: stopping (--exit-when-done)")
+                self.stop_event.set()
 
     def _stats(self, conn: _Conn, h: dict, n: int) -> None:
         _expect(n, 0, "stats")

@@ -1,0 +1,39 @@
+"""``fluidctl job list|status|logs|cancel`` for the Kubernetes jobs fluidctl submitted
+(``KIND/NAME``, e.g. ``pytorchjob/bert``), through the API (``fluidctl.k8s.api``)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from fluidctl.k8s import api
+
+FAILED = ("Failed",)
+
+
+def list_jobs(namespace, as_json: bool = False) -> None:
+    rows = api.list_jobs(namespace)
+    if as_json:
+        print(json.dumps(rows, indent=1), flush=True)
+        return
+    from fluidctl.tables import print_table
+    print_table("fluidctl Kubernetes jobs", ("job", "namespace", "state"),
+                [(r["job_id"], r["namespace"], r["state"]) for r in rows])
+
+
+def status(job_id: str, namespace: str, as_json: bool = False) -> None:
+    """The job's state (its last true condition); exit 1 for a failed job."""
+    state = api.status(job_id, namespace)
+    if as_json:
+        print(json.dumps({"job_id": job_id, "namespace": namespace, "state": state}, indent=1))
+    else:
+        print(f"job {job_id} in {namespace}: {state}")
+    sys.exit(1 if state in FAILED else 0)
+
+
+def logs(job_id: str, namespace: str, pod: int) -> None:
+    sys.stdout.write(api.logs(job_id, namespace, pod))
+
+
+def cancel(job_id: str, namespace: str) -> None:
+    api.cancel(job_id, namespace)
+    print(f"cancelled {job_id} in {namespace}")

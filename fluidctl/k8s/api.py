@@ -1,0 +1,187 @@
+"""The Kubernetes API through the ``kubernetes`` client: submit a rendered job (``--apply``) and
+``fluidctl job list|status|logs|cancel`` for the jobs fluidctl submitted (label
+``app.kubernetes.io/managed-by=fluidctl``). A job is named ``KIND/NAME`` (e.g.
+``pytorchjob/bert``). Every call has a deadline (TIMEOUT seconds); without a kubeconfig, or
+with one that cannot be read, one line and exit 2.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence, Tuple
+
+from fluidctl.errors import UsageError
+from fluidctl.k8s.render import API, JOB_LABEL, MANAGED
+from fluidctl.planning.k8s import KINDS
+
+TIMEOUT = 30.0              # seconds for each API call
+
+
+def kubeconfig_path(environ=None) -> str:
+    """$KUBECONFIG (its first file), else ~/.kube/config."""
+    environ = os.environ if environ is None else environ
+    given = environ.get("KUBECONFIG", "")
+    first = given.split(os.pathsep)[0] if given else ""
+    return first or os.path.expanduser("~/.kube/config")
+
+
+def api_client(environ=None):
+    """A client for the kubeconfig's current context (or the pod's service account inside a
+    cluster); a UsageError when there is neither."""
+    from kubernetes import client, config as kconfig
+    environ = os.environ if environ is None else environ
+    path = kubeconfig_path(environ)
+    if os.path.exists(path):
+        try:
+            return kconfig.new_client_from_config(config_file=path)
+        except Exception as exc:        # the client's own ConfigException and YAML errors
+            raise UsageError(f"cannot use the kubeconfig {path}: {exc}".splitlines()[0],
+                             "fix it, or point KUBECONFIG at a working one "
+                             "(kubectl config view)") from None
+    if environ.get("KUBERNETES_SERVICE_HOST"):
+        kconfig.load_incluster_config()
+        return client.ApiClient()
+    why = "KUBECONFIG names it" if environ.get("KUBECONFIG") else "KUBECONFIG is not set"
+    raise UsageError(f"no kubeconfig: {path} does not exist ({why})",
+                     "point KUBECONFIG at your cluster's kubeconfig, or use --dry-run to "
+                     "print the YAML")
+
+
+def _fail(what: str, exc) -> UsageError:
+    status = getattr(exc, "status", None)
+    reason = getattr(exc, "reason", None) or str(exc).splitlines()[0]
+    return UsageError(f"{what}: {status or ''} {reason}".replace("  ", " "),
+                      "check the kubeconfig's context and your rights in the namespace "
+                      "(kubectl auth can-i create pods)")
+
+
+def apply(objects: Sequence[dict], namespace: str, environ=None) -> List[str]:
+    """Create each object (Secret, ConfigMap, the job), in order; their KIND/NAME."""
+    from kubernetes import client
+    api = api_client(environ)
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    created = []
+    for obj in objects:
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        try:
+            if kind == "Secret":
+                core.create_namespaced_secret(namespace, obj, _request_timeout=TIMEOUT)
+            elif kind == "ConfigMap":
+                core.create_namespaced_config_map(namespace, obj, _request_timeout=TIMEOUT)
+            else:
+                group, version, plural = _crd(obj)
+                custom.create_namespaced_custom_object(group, version, namespace, plural, obj,
+                                                       _request_timeout=TIMEOUT)
+        except client.ApiException as exc:
+            raise _fail(f"creating {kind} {namespace}/{name} failed", exc) from None
+        created.append(f"{kind}/{name}")
+    return created
+
+
+def _crd(obj: dict) -> Tuple[str, str, str]:
+    group, _, version = obj["apiVersion"].partition("/")
+    plural = next(p for _, k, p in API.values() if k == obj["kind"])
+    return group, version, plural
+
+
+def parse_job_id(job_id: str) -> Tuple[str, str]:
+    """'pytorchjob/bert' -> ('pytorchjob', 'bert')."""
+    kind, _, name = job_id.partition("/")
+    if kind.lower() not in KINDS or not name:
+        raise UsageError(f"{job_id!r} is not a Kubernetes job of fluidctl's",
+                         f"write KIND/NAME with KIND one of {', '.join(KINDS)}, "
+                         "e.g. pytorchjob/bert")
+    return kind.lower(), name
+
+
+def is_k8s_job(job_id: str) -> bool:
+    return job_id.partition("/")[0].lower() in KINDS and "/" in job_id
+
+
+def _state(obj: dict) -> str:
+    """The job's last true condition (Created, Running, Succeeded, Failed, ...)."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    true = [c for c in conditions if c.get("status") == "True"]
+    return true[-1]["type"] if true else "Pending"
+
+
+def list_jobs(namespace: Optional[str], environ=None) -> List[dict]:
+    """Every fluidctl-managed job of each kind: {job_id, namespace, state}."""
+    from kubernetes import client
+    custom = client.CustomObjectsApi(api_client(environ))
+    selector = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+    rows = []
+    for kind, (api_version, _, plural) in API.items():
+        group, _, version = api_version.partition("/")
+        try:
+            if namespace:
+                found = custom.list_namespaced_custom_object(
+                    group, version, namespace, plural, label_selector=selector,
+                    _request_timeout=TIMEOUT)
+            else:
+                found = custom.list_cluster_custom_object(
+                    group, version, plural, label_selector=selector, _request_timeout=TIMEOUT)
+        except client.ApiException as exc:
+            if exc.status == 404:       # that operator is not installed
+                continue
+            raise _fail(f"listing {plural} failed", exc) from None
+        for obj in found.get("items", []):
+            rows.append({"job_id": f"{kind}/{obj['metadata']['name']}",
+                         "namespace": obj["metadata"].get("namespace", ""),
+                         "state": _state(obj)})
+    return rows
+
+
+def get_job(job_id: str, namespace: str, environ=None) -> dict:
+    from kubernetes import client
+    kind, name = parse_job_id(job_id)
+    api_version, _, plural = API[kind]
+    group, _, version = api_version.partition("/")
+    try:
+        return client.CustomObjectsApi(api_client(environ)).get_namespaced_custom_object(
+            group, version, namespace, plural, name, _request_timeout=TIMEOUT)
+    except client.ApiException as exc:
+        raise _fail(f"reading {job_id} in {namespace} failed", exc) from None
+
+
+def status(job_id: str, namespace: str, environ=None) -> str:
+    return _state(get_job(job_id, namespace, environ))
+
+
+def logs(job_id: str, namespace: str, pod: int = 0, environ=None) -> str:
+    """The log of the job's ``pod``-th pod (by name), which echoes all its processes."""
+    from kubernetes import client
+    _, name = parse_job_id(job_id)
+    core = client.CoreV1Api(api_client(environ))
+    try:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}={name}",
+                                        _request_timeout=TIMEOUT).items
+        names = sorted(p.metadata.name for p in pods)
+        if pod >= len(names):
+            raise UsageError(f"{job_id} has {len(names)} pod(s) now, no pod {pod}",
+                             "wait until it is scheduled (fluidctl job status), or pick "
+                             "another --rank")
+        return core.read_namespaced_pod_log(names[pod], namespace, _request_timeout=TIMEOUT)
+    except client.ApiException as exc:
+        raise _fail(f"reading the logs of {job_id} failed", exc) from None
+
+
+def cancel(job_id: str, namespace: str, environ=None) -> None:
+    """Delete the job and its Secret and ConfigMap (the operator stops its pods)."""
+    from kubernetes import client
+    kind, name = parse_job_id(job_id)
+    api = api_client(environ)
+    api_version, _, plural = API[kind]
+    group, _, version = api_version.partition("/")
+    calls = [lambda: client.CustomObjectsApi(api).delete_namespaced_custom_object(
+                 group, version, namespace, plural, name, _request_timeout=TIMEOUT),
+             lambda: client.CoreV1Api(api).delete_namespaced_secret(
+                 f"{name}-token", namespace, _request_timeout=TIMEOUT),
+             lambda: client.CoreV1Api(api).delete_namespaced_config_map(
+                 f"{name}-plan", namespace, _request_timeout=TIMEOUT)]
+    for i, call in enumerate(calls):
+        try:
+            call()
+        except client.ApiException as exc:
+            if exc.status == 404 and i:         # MPIJob has no ConfigMap
+                continue
+            raise _fail(f"cancelling {job_id} failed", exc) from None

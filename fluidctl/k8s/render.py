@@ -1,0 +1,268 @@
+"""A Plan as Kubernetes objects, built with the ecosystem's own models: the ``kubernetes``
+client's for the core objects (Secret, ConfigMap, pod templates), the Kubeflow training SDK's
+(``kubeflow-training``) for PyTorchJob, MPIJob and PaddleJob, and the Kubeflow Trainer API's
+JobSet models (``kubeflow-trainer-api``, pydantic: checked as they are built) for JobSet.
+
+What every pod gets:
+- the job token in a Secret ``NAME-token``, read through ``secretKeyRef`` (never in a pod spec);
+- the plan itself, token removed, in a ConfigMap ``NAME-plan`` (``plan.json``: each node's
+  processes as ``fluidctl.agentproto.NodeShare`` records, the ones the SSH agents get), mounted
+  at ``/etc/fluidctl``; the container runs ``python3 -m fluidctl.node.pod``, which finds its
+  node from FLUIDCTL_K8S_NODE_BASE + FLUIDCTL_K8S_INDEX (the pod's replica index, from the
+  downward API), puts the token back and starts that node's processes with the environment the
+  plan gave them: the same PADDLE_* and torch variables every backend gives.
+MPIJob is the exception: mpirun in the Launcher pod starts every rank as ``fluidctl worker``
+(as ``--backend mpi`` does), so its pod gets the plan's one exported environment directly.
+"""
+from __future__ import annotations
+
+import json
+from typing import Dict, List, Optional, Sequence
+
+from fluidctl import envs
+from fluidctl.planning import k8s as kplan
+from fluidctl.planning.plan import PSERVER, Plan
+
+PLAN_DIR = "/etc/fluidctl"
+PLAN_FILE = "plan.json"
+TOKEN_KEY = "token"
+NODE_BASE, NODE_INDEX = envs.K8S_NODE_BASE, envs.K8S_NODE_INDEX
+GPU = "nvidia.com/gpu"
+MANAGED = {"app.kubernetes.io/managed-by": "fluidctl"}
+JOB_LABEL = "fluidctl.io/job"
+REPLICA_INDEX = "metadata.labels['training.kubeflow.org/replica-index']"
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+CONTAINER = {kplan.PYTORCHJOB: "pytorch", kplan.PADDLEJOB: "paddle", kplan.MPIJOB: "mpi",
+             kplan.JOBSET: "trainer"}
+API = {kplan.PYTORCHJOB: ("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
+       kplan.MPIJOB: ("kubeflow.org/v1", "MPIJob", "mpijobs"),
+       kplan.PADDLEJOB: ("kubeflow.org/v1", "PaddleJob", "paddlejobs"),
+       kplan.JOBSET: ("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets")}
+
+
+class Spec:
+    """What the rendering needs beside the plan."""
+
+    def __init__(self, kind: str, name: str, namespace: str, image: str, python: str,
+                 token: str, max_restarts: int = 0, gpus_per_pod: int = 0,
+                 workdir: Optional[str] = None, mpirun: Sequence[str] = (),
+                 grace: float = 5.0):
+        self.kind, self.name, self.namespace, self.image = kind, name, namespace, image
+        self.python, self.token, self.max_restarts = python, token, max_restarts
+        self.gpus_per_pod, self.workdir, self.mpirun = gpus_per_pod, workdir, list(mpirun)
+        self.grace = grace          # --grace-period: SIGTERM to SIGKILL inside a pod
+
+
+def _client():
+    from kubernetes import client
+    return client
+
+
+def to_dict(obj) -> dict:
+    """A kubernetes or kubeflow model as the API's JSON (camelCase keys, no None)."""
+    from kubernetes.client import ApiClient
+    return ApiClient().sanitize_for_serialization(obj)
+
+
+def _meta(spec: Spec, name: str):
+    c = _client()
+    return c.V1ObjectMeta(name=name, namespace=spec.namespace,
+                          labels={**MANAGED, JOB_LABEL: spec.name})
+
+
+def shares(plan: Plan, grace: float = 5.0) -> List[dict]:
+    """Each node's processes as the NodeShare record its pod runs (the token left out)."""
+    from fluidctl.agentproto import NodeShare
+    out = []
+    for i, node in enumerate(plan.job.nodes):
+        procs = []
+        for p in plan.on_node(i):
+            record = p.to_json()
+            record["env"] = {k: v for k, v in record["env"].items() if k != envs.JOB_TOKEN}
+            procs.append(record)
+        out.append(NodeShare(procs, plan.job.log_dir, node.label, grace=grace).to_record())
+    return out
+
+
+def secret(spec: Spec):
+    c = _client()
+    return c.V1Secret(api_version="v1", kind="Secret", metadata=_meta(spec, f"{spec.name}-token"),
+                      type="Opaque", string_data={TOKEN_KEY: spec.token})
+
+
+def config_map(spec: Spec, plan: Plan):
+    c = _client()
+    data = json.dumps({"job": spec.name, "kind": spec.kind,
+                       "nodes": shares(plan, spec.grace)}, indent=1)
+    return c.V1ConfigMap(api_version="v1", kind="ConfigMap",
+                         metadata=_meta(spec, f"{spec.name}-plan"), data={PLAN_FILE: data})
+
+
+def _env_var(name: str, value: Optional[str] = None, field: Optional[str] = None):
+    c = _client()
+    if field:
+        return c.V1EnvVar(name=name, value_from=c.V1EnvVarSource(
+            field_ref=c.V1ObjectFieldSelector(field_path=field)))
+    return c.V1EnvVar(name=name, value=value)
+
+
+def _token_env(spec: Spec):
+    c = _client()
+    return c.V1EnvVar(name=envs.JOB_TOKEN, value_from=c.V1EnvVarSource(
+        secret_key_ref=c.V1SecretKeySelector(name=f"{spec.name}-token", key=TOKEN_KEY)))
+
+
+def pod_template(spec: Spec, command: List[str], env: List, *, gpus: int = 0,
+                 plan_volume: bool = True, restart: Optional[str] = None):
+    """One replica set's pod: the image, its command, env (the token by secretKeyRef), the
+    plan's ConfigMap at /etc/fluidctl, ``nvidia.com/gpu`` limits."""
+    c = _client()
+    token = _token_env(spec)
+    resources = c.V1ResourceRequirements(limits={GPU: str(gpus)}) if gpus else None
+    mounts = [c.V1VolumeMount(name="fluidctl-plan", mount_path=PLAN_DIR, read_only=True)] \
+        if plan_volume else None
+    volumes = [c.V1Volume(name="fluidctl-plan", config_map=c.V1ConfigMapVolumeSource(
+        name=f"{spec.name}-plan"))] if plan_volume else None
+    container = c.V1Container(name=CONTAINER[spec.kind], image=spec.image, command=command,
+                              env=[token, *env], resources=resources, volume_mounts=mounts,
+                              working_dir=spec.workdir)
+    return c.V1PodTemplateSpec(
+        metadata=c.V1ObjectMeta(labels={**MANAGED, JOB_LABEL: spec.name}),
+        spec=c.V1PodSpec(containers=[container], volumes=volumes, restart_policy=restart))
+
+
+def pod_command(spec: Spec) -> List[str]:
+    return [spec.python, "-m", "fluidctl.node.pod", f"{PLAN_DIR}/{PLAN_FILE}"]
+
+
+def node_env(base: int, index_field: Optional[str]) -> List:
+    """Where the pod finds its node: a fixed base plus its index in the replica set."""
+    index = _env_var(NODE_INDEX, field=index_field) if index_field else _env_var(NODE_INDEX, "0")
+    return [_env_var(NODE_BASE, str(base)), index]
+
+
+def _restart(spec: Spec) -> str:
+    return "OnFailure" if spec.max_restarts else "Never"
+
+
+def render(spec: Spec, plan: Plan) -> List[dict]:
+    """Every object of the job, in the order to create them (Secret, ConfigMap, the job)."""
+    objects = [to_dict(secret(spec))]
+    if spec.kind == kplan.MPIJOB:
+        return objects + [to_dict(mpijob(spec, plan))]
+    objects.append(to_dict(config_map(spec, plan)))
+    trainers = sum(1 for n in plan.job.nodes if n.nproc)
+    pservers = len(plan.job.nodes) - trainers
+    if spec.kind == kplan.JOBSET:
+        return objects + [jobset(spec, trainers, pservers)]
+    return objects + [to_dict(kubeflow_job(spec, trainers, pservers))]
+
+
+def kubeflow_job(spec: Spec, trainers: int, pservers: int):
+    """PyTorchJob (Master = node 0, Worker = the rest) or PaddleJob (Worker = the trainers,
+    Master = the pservers in pserver mode)."""
+    from kubeflow.training import models as kf
+    cmd = pod_command(spec)
+
+    def replicas(count: int, base: int, field: Optional[str]):
+        return kf.KubeflowOrgV1ReplicaSpec(
+            replicas=count, restart_policy=_restart(spec),
+            template=pod_template(spec, cmd, node_env(base, field), gpus=spec.gpus_per_pod))
+    # Running: once the trainers are done, pods still running (pservers) are deleted
+    run_policy = kf.KubeflowOrgV1RunPolicy(backoff_limit=spec.max_restarts,
+                                           clean_pod_policy="Running")
+    api_version, kind, _ = API[spec.kind]
+    meta = _meta(spec, spec.name)
+    if spec.kind == kplan.PYTORCHJOB:
+        sets = {"Master": replicas(1, 0, None)}
+        if trainers > 1:
+            sets["Worker"] = replicas(trainers - 1, 1, REPLICA_INDEX)
+        return kf.KubeflowOrgV1PyTorchJob(
+            api_version=api_version, kind=kind, metadata=meta,
+            spec=kf.KubeflowOrgV1PyTorchJobSpec(pytorch_replica_specs=sets, run_policy=run_policy))
+    sets = {"Worker": replicas(trainers, 0, REPLICA_INDEX)}
+    if pservers:
+        sets["Master"] = kf.KubeflowOrgV1ReplicaSpec(
+            replicas=pservers, restart_policy=_restart(spec),
+            template=pod_template(spec, cmd, node_env(trainers, REPLICA_INDEX)))
+    return kf.KubeflowOrgV1PaddleJob(
+        api_version=api_version, kind=kind, metadata=meta,
+        spec=kf.KubeflowOrgV1PaddleJobSpec(paddle_replica_specs=sets, run_policy=run_policy))
+
+
+def mpijob(spec: Spec, plan: Plan):
+    """MPIJob: the Launcher runs the plan's mpirun (every rank is ``fluidctl worker``, which
+    writes the contract from OMPI_*, as under ``--backend mpi``) over the operator's hostfile;
+    the Workers only host the ranks (``sleep infinity`` until mpirun starts them)."""
+    from kubeflow.training import models as kf
+    env = {k: v for k, v in plan.procs[0].env.items() if k != envs.JOB_TOKEN}
+    launcher_env = [_env_var(k, v) for k, v in sorted(env.items())]
+    workers = len(plan.job.nodes)
+    launcher = kf.KubeflowOrgV1ReplicaSpec(
+        replicas=1, restart_policy=_restart(spec),
+        template=pod_template(spec, list(spec.mpirun), launcher_env, plan_volume=False))
+    worker = kf.KubeflowOrgV1ReplicaSpec(
+        replicas=workers, restart_policy=_restart(spec),
+        template=pod_template(spec, ["sleep", "infinity"], [], gpus=spec.gpus_per_pod,
+                              plan_volume=False))
+    api_version, kind, _ = API[spec.kind]
+    return kf.KubeflowOrgV1MPIJob(
+        api_version=api_version, kind=kind, metadata=_meta(spec, spec.name),
+        spec=kf.KubeflowOrgV1MPIJobSpec(
+            slots_per_worker=plan.job.nodes[0].nproc,
+            mpi_replica_specs={"Launcher": launcher, "Worker": worker},
+            run_policy=kf.KubeflowOrgV1RunPolicy(backoff_limit=spec.max_restarts,
+                                                 clean_pod_policy="Running")))
+
+
+def jobset(spec: Spec, trainers: int, pservers: int) -> dict:
+    """JobSet: a replicated Job ``trainer`` (Indexed, one pod per node) and, in pserver mode,
+    ``pserver``; pods reach each other as NAME-RJOB-0-INDEX.NAME (DNS hostnames on)."""
+    from kubeflow_trainer_api import models as js
+    cmd = pod_command(spec)
+
+    def rjob(role: str, count: int, base: int, gpus: int) -> dict:
+        template = to_dict(pod_template(spec, cmd, node_env(base, COMPLETION_INDEX), gpus=gpus,
+                                        restart="Never"))
+        return {"name": role, "replicas": 1, "template": {"spec": {
+            "parallelism": count, "completions": count, "completionMode": "Indexed",
+            "backoffLimit": 0, "template": template}}}
+    rjobs = [rjob(kplan.TRAINER_SET[kplan.JOBSET], trainers, 0, spec.gpus_per_pod)]
+    if pservers:
+        rjobs.append(rjob(kplan.PSERVER_SET[kplan.JOBSET], pservers, trainers, 0))
+    api_version, kind, _ = API[spec.kind]
+    record = {"apiVersion": api_version, "kind": kind,
+              "metadata": to_dict(_meta(spec, spec.name)),
+              "spec": {"replicatedJobs": rjobs,
+                       "network": {"enableDNSHostnames": True, "subdomain": spec.name},
+                       "failurePolicy": {"maxRestarts": spec.max_restarts},
+                       "successPolicy": {"operator": "All",
+                                         "targetReplicatedJobs": [rjobs[0]["name"]]}}}
+    model = js.JobsetV1alpha2JobSet.from_dict(record)       # checked against JobSet's API
+    return model.to_dict()
+
+
+def masked(objects: Sequence[dict]) -> List[dict]:
+    """The objects with the Secret's token shown as ``***`` (what --dry-run prints unless
+    --show-secrets: plans get pasted into issues)."""
+    out = []
+    for obj in objects:
+        if obj.get("kind") == "Secret":
+            obj = {**obj, "stringData": {k: "***" for k in obj.get("stringData", {})}}
+        out.append(obj)
+    return out
+
+
+def to_yaml(objects: Sequence[dict]) -> str:
+    """YAML documents, multi-line strings (the plan) as literal blocks."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper, value):
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+    Dumper.add_representer(str, text)
+    return yaml.dump_all(list(objects), Dumper=Dumper, sort_keys=False,
+                         default_flow_style=False)

@@ -1,0 +1,90 @@
+"""Planning for Kubernetes (pure): the options of ``fluidctl train --backend k8s`` and the Plan
+of a job whose nodes are pods.
+
+Each node of the plan is one pod; its address is the name the operator makes resolvable for
+that pod (a per-pod Service for the Kubeflow kinds, the JobSet's headless Service for JobSet),
+so ``make_plan`` writes every rank's environment (the one contract of ``fluidctl.envs``) exactly
+as it does for hosts. A pod has its own network namespace, so the ports are fixed: trainers from
+``--started-port`` (default 6170) up, then pservers, then the master's on node 0. In pserver mode
+the pservers are pods of their own (a separate replica set), after the trainer pods.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from fluidctl.errors import UsageError
+
+PYTORCHJOB, MPIJOB, PADDLEJOB, JOBSET = "pytorchjob", "mpijob", "paddlejob", "jobset"
+KINDS = (PYTORCHJOB, MPIJOB, PADDLEJOB, JOBSET)
+DEFAULT_PORT = 6170
+POD_PYTHON = "python3"          # the image's interpreter unless --python names another
+# the replica sets (ecosystem names) and how a pod's name is formed, per kind
+TRAINER_SET = {PYTORCHJOB: "worker", MPIJOB: "worker", PADDLEJOB: "worker", JOBSET: "trainer"}
+PSERVER_SET = {PADDLEJOB: "master", JOBSET: "pserver"}
+
+
+@dataclass(frozen=True)
+class K8sOptions:
+    """The Kubernetes options of ``fluidctl train`` (``--backend k8s``)."""
+    kind: Optional[str] = None
+    image: Optional[str] = None
+    namespace: str = "default"
+    nodes: int = 1                      # pods that run trainers
+    name: Optional[str] = None          # --job-name
+    apply: bool = False
+
+    def check(self) -> None:
+        import re
+        if self.kind not in KINDS:
+            raise UsageError("--backend k8s needs --kind", f"choose one of {', '.join(KINDS)}, "
+                             "e.g. --kind pytorchjob")
+        if not self.image:
+            raise UsageError("--backend k8s needs --image (the container image the pods run; "
+                             "fluidctl and the script must be in it)",
+                             "e.g. --image registry.example.com/team/train:1.0")
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", self.namespace or ""):
+            raise UsageError(f"--namespace {self.namespace!r} is not a Kubernetes namespace "
+                             "name", "use lower-case letters, digits and '-', e.g. "
+                             "--namespace ml-team")
+
+
+def job_name(given: Optional[str], script: str) -> str:
+    """A DNS-1035 label for the job (--job-name, else the script's name): lower case, '-',
+    short enough that pod names and hostnames built from it stay within 63 characters."""
+    import os
+    import re
+    raw = given or os.path.splitext(os.path.basename(script))[0]
+    name = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
+    if given and (name != given or not name[:1].isalpha() or len(name) > 40):
+        raise UsageError(f"--job-name {given!r} cannot name a Kubernetes job",
+                         "use up to 40 lower-case letters, digits and '-', starting with a "
+                         "letter, e.g. --job-name bert-large")
+    name = name[:40].strip("-")
+    return name if name[:1].isalpha() else f"job-{name}".strip("-")
+
+
+def pod_address(kind: str, name: str, role_set: str, index: int, namespace: str) -> str:
+    """The name a pod is reached at inside the cluster. Kubeflow's training operator makes one
+    Service per pod, named as the pod (``NAME-worker-2``); JobSet gives each pod the hostname
+    ``NAME-RJOB-0-INDEX`` under its headless Service ``NAME`` (subdomain)."""
+    if kind == JOBSET:
+        return f"{name}-{role_set}-0-{index}.{name}.{namespace}"
+    return f"{name}-{role_set}-{index}.{namespace}"
+
+
+def trainer_pods(kind: str, name: str, nodes: int, namespace: str) -> List[str]:
+    """Addresses of the trainer pods in node order. PyTorchJob: node 0 is the Master replica
+    (torch's rendezvous host), the others Worker 0..n-2; the other kinds: one replica set."""
+    if kind == PYTORCHJOB:
+        return ([pod_address(kind, name, "master", 0, namespace)]
+                + [pod_address(kind, name, "worker", i, namespace) for i in range(nodes - 1)])
+    return [pod_address(kind, name, TRAINER_SET[kind], i, namespace) for i in range(nodes)]
+
+
+def pserver_pods(kind: str, name: str, count: int, namespace: str) -> List[str]:
+    if kind not in PSERVER_SET:
+        raise UsageError(f"--mode pserver has no replica set in a {kind}",
+                         "use --kind paddlejob (pservers as its Master replicas) or --kind "
+                         "jobset (a pserver replicated job)")
+    return [pod_address(kind, name, PSERVER_SET[kind], i, namespace) for i in range(count)]

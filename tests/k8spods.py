@@ -1,0 +1,210 @@
+"""Running a rendered Kubernetes job's pods without a cluster: each pod is a network namespace
+node (tests/netns.py), in which the pod's container command runs with the pod's environment.
+
+What stands in for Kubernetes, and only that: the pods the operator would make (their names,
+DNS names and downward-API fields, as the Kubeflow training operator and JobSet document them),
+the Secret's key for a ``secretKeyRef``, the ConfigMap's files at the volume's ``mountPath`` (a
+directory here), and the image's ``python3``, which is this checkout's Python. Everything else,
+command, arguments, variables and addresses, is the rendered YAML's. This proves the rendering,
+not a Kubernetes cluster.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, NamedTuple
+
+from fluidctl.k8s.render import COMPLETION_INDEX, REPLICA_INDEX
+
+
+class Pod(NamedTuple):
+    name: str
+    names: List[str]            # what resolves to it inside the cluster
+    template: dict
+    fields: Dict[str, str]      # downward API: fieldPath -> value
+    decides: bool = True        # its success ends the job (the rest are then stopped)
+
+
+def pods(objects: List[dict]) -> List[Pod]:
+    """The pods the operator makes for the job (the last object), in its naming."""
+    job = objects[-1]
+    name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
+    out = []
+    if job["kind"] == "JobSet":
+        policy = job["spec"].get("successPolicy", {}).get("targetReplicatedJobs")
+        for rjob in job["spec"]["replicatedJobs"]:
+            spec = rjob["template"]["spec"]
+            decides = not policy or rjob["name"] in policy
+            for j in range(rjob["replicas"]):
+                for index in range(spec["completions"]):
+                    host = f"{name}-{rjob['name']}-{j}-{index}"
+                    fqdn = [f"{host}.{name}", f"{host}.{name}.{ns}", f"{host}.{name}.{ns}.svc",
+                            f"{host}.{name}.{ns}.svc.cluster.local"]
+                    out.append(Pod(host, [host, *fqdn], spec["template"],
+                                   {COMPLETION_INDEX: str(index)}, decides))
+        return out
+    key = next(k for k in job["spec"] if k.endswith("ReplicaSpecs"))
+    for rtype, rspec in job["spec"][key].items():
+        for index in range(rspec["replicas"]):
+            pod = f"{name}-{rtype.lower()}-{index}"      # and its Service, of the same name
+            if rtype == "Launcher":                      # MPIJob's one launcher: no index
+                pod = f"{name}-launcher"
+            out.append(Pod(pod, [pod, f"{pod}.{ns}", f"{pod}.{ns}.svc",
+                                 f"{pod}.{ns}.svc.cluster.local"],
+                           rspec["template"], {REPLICA_INDEX: str(index)},
+                           # PaddleJob: the Masters' success is the job's when it has
+                           # Masters, else the Workers'; MPIJob: the Launcher's
+                           _decides(job, rtype)))
+    return out
+
+
+def _decides(job: dict, rtype: str) -> bool:
+    """Whether a replica type's success is the job's, as the training operator judges it."""
+    if job["kind"] == "PaddleJob":
+        return rtype == ("Master" if "Master" in job["spec"]["paddleReplicaSpecs"] else "Worker")
+    return not (job["kind"] == "MPIJob" and rtype == "Worker")
+
+
+def _by_kind(objects, kind) -> Dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def container_env(container: dict, objects: List[dict], pod: Pod) -> Dict[str, str]:
+    secrets = _by_kind(objects, "Secret")
+    env = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+            continue
+        source = var["valueFrom"]
+        if "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            env[var["name"]] = secrets[ref["name"]]["stringData"][ref["key"]]
+        else:
+            env[var["name"]] = pod.fields[source["fieldRef"]["fieldPath"]]
+    return env
+
+
+class PodRun:
+    """The job's pods started in namespace nodes; ``wait`` returns each pod's (code, output)."""
+
+    def __init__(self, objects: List[dict], nodes, workdir: Path):
+        self.objects, self.nodes, self.workdir = objects, nodes, workdir
+        self.files: Dict[str, str] = {}     # path in the pod -> a file here (operator's)
+        self.extra_env: Dict[str, Dict[str, str]] = {}     # pod -> what the operator adds
+        self.pods = pods(objects)
+        self.procs: Dict[str, subprocess.Popen] = {}
+        self.etc: List[Path] = []
+        aliases = list(nodes.nodes)
+        assert len(aliases) >= len(self.pods), "one namespace node per pod"
+        self.where = {pod.name: nodes.node(a) for pod, a in zip(self.pods, aliases)}
+
+    def write_hosts(self) -> None:
+        """Every namespace resolves every pod's names to that pod's address (ip netns exec
+        bind-mounts /etc/netns/NS/hosts over /etc/hosts)."""
+        lines = ["127.0.0.1 localhost"] + [
+            f"{self.where[p.name].address} {' '.join(p.names)}" for p in self.pods]
+        for node in self.where.values():
+            etc = Path("/etc/netns") / node.netns
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text("\n".join(lines) + "\n")
+            self.etc.append(etc)
+
+    def _volumes(self, pod: Pod) -> Dict[str, str]:
+        """mountPath -> a directory holding the ConfigMap's files."""
+        maps = _by_kind(self.objects, "ConfigMap")
+        volumes = {v["name"]: v for v in pod.template["spec"].get("volumes", [])}
+        out = {}
+        for mount in pod.template["spec"]["containers"][0].get("volumeMounts", []):
+            source = volumes[mount["name"]]["configMap"]["name"]
+            where = self.workdir / "volumes" / pod.name / mount["name"]
+            where.mkdir(parents=True, exist_ok=True)
+            for key, text in maps[source]["data"].items():
+                (where / key).write_text(text)
+            out[mount["mountPath"]] = str(where)
+        return out
+
+    def start(self) -> None:
+        self.write_hosts()
+        for pod in self.pods:
+            (container,) = pod.template["spec"]["containers"]
+            mounts = self._volumes(pod)
+            argv = []
+            for arg in container["command"]:
+                arg = self.files.get(arg, arg)
+                for path, where in mounts.items():
+                    if arg.startswith(path + "/"):
+                        arg = where + arg[len(path):]
+                argv.append(arg)
+            if argv[0] == "python3":                    # the image's entry: this checkout's
+                argv[0] = sys.executable
+            env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+                   "LANG": "C.UTF-8", **container_env(container, self.objects, pod),
+                   **self.extra_env.get(pod.name, {})}
+            log = open(self.workdir / f"{pod.name}.out", "wb")
+            node = self.where[pod.name]
+            # the pod's own hostname (UTS namespace), as the kubelet sets it
+            self.procs[pod.name] = subprocess.Popen(
+                ["ip", "netns", "exec", node.netns, "unshare", "--uts", "--", "sh", "-c",
+                 'hostname "$0" && exec "$@"', pod.name, "env", "-i",
+                 *[f"{k}={v}" for k, v in env.items()], *argv],
+                cwd=container.get("workingDir") or self.workdir, stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            log.close()
+
+    def wait(self, timeout: float, grace: float = 10) -> Dict[str, tuple]:
+        """Wait for the pods whose success decides the job, then stop the others with SIGTERM
+        (as the operator does once the job succeeded); each pod's (code, output), code None
+        for a pod that had to be killed."""
+        deadline = time.monotonic() + timeout
+        codes = {}
+        order = sorted(self.pods, key=lambda p: not p.decides)
+        for pod in order:
+            proc = self.procs[pod.name]
+            if not pod.decides:
+                proc.terminate()
+                deadline = min(deadline, time.monotonic() + grace)
+            try:
+                codes[pod.name] = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+                codes[pod.name] = None
+        return {pod.name: (codes[pod.name], (self.workdir / f"{pod.name}.out").read_text(
+            errors="replace")) for pod in self.pods}
+
+    def mpi_operator(self, sys_prefix: str) -> None:
+        """What Kubeflow's MPIJob controller gives the Launcher: /etc/mpi/hostfile (a Worker
+        per line with its slots) and a remote-exec agent that runs mpirun's daemon inside a
+        Worker pod (kubectl exec there; ``ip netns exec`` into the Worker's namespace here)."""
+        job = self.objects[-1]
+        slots = job["spec"].get("slotsPerWorker", 1)
+        workers = [p for p in self.pods if not p.decides]
+        hostfile = self.workdir / "mpi-hostfile"
+        hostfile.write_text("".join(f"{p.name} slots={slots}\n" for p in workers))
+        self.files["/etc/mpi/hostfile"] = str(hostfile)
+        agent = self.workdir / "kubexec.sh"
+        cases = "".join(f"  {p.name}) NS={self.where[p.name].netns} ;;\n" for p in workers)
+        agent.write_text(
+            "#!/bin/sh\n# kubexec: run the command in the named pod\n"
+            f"POD=$1; shift\ncase $POD in\n{cases}  *) echo \"no pod $POD\" >&2; exit 1 ;;\nesac\n"
+            f"export PATH={sys_prefix}/bin:$PATH OPAL_PREFIX={sys_prefix}\n"
+            # the pod's network and its hostname, as kubectl exec enters them
+            'exec ip netns exec $NS unshare --uts -- sh -c "hostname $POD && $*"\n')
+        agent.chmod(0o755)
+        launcher = next(p for p in self.pods if p.decides)
+        self.extra_env[launcher.name] = {"OMPI_MCA_plm_rsh_agent": str(agent),
+                                         "PRTE_MCA_plm_ssh_agent": str(agent),
+                                         "OMPI_MCA_orte_keep_fqdn_hostnames": "true"}
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+        for etc in self.etc:
+            shutil.rmtree(etc, ignore_errors=True)
