@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from fluidctl import paths
-from fluidctl.errors import FluidctlError, UsageError
+from fluidctl.errors import REQUEUE_EXIT, FluidctlError, UsageError
 from fluidctl.planning.slurm import SlurmOptions
 
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
@@ -92,9 +92,13 @@ def sbatch_script(spec: SbatchSpec) -> str:
         value = getattr(spec.options, name)
         if value:
             directives.append((name, value))
+    warning = spec.options.checkpoint_warning
+    if warning:         # Slurm's warning signal to the batch shell, which forwards it below
+        directives += [("signal", f"B:USR1@{warning}"), ("requeue", "")]
     directives += [("output", spec.output), ("open-mode", "append"),
                    ("chdir", spec.workdir)]
-    lines += [f"#SBATCH --{name}={value}" for name, value in directives]
+    lines += [f"#SBATCH --{name}={value}" if value else f"#SBATCH --{name}"
+              for name, value in directives]
     lines += [f"#SBATCH {arg}" for arg in spec.options.slurm_args]
     exit_file = _job_path(spec.exit_file)
     words = [shlex.quote(word) for word in spec.command]
@@ -104,8 +108,16 @@ def sbatch_script(spec: SbatchSpec) -> str:
     lines += [
         "",
         f"rm -f {exit_file}",      # a requeued run must not look ended by the last one's code
-        " ".join(words),
-        "code=$?",
+        # fluidctl runs in the background so that a USR1 (Slurm's warning signal,
+        # scancel --batch --signal=USR1) reaches it now, not when it has ended: a request
+        'trap \'kill -USR1 "$pid" 2>/dev/null\' USR1',
+        " ".join(words) + " &",
+        "pid=$!",
+        'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done',
+        'wait "$pid"; code=$?',
+        f'if [ "$code" = {REQUEUE_EXIT} ] && scontrol requeue "$SLURM_JOB_ID"; then',
+        '  exit 0                   # checkpointed on request: Slurm runs the job again',
+        "fi",
         f'echo "$code" > {exit_file}.tmp && mv -f {exit_file}.tmp {exit_file}',
         'exit "$code"',
         "",

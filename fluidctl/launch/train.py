@@ -9,7 +9,7 @@ from fluidctl.errors import UsageError
 
 # the Slurm-only options (``--backend slurm``), gathered into one SlurmOptions
 SLURM_NAMES = ("nodes", "partition", "time_limit", "account", "qos", "constraint", "exclude",
-               "slurm_args", "job_name", "detach")
+               "slurm_args", "job_name", "detach", "checkpoint_warning")
 
 
 def slurm_options(options: dict):

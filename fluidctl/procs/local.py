@@ -116,6 +116,10 @@ class LocalProcess:
     def kill(self) -> None:
         self._signal_tree(signal.SIGKILL)
 
+    def send_signal(self, sig: int) -> None:
+        """``sig`` to the whole tree (a checkpoint request's signal)."""
+        self._signal_tree(sig)
+
     def failure(self) -> Failure:
         return Failure(self.label, self.host, self.popen.returncode, self.log, self.pid)
 
