@@ -66,7 +66,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={munge_socket}
+AuthInfo=socket={munge_socket},cred_expire=5
 StateSaveLocation={state}
 SlurmdSpoolDir={spool}/%n
 SlurmctldPidFile={run}/slurmctld.pid
@@ -80,7 +80,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0,sched_interval=1
 SchedulerType=sched/builtin
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none

@@ -115,8 +115,10 @@ def sbatch_script(spec: SbatchSpec) -> str:
         "pid=$!",
         'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done',
         'wait "$pid"; code=$?',
+        # checkpointed on request: Slurm runs the job again (once eligible: slurmctld holds a
+        # requeued job for AuthInfo's cred_expire, 120 s by default)
         f'if [ "$code" = {REQUEUE_EXIT} ] && scontrol requeue "$SLURM_JOB_ID"; then',
-        '  exit 0                   # checkpointed on request: Slurm runs the job again',
+        "  exit 0",
         "fi",
         f'echo "$code" > {exit_file}.tmp && mv -f {exit_file}.tmp {exit_file}',
         'exit "$code"',
@@ -243,6 +245,7 @@ class JobState:
     nodes: str = ""
     reason: str = ""
     source: str = ""             # squeue | scontrol | exit-file | none
+    restarts: Optional[int] = None   # how often Slurm requeued it (scontrol's Restarts)
 
     @property
     def done(self) -> bool:
@@ -302,8 +305,10 @@ def _scontrol(job_id: str) -> Optional[JobState]:
     state = fields.get("JobState", "UNKNOWN")
     code = exit_code_of(state, fields.get("ExitCode", "0:0")) if state in FINISHED else None
     reason = fields.get("Reason", "")
+    restarts = fields.get("Restarts", "")
     return JobState(job_id, state, code, fields.get("NodeList", "").replace("(null)", ""),
-                    "" if reason == "None" else reason, "scontrol")
+                    "" if reason == "None" else reason, "scontrol",
+                    int(restarts) if restarts.isdigit() else None)
 
 
 def _from_exit_file(record: JobRecord) -> Optional[JobState]:

@@ -1,4 +1,4 @@
-"""``fluidctl job list | status | logs | cancel``: options and help only; the work is
+"""``fluidctl job list | status | logs | checkpoint | cancel``: options and help only; the work is
 ``fluidctl.jobs.submitted`` (the Slurm jobs ``fluidctl train --backend slurm`` submitted from
 this machine, read without sacct).
 """
@@ -15,6 +15,7 @@ Examples:
   fluidctl job list
   fluidctl job status 1234 --json
   fluidctl job logs 1234 -f --rank 3
+  fluidctl job checkpoint 1234
   fluidctl job cancel 1234""")
 def job():
     pass
@@ -68,6 +69,23 @@ def logs(job_id, rank, batch, follow):
     """
     from fluidctl.jobs.submitted import logs as run
     run(job_id, rank, batch, follow)
+
+
+@job.command("checkpoint")
+@click.argument("job_id")
+@click.option("--stop", is_flag=True,
+              help="End the job after the checkpoint; it is requeued and resumes from it.")
+def checkpoint(job_id, stop):
+    """Ask a running job for a checkpoint: every rank that calls
+    ctx.checkpoint_requested() saves at the same step (fluidctl.runtime.checkpoint).
+
+    \b
+    Examples:
+      fluidctl job checkpoint 1234
+      fluidctl job checkpoint 1234 --stop
+    """
+    from fluidctl.jobs.submitted import checkpoint as run
+    run(job_id, stop)
 
 
 @job.command("cancel")

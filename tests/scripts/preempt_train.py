@@ -3,8 +3,9 @@ logged per rank (OUT/steps.R), it checkpoints on request (fluidctl.runtime.check
 every --every steps, resumes from the newest complete checkpoint, and rank 0 leaves the final
 weights in OUT/final.npy. ``reference(world, steps, dim)`` is the same training in one process.
 
---pause-save R:S: rank R sleeps S seconds after writing its part (before the commit) and leaves
-OUT/saving.R, so a test can kill it or signal the job during the save.
+--pause-save R:S:STEP: once (OUT/paused.R marks it), rank R sleeps S seconds after writing its
+part of a checkpoint at STEP or later (before the commit) and leaves OUT/saving.R holding its
+pid, so a test can kill it or signal the job during the save.
 """
 import argparse
 import os
@@ -43,14 +44,18 @@ def main():
     out = args.out
     os.makedirs(out, exist_ok=True)
     if args.pause_save:
-        who, seconds = args.pause_save.split(":")
-        if int(who) == ctx.rank:
+        who, seconds, from_step = args.pause_save.split(":")
+        once = os.path.join(out, f"paused.{ctx.rank}")
+        if int(who) == ctx.rank and not os.path.exists(once):
             write = checkpoint.write_part
 
             def slow_write(path, arrays, algorithm):
                 record = write(path, arrays, algorithm)
-                open(os.path.join(out, f"saving.{ctx.rank}"), "w").close()
-                time.sleep(float(seconds))
+                if int(path.parent.name.rsplit("-", 1)[1]) >= int(from_step):
+                    open(once, "w").close()
+                    with open(os.path.join(out, f"saving.{ctx.rank}"), "w") as f:
+                        f.write(str(os.getpid()))
+                    time.sleep(float(seconds))
                 return record
             checkpoint.write_part = slow_write
     events = open(os.path.join(out, f"events.{ctx.rank}"), "a")
