@@ -109,6 +109,7 @@ class Supervisor:
         self._signal: Optional[int] = None
         self._request: Optional[str] = None         # why a checkpoint was requested
         self._request_by_signal = False
+        self._kill_now = False
         self._abort: Optional[tuple] = None
         self._abort_lock = threading.Lock()
         self._closed = False
@@ -122,10 +123,10 @@ class Supervisor:
     def _on_signal(self, signum, _frame) -> None:
         second = self._stopping or (signum in REQUEST_SIGNALS and self._request_by_signal)
         if second and (signum in STOP_SIGNALS or signum in REQUEST_SIGNALS):
-            # a second Ctrl-C, TERM or USR1 (a scheduler that lost patience): at once
+            # a second Ctrl-C, TERM or USR1 (a scheduler that lost patience): at once, by the
+            # main loop (_wait_all): killing here could interrupt an import (psutil) half-way
             self.log(f"second {signal.Signals(signum).name}: killing every process now")
-            for h in self._handles:
-                h.kill()
+            self._kill_now = True
         elif signum in REQUEST_SIGNALS:
             if self._request is None:
                 self._request = f"SIG{signal.Signals(signum).name[3:]}"
@@ -342,17 +343,29 @@ class Supervisor:
         deadline = time.monotonic() + timeout
         selector = selectors.DefaultSelector()
         try:
+            selector.register(self._wake_r, selectors.EVENT_READ)
             for h in live:
                 if h.fileno() >= 0:
                     selector.register(h.fileno(), selectors.EVENT_READ)
             while True:
                 live = [h for h in live if h.poll() is None]
+                if self._kill_now:
+                    for h in live:
+                        h.kill()
+                    if live:
+                        deadline = time.monotonic() + KILL_WAIT
+                    self._kill_now = False
                 left = deadline - time.monotonic()
                 if not live or left <= 0:
                     return live
-                # a second Ctrl-C during the grace period kills at once: it also wakes us here
+                # a second Ctrl-C during the grace period kills at once: it wakes us here
                 waitable = all(h.fileno() >= 0 for h in live)
-                selector.select(timeout=min(left, 0.5 if waitable else 0.02))
+                for key, _ in selector.select(timeout=min(left, 0.5 if waitable else 0.02)):
+                    if key.fd == self._wake_r:
+                        try:
+                            os.read(self._wake_r, 64)
+                        except BlockingIOError:
+                            pass
         finally:
             selector.close()
 
