@@ -195,16 +195,26 @@ class SrunStep(LocalProcess):
         super().kill()
         cancel_step(self.job_id, self.step)
 
-def cancel_step(job_id: str, name: str) -> None:
-    """scancel the step of this job named ``name``, if Slurm still lists it."""
+    def send_signal(self, sig: int) -> None:
+        """``sig`` to every task of the step (a checkpoint request), through Slurm: srun
+        itself takes SIGTERM as "cancel the step" and would kill the tasks before they save."""
+        if not cancel_step(self.job_id, self.step, sig):
+            super().send_signal(sig)        # not listed (yet): srun forwards what it can
+
+
+def cancel_step(job_id: str, name: str, sig: Optional[int] = None) -> bool:
+    """scancel the step of this job named ``name`` (or send it ``sig``), if Slurm still
+    lists it; whether it did."""
     try:
         res = slurmctl.client("squeue", "-h", "-s", "-j", job_id, "-o", "%i %j", timeout=20)
     except Exception:      # noqa: BLE001 - best effort while stopping
-        return
+        return False
     for line in res.stdout.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1] == name:
-            slurmctl.client("scancel", parts[0], timeout=20)
+            how = [f"--signal={signal.Signals(sig).name[3:]}"] if sig else []
+            return slurmctl.client("scancel", *how, parts[0], timeout=20).returncode == 0
+    return False
 
 
 # --- outside an allocation: the submitted job as one handle ---------------------------------

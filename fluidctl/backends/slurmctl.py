@@ -371,6 +371,7 @@ def _settle(record: JobRecord, st: Optional[JobState]) -> Optional[JobState]:
             ended = _from_exit_file(record)
         if ended is not None:
             ended.nodes = ended.nodes or st.nodes
+            ended.restarts = st.restarts
             record_end(record, ended)
             return ended
     return st
@@ -395,7 +396,7 @@ def _precise(record: JobRecord, st: JobState) -> JobState:
                         st.source)
     from_file = _from_exit_file(record)
     if from_file is not None:
-        from_file.nodes = st.nodes
+        from_file.nodes, from_file.restarts = st.nodes, st.restarts
         return from_file
     return st
 

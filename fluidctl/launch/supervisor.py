@@ -110,6 +110,7 @@ class Supervisor:
         self._request: Optional[str] = None         # why a checkpoint was requested
         self._request_by_signal = False
         self._kill_now = False
+        self._killed_at_once = False
         self._abort: Optional[tuple] = None
         self._abort_lock = threading.Lock()
         self._closed = False
@@ -126,7 +127,7 @@ class Supervisor:
             # a second Ctrl-C, TERM or USR1 (a scheduler that lost patience): at once, by the
             # main loop (_wait_all): killing here could interrupt an import (psutil) half-way
             self.log(f"second {signal.Signals(signum).name}: killing every process now")
-            self._kill_now = True
+            self._kill_now = self._killed_at_once = True
         elif signum in REQUEST_SIGNALS:
             if self._request is None:
                 self._request = f"SIG{signal.Signals(signum).name[3:]}"
@@ -214,12 +215,14 @@ class Supervisor:
             if self._request is not None and self._signal is None:
                 return self._checkpoint_stop(attempt)
             if self._signal is not None:
+                first = None
                 if channel is not None and self._signal == signal.SIGTERM:
                     channel.ask("SIGTERM")      # before the ranks get it: they save first
+                    first = channel.signal
                 self.log(f"received {signal.Signals(self._signal).name}: stopping the job")
                 self.say(f"fluidctl: {signal.Signals(self._signal).name} received, "
                          "stopping all processes")
-                self._stop(self._handles)
+                self._stop(self._handles, first)
                 return self._result(128 + self._signal, signal=self._signal,
                                     attempts=attempt + 1)
             self._stop(self._handles)
@@ -255,13 +258,21 @@ class Supervisor:
         handles = self._handles
         self._stop(handles, channel.signal)
         trainers = [h for h in handles if not h.service]
+        done = channel.stopped()
+        where = f" after committing step {done.get('step')}" if done else ""
         if trainers and all(h.poll() == 0 for h in trainers):
-            done = channel.stopped()
-            where = f" after committing step {done.get('step')}" if done else ""
             self.say(f"fluidctl: every rank exited on the checkpoint request{where}; exit "
                      f"{REQUEUE_EXIT}: run the job again (requeue) to resume")
             return self._result(REQUEUE_EXIT, attempts=attempt + 1)
-        self.log("checkpoint request: not every trainer exited 0 within the grace period")
+        if not self._killed_at_once:
+            # the signal came before a rank could take it (still starting), or a rank did not
+            # save in time: the job still stops to be run again, from its newest complete
+            # checkpoint (a partial one is never loaded)
+            self.log("checkpoint request: not every trainer exited 0 within the grace period")
+            self.say(f"fluidctl: not every rank exited 0 on the checkpoint request{where}; "
+                     f"exit {REQUEUE_EXIT}: run the job again (requeue) to resume from its "
+                     "newest complete checkpoint")
+            return self._result(REQUEUE_EXIT, attempts=attempt + 1)
         sig = REQUEST_SIGNALS[0] if self._request_by_signal else signal.SIGTERM
         return self._result(128 + sig, signal=sig, attempts=attempt + 1)
 
@@ -306,19 +317,19 @@ class Supervisor:
         finally:
             selector.close()
 
-    def _stop(self, handles: List[Handle], first: int = signal.SIGTERM) -> None:
-        """TERM (or ``first``) every live tree, wait up to the grace period, KILL the rest,
-        reap all."""
+    def _stop(self, handles: List[Handle], first: Optional[int] = None) -> None:
+        """TERM every live tree (or send the checkpoint signal ``first`` to its processes),
+        wait up to the grace period, KILL the rest, reap all."""
         self._stopping = True
         stopped = [h for h in handles if h.poll() is None]
         for h in stopped:
             send = getattr(h, "send_signal", None)
-            if first != signal.SIGTERM and send is not None:
+            if first is not None and send is not None:
                 send(first)
             else:
                 h.terminate()
         if stopped:
-            self.log(f"sent {signal.Signals(first).name} to "
+            self.log(f"sent {signal.Signals(first or signal.SIGTERM).name} to "
                      + ", ".join(h.label for h in stopped))
         live = self._wait_all(stopped, self.options.grace_period)
         if live:

@@ -128,6 +128,10 @@ class Checkpointer:
         self.algorithm = algorithm
         state = os.environ.get(envs.CHECKPOINT_STATE)     # the launcher's record of commits
         self.state = Path(state) if state else None
+        if getattr(ctx, "_request_state", None) is not None:
+            # a script that checkpoints takes the request signals as requests from now on,
+            # not only from its first checkpoint_requested()
+            ctx._request_state().install()
 
     # --- helpers over the world -----------------------------------------------------------
     @property
