@@ -49,6 +49,14 @@ class CheckpointError(RuntimeError):
     pass
 
 
+def _write_unsynced(path: Path, text: str) -> None:
+    """Whole or absent, not durable: for what the manifest (fsynced) makes durable, or what
+    only informs (the launcher's record); an fsync each would lengthen every save."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -128,6 +136,7 @@ class Checkpointer:
         self.algorithm = algorithm
         state = os.environ.get(envs.CHECKPOINT_STATE)     # the launcher's record of commits
         self.state = Path(state) if state else None
+        self._pruner = None                # rank 0's removal of older checkpoints (a thread)
         if getattr(ctx, "_request_state", None) is not None:
             # a script that checkpoints takes the request signals as requests from now on,
             # not only from its first checkpoint_requested()
@@ -160,13 +169,13 @@ class Checkpointer:
         """Commit ``arrays`` (this rank's state; with ``replicated``, rank 0's stands for all)
         as checkpoint ``step``; returns its directory once every rank's part is committed."""
         started = time.time()
+        self.wait()                        # the last save's clean-up, off its critical path
         staging = self.layout.staging(step)
         writes = not replicated or self._rank == 0
         if writes:
             staging.mkdir(parents=True, exist_ok=True)
             record = write_part(self.layout.part(staging, self._rank), arrays, self.algorithm)
-            paths.write_atomic(self.layout.part_record(staging, self._rank),
-                               json.dumps(record))
+            _write_unsynced(self.layout.part_record(staging, self._rank), json.dumps(record))
         self._barrier()               # every part is on disk (fsynced) before the manifest
         final = self.layout.committed(step)
         if self._rank == 0:
@@ -202,15 +211,25 @@ class Checkpointer:
             os.replace(final, self.layout.trash(step))
         os.replace(staging, final)
         _fsync_dir(self.layout.root)
-        self._prune()
+        # older checkpoints go in the background (not a daemon: the interpreter waits for it
+        # at exit); a removal cut short leaves an older one the loader names and skips
+        import threading
+        self._pruner = threading.Thread(target=self._prune, name="fluidctl-checkpoint-prune")
+        self._pruner.start()
         if self.state is not None:
             stop = self.ctx._requests is not None and self.ctx.checkpoint_stop
             try:
-                paths.write_atomic(self.state, json.dumps({
+                _write_unsynced(self.state, json.dumps({
                     "step": step, "dir": str(final), "time": time.time(),
                     "seconds": round(time.time() - started, 3), "stop": bool(stop)}))
             except OSError:
                 pass
+
+    def wait(self) -> None:
+        """Wait for the removal of checkpoints older than the ``keep`` newest."""
+        if self._pruner is not None:
+            self._pruner.join()
+            self._pruner = None
 
     def _prune(self) -> None:
         for path in self.layout.leftovers():

@@ -21,6 +21,7 @@ def test_commit_and_resume_newest(tmp_path):
     assert ck.load() is None
     for step in (3, 7, 11):
         ck.save(step, {"w": np.full(5, float(step)), "n": np.arange(3)}, meta={"epoch": step})
+    ck.wait()
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [
         "step-000000007", "step-000000011"]          # keep=2 pruned step 3
     found = ck.load()
