@@ -31,7 +31,8 @@ OPTIONS = (
     click.option("--checkpoint-warning", type=click.IntRange(1), default=None, metavar="SECONDS",
                  help="slurm: SECONDS before --time ends, ask every rank for a checkpoint "
                       "(#SBATCH --signal=B:USR1@SECONDS), then requeue the job "
-                      "(#SBATCH --requeue), e.g. --checkpoint-warning 120."),
+                      "(#SBATCH --requeue); inside an allocation, SECONDS before its end, "
+                      "e.g. --checkpoint-warning 120."),
     click.option("--detach", is_flag=True,
                  help="slurm, from a login node: return once submitted instead of following "
                       "the job (then: fluidctl job logs JOB -f)."),

@@ -97,7 +97,8 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
                   if owner else None)       # a submitted job's own fluidctl has its own
     result = run.run_supervised(
         lambda attempt: launcher.start(plan, attempt), logs=logs, launch_log=launch_log,
-        options=RunOptions(config.grace_period, config.max_restarts, checkpoint), shown=shown,
+        options=RunOptions(config.grace_period, config.max_restarts, checkpoint,
+                           getattr(launcher, "request_at", None)), shown=shown,
         watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config)))
     if owner:
         _checkpoint_failures(plan, result, launch_log)

@@ -50,6 +50,7 @@ class RunOptions:
     grace_period: float = 5.0
     max_restarts: int = 0
     checkpoint: Optional["RequestChannel"] = None   # the job's checkpoint requests
+    request_at: Optional[float] = None      # time.time() of a request (a time limit near)
 
 
 @dataclass
@@ -122,7 +123,11 @@ class Supervisor:
 
     # --- signals ---------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
-        second = self._stopping or (signum in REQUEST_SIGNALS and self._request_by_signal)
+        # a USR1 after a request of the timer's own (Slurm's warning, the same time limit) is
+        # the same request, not a second one
+        second = (signum in REQUEST_SIGNALS and self._request_by_signal) or (
+            self._stopping and signum in STOP_SIGNALS) or (
+            self._stopping and signum in REQUEST_SIGNALS and self._request is None)
         if second and (signum in STOP_SIGNALS or signum in REQUEST_SIGNALS):
             # a second Ctrl-C, TERM or USR1 (a scheduler that lost patience): at once, by the
             # main loop (_wait_all): killing here could interrupt an import (psutil) half-way
@@ -181,9 +186,17 @@ class Supervisor:
     # --- the run ---------------------------------------------------------------------------
     def run(self) -> RunResult:
         previous = self._install()
+        timer = None
+        if self.options.checkpoint is not None and self.options.request_at is not None:
+            left = max(0.0, self.options.request_at - time.time())
+            timer = threading.Timer(left, self.request, ("the time limit is near",))
+            timer.daemon = True
+            timer.start()
         try:
             return self._run()
         finally:
+            if timer is not None:
+                timer.cancel()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             with self._abort_lock:

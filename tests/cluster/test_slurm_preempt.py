@@ -104,3 +104,22 @@ def test_scontrol_requeue_resumes(slurm, tmp_path):
     slurm.run("scontrol", "requeue", job_id)
     finish(slurm, tmp_path, job_id, 60, 90)
     assert job_field(slurm, job_id, "Restarts") == "1"
+
+
+def test_time_limit_inside_an_allocation(slurm, tmp_path):
+    """Inside an allocation (salloc --time=1) fluidctl reads the job's end from Slurm and asks
+    for a checkpoint --checkpoint-warning seconds before it: every rank commits the same step
+    (no step after it), fluidctl exits 75."""
+    alloc = slurm.allocate(2, 2, "--time=1")
+    env = slurm.env(FLUIDCTL_STATE_DIR=str(tmp_path / "state"), **alloc)
+    argv = [sys.executable, "-m", "fluidctl", "train", "--backend", "slurm", "--log-dir",
+            tmp_path / "log", "--checkpoint-warning", 52, SCRIPT, "--ckpt", tmp_path / "ck",
+            "--out", tmp_path / "out", "--steps", 400, "--dim", DIM, "--step-time", 0.05]
+    first = subprocess.run(list(map(str, argv)), env=env, cwd=tmp_path, capture_output=True,
+                           text=True, timeout=90)
+    assert first.returncode == 75, first.stderr
+    assert "checkpoint requested (the time limit is near)" in first.stdout + first.stderr
+    stopped = [int(e.split()[1]) for e in events(tmp_path, 0) if e.startswith("stop")]
+    assert len(stopped) == 1 and 0 < stopped[0] < 399
+    for rank in range(WORLD):
+        assert steps_of(tmp_path, rank) == list(range(stopped[0] + 1))
