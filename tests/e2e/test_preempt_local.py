@@ -2,7 +2,7 @@
 rank commit at the same step; the job run again resumes there with no optimizer step lost or
 repeated and the weights of an uninterrupted run; a rank killed during a save, or a second
 signal during it, leaves that checkpoint partial and the previous one is resumed
-(``--max-restarts`` resumes the same way)."""
+(``--max-restarts`` resumes the same way); a corrupted part is named and skipped."""
 import json
 import os
 import signal
@@ -111,3 +111,19 @@ def test_sigusr1_exits_for_requeue(tmp_path):
     assert proc.returncode == 75, err
     assert "checkpoint requested (SIGUSR1): SIGUSR2 to every rank" in out + err
     assert "exit 75: run the job again (requeue) to resume" in out + err
+
+
+def test_corrupted_part_is_named_and_the_previous_checkpoint_resumed(tmp_path):
+    first = train(tmp_path, "--every", 10)
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    part = tmp_path / "ck" / "step-000000059" / "part-00001.bin"
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0x01                  # one bit: same size, another digest
+    part.write_bytes(bytes(data))
+    again = train(tmp_path)
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+    assert f"{part} is corrupted" in (tmp_path / "log" / "workerlog.1").read_text()
+    assert all(ev[-2:] == ["resumed 49", "finished"] for ev in events(tmp_path))
+    assert_final(tmp_path)
