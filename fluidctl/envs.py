@@ -86,6 +86,12 @@ SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process
 WORKER_ECHO = "FLUIDCTL_WORKER_ECHO"    # "0": fluidctl worker writes its log only, not stdout
 HANDSHAKE_TIMEOUT = "FLUIDCTL_HANDSHAKE_TIMEOUT"  # seconds a new peer has to authenticate (10)
 DROP_LOG_INTERVAL = "FLUIDCTL_DROP_LOG_INTERVAL"  # seconds per summary of dropped peers (10)
+# checkpoint requests (runtime/request.py): the file the launcher (or `fluidctl job checkpoint`)
+# creates to ask for a checkpoint, and the signal it forwards to the ranks (a name: TERM, USR1)
+CHECKPOINT_REQUEST = "FLUIDCTL_CHECKPOINT_REQUEST"
+CHECKPOINT_SIGNAL = "FLUIDCTL_CHECKPOINT_SIGNAL"
+CHECKPOINT_STATE = "FLUIDCTL_CHECKPOINT_STATE"  # where rank 0 records the last commit
+SLURM_RESTART_COUNT = "SLURM_RESTART_COUNT"     # read only: how often Slurm requeued the job
 
 # --- NCCL (read only) -----------------------------------------------------------------------
 NCCL_MULTI_RANK_GPU = "NCCL_MULTI_RANK_GPU_ENABLE"  # "1": NCCL >= 2.30 lets ranks share a GPU

@@ -4,6 +4,10 @@ The CLI prints it as one line, ``error: <what> (<how to fix>)``, and exits with 
 traceback. Exit 2 is a usage error (nothing was started), 1 a failed job.
 """
 
+# a job that checkpointed on request and stopped (EX_TEMPFAIL): run (requeue) it again to
+# resume; the batch script fluidctl submits then runs `scontrol requeue`
+REQUEUE_EXIT = 75
+
 
 class FluidctlError(Exception):
     """``details``: one line each below the summary (several nodes' reasons, one a node)."""

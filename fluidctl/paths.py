@@ -192,6 +192,20 @@ class LogLayout(NamedTuple):
         sacct); ``job_exit("%j")`` is the pattern the script is written with."""
         return self.root / f"slurm-{job_id}.exitcode"
 
+    @property
+    def checkpoint_request(self) -> Path:
+        """The checkpoint request: created by the launcher (SIGTERM, SIGUSR1, Slurm's warning
+        signal, a time limit near) or ``fluidctl job checkpoint``; every rank polls it
+        (FLUIDCTL_CHECKPOINT_REQUEST). Its one line: ``stop`` or ``save`` and why."""
+        return self.root / "checkpoint.request"
+
+    @property
+    def checkpoint_state(self) -> Path:
+        """The last committed checkpoint of the job (step, directory, whether the ranks
+        stopped after it), written by rank 0 of ``fluidctl.runtime.checkpoint``; read by the
+        launcher (exit for requeue) and ``fluidctl job status``."""
+        return self.root / "checkpoint.json"
+
     def create(self) -> None:
         """Make the directory; a path that exists as a file is the user's mistake."""
         for path in (self.root, self.dir):
@@ -270,6 +284,57 @@ class DiagDir(NamedTuple):
     def remove(self) -> None:
         import shutil
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class CheckpointLayout(NamedTuple):
+    """A checkpoint directory: one ``step-NNNNNNNNN/`` per committed checkpoint (a manifest
+    and one part per rank), staged as ``.partial-step-NNNNNNNNN/`` until every part is there."""
+    root: Path
+
+    MANIFEST = "manifest.json"
+
+    def committed(self, step: int) -> Path:
+        return self.root / f"step-{step:09d}"
+
+    def staging(self, step: int) -> Path:
+        return self.root / f".partial-step-{step:09d}"
+
+    def trash(self, step: int) -> Path:
+        """Where an older commit of the same step goes before it is removed."""
+        return self.root / f".old-step-{step:09d}.{os.getpid()}"
+
+    @staticmethod
+    def part(where: Path, rank: int) -> Path:
+        return where / f"part-{rank:05d}.bin"
+
+    @staticmethod
+    def part_record(where: Path, rank: int) -> Path:
+        """A part's size and digest, written by its rank for rank 0's manifest."""
+        return where / f"part-{rank:05d}.json"
+
+    @staticmethod
+    def step_of(name: str) -> Optional[int]:
+        """The step of a committed ``step-N`` directory name, else None."""
+        if name.startswith("step-") and name[5:].isdigit():
+            return int(name[5:])
+        return None
+
+    def steps(self) -> list:
+        """Committed steps, newest first (a directory that only looks committed is checked
+        by its manifest when loaded)."""
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        return sorted((s for s in map(self.step_of, names) if s is not None), reverse=True)
+
+    def leftovers(self) -> list:
+        """Partial and replaced directories a killed save left."""
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        return [self.root / n for n in names if n.startswith((".partial-step-", ".old-step-"))]
 
 
 def hang_dir(root: Path, when: float, kind: str = "hang") -> Path:

@@ -12,5 +12,19 @@ except ImportError:                                         # pragma: no cover -
     from signal import (SIG_BLOCK, SIG_SETMASK, SIGINT, SIGKILL, SIGPIPE, SIGTERM, SIGXFSZ,
                         pthread_sigmask, signal)
 
-__all__ = ["SIG_BLOCK", "SIG_SETMASK", "SIGINT", "SIGKILL", "SIGPIPE", "SIGTERM", "SIGXFSZ",
+
+
+def by_name(name: str) -> int:
+    """A signal's number from its name (TERM, SIGTERM, usr1) or number; ValueError if unknown."""
+    word = name.strip().upper()
+    if word.isdigit():
+        return int(word)
+    import signal as _signals          # only here: the enums are this caller's cost
+    number = getattr(_signals, word if word.startswith("SIG") else "SIG" + word, None)
+    if not isinstance(number, int) or word.startswith("SIG_"):
+        raise ValueError(f"unknown signal {name!r}")
+    return int(number)
+
+
+__all__ = ["by_name", "SIG_BLOCK", "SIG_SETMASK", "SIGINT", "SIGKILL", "SIGPIPE", "SIGTERM", "SIGXFSZ",
            "pthread_sigmask", "signal"]

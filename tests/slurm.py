@@ -66,7 +66,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={munge_socket}
+AuthInfo=socket={munge_socket},cred_expire=5
 StateSaveLocation={state}
 SlurmdSpoolDir={spool}/%n
 SlurmctldPidFile={run}/slurmctld.pid
@@ -80,7 +80,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0,sched_interval=1
 SchedulerType=sched/builtin
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
@@ -148,11 +148,12 @@ class SlurmCluster:
         return subprocess.run(list(argv), capture_output=True, text=True, check=check,
                               timeout=timeout, **kw)
 
-    def allocate(self, nodes: int = 2, ntasks_per_node: int = 2) -> Dict[str, str]:
+    def allocate(self, nodes: int = 2, ntasks_per_node: int = 2, *extra: str) -> Dict[str, str]:
         """``salloc --no-shell``: a granted allocation, as the variables salloc's shell would
-        have (add them to an environment to be "inside" it). Cancelled by ``cancel_all``."""
+        have (add them to an environment to be "inside" it). Cancelled by ``cancel_all``.
+        ``extra``: more salloc options (e.g. ``--time=1``)."""
         res = self.run("salloc", "--no-shell", "-J", "alloc", f"--nodes={nodes}",
-                       f"--ntasks-per-node={ntasks_per_node}", check=False)
+                       f"--ntasks-per-node={ntasks_per_node}", *extra, check=False)
         found = re.search(r"Granted job allocation (\d+)", res.stderr)
         if not found:
             raise RuntimeError(f"salloc failed: {res.stderr}\n{self.logs()}")

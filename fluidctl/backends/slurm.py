@@ -195,16 +195,39 @@ class SrunStep(LocalProcess):
         super().kill()
         cancel_step(self.job_id, self.step)
 
-def cancel_step(job_id: str, name: str) -> None:
-    """scancel the step of this job named ``name``, if Slurm still lists it."""
+    def send_signal(self, sig: int) -> None:
+        """``sig`` to every task of the step (a checkpoint request), through Slurm: srun
+        itself takes SIGTERM as "cancel the step" and would kill the tasks before they save."""
+        if not cancel_step(self.job_id, self.step, sig):
+            super().send_signal(sig)        # not listed (yet): srun forwards what it can
+
+
+def job_end(job_id: str) -> Optional[float]:
+    """When the job's time limit ends (scontrol's EndTime, local time), or None without one."""
+    try:
+        res = slurmctl.client("scontrol", "show", "job", "-o", job_id, timeout=20)
+    except Exception:      # noqa: BLE001 - no time-limit request then, nothing else lost
+        return None
+    end = slurmctl.parse_scontrol(res.stdout).get("EndTime", "")
+    try:
+        return time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:     # Unknown, or no limit
+        return None
+
+
+def cancel_step(job_id: str, name: str, sig: Optional[int] = None) -> bool:
+    """scancel the step of this job named ``name`` (or send it ``sig``), if Slurm still
+    lists it; whether it did."""
     try:
         res = slurmctl.client("squeue", "-h", "-s", "-j", job_id, "-o", "%i %j", timeout=20)
     except Exception:      # noqa: BLE001 - best effort while stopping
-        return
+        return False
     for line in res.stdout.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1] == name:
-            slurmctl.client("scancel", parts[0], timeout=20)
+            how = [f"--signal={signal.Signals(sig).name[3:]}"] if sig else []
+            return slurmctl.client("scancel", *how, parts[0], timeout=20).returncode == 0
+    return False
 
 
 # --- outside an allocation: the submitted job as one handle ---------------------------------
@@ -352,6 +375,7 @@ class SlurmLauncher(BaseLauncher):
         self.python = sys.executable
         self.world = 0
         self.job_layout: Optional[LogLayout] = None     # the submitted job's own log dir
+        self.request_at: Optional[float] = None   # --checkpoint-warning before the time limit
 
     def echo_sources(self, plan, tee: str, ranks=None):
         """Inside an allocation, as every backend; for a submitted job, the same ranks' logs
@@ -402,6 +426,9 @@ class SlurmLauncher(BaseLauncher):
             return slurmplan.plan_slurm(job, nodes, per_node, pservers, rank_argv, pserver_argv,
                                         env, [f"{n}:?" for n in nodes[:pservers]], commands)
         slurmplan.check_step_options(alloc, options)
+        if options.checkpoint_warning:         # salloc, or a batch script of one's own
+            end = job_end(alloc.job_id)
+            self.request_at = end - options.checkpoint_warning if end else None
         slurmplan.check_gpus(alloc, config.gpus, os.environ, options.slurm_args)
         slurmplan.check_cpus(alloc, nodes, per_node, os.environ, options.slurm_args)
         slurmctl.find("srun")

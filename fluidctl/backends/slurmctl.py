@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from fluidctl import paths
-from fluidctl.errors import FluidctlError, UsageError
+from fluidctl.errors import REQUEUE_EXIT, FluidctlError, UsageError
 from fluidctl.planning.slurm import SlurmOptions
 
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
@@ -92,9 +92,13 @@ def sbatch_script(spec: SbatchSpec) -> str:
         value = getattr(spec.options, name)
         if value:
             directives.append((name, value))
+    warning = spec.options.checkpoint_warning
+    if warning:         # Slurm's warning signal to the batch shell, which forwards it below
+        directives += [("signal", f"B:USR1@{warning}"), ("requeue", "")]
     directives += [("output", spec.output), ("open-mode", "append"),
                    ("chdir", spec.workdir)]
-    lines += [f"#SBATCH --{name}={value}" for name, value in directives]
+    lines += [f"#SBATCH --{name}={value}" if value else f"#SBATCH --{name}"
+              for name, value in directives]
     lines += [f"#SBATCH {arg}" for arg in spec.options.slurm_args]
     exit_file = _job_path(spec.exit_file)
     words = [shlex.quote(word) for word in spec.command]
@@ -104,8 +108,18 @@ def sbatch_script(spec: SbatchSpec) -> str:
     lines += [
         "",
         f"rm -f {exit_file}",      # a requeued run must not look ended by the last one's code
-        " ".join(words),
-        "code=$?",
+        # fluidctl runs in the background so that a USR1 (Slurm's warning signal,
+        # scancel --batch --signal=USR1) reaches it now, not when it has ended: a request
+        'trap \'kill -USR1 "$pid" 2>/dev/null\' USR1',
+        " ".join(words) + " &",
+        "pid=$!",
+        'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done',
+        'wait "$pid"; code=$?',
+        # checkpointed on request: Slurm runs the job again (once eligible: slurmctld holds a
+        # requeued job for AuthInfo's cred_expire, 120 s by default)
+        f'if [ "$code" = {REQUEUE_EXIT} ] && scontrol requeue "$SLURM_JOB_ID"; then',
+        "  exit 0",
+        "fi",
         f'echo "$code" > {exit_file}.tmp && mv -f {exit_file}.tmp {exit_file}',
         'exit "$code"',
         "",
@@ -231,6 +245,7 @@ class JobState:
     nodes: str = ""
     reason: str = ""
     source: str = ""             # squeue | scontrol | exit-file | none
+    restarts: Optional[int] = None   # how often Slurm requeued it (scontrol's Restarts)
 
     @property
     def done(self) -> bool:
@@ -290,8 +305,10 @@ def _scontrol(job_id: str) -> Optional[JobState]:
     state = fields.get("JobState", "UNKNOWN")
     code = exit_code_of(state, fields.get("ExitCode", "0:0")) if state in FINISHED else None
     reason = fields.get("Reason", "")
+    restarts = fields.get("Restarts", "")
     return JobState(job_id, state, code, fields.get("NodeList", "").replace("(null)", ""),
-                    "" if reason == "None" else reason, "scontrol")
+                    "" if reason == "None" else reason, "scontrol",
+                    int(restarts) if restarts.isdigit() else None)
 
 
 def _from_exit_file(record: JobRecord) -> Optional[JobState]:
@@ -354,6 +371,7 @@ def _settle(record: JobRecord, st: Optional[JobState]) -> Optional[JobState]:
             ended = _from_exit_file(record)
         if ended is not None:
             ended.nodes = ended.nodes or st.nodes
+            ended.restarts = st.restarts
             record_end(record, ended)
             return ended
     return st
@@ -378,7 +396,7 @@ def _precise(record: JobRecord, st: JobState) -> JobState:
                         st.source)
     from_file = _from_exit_file(record)
     if from_file is not None:
-        from_file.nodes = st.nodes
+        from_file.nodes, from_file.restarts = st.nodes, st.restarts
         return from_file
     return st
 

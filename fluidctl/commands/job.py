@@ -1,4 +1,4 @@
-"""``fluidctl job list | status | logs | cancel``: options and help only; the work is
+"""``fluidctl job list | status | logs | checkpoint | cancel``: options and help only; the work is
 ``fluidctl.jobs.submitted`` (the Slurm jobs ``fluidctl train --backend slurm`` submitted from
 this machine, read without sacct).
 """
@@ -17,6 +17,7 @@ Examples:
   fluidctl job list
   fluidctl job status 1234 --json
   fluidctl job logs 1234 -f --rank 3
+  fluidctl job checkpoint 1234
   fluidctl job cancel 1234
   fluidctl job status pytorchjob/bert --namespace ml-team""")
 def job():
@@ -89,6 +90,23 @@ def logs(job_id, rank, batch, follow, namespace):
         return kube.logs(job_id, namespace, rank)
     from fluidctl.jobs.submitted import logs as run
     run(job_id, rank, batch, follow)
+
+
+@job.command("checkpoint")
+@click.argument("job_id")
+@click.option("--stop", is_flag=True,
+              help="End the job after the checkpoint; it is requeued and resumes from it.")
+def checkpoint(job_id, stop):
+    """Ask a running job for a checkpoint: every rank that calls
+    ctx.checkpoint_requested() saves at the same step (fluidctl.runtime.checkpoint).
+
+    \b
+    Examples:
+      fluidctl job checkpoint 1234
+      fluidctl job checkpoint 1234 --stop
+    """
+    from fluidctl.jobs.submitted import checkpoint as run
+    run(job_id, stop)
 
 
 @job.command("cancel")

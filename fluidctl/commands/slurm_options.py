@@ -30,6 +30,11 @@ OPTIONS = (
                       "--mpirun-arg=--oversubscribe --mpirun-arg='--mca btl ^openib'."),
     click.option("--job-name", default=None,
                  help="slurm: the job's name (default: the script's name), e.g. --job-name bert."),
+    click.option("--checkpoint-warning", type=click.IntRange(1), default=None, metavar="SECONDS",
+                 help="slurm: SECONDS before --time ends, ask every rank for a checkpoint "
+                      "(#SBATCH --signal=B:USR1@SECONDS), then requeue the job "
+                      "(#SBATCH --requeue); inside an allocation, SECONDS before its end, "
+                      "e.g. --checkpoint-warning 120."),
     click.option("--detach", is_flag=True,
                  help="slurm, from a login node: return once submitted instead of following "
                       "the job (then: fluidctl job logs JOB -f)."),

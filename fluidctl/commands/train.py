@@ -131,6 +131,10 @@ def _non_negative(name: str):
 @click.option("--grace-period", type=seconds(0, 86400, "--grace-period 10"), default=5.0,
               show_default=True,
               help="Seconds between SIGTERM and SIGKILL when stopping, e.g. --grace-period 10.")
+@click.option("--checkpoint-signal", default="TERM", show_default=True, metavar="NAME",
+              help="On a checkpoint request (SIGTERM or SIGUSR1 to fluidctl, Slurm's warning "
+                   "signal, a near time limit) this signal goes to every rank, e.g. "
+                   "--checkpoint-signal USR1; the grace period is not shortened.")
 @click.option("--max-restarts", type=int, default=0, show_default=True,
               callback=_non_negative("--max-restarts"),
               help="Restart the whole group up to N times on failure, e.g. --max-restarts 3.")

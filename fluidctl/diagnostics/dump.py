@@ -15,7 +15,9 @@ from pathlib import Path
 from fluidctl.errors import FluidctlError, UsageError
 from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
 
-DUMP_REQUEST = signal.SIGUSR1       # what the launcher (launch/run.py) takes as "dump now"
+# what the launcher (launch/run.py) takes as "dump now": SIGURG, ignored by a process that does
+# not handle it (SIGUSR1 is a checkpoint request, Slurm's warning signal)
+DUMP_REQUEST = signal.SIGURG
 
 
 def _dump_dirs(root: Path):

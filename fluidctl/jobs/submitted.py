@@ -12,10 +12,14 @@ import time
 
 from fluidctl.backends import slurmctl
 from fluidctl.errors import UsageError
+from fluidctl.launch import requests
 
 
 def _row(record: slurmctl.JobRecord, st: slurmctl.JobState) -> dict:
+    commit = requests.last_commit(record.run_layout) or {}
     return {"job_id": record.job_id, "name": record.name, "state": st.state,
+            "requeues": st.restarts, "checkpoint_step": commit.get("step"),
+            "checkpoint_dir": commit.get("dir"),
             "exit_code": st.exit_code, "nodes": st.nodes, "reason": st.reason,
             "source": st.source, "submitted": record.submitted,
             "log_dir": record.run_dir or record.log_dir, "why": _why(record, st),
@@ -77,6 +81,12 @@ def status(job_id: str, as_json: bool = False) -> None:
         if st.exit_code is not None:
             text += f", exit code {st.exit_code}"
         print(text)
+        if st.restarts:
+            print(f"requeued: {st.restarts} time(s)")
+        commit = requests.last_commit(record.run_layout)
+        if commit:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(commit.get("time", 0)))
+            print(f"last checkpoint: step {commit.get('step')} at {when} ({commit.get('dir')})")
         why = _why(record, st)
         if why:
             print(f"why: {why}")
@@ -134,6 +144,22 @@ def logs(job_id: str, rank: int = 0, batch: bool = False, follow: bool = False) 
         f", exit code {st.exit_code}" if st.exit_code is not None else ""), file=sys.stderr,
         flush=True)
     sys.exit(st.exit_code or 0)
+
+
+def checkpoint(job_id: str, stop: bool = False) -> None:
+    """Ask a running job's ranks for a checkpoint (the request file they poll, in the job's
+    log dir); with ``stop`` they end after it and the job is requeued."""
+    record = slurmctl.load_record(job_id)
+    st = slurmctl.state(record)
+    if st.state != "RUNNING":
+        raise UsageError(f"job {job_id} is {st.state}, not RUNNING",
+                         "a checkpoint is asked of a running job; 'fluidctl job status "
+                         f"{job_id}' shows its state")
+    path = requests.ask(record.run_layout, requests.STOP if stop else requests.SAVE,
+                        "fluidctl job checkpoint")
+    then = "then stop and be requeued" if stop else "and go on"
+    print(f"asked job {job_id} for a checkpoint ({path}): every rank saves at the same step "
+          f"{then}; 'fluidctl job status {job_id}' shows the last committed step", flush=True)
 
 
 def cancel(job_id: str) -> None:

@@ -96,9 +96,13 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
         sources=launcher.echo_sources(plan, config.tee, config.tee_ranks),
         report=run.failure_reporter(config.log_tail, layout.failure_json),
         on_hang=run.hang_reporter)
+    from fluidctl.launch.requests import RequestChannel
+    checkpoint = (RequestChannel(layout.root.resolve(), config.checkpoint_signal)
+                  if owner else None)       # a submitted job's own fluidctl has its own
     result = run.run_supervised(
         lambda attempt: launcher.start(plan, attempt), logs=logs, launch_log=launch_log,
-        options=RunOptions(config.grace_period, config.max_restarts), shown=shown,
+        options=RunOptions(config.grace_period, config.max_restarts, checkpoint,
+                           getattr(launcher, "request_at", None)), shown=shown,
         watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config)))
     if owner:
         _checkpoint_failures(plan, result, launch_log)

@@ -107,7 +107,7 @@ class RunWatchers:
     every HEARTBEAT seconds, so a console that went away, such as a dropped SSH connection, is
     noticed even when the workers are silent; ``on_broken()`` is called then) and
     ``diagnostics`` (fluidctl/diagnostics/watch.py: failure triage, the ``--hang-timeout``
-    watchdog, ``fluidctl dump`` requests (SIGUSR1), failure.json and job.json in its
+    watchdog, ``fluidctl dump`` requests (SIGURG), failure.json and job.json in its
     ``log_root``)."""
     heartbeat: Optional[Callable[[], str]] = None
     on_broken: Optional[Callable[[], None]] = None
@@ -174,7 +174,7 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
 
 class _Watch:
     """The diagnostics around one supervised job: the hang watchdog, ``fluidctl dump``
-    requests (SIGUSR1 to the launcher), job.json while it runs, failure.json at the end."""
+    requests (SIGURG to the launcher), job.json while it runs, failure.json at the end."""
 
     def __init__(self, supervisor: Supervisor, diagnostics: "Diagnostics", logs, launch_log,
                  on_hang):

@@ -6,6 +6,14 @@ handle failed, and then stops the rest: SIGTERM to every process tree, SIGKILL t
 there after the grace period. The *first observed* failure is the one reported. SIGINT, SIGTERM
 and SIGHUP to fluidctl stop the job the same way (exit 128+N); a second one (Ctrl-C, or a
 second SIGTERM from a scheduler that lost patience) kills at once.
+
+Checkpoint requests (``RunOptions.checkpoint``, launch/requests.py): SIGTERM first writes the
+request file the ranks poll, then stops the job as above. SIGUSR1 (Slurm's warning signal) or
+``request()`` (a near time limit) writes it and forwards the checkpoint signal (SIGTERM by
+default) instead; the ranks have the whole grace period to save. When every trainer then
+exited 0 (or the ranks stopped on a request themselves, as ``scancel --signal=USR1`` to the
+ranks makes them), fluidctl exits REQUEUE_EXIT (75). A second signal while stopping kills at
+once: the checkpoint being written stays partial and the previous one is resumed.
 """
 from __future__ import annotations
 
@@ -19,11 +27,14 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 from fluidctl.agentproto import EndState, ProcessEnd
 from fluidctl.diagnostics.failures import Failure, FailureKind
+from fluidctl.launch.requests import REQUEUE_EXIT
 
 if TYPE_CHECKING:
     from fluidctl.backends.base import Handle
+    from fluidctl.launch.requests import RequestChannel
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+REQUEST_SIGNALS = (signal.SIGUSR1,)
 KILL_WAIT = 10.0        # after SIGKILL, how long to wait for the kernel to reap
 
 
@@ -38,6 +49,8 @@ _STOPPED_CODES = frozenset(code for sig in (signal.SIGTERM, signal.SIGINT, signa
 class RunOptions:
     grace_period: float = 5.0
     max_restarts: int = 0
+    checkpoint: Optional["RequestChannel"] = None   # the job's checkpoint requests
+    request_at: Optional[float] = None      # time.time() of a request (a time limit near)
 
 
 @dataclass
@@ -95,6 +108,10 @@ class Supervisor:
         self.start, self.options, self.log, self.say = start, options, log, say
         self.before_restart = before_restart
         self._signal: Optional[int] = None
+        self._request: Optional[str] = None         # why a checkpoint was requested
+        self._request_by_signal = False
+        self._kill_now = False
+        self._killed_at_once = False
         self._abort: Optional[tuple] = None
         self._abort_lock = threading.Lock()
         self._closed = False
@@ -106,16 +123,37 @@ class Supervisor:
 
     # --- signals ---------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
-        if self._stopping and signum in STOP_SIGNALS:       # a second Ctrl-C or TERM
+        # a USR1 after a request of the timer's own (Slurm's warning, the same time limit) is
+        # the same request, not a second one
+        second = (signum in REQUEST_SIGNALS and self._request_by_signal) or (
+            self._stopping and signum in STOP_SIGNALS) or (
+            self._stopping and signum in REQUEST_SIGNALS and self._request is None)
+        if second and (signum in STOP_SIGNALS or signum in REQUEST_SIGNALS):
+            # a second Ctrl-C, TERM or USR1 (a scheduler that lost patience): at once, by the
+            # main loop (_wait_all): killing here could interrupt an import (psutil) half-way
             self.log(f"second {signal.Signals(signum).name}: killing every process now")
-            for h in self._handles:
-                h.kill()
-        if self._signal is None:
+            self._kill_now = self._killed_at_once = True
+        elif signum in REQUEST_SIGNALS:
+            if self._request is None:
+                self._request = f"SIG{signal.Signals(signum).name[3:]}"
+            self._request_by_signal = True
+        elif self._signal is None:
             self._signal = signum
         try:
             os.write(self._wake_w, b"s")
         except OSError:
             pass
+
+    def request(self, why: str) -> None:
+        """Ask for a checkpoint from another thread (the time limit is near)."""
+        with self._abort_lock:
+            if self._closed or self._request is not None:
+                return
+            self._request = why
+            try:
+                os.write(self._wake_w, b"r")
+            except OSError:
+                pass
 
     def abort(self, exit_code: int, why: str) -> None:
         """Stop the job from another thread (the hang watchdog): no restart, ``exit_code``."""
@@ -142,14 +180,23 @@ class Supervisor:
         return RunResult(code, ends=list(self._ends.values()), **kw)
 
     def _install(self):
-        return {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        wanted = STOP_SIGNALS + (REQUEST_SIGNALS if self.options.checkpoint else ())
+        return {sig: signal.signal(sig, self._on_signal) for sig in wanted}
 
     # --- the run ---------------------------------------------------------------------------
     def run(self) -> RunResult:
         previous = self._install()
+        timer = None
+        if self.options.checkpoint is not None and self.options.request_at is not None:
+            left = max(0.0, self.options.request_at - time.time())
+            timer = threading.Timer(left, self.request, ("the time limit is near",))
+            timer.daemon = True
+            timer.start()
         try:
             return self._run()
         finally:
+            if timer is not None:
+                timer.cancel()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             with self._abort_lock:
@@ -164,6 +211,9 @@ class Supervisor:
                 self.before_restart(attempt)
             self._stopping = False
             self._ends = {}
+            channel = self.options.checkpoint
+            if channel is not None:
+                channel.clear()
             # start() returns every handle of the attempt, or stops what it started and
             # raises (the Launcher protocol); nothing is ours to stop then
             self._handles = self.start(attempt)
@@ -175,17 +225,29 @@ class Supervisor:
                 self.log(f"stopping the job: {why}")
                 self._stop(self._handles)
                 return self._result(code, attempts=attempt + 1, aborted=why)
+            if self._request is not None and self._signal is None:
+                return self._checkpoint_stop(attempt)
             if self._signal is not None:
+                first = None
+                if channel is not None and self._signal == signal.SIGTERM:
+                    channel.ask("SIGTERM")      # before the ranks get it: they save first
+                    first = channel.signal
                 self.log(f"received {signal.Signals(self._signal).name}: stopping the job")
                 if not all(getattr(h, "detaches", False) for h in self._handles):
                     self.say(f"fluidctl: {signal.Signals(self._signal).name} received, "
                              "stopping all processes")     # else each handle says it leaves
-                self._stop(self._handles)
+                self._stop(self._handles, first)
                 return self._result(128 + self._signal, signal=self._signal,
                                     attempts=attempt + 1)
             self._stop(self._handles)
             if failure is None:
                 self.log(f"attempt {attempt}: all trainers finished")
+                stopped = channel.stopped() if channel is not None else None
+                if stopped:
+                    self.say(f"fluidctl: the ranks stopped on a checkpoint request after "
+                             f"committing step {stopped.get('step')} ({stopped.get('dir')}); "
+                             f"exit {REQUEUE_EXIT}: run the job again (requeue) to resume")
+                    return self._result(REQUEUE_EXIT, attempts=attempt + 1)
                 return self._result(0, attempts=attempt + 1)
             self.log(f"attempt {attempt}: {failure.label} on {failure.host} failed: "
                      f"{failure.reason} (log {failure.log})")
@@ -196,6 +258,37 @@ class Supervisor:
             attempt += 1
             self.say(f"fluidctl: {failure.label} failed ({failure.reason}); restarting the job "
                      f"(restart {attempt} of {self.options.max_restarts})")
+
+    def _checkpoint_stop(self, attempt: int) -> RunResult:
+        """A checkpoint request: the request file, then the checkpoint signal to every rank,
+        the grace period to save, SIGKILL after it; REQUEUE_EXIT if every trainer exited 0."""
+        channel, why = self.options.checkpoint, self._request
+        channel.ask(why)
+        name = signal.Signals(channel.signal).name
+        self.log(f"checkpoint requested ({why}): {name} to every rank, "
+                 f"{self.options.grace_period:g}s to save")
+        self.say(f"fluidctl: checkpoint requested ({why}): {name} to every rank, "
+                 f"{self.options.grace_period:g}s grace period to save and exit")
+        handles = self._handles
+        self._stop(handles, channel.signal)
+        trainers = [h for h in handles if not h.service]
+        done = channel.stopped()
+        where = f" after committing step {done.get('step')}" if done else ""
+        if trainers and all(h.poll() == 0 for h in trainers):
+            self.say(f"fluidctl: every rank exited on the checkpoint request{where}; exit "
+                     f"{REQUEUE_EXIT}: run the job again (requeue) to resume")
+            return self._result(REQUEUE_EXIT, attempts=attempt + 1)
+        if not self._killed_at_once:
+            # the signal came before a rank could take it (still starting), or a rank did not
+            # save in time: the job still stops to be run again, from its newest complete
+            # checkpoint (a partial one is never loaded)
+            self.log("checkpoint request: not every trainer exited 0 within the grace period")
+            self.say(f"fluidctl: not every rank exited 0 on the checkpoint request{where}; "
+                     f"exit {REQUEUE_EXIT}: run the job again (requeue) to resume from its "
+                     "newest complete checkpoint")
+            return self._result(REQUEUE_EXIT, attempts=attempt + 1)
+        sig = REQUEST_SIGNALS[0] if self._request_by_signal else signal.SIGTERM
+        return self._result(128 + sig, signal=sig, attempts=attempt + 1)
 
     def _watch(self) -> Optional[Failure]:
         """Block until every trainer succeeded (None), one handle failed, or a signal came."""
@@ -226,7 +319,8 @@ class Supervisor:
                         return fail
                 if not any(not h.service for h in live):
                     return None
-                if self._signal is not None or self._abort is not None:
+                if self._signal is not None or self._abort is not None or \
+                        self._request is not None:
                     return None
                 for key, _ in selector.select(timeout=1.0 if all_waitable else 0.05):
                     if key.fd == self._wake_r:
@@ -237,14 +331,20 @@ class Supervisor:
         finally:
             selector.close()
 
-    def _stop(self, handles: List[Handle]) -> None:
-        """TERM every live tree, wait up to the grace period, KILL the rest, reap all."""
+    def _stop(self, handles: List[Handle], first: Optional[int] = None) -> None:
+        """TERM every live tree (or send the checkpoint signal ``first`` to its processes),
+        wait up to the grace period, KILL the rest, reap all."""
         self._stopping = True
         stopped = [h for h in handles if h.poll() is None]
         for h in stopped:
-            h.terminate()
+            send = getattr(h, "send_signal", None)
+            if first is not None and send is not None:
+                send(first)
+            else:
+                h.terminate()
         if stopped:
-            self.log("sent SIGTERM to " + ", ".join(h.label for h in stopped))
+            self.log(f"sent {signal.Signals(first or signal.SIGTERM).name} to "
+                     + ", ".join(h.label for h in stopped))
         live = self._wait_all(stopped, self.options.grace_period)
         if live:
             self.log(f"grace period of {self.options.grace_period:g}s over: SIGKILL to "
@@ -268,17 +368,29 @@ class Supervisor:
         deadline = time.monotonic() + timeout
         selector = selectors.DefaultSelector()
         try:
+            selector.register(self._wake_r, selectors.EVENT_READ)
             for h in live:
                 if h.fileno() >= 0:
                     selector.register(h.fileno(), selectors.EVENT_READ)
             while True:
                 live = [h for h in live if h.poll() is None]
+                if self._kill_now:
+                    for h in live:
+                        h.kill()
+                    if live:
+                        deadline = time.monotonic() + KILL_WAIT
+                    self._kill_now = False
                 left = deadline - time.monotonic()
                 if not live or left <= 0:
                     return live
-                # a second Ctrl-C during the grace period kills at once: it also wakes us here
+                # a second Ctrl-C during the grace period kills at once: it wakes us here
                 waitable = all(h.fileno() >= 0 for h in live)
-                selector.select(timeout=min(left, 0.5 if waitable else 0.02))
+                for key, _ in selector.select(timeout=min(left, 0.5 if waitable else 0.02)):
+                    if key.fd == self._wake_r:
+                        try:
+                            os.read(self._wake_r, 64)
+                        except BlockingIOError:
+                            pass
         finally:
             selector.close()
 

@@ -10,7 +10,7 @@ from fluidctl.errors import UsageError
 
 # the Slurm-only options (``--backend slurm``), gathered into one SlurmOptions
 SLURM_NAMES = ("nodes", "partition", "time_limit", "account", "qos", "constraint", "exclude",
-               "slurm_args", "job_name", "detach")
+               "slurm_args", "job_name", "detach", "checkpoint_warning")
 
 # the Kubernetes-only options (``--backend k8s``), gathered into one K8sOptions
 K8S_NAMES = ("kind", "image", "namespace", "apply")

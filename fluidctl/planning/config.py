@@ -55,6 +55,7 @@ class LaunchConfig:
     log_dir: str = DEFAULT_LOG_DIR
     grace_period: float = 5.0
     max_restarts: int = 0
+    checkpoint_signal: str = "TERM"             # forwarded to the ranks on a checkpoint request
     tee: str = "rank0"
     tee_ranks: Optional[Tuple[int, ...]] = None     # --tee-ranks: echo these trainers only
     hang_timeout: Optional[float] = None            # --hang-timeout seconds (None: off)
@@ -105,6 +106,8 @@ class LaunchConfig:
         anything is started or written) and freeze them; ``settings`` are taken as they are."""
         check_range("--grace-period", grace_period, 0, 86400, "e.g. --grace-period 10",
                          unit=" of seconds")
+        if "checkpoint_signal" in settings:
+            settings["checkpoint_signal"] = checkpoint_signal(settings["checkpoint_signal"])
         if "ssh_timeout" in settings:
             check_range("--ssh-timeout", settings["ssh_timeout"], 0.1, 86400,
                              "e.g. --ssh-timeout 30", unit=" of seconds")
@@ -156,6 +159,20 @@ class LaunchConfig:
         if self.tee_ranks and self.tee_ranks[-1] >= trainers:
             raise UsageError(f"--tee-ranks names rank {self.tee_ranks[-1]}, but the job has "
                              f"{trainers} trainer(s)", f"choose ranks 0..{trainers - 1}")
+
+
+def checkpoint_signal(name: Optional[str]) -> str:
+    """--checkpoint-signal's value as a name without SIG (TERM, USR1, INT, ...)."""
+    from fluidctl.sigs import SIGKILL, by_name
+    word = (name or "TERM").strip().upper()
+    try:
+        number = by_name(word)
+    except ValueError:
+        number = 0
+    if number in (0, SIGKILL) or word.isdigit() or word.removeprefix("SIG") in ("STOP", "KILL"):
+        raise UsageError(f"--checkpoint-signal {name}: not a signal a script can trap",
+                         "name one, e.g. --checkpoint-signal TERM or --checkpoint-signal USR1")
+    return word.removeprefix("SIG")
 
 
 def parse_ranks(text: Optional[str]) -> Optional[Tuple[int, ...]]:

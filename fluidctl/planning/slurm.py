@@ -33,6 +33,7 @@ class SlurmOptions:
     slurm_args: Tuple[str, ...] = ()
     detach: bool = False
     job_name: Optional[str] = None
+    checkpoint_warning: Optional[int] = None    # seconds before --time ends: a request
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,8 @@ def inner_train_argv(config, log_dir: Path) -> List[str]:
         argv += ["--env", f"{name}={value}"]
     if config.grace_period != 5.0:
         argv += ["--grace-period", f"{config.grace_period:g}"]
+    if config.checkpoint_signal != "TERM":
+        argv += ["--checkpoint-signal", config.checkpoint_signal]
     if config.log_tail != 20:
         argv += ["--log-tail", str(config.log_tail)]
     if config.hang_timeout:

@@ -116,6 +116,22 @@ class LocalProcess:
     def kill(self) -> None:
         self._signal_tree(signal.SIGKILL)
 
+    def send_signal(self, sig: int) -> None:
+        """``sig`` once to each process of the tree (a checkpoint request's signal: a second
+        copy could reach a rank that already saved and is exiting, its handler gone)."""
+        outside = []
+        for proc in _tree(self.pid):
+            try:
+                if os.getpgid(proc.pid) != self.pid:
+                    outside.append(proc)
+            except OSError:
+                pass
+        try:
+            os.killpg(self.pid, sig)        # the session's group, grandchildren included
+        except (ProcessLookupError, PermissionError):
+            pass
+        _signal_procs(outside, sig)         # those that left the group (setsid / setpgid)
+
     def failure(self) -> Failure:
         return Failure(self.label, self.host, self.popen.returncode, self.log, self.pid)
 

@@ -41,6 +41,7 @@ class Context:
         self.store = None
         self.comm = None
         self._server = None
+        self._requests = None
 
     def __repr__(self) -> str:
         return (f"Context(rank={self.rank}, world_size={self.world_size}, mode={self.mode!r}, "
@@ -90,6 +91,29 @@ class Context:
     def barrier(self) -> None:
         self._need_comm().barrier()
         progress.bump()
+
+    # --- checkpoint requests (runtime/request.py) --------------------------------------------
+    def _request_state(self):
+        if self._requests is None:
+            from fluidctl.runtime.request import Requests
+            self._requests = Requests(self.comm, self.world_size)
+        return self._requests
+
+    def checkpoint_requested(self) -> bool:
+        """True on every rank at the same call when a checkpoint was requested (SIGTERM,
+        SIGUSR1, Slurm's warning signal, a near time limit, ``fluidctl job checkpoint``).
+        Call it once per step on every rank: it is an agreement (a tiny allreduce now and
+        then, about every 50 ms), one integer comparison otherwise.
+        ``checkpoint_stop`` then says whether the job should end after saving."""
+        requests = self._requests or self._request_state()
+        return requests.poll()
+
+    @property
+    def checkpoint_stop(self) -> bool:
+        """The last agreed request asks the job to end after the checkpoint (to be requeued
+        and resumed), not to go on."""
+        from fluidctl.runtime.request import STOP
+        return self._requests is not None and self._requests.kind == STOP
 
     def close(self, wait: bool = True) -> None:
         """Release transports; with ``wait``, first meet the other ranks so that rank 0 does not
@@ -155,6 +179,10 @@ def init(timeout: Optional[float] = None, transport: str = "auto",
             raise
     elif env.role == envs.ROLE_TRAINER and env.selected_gpu is not None:
         _use_device(ctx)               # pserver trainers: their own GPU, no NCCL between them
+    if (os.environ if environ is None else environ).get(envs.CHECKPOINT_REQUEST):
+        # Slurm's scancel --signal=USR1 reaches the ranks themselves: a request, not death
+        import signal
+        ctx._request_state().install([signal.SIGUSR1])
     _ctx = ctx
     return ctx
 

@@ -24,15 +24,22 @@ GOLDEN = """\
 #SBATCH --qos=high
 #SBATCH --constraint=a100&ib
 #SBATCH --exclude=gpu[003-004]
+#SBATCH --signal=B:USR1@120
+#SBATCH --requeue
 #SBATCH --output=/logs/my run/slurm-%j.out
 #SBATCH --open-mode=append
 #SBATCH --chdir=/home/u/proj
 #SBATCH --mail-type=END
-#SBATCH --signal=B:USR2@120
 
 rm -f '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode
-/opt/py/bin/python -m fluidctl train --backend slurm --log-dir '/logs/my run/slurm-'"$SLURM_JOB_ID" train.py --lr '0.1 0.2'
-code=$?
+trap 'kill -USR1 "$pid" 2>/dev/null' USR1
+/opt/py/bin/python -m fluidctl train --backend slurm --log-dir '/logs/my run/slurm-'"$SLURM_JOB_ID" train.py --lr '0.1 0.2' &
+pid=$!
+while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done
+wait "$pid"; code=$?
+if [ "$code" = 75 ] && scontrol requeue "$SLURM_JOB_ID"; then
+  exit 0
+fi
 echo "$code" > '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode.tmp && mv -f '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode.tmp '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode
 exit "$code"
 """
@@ -42,7 +49,7 @@ def test_golden_sbatch_script():
     layout = paths.LogLayout(Path("/logs/my run"))
     options = SlurmOptions(partition="gpu", time="01:30:00", account="proj 1", qos="high",
                            constraint="a100&ib", exclude="gpu[003-004]",
-                           slurm_args=("--mail-type=END", "--signal=B:USR2@120"))
+                           slurm_args=("--mail-type=END",), checkpoint_warning=120)
     spec = slurmctl.SbatchSpec(
         job_name="train", nodes=2, ntasks_per_node=4, gpus_per_node=4, options=options,
         command=["/opt/py/bin/python", "-m", "fluidctl", "train", "--backend", "slurm",

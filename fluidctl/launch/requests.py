@@ -1,0 +1,76 @@
+"""The launcher's half of checkpoint requests (the ranks' half is runtime/request.py).
+
+A request is the file ``LogLayout.checkpoint_request`` (FLUIDCTL_CHECKPOINT_REQUEST in every
+rank's environment), whose first word is ``stop`` (checkpoint, then end so that the job is
+requeued or restarted and resumes) or ``save`` (checkpoint and go on). The supervisor writes
+it on SIGTERM, SIGUSR1 (Slurm's warning signal, ``scancel --batch --signal=USR1``) or when the
+time limit is near, before it forwards the checkpoint signal to the ranks; ``fluidctl job
+checkpoint`` writes it for a running Slurm job. Each attempt starts without one.
+
+After the ranks saved on a ``stop`` request and exited 0, the launcher exits REQUEUE_EXIT
+(EX_TEMPFAIL, 75): the batch script then runs ``scontrol requeue``, and a person or a wrapper
+knows that running the job again resumes it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+from fluidctl import paths
+from fluidctl.errors import REQUEUE_EXIT
+from fluidctl.sigs import by_name
+
+__all__ = ["REQUEUE_EXIT", "RequestChannel", "ask", "last_commit"]
+STOP, SAVE = "stop", "save"
+
+
+def ask(layout: paths.LogLayout, kind: str, why: str) -> Path:
+    """Write the request file of the job whose log dir is ``layout``."""
+    path = layout.checkpoint_request
+    paths.write_atomic(path, f"{kind} {why} {time.time():.3f}\n", 0o644)
+    return path
+
+
+def last_commit(layout: paths.LogLayout) -> Optional[dict]:
+    """The job's last committed checkpoint as rank 0 recorded it (step, dir, time, stop)."""
+    try:
+        record = json.loads(layout.checkpoint_state.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+class RequestChannel:
+    """One job's requests, as its launcher sees them."""
+
+    def __init__(self, log_root: Path, signal_name: str = "TERM"):
+        self.layout = paths.LogLayout(Path(log_root))
+        self.signal = by_name(signal_name)
+        self.since = time.time()
+        self.asked = ""
+
+    def clear(self) -> None:
+        """A new attempt: no request yet, and an earlier commit no longer counts as this
+        attempt's stop."""
+        try:
+            os.unlink(self.layout.checkpoint_request)
+        except FileNotFoundError:
+            pass
+        self.since, self.asked = time.time(), ""
+
+    def ask(self, why: str, kind: str = STOP) -> None:
+        self.asked = why
+        try:
+            ask(self.layout, kind, why)
+        except OSError:
+            pass            # the forwarded signal still reaches the ranks
+
+    def stopped(self) -> Optional[dict]:
+        """The commit the ranks made before stopping on a request in this attempt, if any."""
+        record = last_commit(self.layout)
+        if record and record.get("stop") and float(record.get("time", 0)) >= self.since:
+            return record
+        return None

@@ -1,0 +1,97 @@
+"""fluidctl.runtime.checkpoint in one process (a world of one): commit, resume from the newest
+complete checkpoint, partial and bad ones named and skipped; and the request agreement
+(runtime/request.py) of one rank: file and signal requests, save vs stop, once per request."""
+import os
+import signal
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from fluidctl import envs
+from fluidctl.runtime import checkpoint, request
+
+
+def ctx():
+    return SimpleNamespace(rank=0, world_size=1, comm=None, _requests=None)
+
+
+def test_commit_and_resume_newest(tmp_path):
+    ck = checkpoint.Checkpointer(ctx(), tmp_path / "ck", keep=2)
+    assert ck.load() is None
+    for step in (3, 7, 11):
+        ck.save(step, {"w": np.full(5, float(step)), "n": np.arange(3)}, meta={"epoch": step})
+    ck.wait()
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [
+        "step-000000007", "step-000000011"]          # keep=2 pruned step 3
+    found = ck.load()
+    assert found.step == 11 and found.meta == {"epoch": 11}
+    assert found.arrays["w"].dtype == np.float64 and (found.arrays["w"] == 11.0).all()
+    assert found.arrays["n"].tolist() == [0, 1, 2]
+
+
+def test_partial_truncated_and_corrupted_parts_are_skipped(tmp_path, capsys):
+    ck = checkpoint.Checkpointer(ctx(), tmp_path / "ck", keep=5)
+    for step in (1, 2, 3, 4):
+        ck.save(step, {"w": np.full(1000, float(step))})
+    layout = ck.layout
+    part = layout.part(layout.committed(4), 0)
+    data = bytearray(part.read_bytes())
+    data[100] ^= 0xFF                                # corrupted: same size, another digest
+    part.write_bytes(bytes(data))
+    three = layout.part(layout.committed(3), 0)
+    three.write_bytes(three.read_bytes()[:-8])      # truncated
+    (layout.committed(2) / "manifest.json").unlink()  # never committed whole
+    os.makedirs(layout.staging(9))                   # a save killed half-way
+    found = ck.load()
+    assert found.step == 1
+    err = capsys.readouterr().err
+    assert f"{part} is corrupted" in err and f"{three} is truncated" in err
+    assert f"{layout.committed(2)} has no manifest" in err
+    assert "step-000000009" not in err               # a partial save is not even looked at
+
+
+def test_object_arrays_are_refused(tmp_path):
+    ck = checkpoint.Checkpointer(ctx(), tmp_path / "ck")
+    with pytest.raises(checkpoint.CheckpointError, match="Python objects"):
+        ck.save(1, {"x": np.array([object()])})
+
+
+def test_commit_is_recorded_for_the_launcher(tmp_path, monkeypatch):
+    monkeypatch.setenv(envs.CHECKPOINT_STATE, str(tmp_path / "checkpoint.json"))
+    ck = checkpoint.Checkpointer(ctx(), tmp_path / "ck")
+    ck.save(5, {"w": np.zeros(2)})
+    import json
+    record = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert record["step"] == 5 and record["stop"] is False
+    assert record["dir"] == str(tmp_path / "ck" / "step-000000005")
+
+
+def test_request_file_agreed_once(tmp_path):
+    path = tmp_path / "checkpoint.request"
+    req = request.Requests(None, 1, {envs.CHECKPOINT_REQUEST: str(path)})
+    try:
+        assert not any(req.poll() for _ in range(50))
+        path.write_text("save fluidctl job checkpoint\n")
+        hits = [i for i in range(100000) if req.poll()]
+        assert len(hits) == 1 and req.kind == request.SAVE     # honoured once, job goes on
+        os.unlink(path)
+        path.write_text("stop SIGUSR1\n")                       # a new request
+        assert any(req.poll() for _ in range(100000)) and req.kind == request.STOP
+    finally:
+        for sig in req.signals:
+            signal.signal(sig, signal.SIG_DFL)
+
+
+def test_request_signal_and_spacing(tmp_path):
+    req = request.Requests(None, 1, {envs.CHECKPOINT_SIGNAL: "USR2"})
+    try:
+        for _ in range(1000):
+            req.poll()
+        assert req.every > 1                   # fast calls: agreements spaced out
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert any(req.poll() for _ in range(10 ** 6)) and req.kind == request.STOP
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN     # stopping now
+    finally:
+        for sig in req.signals:
+            signal.signal(sig, signal.SIG_DFL)
