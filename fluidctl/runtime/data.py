@@ -245,6 +245,13 @@ def batches(records: Iterable[Any], batch_size: int, drop_last: bool = False) ->
         yield batch
 
 
+def timed(loader: Iterable[Any]) -> Iterator[Any]:
+    """``loader``'s items, the time each one took counted as this rank's data time: the
+    launcher's straggler report names a rank whose data loader sets the job's pace."""
+    from fluidctl.diagnostics import stragglers
+    return stragglers.timed_batches(loader)
+
+
 class ShardReader:
     """This trainer's shard as an iterable of batches; iterate once per epoch.
 
@@ -269,8 +276,9 @@ class ShardReader:
         self.records = info["records"] if info else None
 
     def __iter__(self) -> Iterator[list]:
-        return batches(iter_records(self.path, self.format, decode=self.decode),
-                       self.batch_size, self.drop_last)
+        return timed(batches(iter_records(self.path, self.format,
+                                                             decode=self.decode),
+                                                self.batch_size, self.drop_last))
 
     def __len__(self) -> int:
         records = self.records

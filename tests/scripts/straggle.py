@@ -1,0 +1,61 @@
+"""A data-parallel loop for the straggler tests: each step reads a batch, computes, and
+allreduces a gradient whose last element says whether to stop (any rank that sees STOP_FILE).
+
+    straggle.py [--steps N] [--work MS] [--floats N] [--slow-data RANK:MS:FROM_STEP]
+                [--stop-file PATH]
+
+Prints "step N" on rank 0 after every step, flushed.
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+import fluidctl.runtime
+from fluidctl.runtime.data import timed
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=1000)
+p.add_argument("--work", type=float, default=20.0, help="milliseconds of CPU work per step")
+p.add_argument("--floats", type=int, default=1024, help="gradient size")
+p.add_argument("--slow-data", default="", help="RANK:MS:FROM_STEP: that rank's loader sleeps")
+p.add_argument("--stop-file", default="STOP")
+args = p.parse_args()
+
+ctx = fluidctl.runtime.init()
+slow_rank, slow_ms, slow_from = (map(float, args.slow_data.split(":")) if args.slow_data
+                                 else (-1, 0, 0))
+
+
+def loader():
+    step = 0
+    while True:
+        if ctx.rank == slow_rank and step >= slow_from:
+            time.sleep(slow_ms / 1e3)            # the fault: a data loader that sleeps
+        yield np.full(256, step, np.float32)
+        step += 1
+
+
+a = np.random.default_rng(ctx.rank).standard_normal((96, 96))
+# calibrate the work on this rank before the clock starts: ``rounds`` matmuls take --work ms
+began = time.perf_counter()
+for _ in range(20):
+    a = np.tanh(a @ a)
+rounds = max(1, int(args.work / 1e3 / ((time.perf_counter() - began) / 20)))
+rounds = int(ctx.allreduce(np.array([rounds], np.int64), op="min")[0])
+
+grad = np.zeros(args.floats, np.float32)
+for step, batch in zip(range(args.steps), timed(loader())):
+    for _ in range(rounds):
+        a = np.tanh(a @ a)
+    grad[:] = batch[0]
+    grad[-1] = 1.0 if os.path.exists(args.stop_file) else 0.0
+    ctx.allreduce(grad)
+    if ctx.rank == 0:
+        print(f"step {step}", flush=True)
+    if grad[-1] > 0:
+        break
+fluidctl.runtime.finalize()
+sys.exit(0)
