@@ -6,27 +6,19 @@ allreduces a gradient whose last element says whether to stop (any rank that see
 
 Prints "step N" on rank 0 after every step, flushed.
 """
-import argparse
 import os
 import sys
 import time
 
-import numpy as np
+os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = "1"   # as torch's
+import numpy as np  # noqa: E402
 
-import fluidctl.runtime
-from fluidctl.runtime.data import timed
+import fluidctl.runtime  # noqa: E402
+from fluidctl.runtime.data import timed  # noqa: E402
+import straggleargs  # noqa: E402
 
-p = argparse.ArgumentParser()
-p.add_argument("--steps", type=int, default=1000)
-p.add_argument("--work", type=float, default=20.0, help="milliseconds of CPU work per step")
-p.add_argument("--floats", type=int, default=1024, help="gradient size")
-p.add_argument("--slow-data", default="", help="RANK:MS:FROM_STEP: that rank's loader sleeps")
-p.add_argument("--stop-file", default="STOP")
-args = p.parse_args()
-
+args, (slow_rank, slow_ms, slow_from) = straggleargs.parse()
 ctx = fluidctl.runtime.init()
-slow_rank, slow_ms, slow_from = (map(float, args.slow_data.split(":")) if args.slow_data
-                                 else (-1, 0, 0))
 
 
 def loader():
