@@ -16,6 +16,7 @@ SAY_TAG = "say"
 BEAT_TAG = "beat"           # "beat|<collectives completed by this node's ranks>"
 DOCTOR_TAG = "doctor"       # the answer to a {"doctor": ...} line: this node's problems
 STACKS_TAG = "stacks"       # the answer to a "dump" line on stdin: this node's ranks' stacks
+STEPS_TAG = "steps"         # this node's ranks' straggler sums (diagnostics/stragglers.py)
 ENDS_TAG = "ends"           # the last record: every process's final state on this node
 DUMP_COMMAND = "dump"       # a line the launcher writes to the agent's stdin
 CR_MARK = "\x1f"            # a streamed line that ended with a lone \r (a progress bar)

@@ -128,6 +128,16 @@ class LogLayout(NamedTuple):
         return self.root / "failure.json"
 
     @property
+    def stragglers_log(self) -> Path:
+        """Every straggler report said while the job ran, one line each."""
+        return self.root / "stragglers.log"
+
+    @property
+    def stragglers_json(self) -> Path:
+        """The latest straggler report, for tools."""
+        return self.root / "stragglers.json"
+
+    @property
     def job_state(self) -> Path:
         """The running launcher's pid and job, for ``fluidctl dump``."""
         return self.root / "job.json"
@@ -234,6 +244,10 @@ class DiagDir(NamedTuple):
     def stack(self, rank: int) -> Path:
         return self.root / f"stack.{rank}"
 
+    def steps(self, rank: int) -> Path:
+        """The rank's straggler sums (fluidctl/diagnostics/stragglers.py)."""
+        return self.root / f"steps.{rank}"
+
     def rank_file(self, rank: int) -> Path:
         """``<node> <pid>`` of a rank whose launcher cannot see its process (Slurm: the rank's
         ``fluidctl worker`` writes it), for the node-side stack taker."""
@@ -267,9 +281,35 @@ class DiagDir(NamedTuple):
         return found
 
     @staticmethod
-    def rank_of_progress(name: str) -> Optional[int]:
+    def rank_of_progress(name: str, kind: str = "progress") -> Optional[int]:
         prefix, _, rank = name.partition(".")
-        return int(rank) if prefix == "progress" and rank.isdigit() else None
+        return int(rank) if prefix == kind and rank.isdigit() else None
+
+    def read_ranks(self, kind: str, size: int) -> Dict[int, bytes]:
+        """The first ``size`` bytes of every rank's ``<kind>.<rank>`` file here (``progress``,
+        ``steps``); files that cannot be read or are shorter are left out."""
+        found: Dict[int, bytes] = {}
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return found
+        for name in names:
+            rank = self.rank_of_progress(name, kind)
+            if rank is None:
+                continue
+            try:
+                fd = os.open(self.root / name, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                data = os.pread(fd, size, 0)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            if len(data) == size:
+                found[rank] = data
+        return found
 
     @classmethod
     def create(cls, base: Optional[Path] = None) -> "DiagDir":

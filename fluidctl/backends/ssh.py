@@ -29,9 +29,9 @@ from fluidctl import __version__
 # the conversation with a node agent (one tagged line each way): fluidctl/agentproto.py, which
 # is all of this side the agent imports
 from fluidctl.agentproto import (AGENT_MODULE, BEAT_TAG, CR_MARK, DOCTOR_TAG, DUMP_COMMAND,
-                                 ENDS_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, STACKS_TAG, Ends,
-                                 NodeShare, ProcessEnd, Probe, RecordError, parse_line,
-                                 tag_for)
+                                 ENDS_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, STACKS_TAG, STEPS_TAG,
+                                 Ends, NodeShare, ProcessEnd, Probe, RecordError,
+                                 parse_line, tag_for)
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.diagnostics.watch import Diagnostics, StackDump, local_activity
 from fluidctl.errors import UsageError, node_failures
@@ -80,6 +80,7 @@ class RemoteAgent:
         self._lost = ""
         self.progress = 0                       # collectives completed on the node (beats)
         self.heard = time.monotonic()           # when the agent last said anything
+        self.steps: dict = {}                   # the node's ranks' straggler sums (steps)
         self.ends: Optional[List[ProcessEnd]] = None    # the node's processes' final states
         self.ends_came = threading.Event()
         self._stacks: Optional[dict] = None
@@ -211,6 +212,9 @@ class RemoteAgent:
             self.launch_log(f"[{self.host}] {text}")
         elif tag == BEAT_TAG:
             self.progress = int(text) if text.isdigit() else self.progress
+        elif tag == STEPS_TAG:
+            from fluidctl.diagnostics import stragglers
+            self.steps = stragglers.from_wire(text)
         elif tag == STACKS_TAG:
             self._stacks = json.loads(text)
             self._stacks_came.set()
@@ -517,6 +521,10 @@ class AgentDiagnostics(Diagnostics):
     def hosts(self, handles) -> Dict[int, str]:
         return {int(tag.split()[1]): agent.host for agent in handles
                 for tag in agent.copies if tag.startswith("trainer ")}
+
+    def step_samples(self) -> dict:
+        """Every rank's straggler sums, from the agents' ``steps`` lines."""
+        return {r: s for agent in self.agents() for r, s in agent.steps.items()}
 
     def activity(self, logs, handles=None):
         """Log sizes and the agents' counters (the ranks are on the nodes: no samples)."""

@@ -26,17 +26,28 @@ DUMP_SIGNAL = signal.SIGUSR2
 _COUNTER = struct.Struct("<Q")
 
 
+def map_shared(path: Path, size: int) -> mmap.mmap:
+    """``size`` bytes of the file at ``path`` (made, zero-filled), mapped shared."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def diag_of(environ: Optional[Mapping[str, str]]) -> Optional[DiagDir]:
+    """The diagnostics directory the launcher gave the rank (FLUIDCTL_DIAG_DIR), if any."""
+    root = (os.environ if environ is None else environ).get(DIAG_DIR_ENV)
+    return DiagDir(Path(root)) if root else None
+
+
 class Reporter:
     """The rank's side: a counter in shared memory and the faulthandler dump signal."""
 
     def __init__(self, diag: DiagDir, rank: int):
         self.count = 0
-        fd = os.open(diag.progress(rank), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            os.ftruncate(fd, _COUNTER.size)
-            self._map = mmap.mmap(fd, _COUNTER.size)
-        finally:
-            os.close(fd)
+        self._map = map_shared(diag.progress(rank), _COUNTER.size)
         self._stack = open(diag.stack(rank), "ab", buffering=0)
         import faulthandler
         faulthandler.register(DUMP_SIGNAL, file=self._stack, all_threads=True, chain=False)
@@ -65,11 +76,10 @@ def start(rank: int, environ: Optional[Mapping[str, str]] = None) -> Optional[Re
     """Called by ``fluidctl.runtime.init()``: report progress when the launcher asked for it
     (FLUIDCTL_DIAG_DIR set); never fails the job over it."""
     global _reporter
-    environ = os.environ if environ is None else environ
-    root = environ.get(DIAG_DIR_ENV)
-    if _reporter is None and root:
+    diag = diag_of(environ)
+    if _reporter is None and diag is not None:
         try:
-            _reporter = Reporter(DiagDir(Path(root)), rank)
+            _reporter = Reporter(diag, rank)
         except (OSError, ValueError, RuntimeError):
             _reporter = None
     return _reporter
@@ -82,23 +92,5 @@ def bump() -> None:
 
 def read_all(diag: DiagDir) -> Dict[int, int]:
     """Every rank's counter on this node: {rank: completed collectives}."""
-    counts = {}
-    try:
-        names = os.listdir(diag.root)
-    except OSError:
-        return counts
-    for name in names:
-        rank = diag.rank_of_progress(name)
-        if rank is None:
-            continue
-        try:
-            fd = os.open(diag.root / name, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            data = os.pread(fd, _COUNTER.size, 0)
-        finally:
-            os.close(fd)
-        if len(data) == _COUNTER.size:
-            counts[rank] = _COUNTER.unpack(data)[0]
-    return counts
+    return {rank: _COUNTER.unpack(data)[0]
+            for rank, data in diag.read_ranks("progress", _COUNTER.size).items()}

@@ -145,14 +145,19 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
                             before_restart=before_restart)
     watch = (_Watch(supervisor, diagnostics, logs, launch_log, shown.on_hang)
              if diagnostics else None)
+    straggler_watch = None
     try:
         if watch:
             watch.start()
+            from fluidctl.diagnostics import stragglers
+            straggler_watch = stragglers.watch(diagnostics, supervisor.handles, echo.say)
         result = supervisor.run()
         if watch:
             result = watch.settle(result)
     finally:
         beating.set()
+        if straggler_watch:
+            straggler_watch.stop()
         lifeline.stop_watchdog()
         if watch:
             watch.stop()

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from fluidctl import __version__
 from fluidctl.agentproto import (BEAT_TAG, CR_MARK, DOCTOR_TAG, DUMP_COMMAND, ENDS_TAG,
-                                 FAILURE_TAG, MARK, PROBE_TAG, SAY_TAG, STACKS_TAG, Ends,
-                                 NodeShare, Probe, RecordError, tag_for)
+                                 FAILURE_TAG, MARK, PROBE_TAG, SAY_TAG, STACKS_TAG, STEPS_TAG,
+                                 Ends, NodeShare, Probe, RecordError, tag_for)
 from fluidctl.errors import UsageError
 
 
@@ -174,9 +174,16 @@ def node_agent(ports: int) -> None:
         report=lambda failure: emit(FAILURE_TAG, json.dumps(failure.to_record())))
     watchers = run.RunWatchers(heartbeat=lambda: f"{MARK}{BEAT_TAG}|{diagnostics.progress()}",
                                on_broken=lost, diagnostics=diagnostics)
-    result = run.run_supervised(start, logs=logs, fresh=not attempt and not shared,
-                                launch_log=launch_log, options=RunOptions(share.grace, 0),
-                                shown=shown, watchers=watchers)
+    from fluidctl.diagnostics import stragglers     # the ranks' sums, for the launcher
+    halt = threading.Event()
+    threading.Thread(target=stragglers.publish, daemon=True, name="fluidctl-steps",
+                     args=(diagnostics.diag, lambda text: emit(STEPS_TAG, text), halt)).start()
+    try:
+        result = run.run_supervised(start, logs=logs, fresh=not attempt and not shared,
+                                    launch_log=launch_log, options=RunOptions(share.grace, 0),
+                                    shown=shown, watchers=watchers)
+    finally:
+        halt.set()
     try:
         emit(ENDS_TAG, Ends(result.ends).to_wire())
     except (BrokenPipeError, ValueError):   # the launcher is gone

@@ -17,7 +17,7 @@ import sys
 from typing import Optional
 
 from fluidctl import envs
-from fluidctl.diagnostics import progress
+from fluidctl.diagnostics import progress, stragglers
 
 __all__ = ["init", "finalize", "Context", "CollectiveError", "DistributedOptimizer",
            "DistributeStrategy", "optim", "get_context"]
@@ -61,36 +61,48 @@ class Context:
 
     def allreduce(self, x, op: str = "sum"):
         """In place on a numpy/cupy array; returns x. ops: sum, mean, max, min."""
+        began = stragglers.clock()
         out = self._need_comm().allreduce(x, op)
         progress.bump()
+        stragglers.record(began)
         return out
 
     def reduce(self, x, root: int = 0, op: str = "sum"):
+        began = stragglers.clock()
         out = self._need_comm().reduce(x, root, op)
         progress.bump()
+        stragglers.record(began)
         return out
 
     def broadcast(self, x, root: int = 0):
         """In place: every rank's x becomes root's."""
+        began = stragglers.clock()
         out = self._need_comm().broadcast(x, root)
         progress.bump()
+        stragglers.record(began)
         return out
 
     def allgather(self, x):
         """A new array of shape (world_size, *x.shape), row r from rank r."""
+        began = stragglers.clock()
         out = self._need_comm().allgather(x)
         progress.bump()
+        stragglers.record(began)
         return out
 
     def reduce_scatter(self, x, op: str = "sum"):
         """This rank's 1/world_size part (along axis 0) of the reduction of x."""
+        began = stragglers.clock()
         out = self._need_comm().reduce_scatter(x, op)
         progress.bump()
+        stragglers.record(began)
         return out
 
     def barrier(self) -> None:
+        began = stragglers.clock()
         self._need_comm().barrier()
         progress.bump()
+        stragglers.record(began)
 
     # --- checkpoint requests (runtime/request.py) --------------------------------------------
     def _request_state(self):
@@ -150,6 +162,7 @@ def init(timeout: Optional[float] = None, transport: str = "auto",
         return _ctx
     env = envs.read(environ)
     progress.start(env.rank, environ)     # the launcher's hang watchdog and stack dumps
+    stragglers.start(env.rank, environ)   # the launcher's straggler report
     ctx = Context(env, float(timeout) if timeout is not None else env.timeout)
     if env.mode != "pserver":
         from fluidctl.runtime.collective import Communicator
@@ -172,6 +185,8 @@ def init(timeout: Optional[float] = None, transport: str = "auto",
                 raise
         else:
             ctx.comm = Communicator(0, 1)
+        if ctx.comm.ring is not None:
+            stragglers.set_peer(ctx.comm.ring.prev_rank)
         try:
             _select_device(ctx)
         except BaseException:

@@ -252,6 +252,13 @@ def batches(records: Iterable[Any], batch_size: int, drop_last: bool = False) ->
         yield batch
 
 
+def timed(loader: Iterable[Any]) -> Iterator[Any]:
+    """``loader``'s items, the time each one took counted as this rank's data time: the
+    launcher's straggler report names a rank whose data loader sets the job's pace."""
+    from fluidctl.diagnostics import stragglers
+    return stragglers.timed_batches(loader)
+
+
 class ShardReader:
     """This trainer's batches; iterate once per epoch.
 
@@ -315,9 +322,9 @@ class ShardReader:
 
     def __iter__(self) -> Iterator[list]:
         if self._global is not None:
-            return iter(self._global)
-        return batches(iter_records(self.path, self.format, decode=self.decode),
-                       self.batch_size, self.drop_last)
+            return timed(iter(self._global))     # data time for the straggler report
+        return timed(batches(iter_records(self.path, self.format, decode=self.decode),
+                             self.batch_size, self.drop_last))
 
     def __len__(self) -> int:
         if self._global is not None:

@@ -23,6 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from fluidctl.diagnostics import stragglers
 from fluidctl.runtime import store, wire
 from fluidctl.runtime.collective import meta
 from fluidctl.runtime.collective.meta import CollectiveError
@@ -157,8 +158,16 @@ class Ring:
         raise CollectiveError(message)
 
     def _recv_into(self, view: memoryview) -> None:
+        """The piece from the previous member. Once its first bytes came, the rest takes what
+        the link takes: that time is the rank's link time (stragglers.LINK)."""
         try:
-            wire.recv_exact_into(self.recv_sock, view)
+            got = self.recv_sock.recv_into(view)
+            if got == 0:
+                raise wire.PeerClosed("connection closed by peer")
+            if got < view.nbytes:
+                began = stragglers.clock()
+                wire.recv_exact_into(self.recv_sock, view[got:])
+                stragglers.add(stragglers.LINK, stragglers.clock() - began)
         except (OSError, wire.WireError) as exc:
             self._lost(exc, self.prev_rank, self.prev_ep)
 

@@ -1,0 +1,217 @@
+"""What fluidctl and torchrun say about the same faults, and how long after the fault.
+
+Three namespace nodes (tests/netns.py: own network stack, sshd and cgroups each; needs root),
+one rank each, the same data-parallel loop (tests/scripts/straggle.py on fluidctl.runtime,
+tests/scripts/straggle_torch.py on torch's gloo). Each fault comes once rank 0 has done
+--warm steps, on a fresh set of nodes:
+
+- compute: node2's CPU throttled to 5% of a core (cgroup cpu quota);
+- link: node2's link capped at 20 mbit/s both ways (tc tbf), 256 KiB gradients;
+- data: rank 1's data loader sleeps 100 ms per batch from step --warm;
+- sigstop: rank 1 stopped (SIGSTOP); fluidctl runs with --hang-timeout 10.
+
+fluidctl runs as `fluidctl train --hostfile ... --ssh-config ...`; torchrun as one
+`python -m torch.distributed.run --nnodes 3 --node-rank K ...` per node over ssh. For each
+the bench records the first line after the fault that is not the script's own "step N"
+(what it says) and when it came, watching for --window seconds, and rank 0's step time
+before and after the fault (that the fault was real).
+
+    sudo python bench/hangs.py --window 40
+"""
+import argparse
+import os
+import queue
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import netns  # noqa: E402
+
+SCRIPTS = {"fluidctl": ROOT / "tests" / "scripts" / "straggle.py",
+           "torchrun": ROOT / "tests" / "scripts" / "straggle_torch.py"}
+STEP = re.compile(r"(?:^|\] )step (\d+)$")
+NOISE = re.compile(r"^\s*$|^W\d+ .*OMP_NUM_THREADS|^\*{10}|Setting OMP_NUM_THREADS")
+
+
+class Lines:
+    """Every line of some pipes, stamped with time.monotonic() when read."""
+
+    def __init__(self):
+        self.q: "queue.Queue" = queue.Queue()
+        self.seen = []
+
+    def follow(self, pipe, where: str) -> None:
+        def pump():
+            for line in pipe:
+                self.q.put((time.monotonic(), where, line.rstrip("\n")))
+        threading.Thread(target=pump, daemon=True).start()
+
+    def until(self, predicate, deadline: float):
+        """Lines until one satisfies ``predicate`` (returned) or ``deadline`` passes."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                item = self.q.get(timeout=left)
+            except queue.Empty:
+                return None
+            self.seen.append(item)
+            if predicate(item):
+                return item
+
+
+def steps_of(lines, since=None, until=None):
+    return [(t, int(m.group(1))) for t, _, text in lines
+            for m in [STEP.search(text)] if m and (since is None or t >= since)
+            and (until is None or t <= until)]
+
+
+def step_time(points):
+    if len(points) < 2:
+        return None
+    return (points[-1][0] - points[0][0]) / max(1, points[-1][1] - points[0][1])
+
+
+def start(tool: str, nodes, work: Path, fault: str, warm: int):
+    script = [str(SCRIPTS[tool]), "--stop-file", str(work / "STOP")]
+    if fault == "link":
+        script += ["--floats", str(64 << 10)]
+    if fault == "data":
+        script += ["--slow-data", f"1:100:{warm}"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if tool == "fluidctl":
+        argv = [sys.executable, "-m", "fluidctl", "train", "--hostfile", str(nodes.hostfile()),
+                "--ssh-config", str(nodes.config)]
+        if fault == "sigstop":
+            argv += ["--hang-timeout", "10"]
+        return [subprocess.Popen(argv + script, cwd=work, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)]
+    master = nodes.node("node1").address
+    procs = []
+    for k, alias in enumerate(sorted(nodes.nodes)):
+        remote = (f"cd {shlex.quote(str(work))} && GLOO_SOCKET_IFNAME=eth0 exec {sys.executable} -m "
+                  f"torch.distributed.run --nnodes 3 --nproc-per-node 1 --node-rank {k} "
+                  f"--master-addr {master} --master-port 29511 "
+                  + " ".join(map(shlex.quote, script)))
+        procs.append(subprocess.Popen(["ssh", "-F", str(nodes.config), "-o", "BatchMode=yes",
+                                       alias, remote], cwd=work, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    return procs
+
+
+def rank_pid(nodes, alias: str, script: Path):
+    import psutil
+    for pid in nodes.pids(alias):
+        try:
+            p = psutil.Process(pid)
+            if str(script) in p.cmdline() and "torch.distributed.run" not in p.cmdline():
+                return pid
+        except psutil.Error:
+            continue
+    return None
+
+
+def inject(fault: str, nodes, tool: str) -> None:
+    if fault == "compute":
+        nodes.throttle_cpu("node2", 0.05)
+    elif fault == "link":
+        nodes.cap_link("node2", "20mbit")
+    elif fault == "sigstop":
+        pid = rank_pid(nodes, "node2", SCRIPTS[tool])
+        assert pid, "rank 1's process not found on node2"
+        os.kill(pid, signal.SIGSTOP)
+
+
+def one(tool: str, fault: str, warm: int, window: float) -> dict:
+    work = Path(tempfile.mkdtemp(prefix=f"hangs-{tool}-{fault}-"))
+    nodes = netns.NetnsNodes.start(work / "nodes", 3)
+    lines = Lines()
+    procs = start(tool, nodes, work, fault, warm)
+    for i, p in enumerate(procs):
+        lines.follow(p.stdout, f"node{i + 1}")
+    try:
+        came = lines.until(lambda it: (m := STEP.search(it[2])) and int(m.group(1)) >= warm,
+                           time.monotonic() + 120)
+        assert came, f"{tool} never reached step {warm}: " + "\n".join(
+            f"[{w}] {text}" for _, w, text in lines.seen[:60])
+        t0 = time.monotonic()
+        inject(fault, nodes, tool)
+
+        def says(item):
+            t, where, text = item
+            return t >= t0 and not STEP.search(text) and not NOISE.search(text)
+        said = lines.until(says, t0 + window)
+        lines.until(lambda it: False, time.monotonic() + (4 if said else 0))  # steps after it
+        before = step_time(steps_of(lines.seen, until=t0))
+        after = step_time(steps_of(lines.seen, since=t0 + 1))
+        return {"tool": tool, "fault": fault, "said": said[2].strip() if said else None,
+                "after_s": said[0] - t0 if said else None, "step_before": before,
+                "step_after": after}
+    finally:
+        (work / "STOP").write_text("")
+        for p in procs:
+            try:
+                p.wait(20 if fault != "sigstop" else 1)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        nodes.stop()
+
+
+def ms(x):
+    return "-" if x is None else f"{x * 1e3:.0f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--faults", default="compute,link,data,sigstop")
+    parser.add_argument("--tools", default="fluidctl,torchrun")
+    parser.add_argument("--warm", type=int, default=15)
+    parser.add_argument("--window", type=float, default=40.0,
+                        help="seconds each tool is watched after the fault")
+    args = parser.parse_args()
+    why = netns.available()
+    if why:
+        sys.exit(f"error: namespace nodes cannot run here ({why})")
+    import torch
+    from torch.distributed import constants
+    rows = []
+    for fault in args.faults.split(","):
+        for tool in args.tools.split(","):
+            row = one(tool, fault, args.warm, args.window)
+            rows.append(row)
+            print(f"{fault:8} {tool:9} after {row['after_s'] and round(row['after_s'], 1)} s: "
+                  f"{row['said'] or f'nothing within {args.window:g} s'} "
+                  f"(step {ms(row['step_before'])} -> {ms(row['step_after'])})", flush=True)
+    print(f"\ntorch {torch.__version__}; gloo's default collective timeout "
+          f"{constants.default_pg_timeout}")
+    print("| fault | fluidctl says | after | torchrun says | after | step time before -> after "
+          "(fluidctl; torchrun) |")
+    print("|---|---|---|---|---|---|")
+    for fault in args.faults.split(","):
+        got = {r["tool"]: r for r in rows if r["fault"] == fault}
+        cells = [fault]
+        for tool in ("fluidctl", "torchrun"):
+            r = got.get(tool)
+            if r is None:
+                cells += ["-", "-"]
+                continue
+            cells += [f"`{r['said']}`" if r["said"] else f"nothing within {args.window:g} s",
+                      f"{r['after_s']:.1f} s" if r["said"] else "-"]
+        cells.append("; ".join(f"{ms(got[t]['step_before'])} -> {ms(got[t]['step_after'])}"
+                               for t in ("fluidctl", "torchrun") if t in got))
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

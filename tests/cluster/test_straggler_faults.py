@@ -1,0 +1,102 @@
+"""The straggler report (fluidctl/diagnostics/stragglers.py) against real faults: a node's CPU
+throttled by its cgroup, a node's link capped by tc tbf (namespace nodes, tests/netns.py),
+a data loader that sleeps in one rank (local backend), and a healthy job beside CPU hogs that
+must not be reported. Each job runs tests/scripts/straggle.py until the test drops its stop
+file; the fault comes after step WARM and must be named within 20 collectives."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from launchutil import fluidctl, start_fluidctl, wait_for
+
+STRAGGLE = str(Path(__file__).resolve().parent.parent / "scripts" / "straggle.py")
+WARM = 15               # steps before the fault
+WITHIN = 20             # collectives from the fault to the report (the goal)
+
+
+def last_step(log: Path) -> int:
+    steps = re.findall(r"^step (\d+)$", log.read_text() if log.exists() else "", re.M)
+    return int(steps[-1]) if steps else -1
+
+
+def run_with_fault(tmp_path, args, rank0_log, fault, script=()):
+    """Start the job, apply ``fault()`` after step WARM, wait for the report; returns (the
+    report, the step the fault came at, the job's output)."""
+    proc = start_fluidctl("train", *args, STRAGGLE, "--stop-file", tmp_path / "STOP", *script,
+                          cwd=tmp_path)
+    report = tmp_path / "mylog" / "stragglers.json"
+    try:
+        wait_for(lambda: last_step(rank0_log) >= WARM or proc.poll() is not None, 60,
+                 f"step {WARM}")
+        assert proc.poll() is None, proc.communicate()
+        at = last_step(rank0_log)
+        fault()
+        wait_for(lambda: report.exists() or proc.poll() is not None, 60, "a straggler report")
+    finally:
+        (tmp_path / "STOP").write_text("")
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+    assert report.exists(), out + err
+    assert proc.returncode == 0, out + err
+    return json.loads(report.read_text()), at, out + err
+
+
+def netns_args(nodes):
+    return ["--hostfile", nodes.hostfile(), "--ssh-config", nodes.config]
+
+
+def test_throttled_cpu_is_slow_compute_on_that_node(tmp_path, netns_nodes):
+    nodes = netns_nodes(3)
+    found, at, out = run_with_fault(
+        tmp_path, netns_args(nodes), tmp_path / "mylog" / "node1" / "workerlog.0",
+        lambda: nodes.throttle_cpu("node2", 0.05))
+    assert (found["kind"], found["ranks"], found["hosts"]) == ("compute", [1], {"1": "node2"}), out
+    assert found["at_collective"] - at <= WITHIN, (at, found)
+    assert found["line"] in out and out.count("straggler:") == 1, out
+
+
+def test_capped_link_is_a_slow_link_at_that_node(tmp_path, netns_nodes):
+    nodes = netns_nodes(3)
+    found, at, out = run_with_fault(
+        tmp_path, netns_args(nodes), tmp_path / "mylog" / "node1" / "workerlog.0",
+        lambda: nodes.cap_link("node2", "20mbit"), script=["--floats", 64 << 10])
+    assert found["kind"] == "link", out
+    assert sorted(map(tuple, found["links"])) == [(0, 1), (1, 2)]   # into and out of node2
+    assert "slow link at node2" in found["line"] and found["line"] in out
+    assert found["at_collective"] - at <= WITHIN, (at, found)
+
+
+def test_sleeping_data_loader_is_slow_data(tmp_path):
+    found, at, out = run_with_fault(
+        tmp_path, ["--nproc", 3], tmp_path / "mylog" / "workerlog.0", lambda: None,
+        script=["--slow-data", f"2:100:{WARM + 2}", "--work", 5])
+    assert (found["kind"], found["ranks"]) == ("data", [2]), out
+    assert found["at_collective"] - (WARM + 2) <= WITHIN, found
+    assert "rank 2 (127.0.0.1) is slow data" in out
+
+
+HOG = "import os\nwhile not os.path.exists(%r): pass\n"
+
+
+def test_healthy_job_beside_cpu_hogs_is_not_reported(tmp_path, netns_nodes):
+    nodes = netns_nodes(3)
+    stop = tmp_path / "hogs.stop"
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG % str(stop)]) for _ in range(2)]
+    try:
+        res = fluidctl("train", *netns_args(nodes), STRAGGLE, "--steps", 60,
+                       cwd=tmp_path, timeout=120)
+    finally:
+        stop.write_text("")
+        for hog in hogs:
+            hog.wait(10)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "step 59" in res.stdout
+    assert "straggler" not in res.stdout + res.stderr
+    assert not (tmp_path / "mylog" / "stragglers.json").exists()
