@@ -36,9 +36,16 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
         raise UsageError("--node-rank is torchrun's: fluidctl plans node ranks itself (the "
                          "order of --hostfile/--hosts) and starts every node from here",
                          "drop --node-rank and run fluidctl once, on one machine")
-    nodes = options.get("nodes") if options.get("backend") != "slurm" else None
-    if nodes is not None:            # torchrun's --nnodes: here the nodes are the hostfile's
+    from fluidctl.planning.elastic import NodeRange, check_hosts, parse_nodes
+    nodes = parse_nodes(options["nodes"]) if options.get("nodes") is not None else None
+    if isinstance(nodes, NodeRange) and options.get("backend") == "slurm":
+        raise UsageError(f"--nodes {nodes} (an elastic job) is for --backend ssh or fabric",
+                         "give --backend slurm a count, e.g. --nodes 2")
+    options["nodes"] = nodes
+    if options.get("backend") != "slurm":     # torchrun's --nnodes: the nodes are the hostfile's
         options["nodes"] = None
+        if isinstance(nodes, NodeRange):
+            options["elastic"] = nodes
     slurm, slurm_given = slurm_options(options)
     if slurm_given and options.get("backend") != "slurm":
         raise UsageError("--nodes, --partition, --time, ... are Slurm options",
@@ -48,7 +55,10 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
                          "give a count per node, e.g. --gpus 4")
     from fluidctl.planning.config import LaunchConfig
     config = LaunchConfig.from_options(slurm=slurm, **options)
-    if nodes is not None and nodes != max(1, len(config.hosts)):
+    if config.elastic is not None:
+        check_hosts(config.elastic, config.backend, len(config.hosts), config.mode)
+    elif options.get("backend") != "slurm" and nodes is not None \
+            and nodes != max(1, len(config.hosts)):
         where = (f"--hostfile/--hosts name {len(config.hosts)} nodes" if config.hosts
                  else "without --hostfile or --hosts the job runs on this machine alone")
         raise UsageError(f"--nodes {nodes}, but {where}",

@@ -17,6 +17,7 @@ from fluidctl import envs
 from fluidctl.errors import UsageError, check_range
 from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
 from fluidctl.planning import options as opts
+from fluidctl.planning.elastic import NodeRange
 from fluidctl.planning.hosts import Host, load_hosts
 from fluidctl.planning.plan import JobSpec, Node
 from fluidctl.planning.slurm import SlurmOptions
@@ -54,6 +55,7 @@ class LaunchConfig:
     log_dir: str = DEFAULT_LOG_DIR
     grace_period: float = 5.0
     max_restarts: int = 0
+    elastic: Optional[NodeRange] = None         # --nodes MIN:MAX (ssh, fabric); None: fixed
     tee: str = "rank0"
     tee_ranks: Optional[Tuple[int, ...]] = None     # --tee-ranks: echo these trainers only
     hang_timeout: Optional[float] = None            # --hang-timeout seconds (None: off)
