@@ -23,15 +23,30 @@ sys.path.insert(0, str(SCRIPT.parent))
 import elastic_train  # noqa: E402
 
 
+def running(nodes, alias: str, needle: str) -> List[int]:
+    """The node's processes whose command line holds ``needle``."""
+    found = []
+    for pid in nodes.pids(alias):
+        try:
+            if needle in " ".join(psutil.Process(pid).cmdline()):
+                found.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def kill_matching(nodes, alias: str, needle: str) -> None:
+    for pid in running(nodes, alias, needle):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def kill_agent(nodes, alias: str) -> None:
     """SIGKILL the node's fluidctl agent (its ranks and sshd stay; the parent-death signal
     and lifeline end the ranks)."""
-    for pid in nodes.pids(alias):
-        try:
-            if "fluidctl.node.agent" in " ".join(psutil.Process(pid).cmdline()):
-                os.kill(pid, signal.SIGKILL)
-        except (psutil.NoSuchProcess, ProcessLookupError):
-            pass
+    kill_matching(nodes, alias, "fluidctl.node.agent")
 
 
 FAULTS = {"agent-kill": kill_agent,
@@ -89,9 +104,20 @@ def master_alias(ckpt: Path, nodes) -> str:
     return next(a for a, n in nodes.nodes.items() if n.address == addr)
 
 
+def busy(nodes, alias: str) -> subprocess.Popen:
+    """A process spinning at 100% of a CPU inside the node (its namespace and cgroups)."""
+    node = nodes.node(alias)
+    proc = subprocess.Popen(["ip", "netns", "exec", node.netns, sys.executable, "-c",
+                             "while True: pass"])
+    for cgroup in node.cgroups:
+        (cgroup / "cgroup.procs").write_text(str(proc.pid))
+    return proc
+
+
 def run_elastic(nodes, work: Path, *, node_range: str, faults: List[Fault], steps: int = 30,
                 pause: float = 0.05, max_restarts: int = 3, timeout: float = 120.0,
-                env: Optional[dict] = None) -> Outcome:
+                env: Optional[dict] = None, loaded: Tuple[str, ...] = ()) -> Outcome:
+    """``loaded``: nodes kept at 100% CPU (a busy process each) for the whole job."""
     work.mkdir(parents=True, exist_ok=True)
     ckpt = work / "ckpt"
     ckpt.mkdir()
@@ -102,6 +128,7 @@ def run_elastic(nodes, work: Path, *, node_range: str, faults: List[Fault], step
             "--max-restarts", str(max_restarts), "--grace-period", "1", "--log-dir",
             str(work / "mylog"), str(SCRIPT), str(steps), str(ckpt), str(pause)]
     full_env = dict(os.environ, FLUIDCTL_STATE_DIR=str(work / "state"), **(env or {}))
+    hogs = [busy(nodes, alias) for alias in loaded]
     proc = subprocess.Popen(argv, cwd=work, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -128,6 +155,9 @@ def run_elastic(nodes, work: Path, *, node_range: str, faults: List[Fault], step
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
         for fault in faults:
             for alias in fault.hit:
                 heal(nodes, fault.kind, alias)

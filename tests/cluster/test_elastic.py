@@ -17,10 +17,12 @@ def check(outcome, worlds):
               f"first step of the new world {fault.first_step:.2f}s after the fault")
 
 
-def test_agent_killed_then_master_node_cut_off(netns_nodes, tmp_path):
+def test_agent_killed_then_master_node_cut_off_beside_a_node_at_full_cpu(netns_nodes,
+                                                                          tmp_path):
     nodes = netns_nodes(4)
     outcome = run_elastic(nodes, tmp_path, node_range="2:3", steps=40, faults=[
-        Fault(8, "agent-kill", ("node2",)), Fault(20, "link-down", ("master",))])
+        Fault(8, "agent-kill", ("node2",)), Fault(20, "link-down", ("master",))],
+        loaded=("node3",))
     check(outcome, [3, 2])
     assert [f.hit for f in outcome.faults] == [("node2",), ("node1",)]
     out = outcome.out
@@ -28,6 +30,7 @@ def test_agent_killed_then_master_node_cut_off(netns_nodes, tmp_path):
     assert "restart 1: new world of 3 trainer(s) on node1, node3, node4" in out   # a spare
     assert "node node1 lost: no heartbeat from its agent for 3." in out
     assert "restart 2: new world of 2 trainer(s) on node3, node4, MASTER_ADDR 198.18." in out
+    assert "node node3 lost" not in out         # at 100% CPU all along: slow, not lost
     # the contract of each world: restart counts, MASTER_ADDR on a surviving node
     starts = [s.split(" t ")[0] for s in outcome.starts]
     assert starts[0].startswith("start 0 world 3 restart 0 torch 0 master ")
