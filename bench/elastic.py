@@ -102,7 +102,8 @@ def torchrun_case(nodes, work, kind, alias, limit):
         if alias != "master":       # a node of the world, neither the store's nor rank 0's
             ranks0 = master_alias(ckpt, nodes)
             hit = next(a for a in nodes.nodes if a not in ("node1", ranks0)
-                       and running(nodes, a, TORCH_SCRIPT.name))
+                       and set(running(nodes, a, TORCH_SCRIPT.name))    # a worker, not
+                       - set(running(nodes, a, "torch.distributed.run")))  # an agent only
         {"agent-kill": kill_torchrun}.get(kind, FAULTS.get(kind))(nodes, hit)
         when = time.time()
         sizes = {n: p.stat().st_size for n, p in outs.items()}

@@ -151,6 +151,7 @@ def run_elastic(nodes, work: Path, *, node_range: str, faults: List[Fault], step
             wait_for(lost, timeout, f"{fault.hit} declared lost")
             fault.detected = time.time() - fault.when
         out, _ = proc.communicate(timeout=timeout)
+        (work / "console.txt").write_text(out)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -599,7 +599,6 @@ class ElasticMembers:
         self.range = launcher.config.elastic
         self.lost: Dict[str, str] = {}          # host -> why, in this job
         self.standby: Dict[str, RemoteAgent] = {}   # started, probed, waiting for a plan
-        self._warming: Optional[threading.Thread] = None
         self._beats: Optional[threading.Event] = None
         self.beat()                     # the agents watch for beats from their start
 
@@ -661,12 +660,15 @@ class ElasticMembers:
 
         def one(host):
             _, agents, failures = self._start([host])
-            if not failures:
-                self.standby[host.name] = agents[0]
+            if failures:
+                return
+            if self._beats.is_set():        # the job ended meanwhile
+                agents[0].abandon()
+            else:
+                self.standby.setdefault(host.name, agents[0])
         if hosts:
-            self._warming = threading.Thread(target=parallel, args=(hosts, one), daemon=True,
-                                             name="standby-agents")
-            self._warming.start()
+            threading.Thread(target=parallel, args=(hosts, one), daemon=True,
+                             name="standby-agents").start()
 
     def _usable(self, name: str) -> bool:
         agent = self.standby.get(name)
@@ -695,8 +697,8 @@ class ElasticMembers:
                     f"{self.range.low} (lost: {', '.join(self.lost) or 'none'})",
                     "add nodes to the hostfile, or lower MIN", exit_code=1)
             hosts = [self.by_name[n] for n in names]
-            if self._warming is not None:
-                self._warming.join(config.ssh_timeout * 2)
+            # a node whose standby agent is not ready yet gets a fresh one now (waiting for
+            # the standby could mean waiting out a spare that froze)
             fresh = [h for h in hosts if not self._usable(h.name)]
             if fresh:
                 _, agents, failures = self._start(fresh)
@@ -731,9 +733,7 @@ class ElasticMembers:
         """Stop beating; let every standby agent go."""
         if self._beats is not None:
             self._beats.set()
-        if self._warming is not None:
-            self._warming.join(self.launcher.config.ssh_timeout * 2)
-        for agent in self.standby.values():
+        for agent in list(self.standby.values()):
             agent.abandon()
         self.standby.clear()
 
