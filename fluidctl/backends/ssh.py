@@ -94,7 +94,6 @@ class RemoteAgent:
         # a row and the node is lost; its start-up (before its probe) may take the timeout
         self.beat_timeout = beat * BEAT_MISSES
         self._heard = time.monotonic() + node.timeout   # when the agent last wrote a line
-        self.lost_at: Optional[float] = None    # time.time() it was declared lost
         # our own channel, so stdin stays open: the plan goes there, and its closing tells the
         # agent that the launcher is gone
         self.channel = node.client.get_transport().open_session(timeout=node.timeout)
@@ -130,7 +129,7 @@ class RemoteAgent:
         on it (a frozen or cut-off node would hold a reader for minutes)."""
         if self._lost:
             return
-        self._lost, self.lost_at = why, time.time()
+        self._lost = why
         self.node.lost_why = why        # the node's other agents (a standby) are lost with it
         self.launch_log(f"node {self.host} declared lost: {why}")
         transport = self.node.client.get_transport() if self.node.client else None
@@ -343,7 +342,7 @@ def node_dir(remote_dir: str, host: str) -> str:
 def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remote_dir: str,
              timeout: float, ports_wanted: Dict[str, int], launch_log,
              nodes: Optional[Dict[str, object]] = None, venv: Optional[str] = None,
-             beat: float = 0.0):
+             beat: float = 0.0, on_agent=None):
     """Connect to every node (unless ``nodes`` are connected already) and start its agent,
     each node on its own thread from start to probe; one bad node is a one-line error naming
     every node that failed, after every agent was told to exit and every connection closed.
@@ -351,7 +350,8 @@ def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remot
     host])."""
     connected, agents, failures = start_agents(
         hosts, targets, backend=backend, python=python, remote_dir=remote_dir, timeout=timeout,
-        ports_wanted=ports_wanted, launch_log=launch_log, nodes=nodes, venv=venv, beat=beat)
+        ports_wanted=ports_wanted, launch_log=launch_log, nodes=nodes, venv=venv, beat=beat,
+        on_agent=on_agent)
     if failures:
         raise node_failures("could not start the job", failures, len(hosts),
                             "fix the node(s) or the hostfile; 'fluidctl cluster check' shows "
@@ -362,10 +362,11 @@ def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remot
 def start_agents(hosts: Sequence[Host], targets, *, backend: str, python: str,
                  remote_dir: str, timeout: float, ports_wanted: Dict[str, int], launch_log,
                  nodes: Optional[Dict[str, object]] = None, venv: Optional[str] = None,
-                 beat: float = 0.0):
+                 beat: float = 0.0, on_agent=None):
     """``bring_up`` without the error: ({name: node}, [agent per host], [(name, why)]); when
     any node failed, every agent was told to exit and the connections this call made (not
-    ``nodes``') are closed."""
+    ``nodes``') are closed. ``on_agent(agent)``: called as each agent starts (the launcher
+    beats to it from then on)."""
     from fluidctl.remote.ssh import ConnectFailed, parallel
     cls = node_class(backend)
     given = nodes or {}
@@ -385,6 +386,8 @@ def start_agents(hosts: Sequence[Host], targets, *, backend: str, python: str,
                                 venv=venv, beat=beat)
         except Exception as exc:
             return node, None, f"could not start fluidctl there: {exc}"
+        if on_agent is not None:
+            on_agent(agent)
         info = agent.wait_probe(timeout)
         if info is None:
             return node, agent, agent.why_no_probe(python, where, timeout)
@@ -459,7 +462,8 @@ class SSHLauncher(BaseLauncher):
         self.connected, self.agents = bring_up(
             self.hosts, targets, backend=self.name, python=config.interpreter,
             remote_dir=self.remote_dir, timeout=config.ssh_timeout, ports_wanted=wanted,
-            launch_log=self.log, venv=config.node_venv, beat=self.beat)
+            launch_log=self.log, venv=config.node_venv, beat=self.beat,
+            on_agent=self.members.track if self.members is not None else None)
         plan = self._plan(self.hosts, self.agents, wanted)
         self._rendezvous_doctor(plan)
         return plan
@@ -600,6 +604,7 @@ class ElasticMembers:
         self.lost: Dict[str, str] = {}          # host -> why, in this job
         self.standby: Dict[str, RemoteAgent] = {}   # started, probed, waiting for a plan
         self._beats: Optional[threading.Event] = None
+        self._agents: Dict[int, RemoteAgent] = {}   # every agent started: each gets beats
         self.beat()                     # the agents watch for beats from their start
 
     def _excluded(self) -> Dict[str, object]:
@@ -644,7 +649,7 @@ class ElasticMembers:
                              timeout=config.ssh_timeout,
                              ports_wanted=launcher._ports_wanted(hosts),
                              launch_log=launcher.log, nodes=dict(launcher.connected),
-                             venv=config.node_venv, beat=BEAT_EVERY)
+                             venv=config.node_venv, beat=BEAT_EVERY, on_agent=self.track)
         launcher.connected.update(found[0])
         return found
 
@@ -723,11 +728,16 @@ class ElasticMembers:
 
         def beats():
             while not stop.wait(BEAT_EVERY):
-                agents = {id(a): a for a in [*self.launcher.agents, *self.standby.values(),
-                                             *getattr(self.launcher, "running", [])]}
-                for agent in agents.values():
-                    agent.beat()
+                for key, agent in list(self._agents.items()):
+                    if agent.channel.closed:
+                        self._agents.pop(key, None)
+                    else:
+                        agent.beat()
         threading.Thread(target=beats, daemon=True, name="launcher-beats").start()
+
+    def track(self, agent: RemoteAgent) -> None:
+        """Beat to ``agent`` from its start on (it stops its node's work without beats)."""
+        self._agents[id(agent)] = agent
 
     def stop(self) -> None:
         """Stop beating; let every standby agent go."""
