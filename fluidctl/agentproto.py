@@ -19,6 +19,16 @@ STACKS_TAG = "stacks"       # the answer to a "dump" line on stdin: this node's 
 STEPS_TAG = "steps"         # this node's ranks' straggler sums (diagnostics/stragglers.py)
 ENDS_TAG = "ends"           # the last record: every process's final state on this node
 DUMP_COMMAND = "dump"       # a line the launcher writes to the agent's stdin
+BEAT_COMMAND = "beat"       # the launcher's heartbeat on the agent's stdin (elastic jobs)
+STOP_COMMAND = "stop"       # stop the node's processes, as SIGTERM to the agent does
+# Elastic jobs (--nodes MIN:MAX): both ends beat every BEAT_EVERY seconds, each from its own
+# thread (a node at 100% CPU still beats); BEAT_MISSES beats missed in a row and the other end
+# is gone: the launcher declares the node lost, the agent stops its ranks. The bound, stated:
+# a node is declared lost within BEAT_EVERY * BEAT_MISSES (3 s) of its last beat, plus the
+# launcher's check period (WATCH_EVERY).
+BEAT_EVERY = 0.5
+BEAT_MISSES = 6
+WATCH_EVERY = 0.1
 CR_MARK = "\x1f"            # a streamed line that ended with a lone \r (a progress bar)
 AGENT_MODULE = "fluidctl.node.agent"
 DOCTOR_CONNECT_TIMEOUT = 5.0  # seconds a node gives the master port in the rendezvous check
@@ -154,20 +164,24 @@ class NodeShare(_Record):
     """A node's share of the plan, sent by the launcher as one line on the agent's stdin.
     ``procs``: the node's ProcSpec records (``ProcSpec.to_json()``); ``marker``: the nonce of
     the launcher's shared marker, which tells the agent whether its LOG_DIR is the
-    launcher's."""
-    __slots__ = ("procs", "attempt", "max_restarts", "grace", "log_dir", "host", "marker")
+    launcher's; ``beat``: seconds between the launcher's heartbeats on stdin (0: none, the
+    agent then only stops when stdin closes)."""
+    __slots__ = ("procs", "attempt", "max_restarts", "grace", "log_dir", "host", "marker",
+                 "beat")
     what = "node plan"
 
     def __init__(self, procs: list, log_dir: str, host: str, *, attempt: int = 0,
-                 max_restarts: int = 0, grace: float = 5.0, marker: str = ""):
+                 max_restarts: int = 0, grace: float = 5.0, marker: str = "",
+                 beat: float = 0.0):
         self.procs, self.log_dir, self.host = procs, log_dir, host
         self.attempt, self.max_restarts, self.grace = attempt, max_restarts, grace
-        self.marker = marker
+        self.marker, self.beat = marker, beat
 
     def to_record(self) -> dict:
         return {"procs": list(self.procs), "attempt": self.attempt,
                 "max_restarts": self.max_restarts, "grace": self.grace,
-                "log_dir": self.log_dir, "host": self.host, "marker": self.marker}
+                "log_dir": self.log_dir, "host": self.host, "marker": self.marker,
+                "beat": self.beat}
 
     @classmethod
     def from_record(cls, record) -> "NodeShare":
@@ -179,7 +193,8 @@ class NodeShare(_Record):
         return cls(procs, _take(r, w, "log_dir", _STR), _take(r, w, "host", _STR),
                    attempt=attempt, max_restarts=_take(r, w, "max_restarts", _INT, attempt),
                    grace=float(_take(r, w, "grace", _NUM, 5.0)),
-                   marker=_take(r, w, "marker", _STR, ""))
+                   marker=_take(r, w, "marker", _STR, ""),
+                   beat=float(_take(r, w, "beat", _NUM, 0.0)))
 
 
 class EndState(Enum):

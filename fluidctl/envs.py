@@ -56,6 +56,7 @@ OMP_NUM_THREADS = "OMP_NUM_THREADS"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 # --- supervision ----------------------------------------------------------------------------
 RESTART_COUNT = "PADDLE_RESTART_COUNT"
+TORCH_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"     # torchrun's name for the same count
 # --- parameter-server mode ------------------------------------------------------------------
 PSERVERS_IP_PORT_LIST = "PADDLE_PSERVERS_IP_PORT_LIST"
 PORT = "PADDLE_PORT"
@@ -236,7 +237,7 @@ def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: i
         MASTER: master, TORCH_MASTER_ADDR: master_host, TORCH_MASTER_PORT: str(master_port),
         DISTRI_BACKEND: "nccl" if gpus_on_node else "gloo",
         TRAINING_ROLE: ROLE_TRAINER, ROLE: ROLE_TRAINER,
-        RESTART_COUNT: str(restart_count),
+        RESTART_COUNT: str(restart_count), TORCH_RESTART_COUNT: str(restart_count),
         PYTHONUNBUFFERED: "1",
     }
     if gpus_on_node:

@@ -373,7 +373,7 @@ TRAIN = Command("fluidctl.launch.train:run", (
     Option(["--hostfile"], "hostfile"),
     Option(["--hosts"], "hosts_arg"),
     Option(["--backend"], "backend", type=choice(_backend_names)),
-    Option(["--nodes", "--nnodes"], "nodes", type=int_at_least(1)),
+    Option(["--nodes", "--nnodes"], "nodes"),          # N or MIN:MAX: planning/elastic.py
     Option(["--partition"], "partition"),
     Option(["--time"], "time_limit"),
     Option(["--account"], "account"),

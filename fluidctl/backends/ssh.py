@@ -28,10 +28,11 @@ from typing import Dict, List, Optional, Sequence
 from fluidctl import __version__
 # the conversation with a node agent (one tagged line each way): fluidctl/agentproto.py, which
 # is all of this side the agent imports
-from fluidctl.agentproto import (AGENT_MODULE, BEAT_TAG, CR_MARK, DOCTOR_TAG, DUMP_COMMAND,
-                                 ENDS_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, STACKS_TAG, STEPS_TAG,
-                                 Ends, NodeShare, ProcessEnd, Probe, RecordError,
-                                 parse_line, tag_for)
+from fluidctl.agentproto import (AGENT_MODULE, BEAT_COMMAND, BEAT_EVERY, BEAT_MISSES,
+                                 BEAT_TAG, CR_MARK, DOCTOR_TAG, DUMP_COMMAND, ENDS_TAG,
+                                 FAILURE_TAG, PROBE_TAG, SAY_TAG, STACKS_TAG, STEPS_TAG,
+                                 STOP_COMMAND, WATCH_EVERY, Ends, NodeShare, ProcessEnd, Probe,
+                                 RecordError, parse_line, tag_for)
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.diagnostics.watch import Diagnostics, StackDump, local_activity
 from fluidctl.errors import UsageError, node_failures
@@ -41,10 +42,13 @@ from fluidctl.planning.hosts import Host
 from fluidctl.planning.plan import LaunchCommand, Plan, ProcSpec
 
 def agent_argv(python: str, ports: int, venv: Optional[str] = None,
-               host: str = "") -> List[str]:
+               host: str = "", beat: float = 0.0) -> List[str]:
     """The node agent's command; with ``venv``, run by that venv's python where it exists on
-    the node (``cluster setup``'s environment), else by ``python``."""
+    the node (``cluster setup``'s environment), else by ``python``; ``beat``: the launcher
+    beats on its stdin every ``beat`` seconds from the start (elastic jobs)."""
     argv = [python, "-m", AGENT_MODULE, "--ports", str(ports)]
+    if beat:
+        argv += ["--beat", f"{beat:g}"]
     if venv:
         from fluidctl.planning.venv import prefer_venv
         argv = prefer_venv(argv, venv, host)
@@ -65,7 +69,7 @@ class RemoteAgent:
     service = False
 
     def __init__(self, node, label: str, *, python: str, remote_dir: str, ports: int,
-                 launch_log, venv: Optional[str] = None):
+                 launch_log, venv: Optional[str] = None, beat: float = 0.0):
         from fluidctl.remote.ssh import RemoteProcess, shell_command
         self.node, self.label, self.host = node, f"node {label}", label
         self.launch_log = launch_log
@@ -79,7 +83,6 @@ class RemoteAgent:
         self._tail = deque(maxlen=20)
         self._lost = ""
         self.progress = 0                       # collectives completed on the node (beats)
-        self.heard = time.monotonic()           # when the agent last said anything
         self.steps: dict = {}                   # the node's ranks' straggler sums (steps)
         self.ends: Optional[List[ProcessEnd]] = None    # the node's processes' final states
         self.ends_came = threading.Event()
@@ -87,10 +90,14 @@ class RemoteAgent:
         self._stacks_came = threading.Event()
         self._doctor: Optional[list] = None
         self._doctor_came = threading.Event()
+        # an elastic job's agent beats from its start (``beat``): BEAT_MISSES beats missed in
+        # a row and the node is lost; its start-up (before its probe) may take the timeout
+        self.beat_timeout = beat * BEAT_MISSES
+        self.heard = time.monotonic() + node.timeout    # when the agent last said anything
         # our own channel, so stdin stays open: the plan goes there, and its closing tells the
         # agent that the launcher is gone
         self.channel = node.client.get_transport().open_session(timeout=node.timeout)
-        self.channel.exec_command(shell_command(agent_argv(python, ports, venv, label),
+        self.channel.exec_command(shell_command(agent_argv(python, ports, venv, label, beat),
                                                 cwd=remote_dir, report_pid=True))
         self.proc = RemoteProcess(node, self.channel, self._line, capture=False, report_pid=True)
         self.pid: Optional[int] = None
@@ -101,16 +108,59 @@ class RemoteAgent:
                          name=f"agent-end-{label}").start()
 
     def _watch_end(self) -> None:
-        """Owns the pipe's write end (so it is never written after being closed)."""
-        while not self.channel.status_event.wait(0.5):
+        """Owns the pipe's write end (so it is never written after being closed). In an elastic
+        job it also watches the agent's heartbeats (``beat_timeout``)."""
+        while not self.channel.status_event.wait(WATCH_EVERY if self.beat_timeout else 0.5):
             transport = self.channel.get_transport()
             if self.channel.closed or transport is None or not transport.is_active():
+                break
+            silent = time.monotonic() - self.heard
+            if self.beat_timeout and silent > self.beat_timeout:
+                self.declare_lost(f"no heartbeat from its agent for {silent:.1f}s")
                 break
         try:
             os.write(self._ended_w, b"x")
         except OSError:                     # the read end is gone: nobody is waiting
             pass
         os.close(self._ended_w)
+
+    def declare_lost(self, why: str) -> None:
+        """The node is gone: remember why, and close the connection so that nothing waits
+        on it (a frozen or cut-off node would hold a reader for minutes)."""
+        if self._lost:
+            return
+        self._lost = why
+        self.node.lost_why = why        # the node's other agents (a standby) are lost with it
+        self.launch_log(f"node {self.host} declared lost: {why}")
+        transport = self.node.client.get_transport() if self.node.client else None
+        if transport is not None:
+            transport.close()
+
+    def lost_reason(self) -> str:
+        """Why this node counts as lost (empty when it does not): its connection or heartbeat
+        is gone, its agent was killed before it could report, or its ranks died of a signal
+        that kills nodes' work from outside (SIGKILL: the OOM killer, a dying node; SIGBUS)."""
+        code = self.poll()
+        if self._lost:
+            return self._lost
+        if code is None or code == 0:
+            return ""
+        if self._record is None:
+            return "its agent was killed" if code in _KILLED else ""
+        if self._record.returncode in _KILLED:
+            return f"its ranks died ({self._record.label}: {self._record.reason})"
+        return ""
+
+    def beat(self) -> None:
+        """The launcher's heartbeat on the agent's stdin (elastic jobs)."""
+        from fluidctl.remote.ssh import NODE_LOST
+        if self._lost or self.channel.closed:
+            return
+        try:
+            if self.channel.send_ready():
+                self.channel.sendall((BEAT_COMMAND + "\n").encode())
+        except NODE_LOST:
+            pass
 
     # --- the conversation ------------------------------------------------------------------
     def wait_probe(self, timeout: float) -> Optional[Probe]:
@@ -142,6 +192,8 @@ class RemoteAgent:
 
     def send_plan(self, share: NodeShare, procs: Sequence[ProcSpec]) -> None:
         self.copies = {tag_for(p.role, p.rank): p.log for p in procs}
+        for path in {os.path.dirname(p) for p in self.copies.values()}:
+            os.makedirs(path or ".", exist_ok=True)     # a spare's first logs
         self.log = next((p.log for p in procs if p.role == "trainer"), procs[0].log)
         self.channel.sendall((share.to_wire() + "\n").encode())
 
@@ -233,6 +285,8 @@ class RemoteAgent:
 
     def poll(self) -> Optional[int]:
         from fluidctl.remote.ssh import ConnectionLost
+        if not self._lost and getattr(self.node, "lost_why", ""):
+            self._lost = self.node.lost_why
         if self._lost:
             return 255
         try:
@@ -242,7 +296,16 @@ class RemoteAgent:
             return 255
 
     def terminate(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)      # the agent stops its ranks (TERM, grace, KILL)
+        """The agent stops its ranks (TERM, grace, KILL): asked on its stdin in an elastic job
+        (no new SSH session: a restart waits for this), else by a signal."""
+        from fluidctl.remote.ssh import NODE_LOST
+        if self.beat_timeout and not self._lost:
+            try:
+                self.channel.sendall((STOP_COMMAND + "\n").encode())
+                return
+            except NODE_LOST:
+                pass
+        self.proc.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGINT)       # a second signal: the agent kills at once
@@ -268,6 +331,12 @@ class RemoteAgent:
             self._ended_r = -1
 
 
+# an agent's or a rank's end that means the node's work was killed from outside (-9 as sshd
+# reports a signal, 137 as a shell does; SIGBUS: the hardware)
+_KILLED = frozenset((-int(signal.SIGKILL), 128 + int(signal.SIGKILL), -int(signal.SIGBUS),
+                     128 + int(signal.SIGBUS)))
+
+
 def node_dir(remote_dir: str, host: str) -> str:
     """--remote-dir on one node: '{host}' is the node's name (as in cluster sync's)."""
     return remote_dir.replace("{host}", host)
@@ -275,12 +344,32 @@ def node_dir(remote_dir: str, host: str) -> str:
 
 def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remote_dir: str,
              timeout: float, ports_wanted: Dict[str, int], launch_log,
-             nodes: Optional[Dict[str, object]] = None, venv: Optional[str] = None):
+             nodes: Optional[Dict[str, object]] = None, venv: Optional[str] = None,
+             beat: float = 0.0, on_agent=None):
     """Connect to every node (unless ``nodes`` are connected already) and start its agent,
     each node on its own thread from start to probe; one bad node is a one-line error naming
     every node that failed, after every agent was told to exit and every connection closed.
     ``remote_dir``: '{host}' in it is each node's name. Returns ({name: node}, [agent per
     host])."""
+    connected, agents, failures = start_agents(
+        hosts, targets, backend=backend, python=python, remote_dir=remote_dir, timeout=timeout,
+        ports_wanted=ports_wanted, launch_log=launch_log, nodes=nodes, venv=venv, beat=beat,
+        on_agent=on_agent)
+    if failures:
+        raise node_failures("could not start the job", failures, len(hosts),
+                            "fix the node(s) or the hostfile; 'fluidctl cluster check' shows "
+                            "every node; nothing was started", error=UsageError)
+    return connected, agents
+
+
+def start_agents(hosts: Sequence[Host], targets, *, backend: str, python: str,
+                 remote_dir: str, timeout: float, ports_wanted: Dict[str, int], launch_log,
+                 nodes: Optional[Dict[str, object]] = None, venv: Optional[str] = None,
+                 beat: float = 0.0, on_agent=None):
+    """``bring_up`` without the error: ({name: node}, [agent per host], [(name, why)]); when
+    any node failed, every agent was told to exit and the connections this call made (not
+    ``nodes``') are closed. ``on_agent(agent)``: called as each agent starts (the launcher
+    beats to it from then on)."""
     from fluidctl.remote.ssh import ConnectFailed, parallel
     cls = node_class(backend)
     given = nodes or {}
@@ -297,9 +386,11 @@ def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remot
         try:
             agent = RemoteAgent(node, host.name, python=python, remote_dir=where,
                                 ports=ports_wanted.get(host.name, 0), launch_log=launch_log,
-                                venv=venv)
+                                venv=venv, beat=beat)
         except Exception as exc:
             return node, None, f"could not start fluidctl there: {exc}"
+        if on_agent is not None:
+            on_agent(agent)
         info = agent.wait_probe(timeout)
         if info is None:
             return node, agent, agent.why_no_probe(python, where, timeout)
@@ -316,13 +407,11 @@ def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remot
         for agent in agents:
             if agent is not None:
                 agent.abandon()
-        if not given:
-            for node in connected.values():
+        for name, node in connected.items():
+            if name not in given:
                 node.close()
-        raise node_failures("could not start the job", failures, len(hosts),
-                            "fix the node(s) or the hostfile; 'fluidctl cluster check' shows "
-                            "every node; nothing was started", error=UsageError)
-    return connected, agents
+        connected = {name: node for name, node in connected.items() if name in given}
+    return connected, agents, failures
 
 
 def node_share(plan: Plan, node_index: int, *, attempt: int, max_restarts: int,
@@ -354,6 +443,12 @@ class SSHLauncher(BaseLauncher):
         self.agents: List[RemoteAgent] = []
         self.config = None
         self.marker = ""            # the nonce of our shared marker in LOG_DIR, once made
+        self.members = None         # an elastic job's membership (ElasticMembers)
+
+    @property
+    def beat(self) -> float:
+        """Seconds between the launcher's and the agents' heartbeats (0: not elastic)."""
+        return BEAT_EVERY if self.members is not None else 0.0
 
     def prepare(self, config) -> Plan:
         from fluidctl.remote.sshconfig import resolve_hosts
@@ -363,37 +458,54 @@ class SSHLauncher(BaseLauncher):
         resolved, targets = resolve_hosts(list(config.hosts), config.ssh_config,
                                           config.accept_new_host_keys)
         self.hosts = resolved
-        names = [h.name for h in resolved]
-        on_pservers = planner.pserver_counts(config.mode, config.pserver_endpoints,
-                                             config.pservers, config.pserver_hosts, names)
-        slots = [h.slots if h.slots_given else None for h in resolved]
-        wanted = {h.name: planner.ports_to_probe(n, config.nproc, k)
-                  for h, n, k in zip(resolved, slots, on_pservers)}
+        if config.elastic is not None:
+            self.members = ElasticMembers(self, resolved, targets)
+            self.hosts = self.members.first_world()
+        wanted = self._ports_wanted(self.hosts)
         self.connected, self.agents = bring_up(
-            resolved, targets, backend=self.name, python=config.interpreter,
+            self.hosts, targets, backend=self.name, python=config.interpreter,
             remote_dir=self.remote_dir, timeout=config.ssh_timeout, ports_wanted=wanted,
-            launch_log=self.log, venv=config.node_venv)
+            launch_log=self.log, venv=config.node_venv, beat=self.beat,
+            on_agent=self.members.track if self.members is not None else None)
+        plan = self._plan(self.hosts, self.agents, wanted)
+        self._rendezvous_doctor(plan)
+        return plan
+
+    def _pservers(self, hosts: Sequence[Host]) -> List[int]:
+        config = self.config
+        return planner.pserver_counts(config.mode, config.pserver_endpoints, config.pservers,
+                                      config.pserver_hosts, [h.name for h in hosts])
+
+    def _ports_wanted(self, hosts: Sequence[Host]) -> Dict[str, int]:
+        return {h.name: planner.ports_to_probe(h.slots if h.slots_given else None,
+                                               self.config.nproc, k)
+                for h, k in zip(hosts, self._pservers(hosts))}
+
+    def _plan(self, hosts: Sequence[Host], agents: Sequence["RemoteAgent"],
+              wanted: Dict[str, int]) -> Plan:
+        """The plan over ``hosts``, from their agents' probes."""
+        config = self.config
         nodes = [planner.remote_node(h.name, self.connected[h.name].peer_address or h.address,
-                                     n, config.nproc, config.gpus, agent.probe.gpu_ids, k)
-                 for h, n, agent, k in zip(resolved, slots, self.agents, on_pservers)]
+                                     h.slots if h.slots_given else None, config.nproc,
+                                     config.gpus, agent.probe.gpu_ids, k)
+                 for h, agent, k in zip(hosts, agents, self._pservers(hosts))]
         job = config.job(nodes, planner.relative_script(config.script, os.getcwd()),
                          multi_node_logs=True)
         ports = {i: planner.node_ports(job.ports_needed(i), config.started_port,
                                        agent.probe.ports)
-                 for i, agent in enumerate(self.agents)}
+                 for i, agent in enumerate(agents)}
         commands = [LaunchCommand(h.name, agent_argv(config.interpreter, wanted[h.name],
-                                                     config.node_venv, h.name),
+                                                     config.node_venv, h.name, self.beat),
                                   cwd=node_dir(self.remote_dir, h.name))
-                    for h in resolved]
+                    for h in hosts]
         plan = planner.make_plan(job, ports, backend=self.name, commands=commands)
-        self._socket_ifnames(config, plan)
+        self._socket_ifnames(config, plan, agents)
         if config.node_venv:    # each node's ranks run with its agent's python (its venv)
             from fluidctl.planning.venv import use_node_interpreters
-            plan = use_node_interpreters(plan, [a.probe.executable for a in self.agents])
-        self._rendezvous_doctor(plan)
+            plan = use_node_interpreters(plan, [a.probe.executable for a in agents])
         return plan
 
-    def _socket_ifnames(self, config, plan) -> None:
+    def _socket_ifnames(self, config, plan, agents) -> None:
         """Each node's processes get NCCL_SOCKET_IFNAME (``=name``, exact) and
         GLOO_SOCKET_IFNAME set to the interface that node is reached on, unless the user set
         either (backends/doctor.py)."""
@@ -401,7 +513,7 @@ class SSHLauncher(BaseLauncher):
         if any(name in config.user_env for name in doctor.IFNAME_VARS):
             return
         names = doctor.node_ifnames([n.address for n in plan.job.nodes],
-                                    [a.probe.ifaces for a in self.agents])
+                                    [a.probe.ifaces for a in agents])
         for i, name in enumerate(names):
             if name is None:
                 self.log(f"node {plan.job.nodes[i].label}: its network interface is "
@@ -440,7 +552,10 @@ class SSHLauncher(BaseLauncher):
         config = self.config
         if not self.marker:
             self.marker = make_shared_marker(config.layout)
-        if attempt:
+        if self.members is not None:
+            if attempt:         # the plan is made again, on the nodes left and spares
+                plan = self.members.regroup(attempt)
+        elif attempt:
             self.agents = bring_up(self.hosts, None, backend=self.name,
                                    python=config.interpreter, remote_dir=self.remote_dir,
                                    timeout=config.ssh_timeout, ports_wanted={},
@@ -452,16 +567,20 @@ class SSHLauncher(BaseLauncher):
             if not procs:
                 agent.abandon()
                 continue
-            agent.send_plan(node_share(plan, i, attempt=attempt,
-                                       max_restarts=config.max_restarts,
-                                       grace=config.grace_period, label=self.hosts[i].name,
-                                       marker=self.marker),
-                            procs)
+            share = node_share(plan, i, attempt=attempt, max_restarts=config.max_restarts,
+                               grace=config.grace_period, label=self.hosts[i].name,
+                               marker=self.marker)
+            share.beat = self.beat
+            agent.send_plan(share, procs)
             handles.append(agent)
         self.running = handles
+        if self.members is not None:
+            self.members.warm()
         return handles
 
     def close(self) -> None:
+        if self.members is not None:
+            self.members.stop()
         for agent in self.agents:
             agent.abandon()
         for node in self.connected.values():
@@ -470,6 +589,166 @@ class SSHLauncher(BaseLauncher):
         if self.marker:
             self.config.layout.shared_marker(self.marker).unlink(missing_ok=True)
             self.marker = ""
+
+
+class ElasticMembers:
+    """An elastic job's membership (``--nodes MIN:MAX``; planning/elastic.py decides who).
+    The launcher is the coordinator: every node beats to it and it beats to every node; when
+    a node is lost (no heartbeat, connection gone, agent killed, ranks killed) the supervisor
+    stops the survivors and ``regroup`` records the lost nodes in the ledger of bad nodes,
+    starts agents on the survivors plus spares (the hostfile's other nodes, ledgered ones
+    left out; a node that fails now is lost too) and plans the new world, whose MASTER_ADDR
+    is its first node's."""
+
+    def __init__(self, launcher: "SSHLauncher", pool: Sequence[Host], targets):
+        self.launcher, self.pool, self.targets = launcher, list(pool), targets
+        self.by_name = {h.name: h for h in pool}
+        self.range = launcher.config.elastic
+        self.lost: Dict[str, str] = {}          # host -> why, in this job
+        self.standby: Dict[str, RemoteAgent] = {}   # started, probed, waiting for a plan
+        self._beats: Optional[threading.Event] = None
+        self._agents: Dict[int, RemoteAgent] = {}   # every agent started: each gets beats
+        self.beat()                     # the agents watch for beats from their start
+
+    def _excluded(self) -> Dict[str, object]:
+        from fluidctl.cluster.ledger import excluded
+        return excluded([h.name for h in self.pool])
+
+    def _say(self, line: str) -> None:
+        import sys
+        self.launcher.log(line)
+        print(f"fluidctl: {line}", file=sys.stderr, flush=True)
+
+    def first_world(self) -> List[Host]:
+        from fluidctl.planning.elastic import next_world
+        barred = self._excluded()
+        for host, entry in barred.items():
+            self._say(f"node {host} left out: in the ledger of bad nodes ({entry.why}: "
+                      f"{entry.detail})")
+        names = next_world([], list(self.by_name), (), barred, self.range)
+        if len(names) < self.range.low:
+            raise UsageError(f"--nodes {self.range}: only {len(names)} of the "
+                             f"{len(self.pool)} node(s) named are not in the ledger of bad "
+                             "nodes", "'fluidctl cluster ledger list' says why; 'fluidctl "
+                             "cluster ledger clear HOST' lets a node back in")
+        return [self.by_name[n] for n in names]
+
+    def _drop(self, host: str, why: str) -> None:
+        from fluidctl.cluster.ledger import LOST, record
+        self.lost[host] = why
+        record(host, LOST, why, job=str(self.launcher.config.layout.root))
+        standby = self.standby.pop(host, None)
+        if standby is not None:
+            standby.abandon()
+        node = self.launcher.connected.pop(host, None)
+        if node is not None:
+            node.close()
+        self._say(f"node {host} lost: {why} (recorded in the ledger of bad nodes)")
+
+    def _start(self, hosts: Sequence[Host]):
+        config, launcher = self.launcher.config, self.launcher
+        found = start_agents(hosts, self.targets, backend=launcher.name,
+                             python=config.interpreter, remote_dir=launcher.remote_dir,
+                             timeout=config.ssh_timeout,
+                             ports_wanted=launcher._ports_wanted(hosts),
+                             launch_log=launcher.log, nodes=dict(launcher.connected),
+                             venv=config.node_venv, beat=BEAT_EVERY, on_agent=self.track)
+        launcher.connected.update(found[0])
+        return found
+
+    def warm(self) -> None:
+        """Start standby agents, in the background, on every node that may be in the next
+        world (the running ones and the spares): a restart then only hands out plans (an
+        agent's start is a Python start-up on the node, a second or two). Each is probed now
+        (its free ports too), beats like the others and ends when the launcher does."""
+        from fluidctl.remote.ssh import parallel
+        barred = self._excluded()
+        hosts = [h for h in self.pool if h.name not in self.lost and h.name not in barred
+                 and h.name not in self.standby]
+
+        def one(host):
+            _, agents, failures = self._start([host])
+            if failures:
+                return
+            if self._beats.is_set():        # the job ended meanwhile
+                agents[0].abandon()
+            else:
+                self.standby.setdefault(host.name, agents[0])
+        if hosts:
+            threading.Thread(target=parallel, args=(hosts, one), daemon=True,
+                             name="standby-agents").start()
+
+    def _usable(self, name: str) -> bool:
+        agent = self.standby.get(name)
+        if agent is None:
+            return False
+        if agent.probe is not None and not agent.channel.closed \
+                and not agent.channel.exit_status_ready() and not agent._lost:
+            return True
+        self.standby.pop(name).abandon()
+        return False
+
+    def regroup(self, attempt: int) -> Plan:
+        from fluidctl.errors import FluidctlError
+        from fluidctl.planning.elastic import next_world
+        launcher, config = self.launcher, self.launcher.config
+        for agent in getattr(launcher, "running", []):
+            why = agent.lost_reason()
+            if why and agent.host not in self.lost:
+                self._drop(agent.host, why)
+        while True:
+            names = next_world([h.name for h in launcher.hosts], list(self.by_name), self.lost,
+                               self._excluded(), self.range)
+            if len(names) < self.range.low:
+                raise FluidctlError(
+                    f"elastic job stopped: {len(names)} node(s) left, fewer than MIN "
+                    f"{self.range.low} (lost: {', '.join(self.lost) or 'none'})",
+                    "add nodes to the hostfile, or lower MIN", exit_code=1)
+            hosts = [self.by_name[n] for n in names]
+            # a node whose standby agent is not ready yet gets a fresh one now (waiting for
+            # the standby could mean waiting out a spare that froze)
+            fresh = [h for h in hosts if not self._usable(h.name)]
+            if fresh:
+                _, agents, failures = self._start(fresh)
+                for name, why in failures:          # lost during the restart itself
+                    self._drop(name, f"could not start its agent for restart {attempt}: {why}")
+                if failures:
+                    continue
+                self.standby.update((h.name, a) for h, a in zip(fresh, agents))
+            agents = [self.standby.pop(h.name) for h in hosts]
+            break
+        launcher.hosts, launcher.agents = hosts, agents
+        plan = launcher._plan(hosts, agents, launcher._ports_wanted(hosts))
+        self._say(f"restart {attempt}: new world of {len(plan.trainers)} trainer(s) on "
+                  f"{', '.join(h.name for h in hosts)}, MASTER_ADDR {plan.master}")
+        return plan
+
+    def beat(self) -> None:
+        """Start the launcher's heartbeats to the running agents (once)."""
+        if self._beats is not None:
+            return
+        stop = self._beats = threading.Event()
+
+        def beats():
+            while not stop.wait(BEAT_EVERY):
+                for key, agent in list(self._agents.items()):
+                    if agent.channel.closed:
+                        self._agents.pop(key, None)
+                    else:
+                        agent.beat()
+        threading.Thread(target=beats, daemon=True, name="launcher-beats").start()
+
+    def track(self, agent: RemoteAgent) -> None:
+        """Beat to ``agent`` from its start on (it stops its node's work without beats)."""
+        self._agents[id(agent)] = agent
+
+    def stop(self) -> None:
+        """Stop beating; let every standby agent go."""
+        if self._beats is not None:
+            self._beats.set()
+        for agent in list(self.standby.values()):
+            agent.abandon()
+        self.standby.clear()
 
 
 STACKS_TIMEOUT = 60.0       # how long the launcher waits for a node's stacks

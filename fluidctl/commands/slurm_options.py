@@ -6,12 +6,14 @@ from __future__ import annotations
 import click
 
 OPTIONS = (
-    click.option("--nodes", "--nnodes", "nodes", type=click.IntRange(1), default=None,
+    click.option("--nodes", "--nnodes", "nodes", default=None, metavar="N|MIN:MAX",
                  help="slurm: nodes to run on (default inside an allocation: all of its nodes; "
                       "required to submit from a login node), e.g. --nodes 2. Without "
                       "slurm, the nodes are --hostfile's; --nodes N then runs on the "
                       "first N of them that are not in the bad-node ledger (the rest are "
-                      "spares)."),
+                      "spares), and a range makes an elastic job (ssh, fabric): it runs on at "
+                      "most MAX of them, the others are spares, and it goes on while MIN are "
+                      "left, e.g. --nodes 2:4 --max-restarts 3."),
     click.option("--partition", default=None,
                  help="slurm: the partition to submit to, e.g. --partition gpu."),
     click.option("--time", "time_limit", default=None,

@@ -112,6 +112,7 @@ class RunWatchers:
     heartbeat: Optional[Callable[[], str]] = None
     on_broken: Optional[Callable[[], None]] = None
     diagnostics: Optional["Diagnostics"] = None
+    every: float = HEARTBEAT            # seconds between heartbeats
 
 
 def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
@@ -134,7 +135,7 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
     beating = threading.Event()
     if watchers.heartbeat:
         def beat():
-            while not beating.wait(HEARTBEAT):
+            while not beating.wait(watchers.every):
                 echo.say(watchers.heartbeat())
         threading.Thread(target=beat, name="fluidctl-heartbeat", daemon=True).start()
 

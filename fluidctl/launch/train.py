@@ -39,6 +39,12 @@ def k8s_options(options: dict):
             raise UsageError(f"{flag} is a Kubernetes option", "add --backend k8s")
         return K8sOptions()
     nodes, name = options.pop("nodes", None), options.pop("job_name", None)
+    if nodes is not None:
+        from fluidctl.planning.elastic import NodeRange, parse_nodes
+        nodes = parse_nodes(nodes)
+        if isinstance(nodes, NodeRange):
+            raise UsageError(f"--nodes {nodes} (an elastic job) is for --backend ssh or fabric",
+                             "give --backend k8s a count of pods, e.g. --nodes 2")
     return K8sOptions(kind=values["kind"], image=values["image"],
                       namespace=values["namespace"] or "default", nodes=nodes or 1, name=name,
                       apply=bool(values["apply"]))
@@ -57,10 +63,17 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
         raise UsageError("--node-rank is torchrun's: fluidctl plans node ranks itself (the "
                          "order of --hostfile/--hosts) and starts every node from here",
                          "drop --node-rank and run fluidctl once, on one machine")
-    k8s = k8s_options(options)
-    nodes = options.get("nodes") if options.get("backend") != "slurm" else None
-    if nodes is not None:            # torchrun's --nnodes: here the nodes are the hostfile's
+    k8s = k8s_options(options)                # under --backend k8s it takes --nodes
+    from fluidctl.planning.elastic import NodeRange, check_hosts, parse_nodes
+    nodes = parse_nodes(options["nodes"]) if options.get("nodes") is not None else None
+    if isinstance(nodes, NodeRange) and options.get("backend") == "slurm":
+        raise UsageError(f"--nodes {nodes} (an elastic job) is for --backend ssh or fabric",
+                         "give --backend slurm a count, e.g. --nodes 2")
+    options["nodes"] = nodes
+    if options.get("backend") != "slurm":     # torchrun's --nnodes: the nodes are the hostfile's
         options["nodes"] = None
+        if isinstance(nodes, NodeRange):
+            options["elastic"] = nodes
     slurm, slurm_given = slurm_options(options)
     if slurm_given and options.get("backend") != "slurm":
         raise UsageError("--nodes, --partition, --time, ... are Slurm options",
@@ -70,7 +83,10 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
                          "give a count per node, e.g. --gpus 4")
     from fluidctl.planning.config import LaunchConfig
     config = LaunchConfig.from_options(slurm=slurm, k8s=k8s, **options)
-    if nodes is not None and nodes > max(1, len(config.hosts)):
+    if config.elastic is not None:
+        check_hosts(config.elastic, config.backend, len(config.hosts), config.mode)
+    elif options.get("backend") != "slurm" and nodes is not None \
+            and nodes > max(1, len(config.hosts)):
         where = (f"--hostfile/--hosts name {len(config.hosts)} nodes" if config.hosts
                  else "without --hostfile or --hosts the job runs on this machine alone")
         raise UsageError(f"--nodes {nodes}, but {where}",
@@ -114,8 +130,12 @@ def _choose_nodes(config, nodes, include_bad: bool, health_gate: bool):
     may name spares)."""
     import dataclasses
     from fluidctl.cluster import gate
+    if config.elastic is not None:          # the launcher picks each world of MIN..MAX
+        nodes, want = config.elastic.low, None
+    else:
+        want = nodes
     chosen = gate.choose(
-        config.hosts, min_nodes=nodes or 1, want=nodes, include_bad=include_bad,
+        config.hosts, min_nodes=nodes or 1, want=want, include_bad=include_bad,
         gate=health_gate, ssh_config=config.ssh_config,
         accept_new_host_keys=config.accept_new_host_keys, python=config.interpreter,
         venv=config.node_venv, timeout=config.ssh_timeout,

@@ -22,12 +22,16 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Optional
 
 from fluidctl import __version__
-from fluidctl.agentproto import (BEAT_TAG, CR_MARK, DOCTOR_TAG, DUMP_COMMAND, ENDS_TAG,
-                                 FAILURE_TAG, MARK, PROBE_TAG, SAY_TAG, STACKS_TAG, STEPS_TAG,
-                                 Ends, NodeShare, Probe, RecordError, tag_for)
+
+from fluidctl.agentproto import (BEAT_COMMAND, BEAT_MISSES, BEAT_TAG, CR_MARK, DOCTOR_TAG,
+                                 DUMP_COMMAND, ENDS_TAG, FAILURE_TAG, MARK, PROBE_TAG, SAY_TAG,
+                                 STACKS_TAG, STEPS_TAG, STOP_COMMAND, Ends, NodeShare, Probe,
+                                 RecordError, tag_for)
 from fluidctl.errors import UsageError
 
 
@@ -56,9 +60,26 @@ def shares_log_dir(layout, nonce: str) -> bool:
     return layout.shared_marker(nonce).exists()
 
 
-def _serve_stdin(launch_log, diagnostics=None) -> None:
+class _Heard:
+    """When the launcher last wrote to our stdin (any line: a beat, a dump request), and where
+    the agent's own notes go (stderr until the node's launch log exists)."""
+    def __init__(self):
+        self.at = time.monotonic()
+        self.log = lambda message: print(message, file=sys.stderr, flush=True)
+        self.running = threading.Event()    # set once the run beats by itself
+
+
+def _serve_stdin(launch_log, diagnostics=None, heard: "_Heard" = None) -> None:
     """Answer the launcher's "dump" lines; stop the node's processes when stdin closes."""
     for line in iter(sys.stdin.readline, ""):
+        if heard is not None:
+            heard.at = time.monotonic()
+        if line.strip() == BEAT_COMMAND:
+            continue
+        if line.strip() == STOP_COMMAND:        # the launcher stops the job (elastic jobs)
+            launch_log("stop requested by the launcher")
+            os.kill(os.getpid(), signal.SIGTERM)
+            continue
         if line.strip() == DUMP_COMMAND and diagnostics is not None:
             launch_log("stacks requested by the launcher")
             try:
@@ -71,23 +92,60 @@ def _serve_stdin(launch_log, diagnostics=None) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _watch_launcher(heard: _Heard, every: float) -> None:
+    """An elastic job's launcher beats on our stdin every ``every`` seconds: BEAT_MISSES beats
+    missed in a row (its link is down, it froze) and this node stops its processes, as when
+    stdin closes: nothing is left running on a node cut off from its job."""
+    quiet = threading.Event()
+    while not quiet.wait(every):
+        silent = time.monotonic() - heard.at
+        if silent > every * BEAT_MISSES:
+            heard.log(f"no heartbeat from the launcher for {silent:.1f}s: it is gone or cut "
+                      "off; stopping this node's processes")
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+
+def _beat_until_run(heard: _Heard, every: float) -> None:
+    """Beat to the launcher until the node's run beats itself (run.RunWatchers), so that a
+    standby agent that waits for a plan is watched like a running one."""
+    while not heard.running.wait(every):
+        try:
+            emit(BEAT_TAG, "0")
+        except (OSError, ValueError):       # the launcher is gone
+            return
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     ports = int(argv[argv.index("--ports") + 1]) if "--ports" in argv else 0
+    # --beat S: an elastic job's launcher beats on stdin from the start (a standby agent waits
+    # for a plan that may never come; cut off from its launcher, it must still end)
+    beat = float(argv[argv.index("--beat") + 1]) if "--beat" in argv else 0.0
+    heard = _Heard()
+    if beat:
+        threading.Thread(target=_watch_launcher, args=(heard, beat), daemon=True,
+                         name="launcher-beats").start()
+        threading.Thread(target=_beat_until_run, args=(heard, beat), daemon=True,
+                         name="agent-beats").start()
     try:
-        node_agent(ports)
+        node_agent(ports, heard, watching=bool(beat))
     except UsageError as exc:
         print(exc.one_line(), file=sys.stderr)
         sys.exit(exc.exit_code)
 
 
-def _read_share() -> NodeShare:
+def _read_share(heard: Optional[_Heard] = None) -> NodeShare:
     """Answer the launcher's rendezvous checks until its plan for this node comes; exit
     quietly on an empty line (the launcher decided not to run: a dry run, a bad node)."""
     not_by_hand = "the node agent is started by fluidctl train; do not run it by hand"
     held = None                           # node 0: the master port, listening until the plan
     while True:
         line = sys.stdin.readline()
+        if heard is not None:
+            heard.at = time.monotonic()
+        if line.strip() == BEAT_COMMAND:
+            continue
         if not line.strip():
             sys.exit(0)
         try:
@@ -121,7 +179,7 @@ def _check_scripts(procs, host: str) -> None:
                          "pass --remote-dir with the directory that holds it")
 
 
-def node_agent(ports: int) -> None:
+def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None:
     """Run this node's share of a job (started by fluidctl over SSH). The probe goes out first:
     the launcher plans while the supervisor, the planner and the diagnostics load here."""
     emit(PROBE_TAG, probe(ports).to_wire())
@@ -131,7 +189,8 @@ def node_agent(ports: int) -> None:
     from fluidctl.planning.plan import ProcSpec
     from fluidctl.launch.supervisor import LaunchLog, RunOptions
     from fluidctl.paths import LogLayout
-    share = _read_share()
+    heard = heard or _Heard()
+    share = _read_share(heard)
     try:
         procs = [ProcSpec(**p) for p in share.procs]
     except TypeError as exc:
@@ -157,7 +216,13 @@ def node_agent(ports: int) -> None:
         for stale in run.clear_stale(layout, logs):
             launch_log(f"removed {stale}: an earlier job's log, not this job's")
     diagnostics = Diagnostics()             # this node's ranks: triage, stacks, progress
-    threading.Thread(target=_serve_stdin, args=(launch_log, diagnostics), daemon=True).start()
+    heard.log = launch_log
+    heard.running.set()
+    threading.Thread(target=_serve_stdin, args=(launch_log, diagnostics, heard),
+                     daemon=True).start()
+    if share.beat and not watching:
+        threading.Thread(target=_watch_launcher, args=(heard, share.beat),
+                         daemon=True, name="launcher-beats").start()
 
     def start(_attempt):
         diagnostics.current = start_procs(procs, attempt, logs, extra_env=diagnostics.env())
@@ -173,7 +238,8 @@ def node_agent(ports: int) -> None:
         cr_mark=CR_MARK,
         report=lambda failure: emit(FAILURE_TAG, json.dumps(failure.to_record())))
     watchers = run.RunWatchers(heartbeat=lambda: f"{MARK}{BEAT_TAG}|{diagnostics.progress()}",
-                               on_broken=lost, diagnostics=diagnostics)
+                               on_broken=lost, diagnostics=diagnostics,
+                               every=share.beat or run.HEARTBEAT)
     from fluidctl.diagnostics import stragglers     # the ranks' sums, for the launcher
     halt = threading.Event()
     threading.Thread(target=stragglers.publish, daemon=True, name="fluidctl-steps",

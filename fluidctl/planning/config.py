@@ -17,6 +17,7 @@ from fluidctl import envs
 from fluidctl.errors import UsageError, check_range
 from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
 from fluidctl.planning import options as opts
+from fluidctl.planning.elastic import NodeRange
 from fluidctl.planning.hosts import Host, load_hosts
 from fluidctl.planning.plan import JobSpec, Node
 from fluidctl.planning.k8s import K8sOptions
@@ -56,6 +57,7 @@ class LaunchConfig:
     grace_period: float = 5.0
     max_restarts: int = 0
     checkpoint_signal: str = "TERM"             # forwarded to the ranks on a checkpoint request
+    elastic: Optional[NodeRange] = None         # --nodes MIN:MAX (ssh, fabric); None: fixed
     tee: str = "rank0"
     tee_ranks: Optional[Tuple[int, ...]] = None     # --tee-ranks: echo these trainers only
     hang_timeout: Optional[float] = None            # --hang-timeout seconds (None: off)

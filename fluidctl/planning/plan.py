@@ -338,7 +338,10 @@ def _local_names(local: int, local_size: int, node_rank: int, nnodes: int, maste
 
 
 def with_restart(env: Mapping[str, str], attempt: int) -> Dict[str, str]:
-    """The environment of a restarted attempt: the same contract, a new PADDLE_RESTART_COUNT."""
+    """The environment of a restarted attempt: the same contract, a new PADDLE_RESTART_COUNT
+    (and torch's TORCHELASTIC_RESTART_COUNT where the contract has it: collective mode)."""
     out = dict(env)
     out[envs.RESTART_COUNT] = str(attempt)
+    if envs.TORCH_RESTART_COUNT in out:
+        out[envs.TORCH_RESTART_COUNT] = str(attempt)
     return out

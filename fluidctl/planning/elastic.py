@@ -1,0 +1,65 @@
+"""Elastic membership, the pure half: ``--nodes MIN:MAX`` read once, and which nodes the next
+world runs on when some were lost (survivors first, in their order, then spares in hostfile
+order, never more than MAX; fewer than MIN is the caller's error to report). The launcher that
+does it is ``backends/ssh.py`` (``ElasticMembers``)."""
+from __future__ import annotations
+
+from typing import Iterable, List, NamedTuple, Sequence, Union
+
+from fluidctl.errors import UsageError
+
+NODES_HINT = "give a count, e.g. --nodes 4, or a range, e.g. --nodes 2:4"
+
+
+class NodeRange(NamedTuple):
+    low: int
+    high: int
+
+    def __str__(self) -> str:
+        return f"{self.low}:{self.high}"
+
+
+def parse_nodes(text) -> Union[int, NodeRange]:
+    """--nodes as given: a count (a fixed-size job) or ``MIN:MAX`` as a NodeRange."""
+    text = str(text).strip()
+    if ":" not in text:
+        if not text.isdigit() or int(text) < 1:
+            raise UsageError(f"--nodes {text} is not a count of nodes", NODES_HINT)
+        return int(text)
+    low, _, high = text.partition(":")
+    try:
+        value = NodeRange(int(low), int(high))
+    except ValueError:
+        raise UsageError(f"--nodes {text} is not MIN:MAX", NODES_HINT) from None
+    if value.low < 1 or value.high < value.low:
+        raise UsageError(f"--nodes {text}: MIN must be at least 1 and MAX at least MIN",
+                         NODES_HINT)
+    return value
+
+
+def check_hosts(nodes: NodeRange, backend: str, hosts: int, mode: str = "collective") -> None:
+    """An elastic job runs collective ranks over SSH (or Fabric) on a hostfile that holds at
+    least MIN nodes."""
+    if backend not in ("ssh", "fabric"):
+        raise UsageError(f"--nodes {nodes} (an elastic job) needs --backend ssh or fabric",
+                         "add --backend ssh, or give a fixed --nodes N")
+    if mode != "collective":
+        raise UsageError(f"--nodes {nodes} (an elastic job) needs --mode collective",
+                         "drop --mode pserver, or give a fixed --nodes N")
+    if hosts < nodes.low:
+        raise UsageError(f"--nodes {nodes}, but --hostfile/--hosts name {hosts} node(s)",
+                         f"name at least {nodes.low} nodes, or lower MIN")
+
+
+def next_world(current: Sequence[str], pool: Sequence[str], lost: Iterable[str],
+               excluded: Iterable[str], nodes: NodeRange) -> List[str]:
+    """The nodes of the next world: ``current`` minus ``lost``, then the ``pool``'s other nodes
+    (spares) that are neither lost nor ``excluded`` (the ledger), in pool order, up to MAX."""
+    gone, barred = set(lost), set(excluded)
+    world = [h for h in current if h not in gone][:nodes.high]
+    for host in pool:
+        if len(world) >= nodes.high:
+            break
+        if host not in gone and host not in barred and host not in world:
+            world.append(host)
+    return world

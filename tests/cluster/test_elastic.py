@@ -1,0 +1,51 @@
+"""Elastic membership (``fluidctl train --nodes MIN:MAX``) on namespace nodes with real faults
+(tests/elasticrun.py): the job goes on in a new world (survivors plus spares, MASTER_ADDR
+moved when its node went), resumes from its checkpoints and ends with the weights of the
+reference for the world sequence it ran; detection and first-step times are measured (printed,
+not asserted: the goal is 5 s); no node holds anything but sshd afterwards."""
+from elasticrun import Fault, run_elastic
+
+
+def check(outcome, worlds):
+    assert outcome.code == 0, outcome.out
+    assert outcome.weights is not None and outcome.weights == outcome.reference, outcome.out
+    assert sorted(set(outcome.worlds), reverse=True) == worlds, outcome.worlds
+    assert outcome.leftovers == {}
+    for fault in outcome.faults:
+        assert fault.detected is not None and fault.first_step is not None, fault
+        print(f"{fault.kind} on {','.join(fault.hit)}: lost after {fault.detected:.2f}s, "
+              f"first step of the new world {fault.first_step:.2f}s after the fault")
+
+
+def test_agent_killed_then_master_node_cut_off_beside_a_node_at_full_cpu(netns_nodes,
+                                                                          tmp_path):
+    nodes = netns_nodes(4)
+    outcome = run_elastic(nodes, tmp_path, node_range="2:3", steps=40, faults=[
+        Fault(8, "agent-kill", ("node2",)), Fault(20, "link-down", ("master",))],
+        loaded=("node3",))
+    check(outcome, [3, 2])
+    assert [f.hit for f in outcome.faults] == [("node2",), ("node1",)]
+    out = outcome.out
+    assert "node node2 lost: its agent was killed" in out
+    assert "restart 1: new world of 3 trainer(s) on node1, node3, node4" in out   # a spare
+    assert "node node1 lost: no heartbeat from its agent for 3." in out
+    assert "restart 2: new world of 2 trainer(s) on node3, node4, MASTER_ADDR 198.18." in out
+    assert "node node3 lost" not in out         # at 100% CPU all along: slow, not lost
+    # the contract of each world: restart counts, MASTER_ADDR on a surviving node
+    starts = [s.split(" t ")[0] for s in outcome.starts]
+    assert starts[0].startswith("start 0 world 3 restart 0 torch 0 master ")
+    assert starts[1].startswith("start 8 world 3 restart 1 torch 1 master ")
+    assert starts[2].startswith("start 20 world 2 restart 2 torch 2 master ")
+    assert starts[2].endswith(nodes.node("node3").address)
+
+
+def test_two_frozen_nodes_then_a_node_lost_during_the_restart(netns_nodes, tmp_path):
+    nodes = netns_nodes(5)
+    outcome = run_elastic(nodes, tmp_path, node_range="2:3", steps=30, faults=[
+        Fault(8, "freeze", ("master", "node2")),
+        Fault(0, "link-down", ("node4",), during_restart=True)])
+    check(outcome, [3, 2])
+    out = outcome.out
+    for alias in ("node1", "node2", "node4"):
+        assert f"node {alias} lost: " in out
+    assert outcome.worlds[-1] == 2 and "on node3, node5, MASTER_ADDR" in out
