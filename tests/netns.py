@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from sshd import SSHD, SSHNode, SSHNodes, keygen, wait_listening
+from sshd import SSHD, SSHNode, SSHNodes, make_keys, wait_listening
 
 PREFIX = "flns"                          # every namespace, link, bridge and cgroup starts so
 LOCK = Path("/tmp/fluidctl-netns.lock")  # serialises subnet choice between pytest workers
@@ -76,14 +76,7 @@ class NetnsNodes(SSHNodes):
     # --- making ---------------------------------------------------------------------
     @classmethod
     def start(cls, workdir: Path, n: int = 4, sftp: bool = True) -> "NetnsNodes":  # type: ignore[override]
-        workdir.mkdir(parents=True, exist_ok=True)
-        host_key = workdir / "ssh_host_ed25519_key"
-        host_pub = keygen(host_key, "fluidctl-test-host")
-        user_key = workdir / "id_ed25519"
-        user_pub = keygen(user_key, "fluidctl-test-user")
-        authorized = workdir / "authorized_keys"
-        authorized.write_text(user_pub + "\n")
-        authorized.chmod(0o600)
+        host_key, host_pub, user_key, authorized = make_keys(workdir)
         nodes = cls(workdir, user_key, workdir / "known_hosts", workdir / "ssh_config",
                     host_pub, fid=uuid.uuid4().hex[:5])
         nodes.bridge = f"{PREFIX}{nodes.fid}b"

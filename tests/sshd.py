@@ -49,6 +49,20 @@ def keygen(path: Path, comment: str) -> str:
     return Path(str(path) + ".pub").read_text().strip()
 
 
+def make_keys(workdir: Path):
+    """A host key, a user key and an authorized_keys holding it, in ``workdir``: (host key,
+    its public line, user key, authorized_keys)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    host_key = workdir / "ssh_host_ed25519_key"
+    host_pub = keygen(host_key, "fluidctl-test-host")
+    user_key = workdir / "id_ed25519"
+    user_pub = keygen(user_key, "fluidctl-test-user")
+    authorized = workdir / "authorized_keys"
+    authorized.write_text(user_pub + "\n")
+    authorized.chmod(0o600)
+    return host_key, host_pub, user_key, authorized
+
+
 @dataclass
 class SSHNode:
     alias: str
@@ -94,14 +108,7 @@ class SSHNodes:
     def start(cls, workdir: Path, addresses: Dict[str, str] = ADDRESSES,
               sftp: bool = True) -> "SSHNodes":
         """``sftp=False``: servers without an SFTP subsystem (nodes that have only sshd)."""
-        workdir.mkdir(parents=True, exist_ok=True)
-        host_key = workdir / "ssh_host_ed25519_key"
-        host_pub = keygen(host_key, "fluidctl-test-host")
-        user_key = workdir / "id_ed25519"
-        user_pub = keygen(user_key, "fluidctl-test-user")
-        authorized = workdir / "authorized_keys"
-        authorized.write_text(user_pub + "\n")
-        authorized.chmod(0o600)
+        host_key, host_pub, user_key, authorized = make_keys(workdir)
         known_hosts = workdir / "known_hosts"
         config = workdir / "ssh_config"
         nodes = cls(workdir, user_key, known_hosts, config, host_pub)
