@@ -12,58 +12,85 @@ Standard library only, like :mod:`fluidctl.runtime.data`.
 from __future__ import annotations
 
 import json
+import mmap
 import os
-from array import array
-from itertools import accumulate
 from typing import Any, Iterator, List, Mapping, Optional
 
+import numpy as np
+
 from fluidctl.errors import UsageError
-from fluidctl.runtime import order
+from fluidctl.runtime import order, orderwindow
 
 STATE_KEYS = ("epoch", "offset", "seed", "shuffle", "samples", "shards")
-_CHUNK = 1 << 20
+_CHUNK = 1 << 24          # bytes scanned for newlines at a time
+_NL, _CR = 10, 13
+_WINDOW = 4096            # positions of one rank computed and read together
 _REFUSED = "pass the state saved by a reader over the same shards, seed and shuffle"
 
 
 class RecordFile:
-    """One shard's records by index: offsets from one sequential read, records by pread."""
+    """One shard's records by index: the shard mapped read-only, the byte offset of every
+    record's start (and the end of the last) from its ``.idx`` file when shard-data wrote one,
+    else from one scan of the mapping for newlines; records are slices of the mapping."""
 
     def __init__(self, path: str, records: int, header_lines: int):
         self.path = path
         try:
-            self.fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
             raise UsageError(f"cannot open shard {path}: {exc.strerror}",
                              "copy the shard directory again or re-run fluidctl shard-data") from None
         try:
+            size = os.fstat(fd).st_size
+            self.map = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
+        finally:
+            os.close(fd)
+        self.bytes = np.frombuffer(self.map, dtype=np.uint8)
+        try:
             self.starts = self._index(header_lines)
         except BaseException:
-            os.close(self.fd)
+            self.close()
             raise
         found = len(self.starts) - 1
         if found != records:
-            os.close(self.fd)
+            self.close()
             raise UsageError(f"shard {path} holds {found} record(s), its manifest says {records}",
                              f"check it with: fluidctl shard-data --verify {os.path.dirname(path) or '.'}")
 
-    def _index(self, header_lines: int) -> array:
+    def _index(self, header_lines: int) -> np.ndarray:
         """Byte offset of every line's start, then the end of the last line (a last line
-        without its newline included); the header's lines dropped."""
-        with open(self.fd, "rb", buffering=_CHUNK, closefd=False) as lines:
-            starts = array("Q", accumulate(map(len, lines), initial=0))
-        del starts[:header_lines]
-        return starts
+        without its newline included); the header's lines dropped. Scanned in pieces, so
+        the scan's temporary arrays stay small whatever the shard's size."""
+        data, size = self.bytes, self.bytes.size
+        pieces = [np.zeros(1, dtype=np.int64)]
+        for lo in range(0, size, _CHUNK):
+            ends = np.flatnonzero(data[lo:lo + _CHUNK] == _NL)
+            pieces.append(ends.astype(np.int64) + (lo + 1))
+        if size and data[size - 1] != _NL:
+            pieces.append(np.array([size], dtype=np.int64))
+        return np.concatenate(pieces)[header_lines:]
 
-    def read(self, index: int) -> bytes:
-        start, end = self.starts[index], self.starts[index + 1]
-        return os.pread(self.fd, end - start, start).rstrip(b"\r\n")
+    def read(self, records: np.ndarray) -> list:
+        """The bytes of these records (an int64 array of indices), without their line
+        endings (what ``bytes.rstrip(b"\\r\\n")`` leaves)."""
+        starts, ends = self.starts[records], self.starts[records + 1]
+        data, todo = self.bytes, np.arange(records.size)
+        while todo.size:                # strip trailing CR and LF bytes, as rstrip does
+            last = ends[todo] - 1
+            more = (last >= starts[todo]) & ((data[last] == _NL) | (data[last] == _CR))
+            todo = todo[more]
+            ends[todo] -= 1
+        view = self.map
+        return [view[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
 
     def close(self) -> None:
-        os.close(self.fd)
+        self.bytes = None
+        if isinstance(self.map, mmap.mmap):
+            self.map.close()
 
 
 def decoder(fmt: str, decode: bool, encoding: str):
-    """bytes of one record -> what the reader yields for ``fmt``."""
+    """bytes of one record -> what the reader yields for ``fmt``; None: the bytes."""
     if fmt == "jsonl":
         return json.loads
     if fmt == "csv":
@@ -74,7 +101,7 @@ def decoder(fmt: str, decode: bool, encoding: str):
         return row
     if decode:
         return lambda line: line.decode(encoding)
-    return lambda line: line
+    return None                 # the bytes as they are
 
 
 def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple:
@@ -133,21 +160,43 @@ class CanonicalReader:
                                 self.drop_last)
 
     def __iter__(self) -> Iterator[list]:
-        """The rest of the current epoch, then the reader stands at the next epoch's start."""
+        """The rest of the current epoch, then the reader stands at the next epoch's start.
+
+        A rank's positions over its remaining steps are one arithmetic progression (``offset
+        + rank``, step ``world``; every step but the last is full), so a window of whole steps
+        is computed at once (:mod:`fluidctl.runtime.orderwindow`) and read shard by shard."""
         epoch_order = order.EpochOrder(self.counts, self.seed, self.epoch, self.shuffle)
-        per_step = self.batch_size * self.world
+        per_step, batch_size = self.batch_size * self.world, self.batch_size
+        steps = len(self)
+        base = self.offset
+        stop = min(self.samples, base + steps * per_step)
+        window = max(1, _WINDOW // batch_size)
         try:
-            for positions in order.rank_steps(self.offset, self.rank, self.world,
-                                              self.batch_size, self.samples, self.drop_last):
-                batch: list = []
-                for shard, records in epoch_order.runs(positions):
-                    read, decode = self._source(shard).read, self._decode
-                    batch.extend([decode(read(r)) for r in records])
-                self.offset = order.offset_after(self.offset, 1, per_step, self.samples)
-                yield batch
+            for first in range(0, steps, window):
+                count = min(window, steps - first)
+                positions = np.arange(base + first * per_step + self.rank,
+                                      min(stop, base + (first + count) * per_step), self.world,
+                                      dtype=np.int64)
+                records = self._read(epoch_order, positions)
+                for k in range(count):
+                    batch = records[k * batch_size:(k + 1) * batch_size]
+                    self.offset = order.offset_after(self.offset, 1, per_step, self.samples)
+                    yield batch
             self.epoch, self.offset = self.epoch + 1, 0
         finally:
             self.close()
+
+    def _read(self, epoch_order: order.EpochOrder, positions: np.ndarray) -> list:
+        """The decoded records at these positions, in their order."""
+        slots, shards, records = orderwindow.samples(epoch_order, positions)
+        out: list = []
+        cuts = (np.flatnonzero(np.diff(slots)) + 1).tolist()
+        decode = self._decode
+        for lo, hi in zip([0, *cuts], [*cuts, positions.size]):
+            if lo < hi:
+                raw = self._source(int(shards[lo])).read(records[lo:hi])
+                out.extend(raw if decode is None else map(decode, raw))
+        return out
 
     def _source(self, shard: int) -> RecordFile:
         source = self._open.get(shard)
