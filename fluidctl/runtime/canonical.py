@@ -24,7 +24,8 @@ from fluidctl.runtime import order, orderwindow
 STATE_KEYS = ("epoch", "offset", "seed", "shuffle", "samples", "shards")
 _CHUNK = 1 << 24          # bytes scanned for newlines at a time
 _NL, _CR = 10, 13
-_WINDOW = 4096            # positions of one rank computed and read together
+_WINDOW = 4096            # positions of one rank computed and read together, at most
+_WINDOW_BYTES = 8 << 20   # and about this many bytes of records
 _REFUSED = "pass the state saved by a reader over the same shards, seed and shuffle"
 
 
@@ -70,9 +71,10 @@ class RecordFile:
             pieces.append(np.array([size], dtype=np.int64))
         return np.concatenate(pieces)[header_lines:]
 
-    def read(self, records: np.ndarray) -> list:
+    def read(self, records: np.ndarray, encoding: Optional[str] = None) -> list:
         """The bytes of these records (an int64 array of indices), without their line
-        endings (what ``bytes.rstrip(b"\\r\\n")`` leaves)."""
+        endings (what ``bytes.rstrip(b"\\r\\n")`` leaves); str decoded with ``encoding``
+        when given."""
         starts, ends = self.starts[records], self.starts[records + 1]
         data, todo = self.bytes, np.arange(records.size)
         while todo.size:                # strip trailing CR and LF bytes, as rstrip does
@@ -81,6 +83,8 @@ class RecordFile:
             todo = todo[more]
             ends[todo] -= 1
         view = self.map
+        if encoding is not None:
+            return [view[a:b].decode(encoding) for a, b in zip(starts.tolist(), ends.tolist())]
         return [view[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
 
     def close(self) -> None:
@@ -90,7 +94,8 @@ class RecordFile:
 
 
 def decoder(fmt: str, decode: bool, encoding: str):
-    """bytes of one record -> what the reader yields for ``fmt``; None: the bytes."""
+    """bytes of one record -> what the reader yields for ``fmt``; None for text, which
+    :meth:`RecordFile.read` decodes itself (or not)."""
     if fmt == "jsonl":
         return json.loads
     if fmt == "csv":
@@ -99,9 +104,7 @@ def decoder(fmt: str, decode: bool, encoding: str):
         def row(line: bytes) -> List[str]:
             return next(csv.reader([line.decode(encoding)]))
         return row
-    if decode:
-        return lambda line: line.decode(encoding)
-    return None                 # the bytes as they are
+    return None
 
 
 def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple:
@@ -137,6 +140,8 @@ class CanonicalReader:
         self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
         self.samples = sum(counts)
         self._decode = decoder(fmt, decode, encoding)
+        self._encoding = encoding if fmt == "text" and decode else None
+        self._sizes: Optional[List[int]] = None
         self._open: dict = {}
         self.epoch, self.offset = 0, 0
         if state is not None:
@@ -170,7 +175,7 @@ class CanonicalReader:
         steps = len(self)
         base = self.offset
         stop = min(self.samples, base + steps * per_step)
-        window = max(1, _WINDOW // batch_size)
+        window = max(1, self._window_records() // batch_size)
         try:
             for first in range(0, steps, window):
                 count = min(window, steps - first)
@@ -186,15 +191,23 @@ class CanonicalReader:
         finally:
             self.close()
 
+    def _window_records(self) -> int:
+        """Records read together: ``_WINDOW``, fewer where the shards' mean record is so long
+        that they would hold more than ``_WINDOW_BYTES`` (at least one step's)."""
+        if self._sizes is None:
+            self._sizes = [os.stat(p).st_size for p in self.paths]
+        mean = max(1, sum(self._sizes) // max(1, self.samples))
+        return max(1, min(_WINDOW, _WINDOW_BYTES // mean))
+
     def _read(self, epoch_order: order.EpochOrder, positions: np.ndarray) -> list:
         """The decoded records at these positions, in their order."""
         slots, shards, records = orderwindow.samples(epoch_order, positions)
         out: list = []
         cuts = (np.flatnonzero(np.diff(slots)) + 1).tolist()
-        decode = self._decode
+        decode, encoding = self._decode, self._encoding
         for lo, hi in zip([0, *cuts], [*cuts, positions.size]):
             if lo < hi:
-                raw = self._source(int(shards[lo])).read(records[lo:hi])
+                raw = self._source(int(shards[lo])).read(records[lo:hi], encoding)
                 out.extend(raw if decode is None else map(decode, raw))
         return out
 
