@@ -24,7 +24,7 @@ from fluidctl.runtime import order, orderwindow
 STATE_KEYS = ("epoch", "offset", "seed", "shuffle", "samples", "shards")
 _CHUNK = 1 << 24          # bytes scanned for newlines at a time
 _NL, _CR = 10, 13
-_WINDOW = 4096            # positions of one rank computed and read together, at most
+_WINDOW = 16384          # positions of one rank computed and read together, at most
 _WINDOW_BYTES = 8 << 20   # and about this many bytes of records
 _REFUSED = "pass the state saved by a reader over the same shards, seed and shuffle"
 
@@ -47,6 +47,8 @@ class RecordFile:
         finally:
             os.close(fd)
         self.bytes = np.frombuffer(self.map, dtype=np.uint8)
+        self.unterminated = bool(size) and self.map[size - 1] != _NL
+        self.plain = self.map.find(b"\r") < 0
         try:
             self.starts = self._index(header_lines)
         except BaseException:
@@ -75,13 +77,18 @@ class RecordFile:
         """The bytes of these records (an int64 array of indices), without their line
         endings (what ``bytes.rstrip(b"\\r\\n")`` leaves); str decoded with ``encoding``
         when given."""
-        starts, ends = self.starts[records], self.starts[records + 1]
-        data, todo = self.bytes, np.arange(records.size)
-        while todo.size:                # strip trailing CR and LF bytes, as rstrip does
-            last = ends[todo] - 1
-            more = (last >= starts[todo]) & ((data[last] == _NL) | (data[last] == _CR))
-            todo = todo[more]
-            ends[todo] -= 1
+        starts, ends = self.starts[records], self.starts[records + 1] - 1
+        if self.plain:                  # every line ends in one LF, no CR anywhere
+            if self.unterminated:       # but the last line has no LF
+                ends[records == self.starts.size - 2] += 1
+        else:
+            ends += 1
+            data, todo = self.bytes, np.arange(records.size)
+            while todo.size:            # strip trailing CR and LF bytes, as rstrip does
+                last = ends[todo] - 1
+                more = (last >= starts[todo]) & ((data[last] == _NL) | (data[last] == _CR))
+                todo = todo[more]
+                ends[todo] -= 1
         view = self.map
         if encoding is not None:
             return [view[a:b].decode(encoding) for a, b in zip(starts.tolist(), ends.tolist())]
