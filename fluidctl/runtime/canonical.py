@@ -18,11 +18,11 @@ from typing import Any, Iterator, List, Mapping, Optional
 
 import numpy as np
 
+from fluidctl import recordindex
 from fluidctl.errors import UsageError
 from fluidctl.runtime import order, orderwindow
 
 STATE_KEYS = ("epoch", "offset", "seed", "shuffle", "samples", "shards")
-_CHUNK = 1 << 24          # bytes scanned for newlines at a time
 _NL, _CR = 10, 13
 _WINDOW = 16384          # positions of one rank computed and read together, at most
 _WINDOW_BYTES = 8 << 20   # and about this many bytes of records
@@ -34,7 +34,8 @@ class RecordFile:
     record's start (and the end of the last) from its ``.idx`` file when shard-data wrote one,
     else from one scan of the mapping for newlines; records are slices of the mapping."""
 
-    def __init__(self, path: str, records: int, header_lines: int):
+    def __init__(self, path: str, records: int, header_lines: int,
+                 index: Optional[str] = None):
         self.path = path
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -50,7 +51,9 @@ class RecordFile:
         self.unterminated = bool(size) and self.map[size - 1] != _NL
         self.plain = self.map.find(b"\r") < 0
         try:
-            self.starts = self._index(header_lines)
+            starts = recordindex.load(index, records, size) if index else None
+            self.starts = (recordindex.line_starts(self.bytes, header_lines) if starts is None
+                           else starts)
         except BaseException:
             self.close()
             raise
@@ -59,19 +62,6 @@ class RecordFile:
             self.close()
             raise UsageError(f"shard {path} holds {found} record(s), its manifest says {records}",
                              f"check it with: fluidctl shard-data --verify {os.path.dirname(path) or '.'}")
-
-    def _index(self, header_lines: int) -> np.ndarray:
-        """Byte offset of every line's start, then the end of the last line (a last line
-        without its newline included); the header's lines dropped. Scanned in pieces, so
-        the scan's temporary arrays stay small whatever the shard's size."""
-        data, size = self.bytes, self.bytes.size
-        pieces = [np.zeros(1, dtype=np.int64)]
-        for lo in range(0, size, _CHUNK):
-            ends = np.flatnonzero(data[lo:lo + _CHUNK] == _NL)
-            pieces.append(ends.astype(np.int64) + (lo + 1))
-        if size and data[size - 1] != _NL:
-            pieces.append(np.array([size], dtype=np.int64))
-        return np.concatenate(pieces)[header_lines:]
 
     def read(self, records: np.ndarray, encoding: Optional[str] = None) -> list:
         """The bytes of these records (an int64 array of indices), without their line
@@ -140,8 +130,10 @@ class CanonicalReader:
     def __init__(self, paths: List[str], counts: List[int], fmt: str, batch_size: int, *,
                  rank: int, world: int, seed: int, shuffle: bool, drop_last: bool,
                  decode: bool, encoding: str = "utf-8",
-                 state: Optional[Mapping[str, Any]] = None):
+                 state: Optional[Mapping[str, Any]] = None,
+                 indexes: Optional[List[Optional[str]]] = None):
         self.paths, self.counts = paths, counts
+        self.indexes = indexes or [None] * len(paths)
         self.header_lines = 1 if fmt == "csv" else 0
         self.batch_size, self.rank, self.world = batch_size, rank, world
         self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
@@ -225,7 +217,7 @@ class CanonicalReader:
                 oldest = next(iter(self._open))
                 self._open.pop(oldest).close()
             source = self._open[shard] = RecordFile(self.paths[shard], self.counts[shard],
-                                                    self.header_lines)
+                                                    self.header_lines, self.indexes[shard])
         return source
 
     def close(self) -> None:

@@ -44,6 +44,10 @@ def shard(opts: ShardOptions, progress: Optional[Progress] = None) -> dict:
     with Staging(opts.out_dir) as stage:
         try:
             sources, results = _build(opts, files, name, stage, progress)
+            if opts.canonical:
+                from fluidctl.sharding.offsets import with_indexes
+                results = with_indexes(results, stage.tmp,
+                                       1 if opts.format == "csv" else 0, opts.checksum)
             manifest = _manifest(opts, name, results, sources)
             with open(stage.path(MANIFEST_NAME), "w") as f:     # written last
                 f.write(to_json(manifest) + "\n")                # as json.dump(indent=2)
