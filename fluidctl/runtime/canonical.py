@@ -2,12 +2,16 @@
 :mod:`fluidctl.runtime.order`: each rank's batches, and the state that resumes them at any world
 size.
 
-Records are read one at a time by offset (``os.pread``). The offsets of a shard's records are
-found by one sequential read of it when the order first enters it, and kept for that shard and
-the one before only (8 bytes a record): the data set itself is never held in memory. A shard
-whose record count differs from its manifest's is an error naming it, never read short.
+A window of whole steps (up to 16384 of this rank's positions, about 8 MiB of records at most)
+is computed at once: positions -> (shard, record) with numpy (:mod:`fluidctl.runtime.orderwindow`,
+the same numbers as the scalar order). Each shard is mapped read-only and its records are slices
+of the mapping. The offsets of a shard's records come from its index file (``offsets/<shard>.idx``,
+written by shard-data, :mod:`fluidctl.runtime.recordindex`), or, for shards written without one,
+from one scan of the mapping for newlines; they are kept for that shard and the one before only
+(8 bytes a record): the data set itself is never held in memory. A shard whose record count
+differs from its manifest's is an error naming it, never read short.
 
-Standard library only, like :mod:`fluidctl.runtime.data`.
+numpy and the standard library; imported only by a reader of canonical shards.
 """
 from __future__ import annotations
 
@@ -18,9 +22,8 @@ from typing import Any, Iterator, List, Mapping, Optional
 
 import numpy as np
 
-from fluidctl import recordindex
 from fluidctl.errors import UsageError
-from fluidctl.runtime import order, orderwindow
+from fluidctl.runtime import order, orderwindow, recordindex
 
 STATE_KEYS = ("epoch", "offset", "seed", "shuffle", "samples", "shards")
 _NL, _CR = 10, 13
@@ -31,8 +34,8 @@ _REFUSED = "pass the state saved by a reader over the same shards, seed and shuf
 
 class RecordFile:
     """One shard's records by index: the shard mapped read-only, the byte offset of every
-    record's start (and the end of the last) from its ``.idx`` file when shard-data wrote one,
-    else from one scan of the mapping for newlines; records are slices of the mapping."""
+    record's start (and the end of the last) from its index file ``index`` when it fits the
+    shard, else from one scan of the mapping for newlines; records are slices of the mapping."""
 
     def __init__(self, path: str, records: int, header_lines: int,
                  index: Optional[str] = None):

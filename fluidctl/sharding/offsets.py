@@ -1,13 +1,14 @@
-"""``shard-data --shards N``: a record-offset index beside every canonical shard
-(:mod:`fluidctl.recordindex`), so that each reading rank maps 8 bytes a record instead of
-scanning the whole shard for newlines (in ``offsets/``). Written from the finished shards, in parallel, before
-the manifest, which names each index with its size and digest."""
+"""``shard-data --shards N``: a record-offset index beside every canonical shard, in
+``offsets/`` (:mod:`fluidctl.runtime.recordindex`), so that each reading rank loads 8 bytes a
+record instead of scanning the whole shard for newlines. Written from the finished shards, in
+parallel, before the manifest, which names each index with its size and digest."""
 from __future__ import annotations
 
 import mmap
 import os
 
 from fluidctl import digest
+from fluidctl.shardlayout import OFFSETS_FOLDER, offsets_name
 from fluidctl.sharding.options import ShardResult
 from fluidctl.sharding.parallel import _parallel
 
@@ -20,7 +21,7 @@ def write_index(directory: str, shard_file: str, header_lines: int, checksum: st
     """Write ``offsets/<shard>.idx`` in ``directory``; its manifest entry (file, bytes,
     checksum, digest)."""
     import numpy as np
-    from fluidctl import recordindex
+    from fluidctl.runtime import recordindex
     with open(os.path.join(directory, shard_file), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size:
@@ -30,7 +31,7 @@ def write_index(directory: str, shard_file: str, header_lines: int, checksum: st
                 del data
         else:
             starts = recordindex.line_starts(np.zeros(0, dtype=np.uint8), header_lines)
-    name = recordindex.index_name(shard_file)
+    name = offsets_name(shard_file)
     raw = starts.astype(recordindex.DTYPE).tobytes()
     with open(os.path.join(directory, name), "xb") as out:
         out.write(raw)
@@ -47,8 +48,7 @@ def write_index(directory: str, shard_file: str, header_lines: int, checksum: st
 def with_indexes(results: List[ShardResult], directory: str, header_lines: int,
                  checksum: str) -> List[ShardResult]:
     """The shards' results (shards in ``directory``), each with the entry of its index."""
-    from fluidctl import recordindex
-    os.mkdir(os.path.join(directory, recordindex.FOLDER))
+    os.mkdir(os.path.join(directory, OFFSETS_FOLDER))
     entries = _parallel(lambda i, stop: write_index(directory, results[i].file, header_lines,
                                                     checksum), len(results))
     return [r._replace(offsets=e) for r, e in zip(results, entries)]

@@ -1,8 +1,7 @@
 """The record-offset index of a shard: the byte offset of every record's start, then the end of
-the last record, as little-endian uint64, in ``offsets/<shard>.idx`` of a canonical shard
-directory (``fluidctl shard-data --shards N`` writes it and names it in the manifest with its
-size and digest; a folder of its own, so that a glob of the shards, ``train.txt-*``, matches
-the shards only). The reader of canonical shards maps it instead of scanning the shard for newlines;
+the last record, as little-endian uint64 (its place: :func:`fluidctl.shardlayout.offsets_name`;
+``fluidctl shard-data --shards N`` writes it and names it in the manifest with its size and
+digest). The reader of canonical shards loads it instead of scanning the shard for newlines;
 without it (shards written before it existed) the reader scans, with :func:`line_starts`.
 
 Imports numpy: only canonical readers and ``shard-data --shards`` load this module.
@@ -13,15 +12,9 @@ import os
 
 import numpy as np
 
-FOLDER, SUFFIX = "offsets", ".idx"
 DTYPE = np.dtype("<u8")
 _NL = 10
 _CHUNK = 1 << 24            # bytes scanned for newlines at a time
-
-
-def index_name(shard_file: str) -> str:
-    """``train.txt-00003`` -> ``offsets/train.txt-00003.idx`` (relative to the directory)."""
-    return f"{FOLDER}/{shard_file}{SUFFIX}"
 
 
 def line_starts(data: np.ndarray, header_lines: int = 0) -> np.ndarray:
