@@ -27,6 +27,7 @@ from fluidctl.runtime import order, orderwindow, recordindex
 
 STATE_KEYS = ("epoch", "offset", "seed", "shuffle", "samples", "shards")
 _NL, _CR = 10, 13
+_UTF8 = ("utf-8", "utf8", "UTF-8")
 _WINDOW = 16384          # positions of one rank computed and read together, at most
 _WINDOW_BYTES = 8 << 20   # and about this many bytes of records
 _REFUSED = "pass the state saved by a reader over the same shards, seed and shuffle"
@@ -83,6 +84,14 @@ class RecordFile:
                 todo = todo[more]
                 ends[todo] -= 1
         view = self.map
+        if (encoding in _UTF8 and self.plain and records.size
+                and not (self.unterminated and ends.max() == self.starts[-1])):
+            # every record here is its bytes then one LF, and LF occurs in UTF-8 text only
+            # as itself: one decode of them all, split at the LFs
+            text = b"".join([view[a:b] for a, b in zip(starts.tolist(), (ends + 1).tolist())])
+            out = text.decode(encoding).split("\n")
+            out.pop()
+            return out
         if encoding is not None:
             return [view[a:b].decode(encoding) for a, b in zip(starts.tolist(), ends.tolist())]
         return [view[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
