@@ -4,9 +4,9 @@ few nanoseconds a position instead of a few microseconds.
 
 The Feistel rounds are the same integer arithmetic on ``uint64`` arrays (numpy's unsigned
 multiplication wraps modulo 2**64, which is the ``& _M64`` of the scalar code); cycle walking
-repeats the rounds on the values still outside the range only. Small permutations use the
-scalar code's table. Every operand is an explicit ``np.uint64``, so numpy 1.x never promotes to
-float.
+repeats the rounds on the values still outside the range only, and the last few walk on through
+the scalar code. Small permutations use the scalar code's table. Every operand is an explicit
+``np.uint64``, so numpy 1.x never promotes to float.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import numpy as np
 from fluidctl.runtime import order
 
 _GOLDEN = np.uint64(order._GOLDEN)
+_FEW = 32               # values still outside the range when the walk goes on one by one
 
 
 def permute(perm, items: np.ndarray) -> np.ndarray:
@@ -40,10 +41,12 @@ def permute(perm, items: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         out = rounds(items)
         outside = np.flatnonzero(out >= n)
-        while outside.size:
+        while outside.size > _FEW:
             walked = rounds(out[outside])
             out[outside] = walked
             outside = outside[walked >= n]
+    for j in outside.tolist():          # the last few walk on in Python: fewer numpy calls
+        out[j] = perm(int(out[j]))      # perm(x) walks on from rounds(x), as the loop would
     return out
 
 
