@@ -55,7 +55,7 @@ class RecordFile:
         self.unterminated = bool(size) and self.map[size - 1] != _NL
         self.plain = self.map.find(b"\r") < 0
         try:
-            starts = recordindex.load(index, records, size) if index else None
+            starts = recordindex.load(index, records, self.bytes, header_lines) if index else None
             self.starts = (recordindex.line_starts(self.bytes, header_lines) if starts is None
                            else starts)
         except BaseException:

@@ -31,16 +31,23 @@ def line_starts(data: np.ndarray, header_lines: int = 0) -> np.ndarray:
     return np.concatenate(pieces)[header_lines:]
 
 
-def load(path: str, records: int, shard_bytes: int):
+def load(path: str, records: int, data: np.ndarray, header_lines: int = 0):
     """The offsets in index file ``path`` as an int64 array, or None when it is missing or does
-    not fit the shard (not ``records + 1`` offsets, or not ending at ``shard_bytes``): the caller
-    then scans the shard."""
+    not fit the shard ``data`` (uint8): not ``records + 1`` offsets, not ending at the shard's
+    end, not increasing, or one that does not follow a newline (the first, with no header:
+    not 0). The caller then scans the shard."""
     try:
         if os.path.getsize(path) != (records + 1) * DTYPE.itemsize:
             return None
         offsets = np.fromfile(path, dtype=DTYPE).astype(np.int64)
     except (OSError, ValueError):
         return None
-    if offsets.size != records + 1 or int(offsets[-1]) != shard_bytes:
+    if offsets.size != records + 1 or int(offsets[-1]) != data.size:
+        return None
+    if offsets.size > 1 and not (offsets[1:] > offsets[:-1]).all():
+        return None
+    inner = offsets[1:-1] if header_lines == 0 else offsets[:-1]
+    if (header_lines == 0 and offsets[0] != 0) or (inner.size and (
+            inner.min() < 1 or not (data[inner - 1] == _NL).all())):
         return None
     return offsets

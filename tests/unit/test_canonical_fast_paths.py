@@ -101,3 +101,15 @@ def test_plain_shards_with_an_unterminated_last_record(tmp_path):
     src.write_bytes(b"\n".join(b"p%d" % i for i in range(40)))       # no CR, no final LF
     run([src], 3, tmp_path / "p", canonical=True)
     assert sorted(_records(tmp_path / "p")) == sorted(f"p{i}" for i in range(40))
+
+
+def test_an_index_of_the_right_size_but_wrong_offsets_is_not_trusted(tmp_path):
+    src = write_lines(tmp_path / "w.txt", [b"w%d" % i for i in range(90)])
+    run([src], 2, tmp_path / "w", canonical=True)
+    expected = _records(tmp_path / "w")
+    index = tmp_path / "w" / "offsets" / "w.txt-00000.idx"
+    good = np.fromfile(index, dtype="<u8")
+    for bad in (good[[0, 2, 1, *range(3, good.size)]], good + np.uint64(1),
+                np.concatenate([good[:5], good[5:-1] + np.uint64(1), good[-1:]])):
+        index.write_bytes(bad.astype("<u8").tobytes())
+        assert _records(tmp_path / "w") == expected
