@@ -28,6 +28,7 @@ def _load_numpy(opts: ShardOptions) -> None:
     if opts.shuffle or opts.equalize != "none" or opts.canonical:
         # numpy's BLAS threads would only compete with the copy threads for cores
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if opts.shuffle or opts.equalize != "none":
         import numpy.random  # noqa: F401
         import fluidctl.sharding.equalize  # noqa: F401
         import fluidctl.sharding.shuffle  # noqa: F401
