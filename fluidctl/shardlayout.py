@@ -22,3 +22,14 @@ def layout(manifest: dict) -> str:
 def shard_name(name: str, index: int, suffix_length: int = 5) -> str:
     """``train.txt``, 3 -> ``train.txt-00003``: the seeds' numeric-suffix convention."""
     return f"{name}-{index:0{suffix_length}d}"
+
+
+# canonical shards (--shards N): the byte offset of every record's start, then the end of the
+# last record, as little-endian uint64, in OUT_DIR/offsets/<shard>.idx (named in the manifest's
+# shard entry as "offsets"); a folder of its own, so that a glob of the shards matches shards only
+OFFSETS_FOLDER, OFFSETS_SUFFIX = "offsets", ".idx"
+
+
+def offsets_name(shard_file: str) -> str:
+    """``train.txt-00003`` -> ``offsets/train.txt-00003.idx`` (relative to the directory)."""
+    return f"{OFFSETS_FOLDER}/{shard_file}{OFFSETS_SUFFIX}"

@@ -2,68 +2,109 @@
 :mod:`fluidctl.runtime.order`: each rank's batches, and the state that resumes them at any world
 size.
 
-Records are read one at a time by offset (``os.pread``). The offsets of a shard's records are
-found by one sequential read of it when the order first enters it, and kept for that shard and
-the one before only (8 bytes a record): the data set itself is never held in memory. A shard
-whose record count differs from its manifest's is an error naming it, never read short.
+A window of whole steps (up to 16384 of this rank's positions, about 8 MiB of records at most)
+is computed at once: positions -> (shard, record) with numpy (:mod:`fluidctl.runtime.orderwindow`,
+the same numbers as the scalar order). Each shard is mapped read-only and its records are slices
+of the mapping. The offsets of a shard's records come from its index file (``offsets/<shard>.idx``,
+written by shard-data, :mod:`fluidctl.runtime.recordindex`), or, for shards written without one,
+from one scan of the mapping for newlines; they are kept for that shard and the one before only
+(8 bytes a record): the data set itself is never held in memory. A shard whose record count
+differs from its manifest's is an error naming it, never read short.
 
-Standard library only, like :mod:`fluidctl.runtime.data`.
+numpy and the standard library; imported only by a reader of canonical shards.
 """
 from __future__ import annotations
 
 import json
+import mmap
 import os
-from array import array
-from itertools import accumulate
 from typing import Any, Iterator, List, Mapping, Optional
 
+import numpy as np
+
 from fluidctl.errors import UsageError
-from fluidctl.runtime import order
+from fluidctl.runtime import order, orderwindow, recordindex
 
 STATE_KEYS = ("epoch", "offset", "seed", "shuffle", "samples", "shards")
-_CHUNK = 1 << 20
+_NL, _CR = 10, 13
+_UTF8 = ("utf-8", "utf8", "UTF-8")
+_WINDOW = 16384          # positions of one rank computed and read together, at most
+_WINDOW_BYTES = 8 << 20   # and about this many bytes of records
 _REFUSED = "pass the state saved by a reader over the same shards, seed and shuffle"
 
 
 class RecordFile:
-    """One shard's records by index: offsets from one sequential read, records by pread."""
+    """One shard's records by index: the shard mapped read-only, the byte offset of every
+    record's start (and the end of the last) from its index file ``index`` when it fits the
+    shard, else from one scan of the mapping for newlines; records are slices of the mapping."""
 
-    def __init__(self, path: str, records: int, header_lines: int):
+    def __init__(self, path: str, records: int, header_lines: int,
+                 index: Optional[str] = None):
         self.path = path
         try:
-            self.fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
             raise UsageError(f"cannot open shard {path}: {exc.strerror}",
                              "copy the shard directory again or re-run fluidctl shard-data") from None
         try:
-            self.starts = self._index(header_lines)
+            size = os.fstat(fd).st_size
+            self.map = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
+        finally:
+            os.close(fd)
+        self.bytes = np.frombuffer(self.map, dtype=np.uint8)
+        self.unterminated = bool(size) and self.map[size - 1] != _NL
+        self.plain = self.map.find(b"\r") < 0
+        try:
+            starts = recordindex.load(index, records, self.bytes, header_lines) if index else None
+            self.starts = (recordindex.line_starts(self.bytes, header_lines) if starts is None
+                           else starts)
         except BaseException:
-            os.close(self.fd)
+            self.close()
             raise
         found = len(self.starts) - 1
         if found != records:
-            os.close(self.fd)
+            self.close()
             raise UsageError(f"shard {path} holds {found} record(s), its manifest says {records}",
                              f"check it with: fluidctl shard-data --verify {os.path.dirname(path) or '.'}")
 
-    def _index(self, header_lines: int) -> array:
-        """Byte offset of every line's start, then the end of the last line (a last line
-        without its newline included); the header's lines dropped."""
-        with open(self.fd, "rb", buffering=_CHUNK, closefd=False) as lines:
-            starts = array("Q", accumulate(map(len, lines), initial=0))
-        del starts[:header_lines]
-        return starts
-
-    def read(self, index: int) -> bytes:
-        start, end = self.starts[index], self.starts[index + 1]
-        return os.pread(self.fd, end - start, start).rstrip(b"\r\n")
+    def read(self, records: np.ndarray, encoding: Optional[str] = None) -> list:
+        """The bytes of these records (an int64 array of indices), without their line
+        endings (what ``bytes.rstrip(b"\\r\\n")`` leaves); str decoded with ``encoding``
+        when given."""
+        starts, ends = self.starts[records], self.starts[records + 1] - 1
+        if self.plain:                  # every line ends in one LF, no CR anywhere
+            if self.unterminated:       # but the last line has no LF
+                ends[records == self.starts.size - 2] += 1
+        else:
+            ends += 1
+            data, todo = self.bytes, np.arange(records.size)
+            while todo.size:            # strip trailing CR and LF bytes, as rstrip does
+                last = ends[todo] - 1
+                more = (last >= starts[todo]) & ((data[last] == _NL) | (data[last] == _CR))
+                todo = todo[more]
+                ends[todo] -= 1
+        view = self.map
+        if (encoding in _UTF8 and self.plain and records.size
+                and not (self.unterminated and ends.max() == self.starts[-1])):
+            # every record here is its bytes then one LF, and LF occurs in UTF-8 text only
+            # as itself: one decode of them all, split at the LFs
+            text = b"".join([view[a:b] for a, b in zip(starts.tolist(), (ends + 1).tolist())])
+            out = text.decode(encoding).split("\n")
+            out.pop()
+            return out
+        if encoding is not None:
+            return [view[a:b].decode(encoding) for a, b in zip(starts.tolist(), ends.tolist())]
+        return [view[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
 
     def close(self) -> None:
-        os.close(self.fd)
+        self.bytes = None
+        if isinstance(self.map, mmap.mmap):
+            self.map.close()
 
 
 def decoder(fmt: str, decode: bool, encoding: str):
-    """bytes of one record -> what the reader yields for ``fmt``."""
+    """bytes of one record -> what the reader yields for ``fmt``; None for text, which
+    :meth:`RecordFile.read` decodes itself (or not)."""
     if fmt == "jsonl":
         return json.loads
     if fmt == "csv":
@@ -72,9 +113,7 @@ def decoder(fmt: str, decode: bool, encoding: str):
         def row(line: bytes) -> List[str]:
             return next(csv.reader([line.decode(encoding)]))
         return row
-    if decode:
-        return lambda line: line.decode(encoding)
-    return lambda line: line
+    return None
 
 
 def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple:
@@ -103,13 +142,17 @@ class CanonicalReader:
     def __init__(self, paths: List[str], counts: List[int], fmt: str, batch_size: int, *,
                  rank: int, world: int, seed: int, shuffle: bool, drop_last: bool,
                  decode: bool, encoding: str = "utf-8",
-                 state: Optional[Mapping[str, Any]] = None):
+                 state: Optional[Mapping[str, Any]] = None,
+                 indexes: Optional[List[Optional[str]]] = None):
         self.paths, self.counts = paths, counts
+        self.indexes = indexes or [None] * len(paths)
         self.header_lines = 1 if fmt == "csv" else 0
         self.batch_size, self.rank, self.world = batch_size, rank, world
         self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
         self.samples = sum(counts)
         self._decode = decoder(fmt, decode, encoding)
+        self._encoding = encoding if fmt == "text" and decode else None
+        self._sizes: Optional[List[int]] = None
         self._open: dict = {}
         self.epoch, self.offset = 0, 0
         if state is not None:
@@ -133,21 +176,51 @@ class CanonicalReader:
                                 self.drop_last)
 
     def __iter__(self) -> Iterator[list]:
-        """The rest of the current epoch, then the reader stands at the next epoch's start."""
+        """The rest of the current epoch, then the reader stands at the next epoch's start.
+
+        A rank's positions over its remaining steps are one arithmetic progression (``offset
+        + rank``, step ``world``; every step but the last is full), so a window of whole steps
+        is computed at once (:mod:`fluidctl.runtime.orderwindow`) and read shard by shard."""
         epoch_order = order.EpochOrder(self.counts, self.seed, self.epoch, self.shuffle)
-        per_step = self.batch_size * self.world
+        per_step, batch_size = self.batch_size * self.world, self.batch_size
+        steps = len(self)
+        base = self.offset
+        stop = min(self.samples, base + steps * per_step)
+        window = max(1, self._window_records() // batch_size)
         try:
-            for positions in order.rank_steps(self.offset, self.rank, self.world,
-                                              self.batch_size, self.samples, self.drop_last):
-                batch: list = []
-                for shard, records in epoch_order.runs(positions):
-                    read, decode = self._source(shard).read, self._decode
-                    batch.extend([decode(read(r)) for r in records])
-                self.offset = order.offset_after(self.offset, 1, per_step, self.samples)
-                yield batch
+            for first in range(0, steps, window):
+                count = min(window, steps - first)
+                positions = np.arange(base + first * per_step + self.rank,
+                                      min(stop, base + (first + count) * per_step), self.world,
+                                      dtype=np.int64)
+                records = self._read(epoch_order, positions)
+                for k in range(count):
+                    batch = records[k * batch_size:(k + 1) * batch_size]
+                    self.offset = order.offset_after(self.offset, 1, per_step, self.samples)
+                    yield batch
             self.epoch, self.offset = self.epoch + 1, 0
         finally:
             self.close()
+
+    def _window_records(self) -> int:
+        """Records read together: ``_WINDOW``, fewer where the shards' mean record is so long
+        that they would hold more than ``_WINDOW_BYTES`` (at least one step's)."""
+        if self._sizes is None:
+            self._sizes = [os.stat(p).st_size for p in self.paths]
+        mean = max(1, sum(self._sizes) // max(1, self.samples))
+        return max(1, min(_WINDOW, _WINDOW_BYTES // mean))
+
+    def _read(self, epoch_order: order.EpochOrder, positions: np.ndarray) -> list:
+        """The decoded records at these positions, in their order."""
+        slots, shards, records = orderwindow.samples(epoch_order, positions)
+        out: list = []
+        cuts = (np.flatnonzero(np.diff(slots)) + 1).tolist()
+        decode, encoding = self._decode, self._encoding
+        for lo, hi in zip([0, *cuts], [*cuts, positions.size]):
+            if lo < hi:
+                raw = self._source(int(shards[lo])).read(records[lo:hi], encoding)
+                out.extend(raw if decode is None else map(decode, raw))
+        return out
 
     def _source(self, shard: int) -> RecordFile:
         source = self._open.get(shard)
@@ -156,7 +229,7 @@ class CanonicalReader:
                 oldest = next(iter(self._open))
                 self._open.pop(oldest).close()
             source = self._open[shard] = RecordFile(self.paths[shard], self.counts[shard],
-                                                    self.header_lines)
+                                                    self.header_lines, self.indexes[shard])
         return source
 
     def close(self) -> None:

@@ -188,8 +188,9 @@ def verify_shard(path: str) -> None:
 
 
 def verify_dir(directory: str, workers: int = 0) -> List[str]:
-    """Check every shard of a shard-data directory against its manifest (shards in parallel
-    threads: the hashes release the GIL); returns one message per bad shard, in shard order."""
+    """Check every shard of a shard-data directory (and a canonical shard's offset index)
+    against its manifest (in parallel threads: the hashes release the GIL); returns one message
+    per bad file, in shard order."""
     from concurrent.futures import ThreadPoolExecutor
     manifest = read_manifest(directory)
     if manifest is None:
@@ -199,9 +200,11 @@ def verify_dir(directory: str, workers: int = 0) -> List[str]:
     if not entries:
         return []
     workers = workers or min(len(entries), os.cpu_count() or 1)
+    # a canonical shard's record-offset index (``offsets``) is checked like its shard
+    files = [f for e in entries
+             for f in (e, e.get("offsets")) if isinstance(f, Mapping) and f.get("file")]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        problems = pool.map(lambda e: check_shard(os.path.join(directory, e["file"]), e),
-                            entries)
+        problems = pool.map(lambda e: check_shard(os.path.join(directory, e["file"]), e), files)
         return [p for p in problems if p]
 
 
@@ -349,8 +352,12 @@ def _canonical(directory: str, manifest: dict, opts: ShardReader, rank, world, e
     if fmt not in FORMATS:
         raise UsageError(f"unknown record format {fmt!r}", f"use one of {', '.join(FORMATS)}")
     entries = manifest["shards"]
+    indexes = [os.path.join(directory, e["offsets"]["file"])
+               if isinstance(e.get("offsets"), dict) and e["offsets"].get("file") else None
+               for e in entries]
     return CanonicalReader([os.path.join(directory, e["file"]) for e in entries],
                            [e["records"] for e in entries], fmt, opts.batch_size, rank=rank,
                            world=world, seed=0 if seed is None else seed,
                            shuffle=True if shuffle is None else shuffle,
-                           drop_last=opts.drop_last, decode=opts.decode, state=state)
+                           drop_last=opts.drop_last, decode=opts.decode, state=state,
+                           indexes=indexes)

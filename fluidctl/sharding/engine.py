@@ -25,12 +25,16 @@ def _load_numpy(opts: ShardOptions) -> None:
     """numpy (and numpy.random, which numpy loads lazily) for the paths that need it, imported
     before any work starts: an import in progress swallows a Ctrl-C (the run would then finish
     as if never interrupted), and the default path on small inputs should not pay for it."""
-    if opts.shuffle or opts.equalize != "none":
+    if opts.shuffle or opts.equalize != "none" or opts.canonical:
         # numpy's BLAS threads would only compete with the copy threads for cores
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if opts.shuffle or opts.equalize != "none":
         import numpy.random  # noqa: F401
         import fluidctl.sharding.equalize  # noqa: F401
         import fluidctl.sharding.shuffle  # noqa: F401
+    if opts.canonical:                  # the record-offset index beside each shard
+        import fluidctl.runtime.recordindex  # noqa: F401
+        import fluidctl.sharding.offsets  # noqa: F401
 
 
 def shard(opts: ShardOptions, progress: Optional[Progress] = None) -> dict:
@@ -44,6 +48,10 @@ def shard(opts: ShardOptions, progress: Optional[Progress] = None) -> dict:
     with Staging(opts.out_dir) as stage:
         try:
             sources, results = _build(opts, files, name, stage, progress)
+            if opts.canonical:
+                from fluidctl.sharding.offsets import with_indexes
+                results = with_indexes(results, stage.tmp,
+                                       1 if opts.format == "csv" else 0, opts.checksum)
             manifest = _manifest(opts, name, results, sources)
             with open(stage.path(MANIFEST_NAME), "w") as f:     # written last
                 f.write(to_json(manifest) + "\n")                # as json.dump(indent=2)

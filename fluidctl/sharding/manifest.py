@@ -35,9 +35,11 @@ def _manifest(opts: ShardOptions, name: str, results: List[ShardResult],
         "records": sum(r.records for r in results),
         "bytes": sum(r.bytes for r in results),
         # the algorithm beside every digest: a shard is verified with what made its digest
-        "shards": [{"index": r.index, "file": r.file, "records": r.records, "bytes": r.bytes,
-                    "checksum": None if r.digest is None else opts.checksum,
-                    "digest": r.digest} for r in results],
+        "shards": [dict({"index": r.index, "file": r.file, "records": r.records,
+                         "bytes": r.bytes,
+                         "checksum": None if r.digest is None else opts.checksum,
+                         "digest": r.digest}, **({"offsets": r.offsets} if r.offsets else {}))
+                   for r in results],
     }
     if opts.format == "csv":
         manifest["header"] = _short(sources[0].header, 10_000)

@@ -46,9 +46,11 @@ class Progress:
         pass
 
 
-class ShardResult(namedtuple("ShardResult", ("index", "file", "records", "bytes", "digest"))):
+class ShardResult(namedtuple("ShardResult", ("index", "file", "records", "bytes", "digest",
+                                           "offsets"), defaults=(None,))):
     """One shard written: index, file (name), records, bytes, digest (hex, made by
-    ShardOptions.checksum; None with 'none')."""
+    ShardOptions.checksum; None with 'none'); offsets: the manifest entry of its record-offset
+    index (canonical shards), else None."""
     __slots__ = ()
 
 
