@@ -107,8 +107,8 @@ def test_python_examples_run(block, workspace):
     (workspace / "example.py").write_text(PRELUDE + block.text)
     if "ShardReader" in block.text:
         (workspace / "train.txt").write_text("".join(f"record {i}\n" for i in range(1000)))
-        command = ("fluidctl shard-data train.txt --trainers 4 -o shards/ -q && "
-                   "python3 example.py")
+        layout = "--shards 4 -o canon/" if '"canon/"' in block.text else "--trainers 4 -o shards/"
+        command = f"fluidctl shard-data train.txt {layout} -q && python3 example.py"
         env = {"PADDLE_TRAINER_ID": "1", "PADDLE_TRAINERS_NUM": "4"}
     else:
         command, env = "fluidctl train --nproc 2 example.py", {}
