@@ -432,15 +432,20 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
         accept_new_host_keys=False, python=None, remote_dir=None, venv=None,
         as_json=False) -> None:
     """``fluidctl cluster check --deep``: measure, print (or JSON), exit 1 naming outliers."""
-    from fluidctl.cluster.nodes import progress_lines, resolve
+    import contextlib
+    from fluidctl.cluster.nodes import resolve
+    from fluidctl.remote.progress import NodeProgress
     from fluidctl.errors import FluidctlError
     from fluidctl.paths import NODE_VENV
     hosts, targets = resolve(hostfile, hosts_arg, ssh_config, accept_new_host_keys)
     venv = None if python else (venv or NODE_VENV)      # an explicit --python wins
     workdirs = {h.name: remote_dir.replace("{host}", h.name) for h in hosts} if remote_dir \
         else None
-    report = measure(hosts, targets, python=python, venv=venv, workdirs=workdirs,
-                     timeout=timeout, say=None if as_json else progress_lines())
+    shown = contextlib.nullcontext(None) if as_json else \
+        NodeProgress([h.name for h in hosts], timeout=timeout)
+    with shown as say:
+        report = measure(hosts, targets, python=python, venv=venv, workdirs=workdirs,
+                         timeout=timeout, say=say)
     if as_json:
         print(json.dumps(report.to_record(), indent=1), flush=True)
     else:

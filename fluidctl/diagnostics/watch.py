@@ -220,6 +220,11 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
     elapsed = time.monotonic() - started
     for t in targets:
         first, now = before[t.rank], stacks.proc_state(t.pid)
+        if first is not None and now is None and dump.method.get(t.rank) == "faulthandler":
+            # our stack signal woke it (a sleep in C returns early) and it ended: its state
+            # when the hang was found is the evidence, not the exit the signal caused
+            dump.state[t.rank] = first[0]
+            continue
         if first is None or now is None:
             dump.state[t.rank] = "exited"
             dump.why.setdefault(t.rank, f"pid {t.pid} has exited")

@@ -43,7 +43,7 @@ def test_deep_check_names_a_throttled_cpu_and_a_capped_link(tmp_path, netns_node
     res = fluidctl("cluster", "check", "--deep", "--json", "--hostfile", nodes.hostfile(),
                    "--ssh-config", nodes.config, cwd=tmp_path, timeout=60)
     took = time.monotonic() - started
-    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.returncode == 1 and res.stdout, res.stdout + res.stderr
     report = {n["host"]: n for n in json.loads(res.stdout)["nodes"]}
     named = {host: n["outliers"] for host, n in report.items() if n["outliers"]}
     assert sorted(named) == ["node3", "node6"], named

@@ -407,13 +407,13 @@ def test_each_node_gets_its_own_socket_interface():
     logged = []
     me = NS(agents=[NS(probe=NS(ifaces=a)), NS(probe=NS(ifaces=b)), NS(probe=NS(ifaces=b))],
             log=logged.append)
-    SSHLauncher._socket_ifnames(me, NS(user_env={}), plan)
+    SSHLauncher._socket_ifnames(me, NS(user_env={}), plan, me.agents)
     assert [p.env for p in procs[:4]] == \
         [{"NCCL_SOCKET_IFNAME": "=eth0", "GLOO_SOCKET_IFNAME": "eth0"}] * 2 + \
         [{"NCCL_SOCKET_IFNAME": "=ens5", "GLOO_SOCKET_IFNAME": "ens5"}] * 2
     assert procs[4].env == {}                          # node c: its interface is unknown
     procs = [NS(node=0, env={})]
-    SSHLauncher._socket_ifnames(me, NS(user_env={"GLOO_SOCKET_IFNAME": "x"}), plan)
+    SSHLauncher._socket_ifnames(me, NS(user_env={"GLOO_SOCKET_IFNAME": "x"}), plan, me.agents)
     assert procs[0].env == {}
 
 
