@@ -29,9 +29,9 @@ from typing import Optional
 from fluidctl import __version__
 
 from fluidctl.agentproto import (BEAT_COMMAND, BEAT_MISSES, BEAT_TAG, CHECKPOINT_COMMAND,
-                                 CR_MARK, DOCTOR_TAG, DUMP_COMMAND, ENDS_TAG, FAILURE_TAG, MARK, PROBE_TAG, SAY_TAG,
-                                 STACKS_TAG, STEPS_TAG, STOP_COMMAND, Ends, NodeShare, Probe,
-                                 RecordError, tag_for)
+                                 CR_MARK, DOCTOR_TAG, DUMP_COMMAND, ENDS_TAG, FAILURE_TAG, MARK,
+                                 PROBE_TAG, SAY_TAG, STACKS_TAG, STEPS_TAG, STOP_COMMAND, Ends,
+                                 NodeShare, Probe, RecordError, tag_for)
 from fluidctl.errors import UsageError
 
 
