@@ -21,6 +21,9 @@ ENDS_TAG = "ends"           # the last record: every process's final state on th
 DUMP_COMMAND = "dump"       # a line the launcher writes to the agent's stdin
 BEAT_COMMAND = "beat"       # the launcher's heartbeat on the agent's stdin (elastic jobs)
 STOP_COMMAND = "stop"       # stop the node's processes, as SIGTERM to the agent does
+# "checkpoint SIGNAL": a checkpoint request (stop after it): the agent creates its node's request
+# file (FLUIDCTL_CHECKPOINT_REQUEST of its ranks), then sends SIGNAL to its ranks
+CHECKPOINT_COMMAND = "checkpoint"
 # Elastic jobs (--nodes MIN:MAX): both ends beat every BEAT_EVERY seconds, each from its own
 # thread (a node at 100% CPU still beats); BEAT_MISSES beats missed in a row and the other end
 # is gone: the launcher declares the node lost, the agent stops its ranks. The bound, stated:
@@ -165,23 +168,24 @@ class NodeShare(_Record):
     ``procs``: the node's ProcSpec records (``ProcSpec.to_json()``); ``marker``: the nonce of
     the launcher's shared marker, which tells the agent whether its LOG_DIR is the
     launcher's; ``beat``: seconds between the launcher's heartbeats on stdin (0: none, the
-    agent then only stops when stdin closes)."""
+    agent then only stops when stdin closes); ``checkpoint_signal``: what the ranks trap as a
+    checkpoint request (--checkpoint-signal)."""
     __slots__ = ("procs", "attempt", "max_restarts", "grace", "log_dir", "host", "marker",
-                 "beat")
+                 "beat", "checkpoint_signal")
     what = "node plan"
 
     def __init__(self, procs: list, log_dir: str, host: str, *, attempt: int = 0,
                  max_restarts: int = 0, grace: float = 5.0, marker: str = "",
-                 beat: float = 0.0):
+                 beat: float = 0.0, checkpoint_signal: str = "TERM"):
         self.procs, self.log_dir, self.host = procs, log_dir, host
         self.attempt, self.max_restarts, self.grace = attempt, max_restarts, grace
-        self.marker, self.beat = marker, beat
+        self.marker, self.beat, self.checkpoint_signal = marker, beat, checkpoint_signal
 
     def to_record(self) -> dict:
         return {"procs": list(self.procs), "attempt": self.attempt,
                 "max_restarts": self.max_restarts, "grace": self.grace,
                 "log_dir": self.log_dir, "host": self.host, "marker": self.marker,
-                "beat": self.beat}
+                "beat": self.beat, "checkpoint_signal": self.checkpoint_signal}
 
     @classmethod
     def from_record(cls, record) -> "NodeShare":
@@ -194,7 +198,8 @@ class NodeShare(_Record):
                    attempt=attempt, max_restarts=_take(r, w, "max_restarts", _INT, attempt),
                    grace=float(_take(r, w, "grace", _NUM, 5.0)),
                    marker=_take(r, w, "marker", _STR, ""),
-                   beat=float(_take(r, w, "beat", _NUM, 0.0)))
+                   beat=float(_take(r, w, "beat", _NUM, 0.0)),
+                   checkpoint_signal=_take(r, w, "checkpoint_signal", _STR, "TERM"))
 
 
 class EndState(Enum):

@@ -197,8 +197,11 @@ class SrunStep(LocalProcess):
 
     def send_signal(self, sig: int) -> None:
         """``sig`` to every task of the step (a checkpoint request), through Slurm: srun
-        itself takes SIGTERM as "cancel the step" and would kill the tasks before they save."""
-        if not cancel_step(self.job_id, self.step, sig):
+        itself takes SIGTERM as "cancel the step" and would kill the tasks before they save.
+        scancel's error does not fall back to srun: Slurm 22.05 reports "Invalid job id" for
+        a step on some of the allocation's nodes though the tasks got the signal, and the
+        request file reaches the ranks either way."""
+        if cancel_step(self.job_id, self.step, sig) is None:
             super().send_signal(sig)        # not listed (yet): srun forwards what it can
 
 
@@ -215,19 +218,19 @@ def job_end(job_id: str) -> Optional[float]:
         return None
 
 
-def cancel_step(job_id: str, name: str, sig: Optional[int] = None) -> bool:
+def cancel_step(job_id: str, name: str, sig: Optional[int] = None) -> Optional[bool]:
     """scancel the step of this job named ``name`` (or send it ``sig``), if Slurm still
-    lists it; whether it did."""
+    lists it: whether scancel succeeded, None when the step is not listed (or squeue failed)."""
     try:
         res = slurmctl.client("squeue", "-h", "-s", "-j", job_id, "-o", "%i %j", timeout=20)
     except Exception:      # noqa: BLE001 - best effort while stopping
-        return False
+        return None
     for line in res.stdout.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1] == name:
             how = [f"--signal={signal.Signals(sig).name[3:]}"] if sig else []
             return slurmctl.client("scancel", *how, parts[0], timeout=20).returncode == 0
-    return False
+    return None
 
 
 # --- outside an allocation: the submitted job as one handle ---------------------------------

@@ -29,10 +29,10 @@ from fluidctl import __version__
 # the conversation with a node agent (one tagged line each way): fluidctl/agentproto.py, which
 # is all of this side the agent imports
 from fluidctl.agentproto import (AGENT_MODULE, BEAT_COMMAND, BEAT_EVERY, BEAT_MISSES,
-                                 BEAT_TAG, CR_MARK, DOCTOR_TAG, DUMP_COMMAND, ENDS_TAG,
-                                 FAILURE_TAG, PROBE_TAG, SAY_TAG, STACKS_TAG, STEPS_TAG,
-                                 STOP_COMMAND, WATCH_EVERY, Ends, NodeShare, ProcessEnd, Probe,
-                                 RecordError, parse_line, tag_for)
+                                 BEAT_TAG, CHECKPOINT_COMMAND, CR_MARK, DOCTOR_TAG, DUMP_COMMAND,
+                                 ENDS_TAG, FAILURE_TAG, PROBE_TAG, SAY_TAG, STACKS_TAG,
+                                 STEPS_TAG, STOP_COMMAND, WATCH_EVERY, Ends, NodeShare,
+                                 ProcessEnd, Probe, RecordError, parse_line, tag_for)
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.diagnostics.watch import Diagnostics, StackDump, local_activity
 from fluidctl.errors import UsageError, node_failures
@@ -207,6 +207,16 @@ class RemoteAgent:
             return None
         self._doctor_came.wait(timeout)
         return self._doctor
+
+    def send_signal(self, sig: int) -> None:
+        """A checkpoint request: the agent creates its node's request file and sends ``sig``
+        to its ranks (not to itself: it stays to report how they ended)."""
+        from fluidctl.remote.ssh import NODE_LOST
+        try:
+            self.channel.sendall(f"{CHECKPOINT_COMMAND} {signal.Signals(sig).name[3:]}\n"
+                                 .encode())
+        except NODE_LOST:
+            self.terminate()
 
     def ask_stacks(self) -> None:
         """Ask the agent for its ranks' stacks (answered by a ``stacks`` record)."""
@@ -571,6 +581,7 @@ class SSHLauncher(BaseLauncher):
                                grace=config.grace_period, label=self.hosts[i].name,
                                marker=self.marker)
             share.beat = self.beat
+            share.checkpoint_signal = config.checkpoint_signal
             agent.send_plan(share, procs)
             handles.append(agent)
         self.running = handles

@@ -28,10 +28,10 @@ from typing import Optional
 
 from fluidctl import __version__
 
-from fluidctl.agentproto import (BEAT_COMMAND, BEAT_MISSES, BEAT_TAG, CR_MARK, DOCTOR_TAG,
-                                 DUMP_COMMAND, ENDS_TAG, FAILURE_TAG, MARK, PROBE_TAG, SAY_TAG,
-                                 STACKS_TAG, STEPS_TAG, STOP_COMMAND, Ends, NodeShare, Probe,
-                                 RecordError, tag_for)
+from fluidctl.agentproto import (BEAT_COMMAND, BEAT_MISSES, BEAT_TAG, CHECKPOINT_COMMAND,
+                                 CR_MARK, DOCTOR_TAG, DUMP_COMMAND, ENDS_TAG, FAILURE_TAG, MARK,
+                                 PROBE_TAG, SAY_TAG, STACKS_TAG, STEPS_TAG, STOP_COMMAND, Ends,
+                                 NodeShare, Probe, RecordError, tag_for)
 from fluidctl.errors import UsageError
 
 
@@ -69,12 +69,18 @@ class _Heard:
         self.running = threading.Event()    # set once the run beats by itself
 
 
-def _serve_stdin(launch_log, diagnostics=None, heard: "_Heard" = None) -> None:
-    """Answer the launcher's "dump" lines; stop the node's processes when stdin closes."""
+def _serve_stdin(launch_log, diagnostics=None, heard: "_Heard" = None,
+                 checkpoint=None) -> None:
+    """Answer the launcher's "dump" lines, pass its checkpoint requests to ``checkpoint`` (the
+    signal's name); stop the node's processes when stdin closes."""
     for line in iter(sys.stdin.readline, ""):
         if heard is not None:
             heard.at = time.monotonic()
         if line.strip() == BEAT_COMMAND:
+            continue
+        words = line.split()
+        if words[:1] == [CHECKPOINT_COMMAND] and len(words) == 2 and checkpoint is not None:
+            checkpoint(words[1])
             continue
         if line.strip() == STOP_COMMAND:        # the launcher stops the job (elastic jobs)
             launch_log("stop requested by the launcher")
@@ -216,16 +222,46 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
         for stale in run.clear_stale(layout, logs):
             launch_log(f"removed {stale}: an earlier job's log, not this job's")
     diagnostics = Diagnostics()             # this node's ranks: triage, stacks, progress
+    # checkpoint requests: this node's request file (the launcher's may be on another
+    # machine), created when the launcher asks, before the signal goes to the ranks
+    request = (layout.dir / "checkpoint.request").resolve()
+    from fluidctl import envs
+    rank_env = {envs.CHECKPOINT_REQUEST: str(request),
+                envs.CHECKPOINT_STATE: str(layout.checkpoint_state.resolve()),
+                envs.CHECKPOINT_SIGNAL: share.checkpoint_signal}
+
+    def checkpoint(name: str) -> None:
+        from fluidctl import paths
+        from fluidctl.sigs import by_name
+        try:
+            sig = by_name(name)
+        except ValueError:
+            launch_log(f"checkpoint request with an unknown signal {name!r}: ignored")
+            return
+        launch_log(f"checkpoint requested by the launcher: {request}, SIG{name} to the ranks")
+        try:
+            paths.write_atomic(request, f"stop launcher {time.time():.3f}\n", 0o644)
+        except OSError as exc:      # the signal still reaches the ranks
+            launch_log(f"could not write {request}: {exc}")
+        for h in list(diagnostics.current):
+            if h.poll() is None:
+                h.send_signal(sig)
+
     heard.log = launch_log
     heard.running.set()
-    threading.Thread(target=_serve_stdin, args=(launch_log, diagnostics, heard),
+    threading.Thread(target=_serve_stdin, args=(launch_log, diagnostics, heard, checkpoint),
                      daemon=True).start()
     if share.beat and not watching:
         threading.Thread(target=_watch_launcher, args=(heard, share.beat),
                          daemon=True, name="launcher-beats").start()
 
     def start(_attempt):
-        diagnostics.current = start_procs(procs, attempt, logs, extra_env=diagnostics.env())
+        try:
+            os.unlink(request)          # an earlier attempt's request is not this one's
+        except FileNotFoundError:
+            pass
+        diagnostics.current = start_procs(procs, attempt, logs,
+                                          extra_env={**diagnostics.env(), **rank_env})
         return diagnostics.current
 
     def lost():
