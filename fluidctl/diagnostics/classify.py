@@ -55,8 +55,10 @@ COLLECTIVES = frozenset("""
     Scatter Alltoall bcast
 """.split())
 # torch DDP moves its gradients inside backward (a C++ thread; the main thread waits there)
-# and runs collectives of its own in forward
+# and runs collectives of its own in forward; Paddle's DataParallel moves them inside
+# Tensor.backward (its reducer's allreduce, on the main thread)
 BACKWARD = frozenset(["_engine_run_backward", "run_backward"])
+_PADDLE_BACKWARD = os.sep.join(("", "paddle", "base", "dygraph", "tensor_patch_methods.py"))
 _DDP = os.sep.join(("", "torch", "nn", "parallel", "distributed.py"))
 _DATA_FILES = (os.sep + "torch" + os.sep + "utils" + os.sep + "data" + os.sep,
                os.sep + "fluidctl" + os.sep + "runtime" + os.sep + "data.py",
@@ -138,7 +140,8 @@ def place(ev: Evidence) -> Optional[_Place]:
         if _is_user(frame) and _data_name(_short(frame.func)):
             return _Place("data", _short(frame.func), frame.where)
     for i, frame in enumerate(frames):
-        if _short(frame.func) in BACKWARD and not ev.busy:
+        if not ev.busy and (_short(frame.func) in BACKWARD or (
+                _short(frame.func) == "backward" and frame.file.endswith(_PADDLE_BACKWARD))):
             return _Place("collective", "backward", _user_site(frames, i + 1), number)
     top = frames[user] if user < len(frames) else frames[0]
     what = "busy" if ev.busy else "idle"

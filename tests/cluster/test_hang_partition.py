@@ -1,8 +1,16 @@
-"""A node lost while the job runs (namespace nodes, tests/netns.py): its link cut (a partition)
-or every process on it frozen by the cgroup freezer (a kernel or hypervisor stall). The ranks on
-the other node wait in their allreduce; the lost node's agent goes silent, and the hang report
-names its rank, the node and what a new TCP connection to it shows: none accepted (cut), or one
-accepted that nothing answers (frozen)."""
+"""Nodes lost while a job runs (namespace nodes, tests/netns.py), three 2-node jobs side by side,
+each hung once its rank 0 is ready by a fault on its second node:
+
+- its link cut: a partition. The node's agent goes silent and a new TCP connection to it is
+  not accepted.
+- every process on it frozen by the cgroup freezer (a kernel or hypervisor stall): a frozen
+  node. Its agent goes silent, but a new TCP connection is accepted (by its kernel) and nothing
+  answers on it. Once thawed, nothing fluidctl started is left on it.
+- the path between its two nodes cut, each node's link to the launcher up: stuck. Both ranks
+  wait in the same collective, both agents answer, and the ranks' connection carries nothing.
+
+The other rank waits in its collective; the report names the rank, the node and the evidence
+within --hang-timeout + 10 s (+ the wait for a silent node)."""
 import json
 import re
 import time
@@ -11,57 +19,70 @@ from launchutil import start_fluidctl, wait_for
 from troubleutil import TROUBLE
 
 TIMEOUT = 3
+WAITS = r"rank 0 waits in broadcast #\d+ \(trouble\.py:\d+\)"
 
 
-def hang_after(tmp_path, nodes, fault, undo=lambda: None):
-    """A 2-node job hung by ``fault()`` once rank 0 is ready: (stderr, seconds from the fault
-    to the launcher's exit, failure.json's hang record)."""
-    log = tmp_path / "log"
-    job = start_fluidctl("train", "--hostfile", nodes.hostfile(), "--ssh-config", nodes.config,
-                         "--hang-timeout", TIMEOUT, "--log-dir", log, TROUBLE, "busy", 600,
-                         cwd=tmp_path)
+def test_a_cut_link_a_frozen_node_and_a_cut_path_are_named(tmp_path, netns_nodes):
+    nodes = netns_nodes(6)
+    faults = {"cut": ("node2", nodes.link_down), "frozen": ("node4", nodes.freeze),
+              "path": ("node6", lambda alias: nodes.cut_between("node5", alias))}
+    sshd = {alias: set(nodes.pids(alias)) for alias in nodes.nodes}
+    jobs = {}
+    for k, name in enumerate(faults):
+        hosts = tmp_path / f"hosts-{name}"
+        hosts.write_text(f"node{2 * k + 1} slots=1\nnode{2 * k + 2} slots=1\n")
+        log = tmp_path / name
+        jobs[name] = (start_fluidctl("train", "--hostfile", hosts, "--ssh-config", nodes.config,
+                                     "--hang-timeout", TIMEOUT, "--log-dir", log, TROUBLE,
+                                     "busy", 600, cwd=tmp_path), log)
+    done = {}
     try:
-        first = log / "node1" / "workerlog.0"
-        wait_for(lambda: first.exists() and "rank 0 ready" in first.read_text(), timeout=60,
-                 what="rank 0 ready")
-        fault()
-        start = time.monotonic()
+        for k, (name, (job, log)) in enumerate(jobs.items()):
+            first = log / f"node{2 * k + 1}" / "workerlog.0"
+            wait_for(lambda: first.exists() and "rank 0 ready" in first.read_text(), timeout=60,
+                     what=f"rank 0 of {name} ready")
+        start = {}
+        for name, (alias, fault) in faults.items():
+            fault(alias)
+            start[name] = time.monotonic()
         try:
-            _, err = job.communicate(timeout=120)
+            for name, (job, log) in jobs.items():
+                _, err = job.communicate(timeout=120)
+                took = time.monotonic() - start[name]
+                hang = json.loads((log / "failure.json").read_text())["hang"]
+                done[name] = (job.returncode, err, took, hang)
         finally:
-            undo()
-        took = time.monotonic() - start
+            nodes.thaw("node4")
     finally:
-        job.kill()
-    assert job.returncode == 124, err
-    assert took <= TIMEOUT + 10 + 5, took      # + the wait for the lost node's answer
-    return err, json.loads((log / "failure.json").read_text())["hang"]
+        for job, _ in jobs.values():
+            job.kill()
+    for name, (code, err, took, hang) in done.items():
+        assert code == 124, (name, err)
+        assert took <= TIMEOUT + 10 + 5, (name, took)
 
-
-def test_a_cut_link_is_a_partition_naming_the_node(tmp_path, netns_nodes):
-    nodes = netns_nodes(2)
-    err, hang = hang_after(tmp_path, nodes, lambda: nodes.link_down("node2"))
+    code, err, took, hang = done["cut"]
     assert re.search(r"fluidctl: the job hung: partition: rank 1 on node2 cannot be reached "
                      r"\(its node \(node2\) did not answer: nothing came from it for \d+s; "
-                     r"a new TCP connection to [\d.]+:22 failed \(timed out\)\); "
-                     r"rank 0 waits in broadcast #\d+ \(trouble\.py:\d+\)", err), err
+                     r"a new TCP connection to [\d.]+:22 failed \(timed out\)\); " + WAITS,
+                     err), err
     assert hang["class"] == "partition" and hang["ranks"] == [1]
 
-
-def test_a_frozen_node_is_named_with_its_evidence_and_left_clean_after_thaw(tmp_path,
-                                                                             netns_nodes):
-    nodes = netns_nodes(2)
-    sshd = {alias: set(nodes.pids(alias)) for alias in ("node1", "node2")}
-    err, hang = hang_after(tmp_path, nodes, lambda: nodes.freeze("node2"),
-                           lambda: nodes.thaw("node2"))
-    address = re.escape(nodes.node("node2").address)
+    code, err, took, hang = done["frozen"]
+    address = re.escape(nodes.node("node4").address)
     assert re.search(
-        r"fluidctl: the job hung: frozen node: rank 1 on node2 is alive but silent: nothing "
+        r"fluidctl: the job hung: frozen node: rank 1 on node4 is alive but silent: nothing "
         r"came from its agent for \d+s, yet its link is up \(a new TCP connection to "
         rf"{address}:22 was accepted in \d+ ms\) and nothing answers on it \(no SSH banner "
         r"within \d+s\): its processes are stopped \(a frozen cgroup, a kernel or hypervisor "
-        r"stall\); rank 0 waits in broadcast #\d+ \(trouble\.py:\d+\)", err), err
+        r"stall\); " + WAITS, err), err
     assert hang["class"] == "frozen node" and hang["ranks"] == [1]
-    for alias in ("node1", "node2"):          # thawed, the agent sees its launcher gone
+    for alias in ("node3", "node4"):          # thawed, the agent sees its launcher gone
         wait_for(lambda: set(nodes.pids(alias)) <= sshd[alias], timeout=20,
                  what=f"only sshd left on {alias}")
+
+    code, err, took, hang = done["path"]
+    assert re.search(r"fluidctl: the job hung: stuck: every rank waits in broadcast #\d+ "
+                     r"\(trouble\.py:\d+\) on node5,node6, at most \d+% CPU: no rank is "
+                     r"missing from it, its transport makes no progress \(a link or a peer's "
+                     r"network\)", err), err
+    assert hang["class"] == "stuck" and hang["ranks"] == [0, 1]
