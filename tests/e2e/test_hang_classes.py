@@ -6,13 +6,11 @@ by side (each waits out its own --hang-timeout). The slow-data class (a rank in 
 loader) is asserted in test_diagnose.py and in the Slurm and ssh tests in tests/cluster."""
 import json
 import re
-import time
-from datetime import datetime
 
 import pytest
 
 from launchutil import ROOT, start_fluidctl
-from troubleutil import TROUBLE, line_of
+from troubleutil import TROUBLE, classified_after, line_of
 
 TORCH_HANG = ROOT / "tests" / "scripts" / "torch_hang.py"
 PADDLE_HANG = ROOT / "tests" / "scripts" / "paddle_hang.py"
@@ -35,17 +33,6 @@ def run_all(tmp_path, script, scenarios, nproc):
             proc.kill()
         done[name] = (proc.returncode, err, log)
     return done
-
-
-def classified_after(log) -> float:
-    """Seconds between the watchdog's finding and the classified sentence in launch.log."""
-    stamps = {}
-    for line in (log / "launch.log").read_text().splitlines():
-        m = re.match(r"(\S+ \S+) hang: (no rank wrote|\w[\w ]*: )", line)
-        if m:
-            key = "found" if m.group(2) == "no rank wrote" else "classified"
-            stamps[key] = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
-    return stamps["classified"] - stamps["found"]
 
 
 def hang_record(log):
