@@ -10,13 +10,13 @@ each hung once its rank 0 is ready by a fault on its second node:
   wait in the same collective, both agents answer, and the ranks' connection carries nothing.
 
 The other rank waits in its collective; the report names the rank, the node and the evidence
-within --hang-timeout + 10 s (+ the wait for a silent node)."""
+within --hang-timeout + 10 s of the fault."""
 import json
 import re
 import time
 
 from launchutil import start_fluidctl, wait_for
-from troubleutil import TROUBLE
+from troubleutil import TROUBLE, hang_stamps
 
 TIMEOUT = 3
 WAITS = r"rank 0 waits in broadcast #\d+ \(trouble\.py:\d+\)"
@@ -41,33 +41,35 @@ def test_a_cut_link_a_frozen_node_and_a_cut_path_are_named(tmp_path, netns_nodes
             first = log / f"node{2 * k + 1}" / "workerlog.0"
             wait_for(lambda: first.exists() and "rank 0 ready" in first.read_text(), timeout=60,
                      what=f"rank 0 of {name} ready")
-        start = {}
+        start, at = {}, {}
         for name, (alias, fault) in faults.items():
             fault(alias)
-            start[name] = time.monotonic()
+            start[name], at[name] = time.monotonic(), time.time()
         try:
             for name, (job, log) in jobs.items():
                 _, err = job.communicate(timeout=120)
                 took = time.monotonic() - start[name]
                 hang = json.loads((log / "failure.json").read_text())["hang"]
-                done[name] = (job.returncode, err, took, hang)
+                said = hang_stamps(log)["classified"] - at[name]   # launch.log: whole seconds
+                done[name] = (job.returncode, err, took, hang, said)
         finally:
             nodes.thaw("node4")
     finally:
         for job, _ in jobs.values():
             job.kill()
-    for name, (code, err, took, hang) in done.items():
+    for name, (code, err, took, hang, said) in done.items():
         assert code == 124, (name, err)
-        assert took <= TIMEOUT + 10 + 5, (name, took)
+        assert said <= TIMEOUT + 10 + 1, (name, said)   # the sentence, from the fault
+        assert took <= TIMEOUT + 10 + 5, (name, took)   # and the launcher's exit after it
 
-    code, err, took, hang = done["cut"]
+    code, err, took, hang, said = done["cut"]
     assert re.search(r"fluidctl: the job hung: partition: rank 1 on node2 cannot be reached "
                      r"\(its node \(node2\) did not answer: nothing came from it for \d+s; "
                      r"a new TCP connection to [\d.]+:22 failed \(timed out\)\); " + WAITS,
                      err), err
     assert hang["class"] == "partition" and hang["ranks"] == [1]
 
-    code, err, took, hang = done["frozen"]
+    code, err, took, hang, said = done["frozen"]
     address = re.escape(nodes.node("node4").address)
     assert re.search(
         r"fluidctl: the job hung: frozen node: rank 1 on node4 is alive but silent: nothing "
@@ -80,7 +82,7 @@ def test_a_cut_link_a_frozen_node_and_a_cut_path_are_named(tmp_path, netns_nodes
         wait_for(lambda: set(nodes.pids(alias)) <= sshd[alias], timeout=20,
                  what=f"only sshd left on {alias}")
 
-    code, err, took, hang = done["path"]
+    code, err, took, hang, said = done["path"]
     assert re.search(r"fluidctl: the job hung: stuck: every rank waits in broadcast #\d+ "
                      r"\(trouble\.py:\d+\) on node5,node6, at most \d+% CPU: no rank is "
                      r"missing from it, its transport makes no progress \(a link or a peer's "
