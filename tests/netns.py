@@ -6,6 +6,7 @@ the node or throttle its CPU, as real nodes fail.
     nodes = NetnsNodes.start(workdir, 4)          # node1..node4 on 198.18.<k>.11..14
     nodes.hostfile()                               # "node1 slots=1" ... (aliases in nodes.config)
     nodes.link_down("node2"); nodes.freeze("node3"); nodes.cap_link("node4", "10mbit")
+    nodes.cut_between("node1", "node2")            # both still reach the launcher
     nodes.stop()                                   # every process, namespace, link, cgroup
 
 The launcher (the test process) stays in the root namespace and reaches the nodes through the
@@ -175,6 +176,13 @@ class NetnsNodes(SSHNodes):
         for argv in (("tc", "qdisc", "replace", "dev", node.veth),
                      ("ip", "netns", "exec", node.netns, "tc", "qdisc", "replace", "dev", "eth0")):
             sh(*argv, "root", "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms")
+
+    def cut_between(self, one: str, other: str) -> None:
+        """Cut the path between two nodes, not their links: each drops what it sends to the
+        other (a blackhole route); both still reach the launcher and it them."""
+        for alias, peer in ((one, other), (other, one)):
+            sh("ip", "netns", "exec", self.node(alias).netns, "ip", "route", "add", "blackhole",
+               f"{self.node(peer).address}/32")
 
     def _cgroup(self, alias: str, root: Path) -> Optional[Path]:
         return next((p for p in self.node(alias).cgroups if p.parent == root), None)

@@ -768,6 +768,45 @@ SILENT_WAIT = 5.0           # ... once this long after the stacks were asked for
 ENDS_WAIT = 5.0             # how long a failed job's report waits for the agents' last records
 
 
+PROBE_TIMEOUT = 2.0         # a silent node's link probe: for the connection, then its banner
+
+
+def probe_link(agent) -> str:
+    """Tell a frozen node from a cut one, for an agent that went silent: a new TCP connection
+    to its node's SSH address and port (the agent's own connection may be closed by now). A
+    cut link (or a dead node) does not accept it; a frozen node's kernel does (it completes
+    the handshake for a listening socket whose process is stopped), but its sshd never sends
+    its banner. Returns "frozen: <the
+    evidence>" for a frozen node, the evidence for a cut one, "" where the probe cannot tell
+    (a connection through a jump host or a proxy command)."""
+    import socket
+    target = getattr(agent.node, "target", None)
+    if target is None or target.proxy_jump or target.proxy_command:
+        return ""
+    address, port = target.hostname, int(target.port)
+    start = time.monotonic()
+    try:
+        sock = socket.create_connection((address, port), timeout=PROBE_TIMEOUT)
+    except OSError as exc:
+        said = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
+        return f"a new TCP connection to {address}:{port} failed ({said})"
+    took = (time.monotonic() - start) * 1000
+    try:
+        sock.settimeout(PROBE_TIMEOUT)
+        try:
+            banner = sock.recv(64)
+        except OSError:
+            banner = b""
+    finally:
+        sock.close()
+    accepted = f"a new TCP connection to {address}:{port} was accepted in {took:.0f} ms"
+    if banner:
+        return f"its link is up ({accepted}) and its sshd answers: its agent alone is silent"
+    return (f"frozen: its link is up ({accepted}) and nothing answers on it (no SSH banner "
+            f"within {PROBE_TIMEOUT:g}s): its processes are stopped (a frozen cgroup, a kernel "
+            f"or hypervisor stall)")
+
+
 class AgentDiagnostics(Diagnostics):
     """Diagnostics of ranks that run under node agents (``launcher.running``)."""
 
@@ -798,12 +837,20 @@ class AgentDiagnostics(Diagnostics):
                 why = (f"its node ({agent.host}) did not answer: nothing came from it for "
                        f"{silent:.0f}s" if silent >= SILENT else
                        f"its node ({agent.host}) did not answer within {STACKS_TIMEOUT:g}s")
+                state = "unreachable"
+                if silent >= SILENT:
+                    link = probe_link(agent)
+                    if link.startswith("frozen: "):
+                        state, why = "frozen", (f"nothing came from its agent for {silent:.0f}s, "
+                                                f"yet {link[len('frozen: '):]}")
+                    elif link:
+                        why = f"{why}; {link}"
                 dump.notes.append(f"node {agent.host}: no stacks ({why})")
                 for tag in agent.copies:
                     if tag.startswith("trainer "):
                         rank = int(tag.split()[1])
                         dump.why[rank], dump.frames[rank] = why, None
-                        dump.state[rank] = "unreachable"
+                        dump.state[rank] = state
                 continue
             dump.merge(StackDump.from_json(record))
         return dump

@@ -8,6 +8,9 @@ waits in is number count + 1. ``classify`` reads them in this order:
 
 - dead peer: a rank is stopped (SIGSTOP, a debugger, a frozen cgroup), a zombie, or exited,
   while the others wait for it;
+- frozen node: a rank's node went silent, yet its link is up (it accepts a new TCP connection)
+  and nothing on it answers (its processes are stopped: a frozen cgroup, a kernel or
+  hypervisor stall);
 - partition: a rank's node did not answer the request for its stack;
 - desync: ranks wait in different collectives (another name or another number), or a rank
   idles outside any collective (it skipped the one the others wait in);
@@ -40,6 +43,7 @@ BUSY = 0.5          # CPU (cores) from which a rank counts as computing, not wai
 
 DEAD_PEER, PARTITION, DESYNC, MISMATCH = "dead peer", "partition", "desync", "mismatch"
 SLOW_DATA, SLOW_COMPUTE, STUCK = "slow data", "slow compute", "stuck"
+FROZEN = "frozen node"
 
 # the collectives of fluidctl.runtime (Context/Communicator), torch.distributed, mpi4py, Paddle
 COLLECTIVES = frozenset("""
@@ -51,8 +55,10 @@ COLLECTIVES = frozenset("""
     Scatter Alltoall bcast
 """.split())
 # torch DDP moves its gradients inside backward (a C++ thread; the main thread waits there)
-# and runs collectives of its own in forward
+# and runs collectives of its own in forward; Paddle's DataParallel moves them inside
+# Tensor.backward (its reducer's allreduce, on the main thread)
 BACKWARD = frozenset(["_engine_run_backward", "run_backward"])
+_PADDLE_BACKWARD = os.sep.join(("", "paddle", "base", "dygraph", "tensor_patch_methods.py"))
 _DDP = os.sep.join(("", "torch", "nn", "parallel", "distributed.py"))
 _DATA_FILES = (os.sep + "torch" + os.sep + "utils" + os.sep + "data" + os.sep,
                os.sep + "fluidctl" + os.sep + "runtime" + os.sep + "data.py",
@@ -68,7 +74,8 @@ class Evidence:
     host: str = ""
     frames: Optional[List[Frame]] = None     # main thread, innermost first; None: no stack
     why: str = ""                            # why no stack
-    state: str = ""                          # /proc state: R S D T t Z, exited, unreachable
+    state: str = ""                          # /proc state: R S D T t Z, exited, unreachable,
+                                             # frozen (its node is silent, its link up)
     cpu: Optional[float] = None              # cores used while the stacks were taken
     count: Optional[int] = None              # collectives completed (fluidctl.runtime)
     running: Optional[float] = None          # share of state samples in R (running/runnable)
@@ -133,7 +140,8 @@ def place(ev: Evidence) -> Optional[_Place]:
         if _is_user(frame) and _data_name(_short(frame.func)):
             return _Place("data", _short(frame.func), frame.where)
     for i, frame in enumerate(frames):
-        if _short(frame.func) in BACKWARD and not ev.busy:
+        if not ev.busy and (_short(frame.func) in BACKWARD or (
+                _short(frame.func) == "backward" and frame.file.endswith(_PADDLE_BACKWARD))):
             return _Place("collective", "backward", _user_site(frames, i + 1), number)
     top = frames[user] if user < len(frames) else frames[0]
     what = "busy" if ev.busy else "idle"
@@ -192,6 +200,14 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
                          + (f" ({e.why})" if e.why and e.state == "exited" else "")
                          for e in dead)
         return Verdict(DEAD_PEER, f"{DEAD_PEER}: {said}{tail}", [e.rank for e in dead])
+
+    frozen = [e for e in evs if e.state == "frozen"]
+    if frozen:
+        hosts = list(dict.fromkeys(e.host or "?" for e in frozen))
+        verb = "is" if len(hosts) == 1 else "are"
+        return Verdict(FROZEN, f"{FROZEN}: {rank_list([e.rank for e in frozen])} on "
+                       f"{','.join(hosts)} {verb} alive but silent: {frozen[0].why}{tail}",
+                       [e.rank for e in frozen])
 
     lost = [e for e in evs if e.state == "unreachable"
             or (e.frames is None and "did not answer" in e.why)]

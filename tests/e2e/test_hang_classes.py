@@ -1,19 +1,19 @@
 """Each class of hang and collective failure injected into a real job on this machine, and the
-sentence fluidctl prints first: a fluidctl.runtime script (tests/scripts/trouble.py) and an
-unmodified torch DDP gloo script (tests/scripts/torch_hang.py). The jobs of one test run side
+sentence fluidctl prints first: a fluidctl.runtime script (tests/scripts/trouble.py), an
+unmodified torch DDP gloo script (tests/scripts/torch_hang.py) and an unmodified Paddle
+DataParallel gloo script (tests/scripts/paddle_hang.py). The jobs of one test run side
 by side (each waits out its own --hang-timeout). The slow-data class (a rank in its data
 loader) is asserted in test_diagnose.py and in the Slurm and ssh tests in tests/cluster."""
 import json
 import re
-import time
-from datetime import datetime
 
 import pytest
 
 from launchutil import ROOT, start_fluidctl
-from troubleutil import TROUBLE, line_of
+from troubleutil import TROUBLE, classified_after, line_of
 
 TORCH_HANG = ROOT / "tests" / "scripts" / "torch_hang.py"
+PADDLE_HANG = ROOT / "tests" / "scripts" / "paddle_hang.py"
 TIMEOUT = 3
 CLASSIFIED_WITHIN = 10.0          # seconds from the hang's detection to its sentence
 
@@ -35,19 +35,18 @@ def run_all(tmp_path, script, scenarios, nproc):
     return done
 
 
-def classified_after(log) -> float:
-    """Seconds between the watchdog's finding and the classified sentence in launch.log."""
-    stamps = {}
-    for line in (log / "launch.log").read_text().splitlines():
-        m = re.match(r"(\S+ \S+) hang: (no rank wrote|\w[\w ]*: )", line)
-        if m:
-            key = "found" if m.group(2) == "no rank wrote" else "classified"
-            stamps[key] = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
-    return stamps["classified"] - stamps["found"]
-
-
 def hang_record(log):
     return json.loads((log / "failure.json").read_text())["hang"]
+
+
+def needs_pyspy():
+    from fluidctl.diagnostics import stacks
+    if not stacks.pyspy_path():
+        pytest.skip("py-spy not installed (pip install 'fluidctl[debug]')")
+
+
+def source_line(script, text) -> int:
+    return 1 + next(i for i, l in enumerate(script.read_text().splitlines()) if text in l)
 
 
 def test_runtime_script_each_class(tmp_path):
@@ -93,12 +92,9 @@ def test_unmodified_torch_ddp_script_desync_and_dead_peer(tmp_path):
     """Beside the two faults, a healthy torch job that prints nothing for longer than the
     timeout: its stack samples move, so it is no hang (without py-spy it would be one)."""
     pytest.importorskip("torch")
-    from fluidctl.diagnostics import stacks
-    if not stacks.pyspy_path():
-        pytest.skip("py-spy not installed (pip install 'fluidctl[debug]')")
-    source = TORCH_HANG.read_text().splitlines()
-    forward = 1 + next(i for i, l in enumerate(source) if "model(x).sum().backward()" in l)
-    barrier = 1 + next(i for i, l in enumerate(source) if l == "dist.barrier()")
+    needs_pyspy()
+    forward = source_line(TORCH_HANG, "model(x).sum().backward()")
+    barrier = source_line(TORCH_HANG, "dist.barrier()")
     done = run_all(tmp_path, TORCH_HANG, ["uneven", "stop", "quiet"], 2)
     code, err, log = done.pop("quiet")
     assert code == 0 and "hung" not in err, err
@@ -112,6 +108,30 @@ def test_unmodified_torch_ddp_script_desync_and_dead_peer(tmp_path):
     code, err, log = done["stop"]
     assert ("fluidctl: the job hung: dead peer: rank 1 on 127.0.0.1 is stopped (SIGSTOP or a "
             f"frozen cgroup); rank 0 waits in DDP forward (torch_hang.py:{forward})") in err, err
+
+
+def test_unmodified_paddle_script_dead_peer_and_desync(tmp_path):
+    """Paddle's DataParallel moves its gradients inside Tensor.backward on the main thread:
+    a rank waiting there waits in a collective."""
+    pytest.importorskip("paddle")
+    needs_pyspy()
+    backward = source_line(PADDLE_HANG, "loss.backward()")
+    reduce = source_line(PADDLE_HANG, "dist.all_reduce(loss)")
+    wait = source_line(PADDLE_HANG, "time.sleep(0.5)")
+    done = run_all(tmp_path, PADDLE_HANG, ["stop", "skip"], 2)
+    for name, (code, err, log) in done.items():
+        assert code == 124, (name, err)
+        assert classified_after(log) <= CLASSIFIED_WITHIN
+    code, err, log = done["stop"]
+    assert ("fluidctl: the job hung: dead peer: rank 1 on 127.0.0.1 is stopped (SIGSTOP or a "
+            f"frozen cgroup); rank 0 waits in backward (paddle_hang.py:{backward})") in err, err
+    assert hang_record(log)["class"] == "dead peer" and hang_record(log)["ranks"] == [1]
+    code, err, log = done["skip"]
+    assert re.search(r"fluidctl: the job hung: desync: rank 1 on 127\.0\.0\.1 never reached "
+                     rf"all_reduce \(paddle_hang\.py:{reduce}\): is idle outside any collective "
+                     rf"\(<module> at paddle_hang\.py:{wait}, \d% CPU\); rank 0 waits in "
+                     rf"all_reduce \(paddle_hang\.py:{reduce}\)", err), err
+    assert hang_record(log)["class"] == "desync" and hang_record(log)["ranks"] == [1]
 
 
 @pytest.mark.usefixtures("openmpi")

@@ -51,6 +51,13 @@ def test_stopped_exited_and_unreachable_ranks():
     v = classify([waiting(0), waiting(1), lost])
     assert v.kind == "partition" and v.ranks == [2]
     assert v.sentence.startswith("partition: rank 2 on node3 cannot be reached")
+    frozen = Evidence(2, "node3", None, "nothing came from its agent for 6s, yet its link is "
+                      "up (...)", state="frozen")
+    v = classify([waiting(0), waiting(1), frozen])
+    assert v.kind == "frozen node" and v.ranks == [2]
+    assert v.sentence == ("frozen node: rank 2 on node3 is alive but silent: nothing came from "
+                          "its agent for 6s, yet its link is up (...); ranks 0,1 wait in "
+                          "allreduce #41 (train.py:30)")
 
 
 def test_a_busy_rank_on_a_crowded_machine_is_slow_compute():
