@@ -116,14 +116,15 @@ def busy(nodes, alias: str) -> subprocess.Popen:
 
 def run_elastic(nodes, work: Path, *, node_range: str, faults: List[Fault], steps: int = 30,
                 pause: float = 0.05, max_restarts: int = 3, timeout: float = 120.0,
-                env: Optional[dict] = None, loaded: Tuple[str, ...] = ()) -> Outcome:
+                env: Optional[dict] = None, loaded: Tuple[str, ...] = (),
+                backend: str = "ssh") -> Outcome:
     """``loaded``: nodes kept at 100% CPU (a busy process each) for the whole job."""
     work.mkdir(parents=True, exist_ok=True)
     ckpt = work / "ckpt"
     ckpt.mkdir()
     hostfile = nodes.hostfile("hosts.elastic")
     launch_log = work / "mylog" / "launch.log"
-    argv = [sys.executable, "-m", "fluidctl", "train", "--backend", "ssh", "--hostfile",
+    argv = [sys.executable, "-m", "fluidctl", "train", "--backend", backend, "--hostfile",
             str(hostfile), "--ssh-config", str(nodes.config), "--nodes", node_range,
             "--max-restarts", str(max_restarts), "--grace-period", "1", "--log-dir",
             str(work / "mylog"), str(SCRIPT), str(steps), str(ckpt), str(pause)]

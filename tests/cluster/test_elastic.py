@@ -49,3 +49,13 @@ def test_two_frozen_nodes_then_a_node_lost_during_the_restart(netns_nodes, tmp_p
     for alias in ("node1", "node2", "node4"):
         assert f"node {alias} lost: " in out
     assert outcome.worlds[-1] == 2 and "on node3, node5, MASTER_ADDR" in out
+
+
+def test_fabric_agent_killed_the_spare_takes_its_place(netns_nodes, tmp_path):
+    """The fabric launcher shares the elastic coordinator: a lost node, a spare in its place."""
+    nodes = netns_nodes(3)
+    outcome = run_elastic(nodes, tmp_path, node_range="2:2", steps=16, backend="fabric",
+                          faults=[Fault(6, "agent-kill", ("node2",))])
+    check(outcome, [2])
+    assert "node node2 lost: its agent was killed" in outcome.out
+    assert "restart 1: new world of 2 trainer(s) on node1, node3" in outcome.out
