@@ -59,50 +59,35 @@ class Context:
                 "DistributedOptimizer, or start the job with --mode collective")
         return self.comm
 
-    def allreduce(self, x, op: str = "sum"):
-        """In place on a numpy/cupy array; returns x. ops: sum, mean, max, min."""
+    def _collective(self, name: str, *args):
+        """One collective, counted for the hang watchdog and timed for the straggler report."""
         began = stragglers.clock()
-        out = self._need_comm().allreduce(x, op)
+        out = getattr(self._need_comm(), name)(*args)
         progress.bump()
         stragglers.record(began)
         return out
 
+    def allreduce(self, x, op: str = "sum"):
+        """In place on a numpy/cupy array; returns x. ops: sum, mean, max, min."""
+        return self._collective("allreduce", x, op)
+
     def reduce(self, x, root: int = 0, op: str = "sum"):
-        began = stragglers.clock()
-        out = self._need_comm().reduce(x, root, op)
-        progress.bump()
-        stragglers.record(began)
-        return out
+        return self._collective("reduce", x, root, op)
 
     def broadcast(self, x, root: int = 0):
         """In place: every rank's x becomes root's."""
-        began = stragglers.clock()
-        out = self._need_comm().broadcast(x, root)
-        progress.bump()
-        stragglers.record(began)
-        return out
+        return self._collective("broadcast", x, root)
 
     def allgather(self, x):
         """A new array of shape (world_size, *x.shape), row r from rank r."""
-        began = stragglers.clock()
-        out = self._need_comm().allgather(x)
-        progress.bump()
-        stragglers.record(began)
-        return out
+        return self._collective("allgather", x)
 
     def reduce_scatter(self, x, op: str = "sum"):
         """This rank's 1/world_size part (along axis 0) of the reduction of x."""
-        began = stragglers.clock()
-        out = self._need_comm().reduce_scatter(x, op)
-        progress.bump()
-        stragglers.record(began)
-        return out
+        return self._collective("reduce_scatter", x, op)
 
     def barrier(self) -> None:
-        began = stragglers.clock()
-        self._need_comm().barrier()
-        progress.bump()
-        stragglers.record(began)
+        self._collective("barrier")
 
     # --- checkpoint requests (runtime/request.py) --------------------------------------------
     def _request_state(self):
