@@ -18,6 +18,7 @@ leftover processes and the one failure report.
 """
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from fluidctl.diagnostics.failures import Failure
@@ -101,6 +102,57 @@ class Launcher(Protocol):
         """Release whatever prepare or start still holds (idempotent)."""
 
 
+def echo_prefix(plan: "Plan", p) -> str:
+    """The console prefix of process ``p``'s lines: '[trainer 3] ' on one machine, '[node:3] '
+    when the nodes are the hosts the user named (ssh, fabric: logs under LOG_DIR/<host>/)."""
+    from fluidctl.planning.plan import PSERVER
+    if not plan.job.multi_node_logs:
+        return f"[{p.role} {p.rank}] "
+    node = plan.job.nodes[p.node].label
+    return f"[{node}:{p.rank}] " if p.role != PSERVER else f"[{node}:pserver {p.rank}] "
+
+
+class RankLog(os.PathLike):
+    """Trainer ``rank``'s log in the plan ``current()`` returns now, and its line prefix: an
+    elastic job's restart can move a rank to another node (another LOG_DIR/<node>/ file). A
+    source whose path changed is read again from the start of the new file (``_Source``
+    resolves its path each time it opens it, after half a second without data)."""
+
+    def __init__(self, current: Callable[[], object], rank: int,
+                 prefix: Optional[Callable[[object, object], str]] = None):
+        self.current, self.rank, self.make_prefix = current, rank, prefix
+        self._last = ("", "")
+        self._seen = None
+
+    def _now(self) -> Tuple[str, str]:
+        plan = self.current()
+        if plan is self._seen:
+            return self._last
+        self._seen = plan
+        for p in plan.trainers:
+            if p.rank == self.rank:
+                self._last = (p.log, self.make_prefix(plan, p) if self.make_prefix else "")
+                break
+        return self._last           # a rank the new world lacks: its last file, idle
+
+    def __fspath__(self) -> str:
+        return self._now()[0]
+
+    @property
+    def prefix(self) -> "_Prefix":
+        return _Prefix(self)
+
+
+class _Prefix:
+    """A ``RankLog``'s prefix, worked out when a line is written."""
+
+    def __init__(self, log: RankLog):
+        self.log = log
+
+    def __format__(self, spec: str) -> str:
+        return format(self.log._now()[1], spec)
+
+
 class BaseLauncher:
     """Defaults for a Launcher: logs and echo come from the plan's processes; ``log`` is
     fluidctl's launch.log (lines are kept until the log dir exists)."""
@@ -124,13 +176,9 @@ class BaseLauncher:
         prefixed). Prefixes: '[trainer 3] ' on one machine, '[node:3] ' when the nodes are
         the hosts the user named (ssh, fabric: logs under LOG_DIR/<host>/)."""
         from fluidctl.planning.plan import PSERVER
-        multi = plan.job.multi_node_logs
 
         def prefix(p) -> str:
-            if not multi:
-                return f"[{p.role} {p.rank}] "
-            node = plan.job.nodes[p.node].label
-            return f"[{node}:{p.rank}] " if p.role != PSERVER else f"[{node}:pserver {p.rank}] "
+            return echo_prefix(plan, p)
         if ranks is not None:
             return [(p.log, prefix(p)) for p in plan.procs if p.role != PSERVER and p.rank in ranks]
         if tee == "none":

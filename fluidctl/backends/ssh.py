@@ -454,6 +454,8 @@ class SSHLauncher(BaseLauncher):
         self.config = None
         self.marker = ""            # the nonce of our shared marker in LOG_DIR, once made
         self.members = None         # an elastic job's membership (ElasticMembers)
+        self.plan: Optional[Plan] = None    # the running world's plan (an elastic restart
+                                            # makes a new one)
 
     @property
     def beat(self) -> float:
@@ -480,6 +482,23 @@ class SSHLauncher(BaseLauncher):
         plan = self._plan(self.hosts, self.agents, wanted)
         self._rendezvous_doctor(plan)
         return plan
+
+    def echo_sources(self, plan: Plan, tee: str, ranks=None):
+        """An elastic job's console follows each echoed trainer rank to whichever node the
+        current world put it on (rank 0's log moves when its node is lost)."""
+        sources = super().echo_sources(plan, tee, ranks)
+        if self.members is None:
+            return sources
+        from fluidctl.backends.base import RankLog, echo_prefix
+        by_log = {p.log: p for p in plan.trainers}
+        followed = []
+        for path, prefix, *stream in sources:
+            p = by_log.get(path)
+            if p is not None:
+                log = RankLog(lambda: self.plan or plan, p.rank, echo_prefix if prefix else None)
+                path, prefix = log, log.prefix
+            followed.append((path, prefix, *stream))
+        return followed
 
     def _pservers(self, hosts: Sequence[Host]) -> List[int]:
         config = self.config
@@ -565,6 +584,8 @@ class SSHLauncher(BaseLauncher):
         if self.members is not None:
             if attempt:         # the plan is made again, on the nodes left and spares
                 plan = self.members.regroup(attempt)
+                plan.write_endpoints(config.layout)
+            self.plan = plan
         elif attempt:
             self.agents = bring_up(self.hosts, None, backend=self.name,
                                    python=config.interpreter, remote_dir=self.remote_dir,
@@ -702,7 +723,7 @@ class ElasticMembers:
     def regroup(self, attempt: int) -> Plan:
         from fluidctl.errors import FluidctlError
         from fluidctl.planning.elastic import next_world
-        launcher, config = self.launcher, self.launcher.config
+        launcher = self.launcher
         for agent in getattr(launcher, "running", []):
             why = agent.lost_reason()
             if why and agent.host not in self.lost:

@@ -130,7 +130,7 @@ def _checkpoint_failures(plan: Plan, result: RunResult, launch_log: LaunchLog) -
 def _ready_logs(plan, launcher, launch_log, layout, owner: bool) -> None:
     logs = launcher.logs(plan)
     if plan.master:                 # mpi: the ranks choose their endpoints at start
-        run.write_endpoints(layout, plan)
+        plan.write_endpoints(layout)
     launch_log.attach(str(layout.launch))
     nodes = len(plan.job.nodes)
     launch_log(f"fluidctl job over {plan.backend}: {len(plan.trainers)} trainer(s) on "

@@ -20,9 +20,8 @@ from fluidctl.backends.base import Handle
 from fluidctl.diagnostics.failures import Failure
 from fluidctl.diagnostics.dump import DUMP_REQUEST      # `fluidctl dump` asks for stacks
 from fluidctl.launch.echo import LogEcho
-from fluidctl.planning.plan import Plan
 from fluidctl.launch.supervisor import LaunchLog, RunOptions, RunResult, Supervisor
-from fluidctl.paths import LogLayout, write_atomic
+from fluidctl.paths import LogLayout
 
 if TYPE_CHECKING:
     from fluidctl.diagnostics.watch import Diagnostics
@@ -80,12 +79,6 @@ def append_header(paths: Sequence[str], attempt: int, max_restarts: int) -> None
     for path in paths:
         with open(path, "a", encoding="utf-8") as f:
             f.write(restart_header(attempt, max_restarts))
-
-
-def write_endpoints(layout: LogLayout, plan: Plan) -> None:
-    lines = [f"master {plan.master}"]
-    lines += [f"{p.role} {p.rank} {p.host} {p.endpoint}" for p in plan.procs]
-    write_atomic(layout.endpoints, "\n".join(lines) + "\n")
 
 
 @dataclass

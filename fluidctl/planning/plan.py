@@ -109,6 +109,15 @@ class Plan:
     backend: str = "local"
     commands: List[LaunchCommand] = field(default_factory=list)
 
+    def write_endpoints(self, layout) -> None:
+        """LOG_DIR/endpoints.log (a ``paths.LogLayout``'s): the master and every process's
+        role, rank, host and endpoint; written again when an elastic restart makes a new
+        world."""
+        from fluidctl.paths import write_atomic
+        lines = [f"master {self.master}"]
+        lines += [f"{p.role} {p.rank} {p.host} {p.endpoint}" for p in self.procs]
+        write_atomic(layout.endpoints, "\n".join(lines) + "\n")
+
     @property
     def trainers(self) -> List[ProcSpec]:
         return [p for p in self.procs if p.role == TRAINER]

@@ -37,6 +37,11 @@ def test_agent_killed_then_master_node_cut_off_beside_a_node_at_full_cpu(netns_n
     assert starts[1].startswith("start 8 world 3 restart 1 torch 1 master ")
     assert starts[2].startswith("start 20 world 2 restart 2 torch 2 master ")
     assert starts[2].endswith(nodes.node("node3").address)
+    # the console follows rank 0 to node3, and endpoints.log names the world that ran last
+    assert "elastic_train done: 40 steps, world 2" in out
+    endpoints = (tmp_path / "mylog" / "endpoints.log").read_text()
+    assert [line.split()[2] for line in endpoints.splitlines() if line.startswith("trainer ")
+            ] == [nodes.node("node3").address, nodes.node("node4").address], endpoints
 
 
 def test_two_frozen_nodes_then_a_node_lost_during_the_restart(netns_nodes, tmp_path):
