@@ -87,7 +87,7 @@ def logs(job_id, rank, batch, follow, namespace):
     """
     if "/" in job_id:
         from fluidctl.jobs import kube
-        return kube.logs(job_id, namespace, rank)
+        return kube.logs(job_id, namespace, rank, follow)
     from fluidctl.jobs.submitted import logs as run
     run(job_id, rank, batch, follow)
 

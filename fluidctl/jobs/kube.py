@@ -30,8 +30,25 @@ def status(job_id: str, namespace: str, as_json: bool = False) -> None:
     sys.exit(1 if state in FAILED else 0)
 
 
-def logs(job_id: str, namespace: str, pod: int) -> None:
-    sys.stdout.write(api.logs(job_id, namespace, pod))
+def logs(job_id: str, namespace: str, pod: int, follow: bool = False) -> None:
+    """Print the ``pod``-th pod's log; ``follow``: as it grows, until the job ends, then exit
+    0 (Succeeded) or 1 (Failed); Ctrl-C: 130, after saying the job keeps running."""
+    if not follow:
+        sys.stdout.write(api.logs(job_id, namespace, pod))
+        return
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    try:
+        state = api.follow_logs(job_id, namespace, pod, write)
+    except KeyboardInterrupt:
+        print(f"fluidctl: stopped following {job_id}; the job keeps running in {namespace} "
+              f"('fluidctl job cancel {job_id} --namespace {namespace}' cancels it)",
+              file=sys.stderr, flush=True)
+        sys.exit(130)
+    print(f"fluidctl: job {job_id} {state}", file=sys.stderr, flush=True)
+    sys.exit(1 if state in FAILED else 0)
 
 
 def cancel(job_id: str, namespace: str) -> None:

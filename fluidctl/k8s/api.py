@@ -147,22 +147,88 @@ def status(job_id: str, namespace: str, environ=None) -> str:
     return _state(get_job(job_id, namespace, environ))
 
 
+def _pod_name(core, job_id: str, namespace: str, pod: int) -> str:
+    """The job's ``pod``-th pod, by name."""
+    _, name = parse_job_id(job_id)
+    pods = core.list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}={name}",
+                                    _request_timeout=TIMEOUT).items
+    names = sorted(p.metadata.name for p in pods)
+    if pod >= len(names):
+        raise UsageError(f"{job_id} has {len(names)} pod(s) now, no pod {pod}",
+                         "wait until it is scheduled (fluidctl job status), or pick "
+                         "another --rank")
+    return names[pod]
+
+
 def logs(job_id: str, namespace: str, pod: int = 0, environ=None) -> str:
     """The log of the job's ``pod``-th pod (by name), which echoes all its processes."""
     from kubernetes import client
-    _, name = parse_job_id(job_id)
     core = client.CoreV1Api(api_client(environ))
     try:
-        pods = core.list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}={name}",
-                                        _request_timeout=TIMEOUT).items
-        names = sorted(p.metadata.name for p in pods)
-        if pod >= len(names):
-            raise UsageError(f"{job_id} has {len(names)} pod(s) now, no pod {pod}",
-                             "wait until it is scheduled (fluidctl job status), or pick "
-                             "another --rank")
-        return core.read_namespaced_pod_log(names[pod], namespace, _request_timeout=TIMEOUT)
+        return core.read_namespaced_pod_log(_pod_name(core, job_id, namespace, pod),
+                                            namespace, _request_timeout=TIMEOUT)
     except client.ApiException as exc:
         raise _fail(f"reading the logs of {job_id} failed", exc) from None
+
+
+ENDED = ("Succeeded", "Failed")
+QUIET = 30.0                # seconds a followed log may stay silent before the job is asked
+
+
+def _stamp(text: str) -> Tuple[str, int]:
+    """An RFC 3339 timestamp the API server put before a line ('...T03:30:00.5Z'; the
+    fraction has up to 9 digits, trailing zeros cut): (its seconds part, nanoseconds),
+    which order as the times do."""
+    whole, _, frac = text.rstrip("Z").partition(".")
+    return whole, int((frac + "000000000")[:9] or 0)
+
+
+def follow_logs(job_id: str, namespace: str, pod: int, write, environ=None,
+                quiet: Optional[float] = None) -> str:
+    """Write the pod's log lines through ``write`` as they come, until the job ends; its
+    final state. The stream is read with a deadline (``quiet`` seconds without a byte): then,
+    or when the API server ends the stream (the container stopped, the connection dropped),
+    the job's state is read and the stream opened again. Lines come with the server's
+    timestamps, so a line seen before the reconnect is never written twice."""
+    import time
+    from kubernetes import client
+    from urllib3.exceptions import HTTPError
+    quiet = QUIET if quiet is None else quiet
+    core = client.CoreV1Api(api_client(environ))
+    last: Optional[Tuple[str, int]] = None
+    last_at = 0.0
+    try:
+        name = _pod_name(core, job_id, namespace, pod)
+        while True:
+            since = int(time.time() - last_at) + 2 if last is not None else None
+            extra = {"since_seconds": since} if since is not None else {}
+            try:
+                stream = core.read_namespaced_pod_log(
+                    name, namespace, follow=True, timestamps=True, _preload_content=False,
+                    _request_timeout=(TIMEOUT, quiet), **extra)
+                pending = b""
+                # read1: what has come, at once (read(amt) would wait for amt bytes)
+                for chunk in iter(lambda: stream.read1(1 << 16), b""):
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        stamp_text, _, text = line.decode("utf-8", "replace").partition(" ")
+                        stamp = _stamp(stamp_text)
+                        if last is not None and stamp <= last:
+                            continue                    # seen before the reconnect
+                        last, last_at = stamp, time.time()
+                        write(text + "\n")
+                stream.release_conn()
+            except (HTTPError, OSError):    # the read deadline or a dropped connection
+                pass
+            except client.ApiException as exc:
+                if exc.status != 400:           # 400: the container is not started yet
+                    raise
+                time.sleep(1.0)
+            state = _state(get_job(job_id, namespace, environ))
+            if state in ENDED:
+                return state
+    except client.ApiException as exc:
+        raise _fail(f"following the logs of {job_id} failed", exc) from None
 
 
 def cancel(job_id: str, namespace: str, environ=None) -> None:

@@ -6,6 +6,7 @@ a kubeconfig --apply is one line; --apply and ``fluidctl job list|status|logs|ca
 real client's HTTP to a small API server here."""
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -98,6 +99,9 @@ class FakeAPIServer(BaseHTTPRequestHandler):
     server does (201 with the object on create, the object on get, a Status on delete)."""
     seen: list = []
     stored: dict = {}
+    state = "Running"                   # the jobs' last true condition
+    followed: list = []                 # what each ``logs -f`` connection sends: lines, and
+                                        # "idle" (the pod says nothing for a second) or "end"
 
     def _reply(self, code: int, body) -> None:
         data = json.dumps(body).encode()
@@ -128,6 +132,18 @@ class FakeAPIServer(BaseHTTPRequestHandler):
             return self._reply(200, {"kind": "PodList", "items": [
                 {"metadata": {"name": "behave-worker-0"}},
                 {"metadata": {"name": "behave-master-0"}}]})
+        if path.endswith("/log") and "follow=true" in query.lower():
+            lines, then = self.followed.pop(0)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()                       # HTTP/1.0: the body ends at close
+            self.wfile.write("".join(f"{t} {line}\n" for t, line in lines).encode())
+            self.wfile.flush()
+            if then == "idle":
+                time.sleep(1.0)
+            else:
+                FakeAPIServer.state = "Succeeded"   # the container ended, the job with it
+            return
         if path.endswith("/log"):
             data = f"[trainer 0] log of {path.split('/')[-2]}\n".encode()
             self.send_response(200)
@@ -141,7 +157,7 @@ class FakeAPIServer(BaseHTTPRequestHandler):
             return self._reply(404, {"kind": "Status", "status": "Failure", "code": 404,
                                      "reason": "NotFound", "message": "not found"})
         self._reply(200, {**obj, "status": {"conditions": [
-            {"type": "Created", "status": "True"}, {"type": "Running", "status": "True"}]}})
+            {"type": "Created", "status": "True"}, {"type": self.state, "status": "True"}]}})
 
     def do_DELETE(self):
         self.seen.append(("DELETE", self.path, self.headers.get("Authorization")))
@@ -164,6 +180,7 @@ def api_server(tmp_path, monkeypatch):
         "contexts": [{"name": "here", "context": {"cluster": "c", "user": "u"}}]}))
     monkeypatch.setenv("KUBECONFIG", str(config))
     FakeAPIServer.seen, FakeAPIServer.stored = [], {}
+    FakeAPIServer.state, FakeAPIServer.followed = "Running", []
     yield FakeAPIServer
     server.shutdown()
     server.server_close()
@@ -209,3 +226,28 @@ def test_a_missing_rendering_library_is_one_line(capsys, monkeypatch):
     assert (code, out) == (2, "")
     assert err == ("error: --backend k8s needs the kubeflow-trainer-api package "
                    "(pip install 'fluidctl[k8s]')\n")
+
+
+def test_job_logs_follow_a_pod_through_a_quiet_spell_until_the_job_ends(
+        capsys, tmp_path, monkeypatch, api_server):
+    """``job logs -f`` on a Kubernetes job: the stream is read with a deadline; after a quiet
+    spell it asks the job's state and opens the stream again, and the lines the server sends
+    again are not printed twice (their timestamps order as times, not as strings: .5 < .50001);
+    the job's end ends it with the job's exit code."""
+    from fluidctl.k8s import api
+    monkeypatch.setattr(api, "QUIET", 0.3)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "train", "--backend", "k8s", "--kind", "pytorchjob",
+                           "--image", "img:1", "--namespace", "ml", "--nodes", 2, "--apply",
+                           BEHAVE)
+    assert code == 0, err
+    first = [("2026-11-26T03:30:00.5Z", "step 1"), ("2026-11-26T03:30:00.50001Z", "step 2")]
+    api_server.followed = [(first, "idle"),
+                           (first + [("2026-11-26T03:30:02.25Z", "step 3")], "end")]
+    code, out, err = run_cli(capsys, "job", "logs", "pytorchjob/behave", "--namespace", "ml",
+                             "-f")
+    assert (code, out) == (0, "step 1\nstep 2\nstep 3\n"), err
+    assert "job pytorchjob/behave Succeeded" in err
+    follows = [s[1].lower() for s in api_server.seen if "follow=true" in s[1].lower()]
+    assert len(follows) == 2 and all("timestamps=true" in f for f in follows), follows
+    assert "sinceseconds=" not in follows[0] and "sinceseconds=" in follows[1], follows
