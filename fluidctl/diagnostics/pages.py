@@ -79,10 +79,13 @@ class PublishedPage(mmap.mmap):
     publisher thread writes to its file (``fd``); ``close`` writes the last state first."""
     fd: int = -1
     last: bytes = b""
+    pid: int = -1               # the process whose page it is (a fork's copy is not)
 
     def publish(self) -> None:
         """Write the page to its file if it changed since the last copy (never raises: a
         page that cannot be written only goes unseen)."""
+        if os.getpid() != self.pid:
+            return
         try:
             now = self[:]
         except ValueError:          # closed meanwhile
@@ -95,12 +98,13 @@ class PublishedPage(mmap.mmap):
                 pass
 
     def close(self) -> None:
-        with _lock:
+        with _lock:             # not while the publisher writes it (its fd is closed here)
             if self in _pages:
                 _pages.remove(self)
-        if not self.closed:
-            self.publish()
-            os.close(self.fd)
+            if self.fd >= 0:
+                self.publish()
+                os.close(self.fd)
+                self.fd = -1
         super().close()
 
 
@@ -111,10 +115,10 @@ _thread: Optional[threading.Thread] = None
 
 def _forget_in_child() -> None:
     """A forked child (a data loader's worker) has copies of the parent's pages: it must
-    never write them over the parent's newer ones."""
-    global _thread
+    never write them over the parent's newer ones (and the lock may have been held)."""
+    global _thread, _lock
     _pages.clear()
-    _thread = None
+    _thread, _lock = None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
@@ -124,9 +128,8 @@ def _publisher() -> None:
     while True:
         time.sleep(PUBLISH_EVERY)
         with _lock:
-            pages = list(_pages)
-        for page in pages:
-            page.publish()
+            for page in _pages:
+                page.publish()
 
 
 def open_published(path: Path, size: int) -> PublishedPage:
@@ -140,7 +143,7 @@ def open_published(path: Path, size: int) -> PublishedPage:
     except BaseException:
         os.close(fd)
         raise
-    page.fd, page.last = fd, bytes(size)
+    page.fd, page.last, page.pid = fd, bytes(size), os.getpid()
     with _lock:
         _pages.append(page)
         if _thread is None:

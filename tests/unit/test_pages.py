@@ -127,8 +127,12 @@ def test_a_fork_never_publishes_its_parents_pages(tmp_path):
     try:
         pid = os.fork()
         if pid == 0:
-            os._exit(0 if pages._pages == [] and pages._thread is None else 1)
+            forgotten = pages._pages == [] and pages._thread is None
+            memoryview(page).cast("q")[0] = 99          # the child's copy changes ...
+            page.close()                                # ... and is never written
+            os._exit(0 if forgotten else 1)
         assert os.waitpid(pid, 0)[1] == 0
         assert page in pages._pages
+        assert (tmp_path / "steps.0").read_bytes() == bytes(64)
     finally:
         page.close()
