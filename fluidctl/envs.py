@@ -81,6 +81,7 @@ GPUS = "FLUIDCTL_GPUS"                  # "all" or a --gpus value: ranks started
                                         # torchrun take the node's GPUs by local rank
 VENV = "FLUIDCTL_VENV"                  # the nodes' environment (cluster setup, train, check)
 DIAG_DIR = "FLUIDCTL_DIAG_DIR"          # the node's progress counters / stack files (diagnostics/progress.py)
+DIAG_WRITE = "FLUIDCTL_DIAG_WRITE"      # "mmap" | "pwrite": how a rank's pages reach DIAG_DIR (diagnostics/pages.py)
 HANG_TIMEOUT = "FLUIDCTL_HANG_TIMEOUT"  # default of fluidctl train --hang-timeout
 PYSPY = "FLUIDCTL_PYSPY"                # py-spy to use for stack dumps; empty: never py-spy
 SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process_vm_readv)

@@ -483,10 +483,13 @@ class SlurmLauncher(BaseLauncher):
     def diagnostics(self, config):
         """Inside an allocation, stacks taken on the nodes by an overlapping srun step
         (``nodediag``); a submitted job's own fluidctl (in its batch script) watches for hangs
-        and keeps job.json and failure.json, not this follower."""
-        from fluidctl.diagnostics.watch import Diagnostics
+        and stragglers and keeps job.json, failure.json and stragglers.*, not this follower,
+        which says the straggler lines that job writes (``followed``)."""
         if self.alloc is None:
-            self._diagnostics = Diagnostics(log_root=None, tail_lines=config.log_tail)
+            from fluidctl.diagnostics.followed import FollowedDiagnostics
+            self._diagnostics = FollowedDiagnostics(
+                lambda: self.job_layout.root if self.job_layout is not None else None,
+                tail_lines=config.log_tail)
             return self._diagnostics
         from fluidctl.diagnostics.shareddir import SharedDirDiagnostics
 

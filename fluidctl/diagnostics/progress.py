@@ -2,8 +2,9 @@
 diagnostics directory (``FLUIDCTL_DIAG_DIR``, one per node, laid out by ``paths.DiagDir``):
 
 - ``progress.<rank>``: an 8-byte counter the runtime bumps after every completed collective
-  (a store into a shared memory page: ``mmap`` of a file in /dev/shm when it can); the hang
-  watchdog reads all counters with one ``pread`` each;
+  (a store into a shared memory page: ``mmap`` of a file in /dev/shm when it can; on a
+  network file system a copy written every half second, ``pages``); the hang watchdog reads
+  all counters with one ``pread`` each;
 - ``stack.<rank>``: where the rank's faulthandler writes every thread's stack when it gets
   ``DUMP_SIGNAL`` (registered by ``fluidctl.runtime.init()``): the fallback when py-spy cannot
   be used.
@@ -27,13 +28,11 @@ _COUNTER = struct.Struct("<Q")
 
 
 def map_shared(path: Path, size: int) -> mmap.mmap:
-    """``size`` bytes of the file at ``path`` (made, zero-filled), mapped shared."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        os.ftruncate(fd, size)
-        return mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
+    """``size`` bytes of the file at ``path`` (made, zero-filled) that the launcher reads:
+    mapped shared, or on a network file system a copy published every half second
+    (``fluidctl.diagnostics.pages``)."""
+    from fluidctl.diagnostics import pages
+    return pages.map_shared(path, size)
 
 
 def diag_of(environ: Optional[Mapping[str, str]]) -> Optional[DiagDir]:

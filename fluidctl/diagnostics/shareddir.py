@@ -9,8 +9,10 @@ faulthandler files land there, and each rank's ``fluidctl worker`` writes ``rank
 one machine. Stacks are taken on each node by ``fluidctl.node.stacks``, started once per
 node by the backend's own launcher (``stack_takers(dir)``: an overlapping srun step, a second
 mpirun), which answers in ``stacks.<node>.json``; they are merged here. On a network file
-system what the ranks write is seen here with the client's caching delay (seconds to a
-minute): give --hang-timeout minutes there."""
+system what the ranks write to their logs is seen here with the client's caching delay
+(seconds to a minute): give --hang-timeout minutes there; their counters and straggler sums
+(``progress.N``, ``steps.N``, which the launcher's straggler watcher reads from here too) are
+published within about a second (``fluidctl.diagnostics.pages``)."""
 from __future__ import annotations
 
 import json

@@ -440,6 +440,13 @@ class Diagnostics:
             sampler = StackSampler(lambda: self.targets(handles()), every)
         return local_activity(logs, self.diag, sampler)
 
+    def watch_stragglers(self, handles: Callable[[], list], say: Callable[[str], None]):
+        """The thread that names stragglers while the job runs (``stragglers.watch``: the
+        ranks' pages, or the agents' ``steps`` lines); None where this process writes no
+        LOG_DIR reports (a node agent). Stopped with ``stop()``."""
+        from fluidctl.diagnostics import stragglers
+        return stragglers.watch(self, handles, say)
+
     def progress(self) -> int:
         """Collectives completed by this node's ranks (the agent's heartbeat carries it)."""
         return sum(progress.read_all(self.diag).values())

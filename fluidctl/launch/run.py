@@ -143,8 +143,7 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
     try:
         if watch:
             watch.start()
-            from fluidctl.diagnostics import stragglers
-            straggler_watch = stragglers.watch(diagnostics, supervisor.handles, echo.say)
+            straggler_watch = diagnostics.watch_stragglers(supervisor.handles, echo.say)
         result = supervisor.run()
         if watch:
             result = watch.settle(result)

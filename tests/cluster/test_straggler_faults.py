@@ -1,6 +1,8 @@
 """The straggler report (fluidctl/diagnostics/stragglers.py) against real faults: a node's CPU
 throttled by its cgroup, a node's link capped by tc tbf (namespace nodes, tests/netns.py),
-a data loader that sleeps in one rank (local backend), and a healthy job beside CPU hogs that
+a data loader that sleeps in one rank (local backend; --backend mpi, its pages published
+with pwrite as on NFS; a job submitted to the real Slurm of tests/slurm.py, whose ranks'
+pages its own launcher reads in the shared LOG_DIR), and a healthy job beside CPU hogs that
 must not be reported. Each job runs tests/scripts/straggle.py until the test drops its stop
 file; the fault comes after step WARM and must be named within 20 collectives."""
 import json
@@ -11,31 +13,34 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launchutil import fluidctl, start_fluidctl, wait_for
+from fluidctl.paths import DiagDir
+from launchutil import default_sigint, fluidctl, start_fluidctl, wait_for
 
 STRAGGLE = str(Path(__file__).resolve().parent.parent / "scripts" / "straggle.py")
 WARM = 15               # steps before the fault
 WITHIN = 20             # collectives from the fault to the report (the goal)
 
 
-def last_step(log: Path) -> int:
-    steps = re.findall(r"^step (\d+)$", log.read_text() if log.exists() else "", re.M)
+def last_step(log) -> int:
+    log = log() if callable(log) else log
+    steps = re.findall(r"^step (\d+)$", log.read_text() if log and log.exists() else "", re.M)
     return int(steps[-1]) if steps else -1
 
 
-def run_with_fault(tmp_path, args, rank0_log, fault, script=()):
-    """Start the job, apply ``fault()`` after step WARM, wait for the report; returns (the
+def run_with_fault(tmp_path, args, rank0_log, fault, script=(), start=None, report=None):
+    """Start the job (``start(*argv)``, default fluidctl here), apply ``fault()`` after step
+    WARM, wait for the report (``report()``, default mylog/stragglers.json); returns (the
     report, the step the fault came at, the job's output)."""
-    proc = start_fluidctl("train", *args, STRAGGLE, "--stop-file", tmp_path / "STOP", *script,
-                          cwd=tmp_path)
-    report = tmp_path / "mylog" / "stragglers.json"
+    argv = ("train", *args, STRAGGLE, "--stop-file", tmp_path / "STOP", *script)
+    proc = start(*argv) if start else start_fluidctl(*argv, cwd=tmp_path)
+    report = report or (lambda: tmp_path / "mylog" / "stragglers.json")
     try:
         wait_for(lambda: last_step(rank0_log) >= WARM or proc.poll() is not None, 60,
                  f"step {WARM}")
         assert proc.poll() is None, proc.communicate()
         at = last_step(rank0_log)
         fault()
-        wait_for(lambda: report.exists() or proc.poll() is not None, 60, "a straggler report")
+        wait_for(lambda: report().exists() or proc.poll() is not None, 60, "a straggler report")
     finally:
         (tmp_path / "STOP").write_text("")
         try:
@@ -43,9 +48,9 @@ def run_with_fault(tmp_path, args, rank0_log, fault, script=()):
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=30)
-    assert report.exists(), out + err
+    assert report().exists(), out + err
     assert proc.returncode == 0, out + err
-    return json.loads(report.read_text()), at, out + err
+    return json.loads(report().read_text()), at, out + err
 
 
 def netns_args(nodes):
@@ -80,6 +85,46 @@ def test_sleeping_data_loader_is_slow_data(tmp_path):
     assert (found["kind"], found["ranks"]) == ("data", [2]), out
     assert found["at_collective"] - (WARM + 2) <= WITHIN, found
     assert "rank 2 (127.0.0.1) is slow data" in out
+
+
+def test_sleeping_data_loader_under_mpirun_with_published_pages(tmp_path, openmpi):
+    """--backend mpi: the ranks' pages are in the diagnostics dir in LOG_DIR, written with
+    pwrite every 0.5 s as on NFS (FLUIDCTL_DIAG_WRITE), and the launcher names rank 2 and
+    the node its worker registered."""
+    proc = lambda *argv: start_fluidctl(*argv, cwd=tmp_path,     # noqa: E731
+                                        env={"FLUIDCTL_DIAG_WRITE": "pwrite"})
+    found, at, out = run_with_fault(
+        tmp_path, ["--backend", "mpi", "--nproc", 3], tmp_path / "mylog" / "workerlog.0",
+        lambda: None, script=["--slow-data", f"2:100:{WARM + 2}", "--work", 5], start=proc)
+    node = DiagDir.this_node(os.environ)
+    assert (found["kind"], found["ranks"], found["hosts"]) == ("data", [2], {"2": node}), out
+    assert found["at_collective"] - (WARM + 2) <= WITHIN, found
+    assert f"fluidctl: straggler: rank 2 ({node}) is slow data" in out
+    assert found["line"] in (tmp_path / "mylog" / "stragglers.log").read_text()
+
+
+def test_sleeping_data_loader_in_a_submitted_slurm_job(tmp_path, slurm):
+    """sbatch + follow: the batch job's own fluidctl names rank 2 on node 127.0.0.3 in
+    LOG_DIR/slurm-JOBID/stragglers.json, and the follower says the same line."""
+    job = lambda: next((tmp_path / "mylog").glob("slurm-*/"), None)     # noqa: E731
+
+    def start(*argv):
+        return subprocess.Popen(
+            [sys.executable, "-m", "fluidctl", *map(str, argv)], cwd=tmp_path,
+            env=slurm.env(FLUIDCTL_STATE_DIR=str(tmp_path / "state")), text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint)
+    found, at, out = run_with_fault(
+        tmp_path, ["--backend", "slurm", "--nodes", 2, "--nproc", 2, "--partition",
+                   slurm.partition, "--time", "5:00"],
+        lambda: job() and job() / "workerlog.0", lambda: None,
+        script=["--slow-data", f"2:100:{WARM + 2}", "--work", 5], start=start,
+        report=lambda: (job() or tmp_path) / "stragglers.json")
+    assert (found["kind"], found["ranks"], found["hosts"]) == \
+        ("data", [2], {"2": "127.0.0.3"}), out
+    assert found["at_collective"] - (WARM + 2) <= WITHIN, found
+    assert found["line"].startswith("fluidctl: straggler: rank 2 (127.0.0.3) is slow data")
+    assert found["line"] in (job() / "stragglers.log").read_text()
+    assert found["line"] in out                     # relayed by the follower
 
 
 HOG = "import os\nwhile not os.path.exists(%r): pass\n"
