@@ -18,13 +18,15 @@ TIMEOUT = 3
 CLASSIFIED_WITHIN = 10.0          # seconds from the hang's detection to its sentence
 
 
-def run_all(tmp_path, script, scenarios, nproc):
-    """Start one job per scenario, all at once; (returncode, stderr, log dir) per scenario."""
+def run_all(tmp_path, script, scenarios, nproc, envs=None):
+    """Start one job per scenario (or per ``envs`` name: scenario, environment), all at once;
+    (returncode, stderr, log dir) per scenario."""
     jobs = {}
-    for name in scenarios:
+    for name, (scenario, env) in (envs or {n: (n, None) for n in scenarios}).items():
         log = tmp_path / name
         jobs[name] = (start_fluidctl("train", "--nproc", nproc, "--hang-timeout", TIMEOUT,
-                                     "--log-dir", log, script, name, cwd=tmp_path), log)
+                                     "--log-dir", log, script, scenario, cwd=tmp_path,
+                                     env=env), log)
     done = {}
     for name, (proc, log) in jobs.items():
         try:
@@ -108,6 +110,40 @@ def test_unmodified_torch_ddp_script_desync_and_dead_peer(tmp_path):
     code, err, log = done["stop"]
     assert ("fluidctl: the job hung: dead peer: rank 1 on 127.0.0.1 is stopped (SIGSTOP or a "
             f"frozen cgroup); rank 0 waits in DDP forward (torch_hang.py:{forward})") in err, err
+
+
+def first_failure(log):
+    return json.loads((log / "failure.json").read_text())["first_failure"]
+
+
+def test_unmodified_torch_script_gloo_size_mismatch(tmp_path):
+    """gloo does not hang on a size mismatch: it aborts the rank that receives the odd message.
+    Plain, that rank's log has only gloo's byte counts; with torch's DETAIL check every rank
+    names its own shape, and the report puts them together."""
+    pytest.importorskip("torch")
+    done = run_all(tmp_path, TORCH_HANG, (), 3, envs={
+        "plain": ("mismatch", None),
+        "detail": ("mismatch", {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})})
+    code, err, log = done["plain"]
+    assert code == 134 and "hung" not in err, err
+    assert re.search(r"why: mismatch: rank \d received a \d+-byte message from a peer where its "
+                     r"collective expected \d+ bytes, and gloo aborted it", err), err
+    assert first_failure(log)["kind"] == "mismatch"
+    code, err, log = done["detail"]
+    assert code == 1, err
+    assert ("why: mismatch: rank 1 called all_reduce with 1024 floats, ranks 0,2 with 512 floats "
+            "(torch's collective check, TORCH_DISTRIBUTED_DEBUG=DETAIL)") in err, err
+    assert first_failure(log)["kind"] == "mismatch"
+
+
+def test_unmodified_paddle_script_gloo_size_mismatch(tmp_path):
+    """Paddle's gloo aborts the same way (its own line, without torch's hint)."""
+    pytest.importorskip("paddle")
+    (code, err, log), = run_all(tmp_path, PADDLE_HANG, ["mismatch"], 2).values()
+    assert code == 134 and "hung" not in err, err
+    assert re.search(r"why: mismatch: rank 0 received a 1024-byte message from a peer where its "
+                     r"collective expected 512 bytes, and gloo aborted it", err), err
+    assert "TORCH_DISTRIBUTED_DEBUG" not in err
 
 
 def test_unmodified_paddle_script_dead_peer_and_desync(tmp_path):
