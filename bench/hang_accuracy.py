@@ -5,8 +5,9 @@ finding to the sentence (launch.log).
 The faults are those of the fault tests, each run as its own job: the fluidctl.runtime script
 tests/scripts/trouble.py (slow data, slow compute, dead peer, desync, and the two failures the
 runtime raises: desync, mismatch; 3 ranks), the unmodified torch DDP script
-tests/scripts/torch_hang.py (desync, dead peer) and Paddle DataParallel script
-tests/scripts/paddle_hang.py (dead peer, desync), all with `--nproc`; then over ssh on
+tests/scripts/torch_hang.py (desync, dead peer, and a size mismatch that gloo aborts on) and
+Paddle DataParallel script tests/scripts/paddle_hang.py (dead peer, desync, the same gloo
+mismatch), all with `--nproc`; then over ssh on
 namespace nodes (tests/netns.py, needs root) a cut link (partition), a frozen node and the
 path between two nodes cut (stuck). The jobs of one group run side by side on this machine.
 
@@ -39,9 +40,11 @@ LOCAL = [
      ("trouble-desync", "trouble.py", ["desync"], 3, "desync", None),
      ("trouble-mismatch", "trouble.py", ["mismatch"], 3, "mismatch", None)],
     [("torch-uneven", "torch_hang.py", ["uneven"], 2, "desync", [1]),
-     ("torch-stop", "torch_hang.py", ["stop"], 2, "dead peer", [1])],
+     ("torch-stop", "torch_hang.py", ["stop"], 2, "dead peer", [1]),
+     ("torch-gloo-mismatch", "torch_hang.py", ["mismatch"], 3, "mismatch", None)],
     [("paddle-stop", "paddle_hang.py", ["stop"], 2, "dead peer", [1]),
-     ("paddle-skip", "paddle_hang.py", ["skip"], 2, "desync", [1])],
+     ("paddle-skip", "paddle_hang.py", ["skip"], 2, "desync", [1]),
+     ("paddle-gloo-mismatch", "paddle_hang.py", ["mismatch"], 2, "mismatch", None)],
 ]
 NETNS = [("ssh-cut-link", "node2", "partition", [1]),
          ("ssh-frozen-node", "node4", "frozen node", [1]),
