@@ -195,7 +195,10 @@ def one(tool: str, fault: str, warm: int, window: float) -> dict:
         lines.until(lambda it: False, time.monotonic() + (4 if said else 0))  # steps after it
         before = step_time(steps_of(lines.seen, until=t0))
         after = step_time(steps_of(lines.seen, since=t0 + 1))
+        why = next((text.strip() for t, _, text in lines.seen
+                    if said and t >= said[0] and text.startswith("  why: ")), None)
         return {"tool": tool, "fault": fault, "said": said[2].strip() if said else None,
+                "why": why,
                 "after_s": said[0] - t0 if said else None, "step_before": before,
                 "step_after": after}
     finally:
@@ -240,6 +243,7 @@ def main() -> None:
             rows.append(row)
             print(f"{fault:8} {tool:9} after {row['after_s'] and round(row['after_s'], 1)} s: "
                   f"{row['said'] or f'nothing within {args.window:g} s'} "
+                  + (f"/ {row['why']} " if row["why"] else "") +
                   f"(step {ms(row['step_before'])} -> {ms(row['step_after'])})", flush=True)
     print(f"\ntorch {torch.__version__}; gloo's default collective timeout "
           f"{constants.default_pg_timeout}")
@@ -254,7 +258,8 @@ def main() -> None:
             if r is None:
                 cells += ["-", "-"]
                 continue
-            cells += [f"`{r['said']}`" if r["said"] else f"nothing within {args.window:g} s",
+            said = r["said"] + (f" / {r['why']}" if r["why"] else "") if r["said"] else ""
+            cells += [f"`{said}`" if said else f"nothing within {args.window:g} s",
                       f"{r['after_s']:.1f} s" if r["said"] else "-"]
         cells.append("; ".join(f"{ms(got[t]['step_before'])} -> {ms(got[t]['step_after'])}"
                                for t in ("fluidctl", "torchrun") if t in got))

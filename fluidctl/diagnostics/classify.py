@@ -262,6 +262,21 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
     return None
 
 
+# --- a node whose connection died ------------------------------------------------------------
+
+def lost_node(host: str, probe: str) -> Optional[Verdict]:
+    """A node whose SSH connection died before any hang timeout, from the probe of its link
+    (``backends.ssh.probe_link``: "frozen: ..." when a new TCP connection is accepted but
+    nothing answers, the failed connection when it is not): frozen node or partition; None
+    when its sshd answers or the probe could not tell."""
+    if probe.startswith("frozen: "):
+        return Verdict(FROZEN, f"{FROZEN}: {host} is alive but silent: {probe[len('frozen: '):]}")
+    if probe.startswith("a new TCP connection") and "failed" in probe:
+        return Verdict(PARTITION, f"{PARTITION}: {host} cannot be reached ({probe}): its link "
+                       "is cut or the node is down")
+    return None
+
+
 # --- failures the runtime's metadata agreement raised ----------------------------------------
 
 _DESYNC_TEXT = ("every rank must make the same collective calls",)

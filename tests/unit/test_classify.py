@@ -106,3 +106,17 @@ def test_a_busy_rank_whose_stack_moves_is_not_stuck():
     importing = [Frame("<module>", "/lib/numpy/core/__init__.py", 5)] + spin
     later = still_busy(v, {1: spin}, {1: importing})
     assert not later.hung and later.sentence.endswith("moved between two looks: not a hang")
+
+
+def test_a_lost_node_is_frozen_or_cut_by_its_link_probe():
+    from fluidctl.diagnostics.classify import lost_node
+    v = lost_node("node4", "frozen: its link is up (a new TCP connection to 10.0.0.4:22 was "
+                           "accepted in 0 ms) and nothing answers on it (no SSH banner within 2s)")
+    assert v.kind == "frozen node" and v.sentence.startswith(
+        "frozen node: node4 is alive but silent: its link is up (a new TCP connection")
+    v = lost_node("node2", "a new TCP connection to 10.0.0.2:22 failed (timed out)")
+    assert v.sentence == ("partition: node2 cannot be reached (a new TCP connection to "
+                          "10.0.0.2:22 failed (timed out)): its link is cut or the node is down")
+    assert lost_node("node3", "its link is up (...) and its sshd answers: its agent alone is "
+                              "silent") is None
+    assert lost_node("node3", "") is None
