@@ -14,6 +14,7 @@ from troubleutil import TROUBLE, classified_after, line_of
 
 TORCH_HANG = ROOT / "tests" / "scripts" / "torch_hang.py"
 PADDLE_HANG = ROOT / "tests" / "scripts" / "paddle_hang.py"
+GLOO_MISMATCH = ROOT / "tests" / "scripts" / "gloo_mismatch.py"
 TIMEOUT = 3
 CLASSIFIED_WITHIN = 10.0          # seconds from the hang's detection to its sentence
 
@@ -121,9 +122,9 @@ def test_unmodified_torch_script_gloo_size_mismatch(tmp_path):
     Plain, that rank's log has only gloo's byte counts; with torch's DETAIL check every rank
     names its own shape, and the report puts them together."""
     pytest.importorskip("torch")
-    done = run_all(tmp_path, TORCH_HANG, (), 3, envs={
-        "plain": ("mismatch", None),
-        "detail": ("mismatch", {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})})
+    done = run_all(tmp_path, GLOO_MISMATCH, (), 3, envs={
+        "plain": ("torch", None),
+        "detail": ("torch", {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})})
     code, err, log = done["plain"]
     assert code == 134 and "hung" not in err, err
     assert re.search(r"why: mismatch: rank \d received a \d+-byte message from a peer where its "
@@ -139,7 +140,7 @@ def test_unmodified_torch_script_gloo_size_mismatch(tmp_path):
 def test_unmodified_paddle_script_gloo_size_mismatch(tmp_path):
     """Paddle's gloo aborts the same way (its own line, without torch's hint)."""
     pytest.importorskip("paddle")
-    (code, err, log), = run_all(tmp_path, PADDLE_HANG, ["mismatch"], 2).values()
+    (code, err, log), = run_all(tmp_path, GLOO_MISMATCH, ["paddle"], 2).values()
     assert code == 134 and "hung" not in err, err
     assert re.search(r"why: mismatch: rank 0 received a 1024-byte message from a peer where its "
                      r"collective expected 512 bytes, and gloo aborted it", err), err

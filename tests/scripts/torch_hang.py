@@ -4,7 +4,6 @@ uneven  rank 1 has one batch, rank 0 three: rank 1 leaves the loop and waits in 
         barrier while rank 0 waits in backward for rank 1's gradients (DDP's classic hang)
 stop    rank 1 stops itself (SIGSTOP) after the first step: a dead peer
 quiet   no fault: every rank trains for SECONDS (default 5) without printing anything
-mismatch  rank 1 all_reduces 1024 floats, the others 512: gloo aborts a rank, no hang
 """
 import os
 import signal
@@ -18,8 +17,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 scenario = sys.argv[1]
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-if scenario == "mismatch":
-    dist.all_reduce(torch.ones(1024 if rank == 1 else 512))     # mismatched
 torch.manual_seed(0)
 model = DDP(torch.nn.Linear(4, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
