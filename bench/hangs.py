@@ -267,4 +267,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt as exc:
+        sys.exit(f"interrupted ({exc or 'SIGINT'}): the nodes of the fault under way were removed")
