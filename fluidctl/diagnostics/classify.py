@@ -63,6 +63,7 @@ _DDP = os.sep.join(("", "torch", "nn", "parallel", "distributed.py"))
 _DATA_FILES = (os.sep + "torch" + os.sep + "utils" + os.sep + "data" + os.sep,
                os.sep + "fluidctl" + os.sep + "runtime" + os.sep + "data.py",
                os.sep + "paddle" + os.sep + "io" + os.sep)
+_IMPORTING = "<frozen importlib"     # py-spy's file of the import machinery's frames
 _DATA_WORDS = frozenset("""load loader read reader fetch batch batches dataset data dataloader
     shard shards prefetch sample samples""".split())
 
@@ -133,6 +134,10 @@ def place(ev: Evidence) -> Optional[_Place]:
         if frames[i].file.endswith(_DDP) and ev.cpu is not None and not ev.busy:
             # DDP's own collectives (bucket rebuild, buffer broadcast) run in its forward
             return _Place("collective", f"DDP {name}", _user_site(frames, i + 1), number)
+    if any(f.file.startswith(_IMPORTING) for f in frames[:user]):
+        # the script imports a library: no data loader even where the import passes through
+        # torch.utils.data (torch's import alone takes seconds on a crowded machine)
+        return _Place("busy" if ev.busy else "idle", "import", _user_site(frames, 0))
     for i, frame in enumerate(frames):
         if any(p in frame.file for p in _DATA_FILES):
             return _Place("data", _short(frame.func), _user_site(frames, i + 1))

@@ -120,3 +120,18 @@ def test_a_lost_node_is_frozen_or_cut_by_its_link_probe():
     assert lost_node("node3", "its link is up (...) and its sshd answers: its agent alone is "
                               "silent") is None
     assert lost_node("node3", "") is None
+
+
+def test_ranks_importing_torch_are_busy_not_in_a_data_loader():
+    """torch's import passes through torch.utils.data: seconds on a crowded machine, and no
+    hang while every rank is still importing."""
+    importing = [Frame("_find_and_load", "<frozen importlib._bootstrap>", 1176),
+                 Frame("<module>", f"{LIB}/torch/utils/data/dataloader.py", 20),
+                 Frame("_call_with_frames_removed", "<frozen importlib._bootstrap>", 241),
+                 Frame("<module>", "/job/train.py", 7)]
+    v = classify([Evidence(r, "node1", importing, state="R", cpu=0.14, running=1.0)
+                  for r in range(3)])
+    assert v.kind == "slow compute" and not v.hung
+    assert "rank 0 in import at train.py:7" in v.sentence
+    v = classify([waiting(0), Evidence(1, "node1", importing, state="R", cpu=0.9, running=1.0)])
+    assert v.kind == "slow compute" and v.ranks == [1] and "(import at train.py:7" in v.sentence
