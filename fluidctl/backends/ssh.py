@@ -330,7 +330,7 @@ class RemoteAgent:
                   "node agent failed: " + (" | ".join(list(self._tail)[-3:]) or f"exit {code}"))
         failure = Failure(self.label, self.host, code if code is not None else 255, self.log,
                           self.pid, detail=detail)
-        if self._lost:
+        if self._lost and not self.beat_timeout:    # an elastic job goes on at once without it
             verdict = self.lost_verdict()
             if verdict is not None:
                 failure.explanation, failure.kind = verdict.sentence, FailureKind(verdict.kind)
