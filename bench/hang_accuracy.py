@@ -6,7 +6,8 @@ The faults are those of the fault tests, each run as its own job: the fluidctl.r
 tests/scripts/trouble.py (slow data, slow compute, dead peer, desync, and the two failures the
 runtime raises: desync, mismatch; 3 ranks), the unmodified torch DDP script
 tests/scripts/torch_hang.py (desync, dead peer) and Paddle DataParallel script
-tests/scripts/paddle_hang.py (dead peer, desync), all with `--nproc`; then over ssh on
+tests/scripts/paddle_hang.py (dead peer, desync), a size mismatch that gloo aborts on in torch
+and in Paddle (tests/scripts/gloo_mismatch.py), all with `--nproc`; then over ssh on
 namespace nodes (tests/netns.py, needs root) a cut link (partition), a frozen node and the
 path between two nodes cut (stuck). The jobs of one group run side by side on this machine.
 
@@ -39,9 +40,11 @@ LOCAL = [
      ("trouble-desync", "trouble.py", ["desync"], 3, "desync", None),
      ("trouble-mismatch", "trouble.py", ["mismatch"], 3, "mismatch", None)],
     [("torch-uneven", "torch_hang.py", ["uneven"], 2, "desync", [1]),
-     ("torch-stop", "torch_hang.py", ["stop"], 2, "dead peer", [1])],
+     ("torch-stop", "torch_hang.py", ["stop"], 2, "dead peer", [1]),
+     ("torch-gloo-mismatch", "gloo_mismatch.py", ["torch"], 3, "mismatch", None)],
     [("paddle-stop", "paddle_hang.py", ["stop"], 2, "dead peer", [1]),
-     ("paddle-skip", "paddle_hang.py", ["skip"], 2, "desync", [1])],
+     ("paddle-skip", "paddle_hang.py", ["skip"], 2, "desync", [1]),
+     ("paddle-gloo-mismatch", "gloo_mismatch.py", ["paddle"], 2, "mismatch", None)],
 ]
 NETNS = [("ssh-cut-link", "node2", "partition", [1]),
          ("ssh-frozen-node", "node4", "frozen node", [1]),
@@ -90,8 +93,9 @@ def local_round(work: Path, out, results):
     for group in LOCAL:
         jobs = {}
         for name, script, args, nproc, kind, ranks in group:
-            if script != "trouble.py" and importlib.util.find_spec(script.split("_")[0]) is None:
-                print(f"skip {name}: {script.split('_')[0]} not installed")
+            framework = name.split("-")[0]         # torch-..., paddle-...
+            if script != "trouble.py" and importlib.util.find_spec(framework) is None:
+                print(f"skip {name}: {framework} not installed")
                 continue
             log = work / name
             jobs[name] = (start(["--nproc", nproc, SCRIPTS / script, *args], log, work), log,

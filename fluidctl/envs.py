@@ -88,6 +88,7 @@ SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process
 WORKER_ECHO = "FLUIDCTL_WORKER_ECHO"    # "0": fluidctl worker writes its log only, not stdout
 HANDSHAKE_TIMEOUT = "FLUIDCTL_HANDSHAKE_TIMEOUT"  # seconds a new peer has to authenticate (10)
 DROP_LOG_INTERVAL = "FLUIDCTL_DROP_LOG_INTERVAL"  # seconds per summary of dropped peers (10)
+MAX_FRAME = "FLUIDCTL_MAX_FRAME"        # bytes a wire frame's payload may have (4 GiB)
 # checkpoint requests (runtime/request.py): the file the launcher (or `fluidctl job checkpoint`)
 # creates to ask for a checkpoint, and the signal it forwards to the ranks (a name: TERM, USR1)
 CHECKPOINT_REQUEST = "FLUIDCTL_CHECKPOINT_REQUEST"
@@ -343,6 +344,61 @@ def _int(environ: Mapping[str, str], *names: str, default: int) -> int:
                                  "number >= 0", f"unset {name} or set it to a number, e.g. 0")
             return number
     return default
+
+
+# --- numeric knobs the runtime reads at import (runtime/wire.py) ---------------------------
+# name: (default, whole number, unit): each must be a finite number above 0; nan or inf would
+# turn a deadline off (every comparison with nan is false) and 0 or less refuse every frame
+KNOBS = {HANDSHAKE_TIMEOUT: (10.0, False, "seconds"), DROP_LOG_INTERVAL: (10.0, False, "seconds"),
+         MAX_FRAME: (4 << 30, True, "bytes")}
+
+
+def _knob(name: str, value: str):
+    """(the value of knob ``name``, None) or (None, what it should be)."""
+    default, whole, unit = KNOBS[name]
+    try:
+        number = int(value) if whole else float(value)
+    except ValueError:
+        number = None
+    import math
+    if number is None or not math.isfinite(number) or number <= 0:
+        return None, f"{'a whole number' if whole else 'a number'} of {unit} above 0"
+    return number, None
+
+
+def _default(name: str) -> str:
+    default = KNOBS[name][0]
+    return str(default) if isinstance(default, int) else f"{default:g}"
+
+
+def knob(name: str, environ: Optional[Mapping[str, str]] = None):
+    """The knob's value inside a process that cannot refuse to start (a rank, a pserver): a bad
+    one is ignored with one line on stderr, and the default used."""
+    environ = os.environ if environ is None else environ
+    default = KNOBS[name][0]
+    value = environ.get(name)
+    if value in (None, ""):
+        return default
+    number, should = _knob(name, value)
+    if should:
+        import sys
+        print(f"fluidctl: ignoring {name}={value!r} (not {should}); using {_default(name)}",
+              file=sys.stderr, flush=True)
+        return default
+    return number
+
+
+def check_knobs(environ: Mapping[str, str]) -> None:
+    """Before a command starts anything: a bad knob in the user's environment is a UsageError
+    (one line, exit 2) instead of a warning in every rank's log."""
+    for name in KNOBS:
+        value = environ.get(name)
+        if value not in (None, ""):
+            _, should = _knob(name, value)
+            if should:
+                from fluidctl.errors import UsageError
+                raise UsageError(f"{name}={value!r} is not {should}",
+                                 f"unset {name} or set one, e.g. {name}={_default(name)}")
 
 
 def gpu_of_local_rank(environ: Mapping[str, str], local_rank: int) -> int:

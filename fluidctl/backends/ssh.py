@@ -36,7 +36,7 @@ from fluidctl.agentproto import (AGENT_MODULE, BEAT_COMMAND, BEAT_EVERY, BEAT_MI
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.diagnostics.watch import Diagnostics, StackDump, local_activity
 from fluidctl.errors import UsageError, node_failures
-from fluidctl.diagnostics.failures import Failure
+from fluidctl.diagnostics.failures import Failure, FailureKind
 from fluidctl.planning import plan as planner
 from fluidctl.planning.hosts import Host
 from fluidctl.planning.plan import LaunchCommand, Plan, ProcSpec
@@ -82,6 +82,7 @@ class RemoteAgent:
         self._record: Optional[Failure] = None
         self._tail = deque(maxlen=20)
         self._lost = ""
+        self._lost_probe: Optional[str] = None  # probe_link's answer once the node is lost
         self.progress = 0                       # collectives completed on the node (beats)
         self.steps: dict = {}                   # the node's ranks' straggler sums (steps)
         self.ends: Optional[List[ProcessEnd]] = None    # the node's processes' final states
@@ -327,8 +328,21 @@ class RemoteAgent:
         code = 255 if self._lost else self.poll()
         detail = (f"SSH connection lost ({self._lost})" if self._lost else
                   "node agent failed: " + (" | ".join(list(self._tail)[-3:]) or f"exit {code}"))
-        return Failure(self.label, self.host, code if code is not None else 255, self.log,
-                       self.pid, detail=detail)
+        failure = Failure(self.label, self.host, code if code is not None else 255, self.log,
+                          self.pid, detail=detail)
+        if self._lost and not self.beat_timeout:    # an elastic job goes on at once without it
+            verdict = self.lost_verdict()
+            if verdict is not None:
+                failure.explanation, failure.kind = verdict.sentence, FailureKind(verdict.kind)
+        return failure
+
+    def lost_verdict(self):
+        """Frozen node or partition for a lost connection, from one probe of the node's link
+        (taken once: at most 2 x PROBE_TIMEOUT)."""
+        from fluidctl.diagnostics.classify import lost_node
+        if self._lost_probe is None:
+            self._lost_probe = probe_link(self)
+        return lost_node(self.host, self._lost_probe)
 
     def close(self) -> None:
         with self._lock:

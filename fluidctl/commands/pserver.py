@@ -62,6 +62,9 @@ def start(host, port, ports_num, ports_num_for_sparse, trainers, sync, pserver_i
       fluidctl pserver start --port 7164 --ports_num 1 --num_gradient_servers 4 --async
       fluidctl pserver start --port 7164 --checkpoint-dir ckpt --checkpoint-every 50 --daemon
     """
+    import os
+    from fluidctl import envs
+    envs.check_knobs(os.environ)
     from fluidctl.pserverctl.start import run
     run(host, port, ports_num, ports_num_for_sparse, trainers, sync, pserver_id,
         checkpoint_dir, checkpoint_every, token_file, max_frame_mb, daemon)

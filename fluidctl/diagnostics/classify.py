@@ -63,6 +63,7 @@ _DDP = os.sep.join(("", "torch", "nn", "parallel", "distributed.py"))
 _DATA_FILES = (os.sep + "torch" + os.sep + "utils" + os.sep + "data" + os.sep,
                os.sep + "fluidctl" + os.sep + "runtime" + os.sep + "data.py",
                os.sep + "paddle" + os.sep + "io" + os.sep)
+_IMPORTING = "<frozen importlib"     # py-spy's file of the import machinery's frames
 _DATA_WORDS = frozenset("""load loader read reader fetch batch batches dataset data dataloader
     shard shards prefetch sample samples""".split())
 
@@ -133,6 +134,10 @@ def place(ev: Evidence) -> Optional[_Place]:
         if frames[i].file.endswith(_DDP) and ev.cpu is not None and not ev.busy:
             # DDP's own collectives (bucket rebuild, buffer broadcast) run in its forward
             return _Place("collective", f"DDP {name}", _user_site(frames, i + 1), number)
+    if any(f.file.startswith(_IMPORTING) for f in frames[:user]):
+        # the script imports a library: no data loader even where the import passes through
+        # torch.utils.data (torch's import alone takes seconds on a crowded machine)
+        return _Place("busy" if ev.busy else "idle", "import", _user_site(frames, 0))
     for i, frame in enumerate(frames):
         if any(p in frame.file for p in _DATA_FILES):
             return _Place("data", _short(frame.func), _user_site(frames, i + 1))
@@ -259,6 +264,21 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
             text = (f"{who} never reached{missed}: {verb} idle outside any collective "
                     f"({p.name} at {p.site}{_cpu(hit[0])})")
         return Verdict(kind, f"{kind}: {text}{tail}", [e.rank for e in hit])
+    return None
+
+
+# --- a node whose connection died ------------------------------------------------------------
+
+def lost_node(host: str, probe: str) -> Optional[Verdict]:
+    """A node whose SSH connection died before any hang timeout, from the probe of its link
+    (``backends.ssh.probe_link``: "frozen: ..." when a new TCP connection is accepted but
+    nothing answers, the failed connection when it is not): frozen node or partition; None
+    when its sshd answers or the probe could not tell."""
+    if probe.startswith("frozen: "):
+        return Verdict(FROZEN, f"{FROZEN}: {host} is alive but silent: {probe[len('frozen: '):]}")
+    if probe.startswith("a new TCP connection") and "failed" in probe:
+        return Verdict(PARTITION, f"{PARTITION}: {host} cannot be reached ({probe}): its link "
+                       "is cut or the node is down")
     return None
 
 

@@ -77,6 +77,8 @@ class FailureKind(str, Enum):
     HANG = "hang"
     DESYNC = "desync"           # ranks in different collectives (the runtime's agreement)
     MISMATCH = "mismatch"       # shapes, dtypes, ops or roots differ in one collective
+    FROZEN = "frozen node"      # a node's SSH connection died; its link is up, nothing answers
+    PARTITION = "partition"     # a node's SSH connection died and a new one is not accepted
     REFUSED = "refused"         # Slurm refused to start the step
     CANCELLED = "cancelled"     # cancelled from outside (scancel): never restarted
 

@@ -11,8 +11,10 @@ gathers the inputs:
   ``memory.oom_control``): a rise while the job ran means the cgroup's limit killed something;
 - ``nccl_error``: the NCCL error class named in the log tail (ncclSystemError, ...);
 - ``python_exception``: type, message and innermost location of the last traceback;
-- ``explain``: one line for the report, combining the above (memory first, then NCCL, then
-  the exception, then the plain exit).
+- a collective mismatch that gloo aborted on, or that torch's DETAIL check raised
+  (``fluidctl.diagnostics.gloo``);
+- ``explain``: one line for the report, combining the above (memory first, then a gloo
+  mismatch, then NCCL, then the exception, then the plain exit).
 
 Standard library only: the node agents import this too.
 """
@@ -294,9 +296,10 @@ class Explanation:
 
 def explain(returncode: int, tail: Sequence[str], *, pid: Optional[int] = None,
             oom: Iterable[OomRecord] = (), cgroup_oom_kills: int = 0,
-            cgroup_limit: Optional[int] = None) -> Explanation:
+            cgroup_limit: Optional[int] = None, rank: Optional[int] = None) -> Explanation:
     """The failure in one line. ``oom``: the kernel's OOM records of this job's time;
-    ``cgroup_oom_kills``: how much the job's memory cgroup's oom_kill counter rose."""
+    ``cgroup_oom_kills``: how much the job's memory cgroup's oom_kill counter rose;
+    ``rank``: the failed process's rank, for the sentence."""
     sig = signal_of(returncode)
     if sig == "SIGKILL":
         mine = [r for r in oom if pid is not None and r.pid == pid]
@@ -313,6 +316,10 @@ def explain(returncode: int, tail: Sequence[str], *, pid: Optional[int] = None,
             return Explanation(FailureKind.OOM,
                                f"killed for memory: the job's memory cgroup limit{limit} "
                                f"was hit (memory oom_kill count +{cgroup_oom_kills})")
+    from fluidctl.diagnostics.gloo import classify_log
+    mismatch = classify_log(tail, rank)
+    if mismatch is not None:
+        return Explanation(FailureKind(mismatch.kind), mismatch.sentence)
     nccl = nccl_error(tail)
     exc = python_exception(tail)
     if nccl:

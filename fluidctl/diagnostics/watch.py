@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from fluidctl.diagnostics import progress, triage
+from fluidctl.diagnostics import gloo, progress, triage
 from fluidctl.agentproto import ProcessEnd
-from fluidctl.diagnostics.failures import Failure, end_record, log_tail
+from fluidctl.diagnostics.failures import Failure, FailureKind, end_record, log_tail
 from fluidctl.paths import DiagDir, hang_dir, write_atomic
 
 HANG_EXIT = 124             # the job was stopped because it hung (timeout(1)'s code)
@@ -41,11 +41,12 @@ class Triage:
         self.cgroup = triage.memory_cgroup()
         self.oom_before = triage.oom_kill_count(self.cgroup) or 0
 
-    def explain(self, failure: Failure) -> None:
+    def explain(self, failure: Failure, peer_logs: Sequence[str] = ()) -> None:
         """Fill in ``failure.explanation``/``kind``/``started`` (best effort, never raises).
         A failure explained already (by the node agent that saw it) or with a detail of its
         own (a lost connection) keeps what it has: this machine's kernel log says nothing
-        about another node."""
+        about another node. ``peer_logs``: the job's other logs here, whose collective
+        fingerprints (torch's DETAIL check) complete a mismatch the failed rank names."""
         failure.started = failure.started or self.started
         if failure.explanation or failure.detail:
             return
@@ -61,10 +62,23 @@ class Triage:
                 kills = (triage.oom_kill_count(self.cgroup) or 0) - self.oom_before
             found = triage.explain(failure.returncode, tail, pid=failure.pid, oom=records,
                                    cgroup_oom_kills=kills,
-                                   cgroup_limit=triage.memory_limit(self.cgroup))
+                                   cgroup_limit=triage.memory_limit(self.cgroup),
+                                   rank=trainer_rank(failure.label))
             failure.explanation, failure.kind = found.text, found.kind
+            if found.kind in (FailureKind.MISMATCH, FailureKind.DESYNC) and peer_logs:
+                lines = tail + [line for log in peer_logs if log != failure.log
+                                for line in log_tail(log, TRIAGE_TAIL)]
+                if len(gloo.fingerprints(lines)) > len(gloo.fingerprints(tail)):
+                    whole = gloo.classify_log(lines, trainer_rank(failure.label))
+                    failure.explanation, failure.kind = whole.sentence, FailureKind(whole.kind)
         except Exception as exc:        # triage must never hide the failure itself
             failure.explanation = f"(triage failed: {exc})"
+
+
+def trainer_rank(label: str) -> Optional[int]:
+    """The rank in a trainer's label ("trainer 3": 3); None for other processes."""
+    kind, _, number = label.partition(" ")
+    return int(number) if kind == "trainer" and number.isdigit() else None
 
 
 def write_failure_json(path: Path, exit_code: int, failure: Optional[Failure],

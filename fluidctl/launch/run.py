@@ -160,7 +160,7 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
         echo.finish()
     if diagnostics is not None:
         if result.failure is not None:
-            diagnostics.triage.explain(result.failure)
+            diagnostics.triage.explain(result.failure, logs)
             result.failure.others = [e for e in diagnostics.ends(result)
                                      if e.label != result.failure.label]
         watch.finish(result)

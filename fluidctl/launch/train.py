@@ -59,6 +59,8 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
     if show_secrets and not (as_json or dry_run and options.get("backend") == "k8s"):
         raise UsageError("--show-secrets only works with --dry-run --json (it unmasks the job "
                          "token in the printed plan)", "add --dry-run --json, or drop it")
+    from fluidctl import envs
+    envs.check_knobs(os.environ)              # the ranks inherit them: refuse bad ones here
     if options.pop("node_rank", None) is not None:
         raise UsageError("--node-rank is torchrun's: fluidctl plans node ranks itself (the "
                          "order of --hostfile/--hosts) and starts every node from here",

@@ -14,17 +14,20 @@ from troubleutil import TROUBLE, classified_after, line_of
 
 TORCH_HANG = ROOT / "tests" / "scripts" / "torch_hang.py"
 PADDLE_HANG = ROOT / "tests" / "scripts" / "paddle_hang.py"
+GLOO_MISMATCH = ROOT / "tests" / "scripts" / "gloo_mismatch.py"
 TIMEOUT = 3
 CLASSIFIED_WITHIN = 10.0          # seconds from the hang's detection to its sentence
 
 
-def run_all(tmp_path, script, scenarios, nproc):
-    """Start one job per scenario, all at once; (returncode, stderr, log dir) per scenario."""
+def run_all(tmp_path, script, scenarios, nproc, envs=None, watch=True):
+    """Start one job per scenario (or per ``envs`` name: scenario, environment), all at once,
+    with --hang-timeout unless not ``watch``; (returncode, stderr, log dir) per scenario."""
     jobs = {}
-    for name in scenarios:
+    hang = ["--hang-timeout", TIMEOUT] if watch else []
+    for name, (scenario, env) in (envs or {n: (n, None) for n in scenarios}).items():
         log = tmp_path / name
-        jobs[name] = (start_fluidctl("train", "--nproc", nproc, "--hang-timeout", TIMEOUT,
-                                     "--log-dir", log, script, name, cwd=tmp_path), log)
+        jobs[name] = (start_fluidctl("train", "--nproc", nproc, *hang, "--log-dir", log, script,
+                                     scenario, cwd=tmp_path, env=env), log)
     done = {}
     for name, (proc, log) in jobs.items():
         try:
@@ -65,8 +68,9 @@ def test_runtime_script_each_class(tmp_path):
         assert "  no rank wrote to its log and no collective completed for 3s" in err
         assert list(log.glob("hang-*/rank-1.txt")), name       # the stacks stay in LOG_DIR
     code, err, log = done["spin"]
+    spin = f"({line_of('a step that never ends')}|{line_of('n += 1')})"   # a sample's line
     assert re.search(r"fluidctl: the job hung: slow compute: rank 1 on 127\.0\.0\.1 is busy in "
-                     rf"user code \(spin at trouble\.py:{line_of('n += 1')}, \d+% CPU", err), err
+                     rf"user code \(spin at trouble\.py:{spin}, \d+% CPU", err), err
     assert hang_record(log)["class"] == "slow compute" and hang_record(log)["ranks"] == [1]
     code, err, log = done["stop"]
     assert ("fluidctl: the job hung: dead peer: rank 1 on 127.0.0.1 is stopped (SIGSTOP or a "
@@ -108,6 +112,40 @@ def test_unmodified_torch_ddp_script_desync_and_dead_peer(tmp_path):
     code, err, log = done["stop"]
     assert ("fluidctl: the job hung: dead peer: rank 1 on 127.0.0.1 is stopped (SIGSTOP or a "
             f"frozen cgroup); rank 0 waits in DDP forward (torch_hang.py:{forward})") in err, err
+
+
+def first_failure(log):
+    return json.loads((log / "failure.json").read_text())["first_failure"]
+
+
+def test_unmodified_torch_script_gloo_size_mismatch(tmp_path):
+    """gloo does not hang on a size mismatch: it aborts the rank that receives the odd message.
+    Plain, that rank's log has only gloo's byte counts; with torch's DETAIL check every rank
+    names its own shape, and the report puts them together."""
+    pytest.importorskip("torch")
+    done = run_all(tmp_path, GLOO_MISMATCH, (), 3, envs={
+        "plain": ("torch", None),
+        "detail": ("torch", {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})}, watch=False)
+    code, err, log = done["plain"]
+    assert code == 134 and "hung" not in err, err
+    assert re.search(r"why: mismatch: rank \d received a \d+-byte message from a peer where its "
+                     r"collective expected \d+ bytes, and gloo aborted it", err), err
+    assert first_failure(log)["kind"] == "mismatch"
+    code, err, log = done["detail"]
+    assert code == 1, err
+    assert ("why: mismatch: rank 1 called all_reduce with 1024 floats, ranks 0,2 with 512 floats "
+            "(torch's collective check, TORCH_DISTRIBUTED_DEBUG=DETAIL)") in err, err
+    assert first_failure(log)["kind"] == "mismatch"
+
+
+def test_unmodified_paddle_script_gloo_size_mismatch(tmp_path):
+    """Paddle's gloo aborts the same way (its own line, without torch's hint)."""
+    pytest.importorskip("paddle")
+    (code, err, log), = run_all(tmp_path, GLOO_MISMATCH, ["paddle"], 2, watch=False).values()
+    assert code == 134 and "hung" not in err, err
+    assert re.search(r"why: mismatch: rank 0 received a 1024-byte message from a peer where its "
+                     r"collective expected 512 bytes, and gloo aborted it", err), err
+    assert "TORCH_DISTRIBUTED_DEBUG" not in err
 
 
 def test_unmodified_paddle_script_dead_peer_and_desync(tmp_path):

@@ -106,3 +106,32 @@ def test_a_busy_rank_whose_stack_moves_is_not_stuck():
     importing = [Frame("<module>", "/lib/numpy/core/__init__.py", 5)] + spin
     later = still_busy(v, {1: spin}, {1: importing})
     assert not later.hung and later.sentence.endswith("moved between two looks: not a hang")
+
+
+def test_a_lost_node_is_frozen_or_cut_by_its_link_probe():
+    from fluidctl.diagnostics.classify import lost_node
+    v = lost_node("node4", "frozen: its link is up (a new TCP connection to 10.0.0.4:22 was "
+                           "accepted in 0 ms) and nothing answers on it (no SSH banner within 2s)")
+    assert v.kind == "frozen node" and v.sentence.startswith(
+        "frozen node: node4 is alive but silent: its link is up (a new TCP connection")
+    v = lost_node("node2", "a new TCP connection to 10.0.0.2:22 failed (timed out)")
+    assert v.sentence == ("partition: node2 cannot be reached (a new TCP connection to "
+                          "10.0.0.2:22 failed (timed out)): its link is cut or the node is down")
+    assert lost_node("node3", "its link is up (...) and its sshd answers: its agent alone is "
+                              "silent") is None
+    assert lost_node("node3", "") is None
+
+
+def test_ranks_importing_torch_are_busy_not_in_a_data_loader():
+    """torch's import passes through torch.utils.data: seconds on a crowded machine, and no
+    hang while every rank is still importing."""
+    importing = [Frame("_find_and_load", "<frozen importlib._bootstrap>", 1176),
+                 Frame("<module>", f"{LIB}/torch/utils/data/dataloader.py", 20),
+                 Frame("_call_with_frames_removed", "<frozen importlib._bootstrap>", 241),
+                 Frame("<module>", "/job/train.py", 7)]
+    v = classify([Evidence(r, "node1", importing, state="R", cpu=0.14, running=1.0)
+                  for r in range(3)])
+    assert v.kind == "slow compute" and not v.hung
+    assert "rank 0 in import at train.py:7" in v.sentence
+    v = classify([waiting(0), Evidence(1, "node1", importing, state="R", cpu=0.9, running=1.0)])
+    assert v.kind == "slow compute" and v.ranks == [1] and "(import at train.py:7" in v.sentence
