@@ -2,7 +2,9 @@
 throttled by its cgroup, a node's link capped by tc tbf (namespace nodes, tests/netns.py),
 a data loader that sleeps in one rank (local backend), and a healthy job beside CPU hogs that
 must not be reported. Each job runs tests/scripts/straggle.py until the test drops its stop
-file; the fault comes after step WARM and must be named within 20 collectives."""
+file; the fault comes after step WARM and must be named within 20 collectives. The same loop
+as unmodified torch and Paddle scripts (straggle_torch.py, straggle_paddle.py: the step marks
+of fluidctl/diagnostics/stepmarks.py) must be named within 20 steps, and not before."""
 import json
 import os
 import re
@@ -13,7 +15,8 @@ from pathlib import Path
 
 from launchutil import fluidctl, start_fluidctl, wait_for
 
-STRAGGLE = str(Path(__file__).resolve().parent.parent / "scripts" / "straggle.py")
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+STRAGGLE = str(SCRIPTS / "straggle.py")
 WARM = 15               # steps before the fault
 WITHIN = 20             # collectives from the fault to the report (the goal)
 
@@ -23,11 +26,13 @@ def last_step(log: Path) -> int:
     return int(steps[-1]) if steps else -1
 
 
-def run_with_fault(tmp_path, args, rank0_log, fault, script=()):
+def run_with_fault(tmp_path, args, rank0_log, fault, script=(), program=STRAGGLE):
     """Start the job, apply ``fault()`` after step WARM, wait for the report; returns (the
-    report, the step the fault came at, the job's output)."""
-    proc = start_fluidctl("train", *args, STRAGGLE, "--stop-file", tmp_path / "STOP", *script,
+    report, with the step rank 0 had logged when it came as "step_seen", the step the fault
+    came at, the job's output)."""
+    proc = start_fluidctl("train", *args, program, "--stop-file", tmp_path / "STOP", *script,
                           cwd=tmp_path)
+    seen = -1
     report = tmp_path / "mylog" / "stragglers.json"
     try:
         wait_for(lambda: last_step(rank0_log) >= WARM or proc.poll() is not None, 60,
@@ -36,6 +41,7 @@ def run_with_fault(tmp_path, args, rank0_log, fault, script=()):
         at = last_step(rank0_log)
         fault()
         wait_for(lambda: report.exists() or proc.poll() is not None, 60, "a straggler report")
+        seen = last_step(rank0_log)
     finally:
         (tmp_path / "STOP").write_text("")
         try:
@@ -45,7 +51,7 @@ def run_with_fault(tmp_path, args, rank0_log, fault, script=()):
             out, err = proc.communicate(timeout=30)
     assert report.exists(), out + err
     assert proc.returncode == 0, out + err
-    return json.loads(report.read_text()), at, out + err
+    return {**json.loads(report.read_text()), "step_seen": seen}, at, out + err
 
 
 def netns_args(nodes):
@@ -100,3 +106,25 @@ def test_healthy_job_beside_cpu_hogs_is_not_reported(tmp_path, netns_nodes):
     assert "step 59" in res.stdout
     assert "straggler" not in res.stdout + res.stderr
     assert not (tmp_path / "mylog" / "stragglers.json").exists()
+
+
+def test_torch_script_sleeping_data_loader_is_slow_data_and_nothing_before(tmp_path):
+    found, at, out = run_with_fault(
+        tmp_path, ["--nproc", 3], tmp_path / "mylog" / "workerlog.0", lambda: None,
+        script=["--slow-data", f"2:150:{WARM + 2}", "--work", 5],
+        program=SCRIPTS / "straggle_torch.py")
+    assert (found["kind"], found["ranks"]) == ("data", [2]), out
+    assert found["evidence"] == "from torch's collective records"
+    assert found["step_seen"] - (WARM + 2) <= WITHIN, found
+    assert out.count("straggler:") == 1 and "rank 2 (127.0.0.1) is slow data" in out, out
+
+
+def test_paddle_script_rank_computing_more_is_slow_compute(tmp_path):
+    found, at, out = run_with_fault(
+        tmp_path, ["--nproc", 3], tmp_path / "mylog" / "workerlog.0", lambda: None,
+        script=["--slow-compute", f"1:150:{WARM + 2}", "--work", 5],
+        program=SCRIPTS / "straggle_paddle.py")
+    assert (found["kind"], found["ranks"]) == ("compute", [1]), out
+    assert found["evidence"] == "from step markers (backward calls)"
+    assert found["step_seen"] - (WARM + 2) <= WITHIN, found
+    assert out.count("straggler:") == 1 and "rank 1 (127.0.0.1) is slow compute" in out, out
