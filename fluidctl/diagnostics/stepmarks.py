@@ -1,6 +1,6 @@
 """Step marks: the straggler report's numbers for unmodified torch and Paddle scripts.
 
-``fluidctl/node/inject/sitecustomize.py`` calls ``install_torch`` once the script imported
+``fluidctl/diagnostics/inject/sitecustomize.py`` calls ``install_torch`` once the script imported
 ``torch.distributed``, ``install_paddle`` once it imported ``paddle``; both write the rank's
 ``steps.<rank>`` page (layout in ``stragglers``) with *marks*: (seq, wall-clock epoch ns) of
 the collectives the rank reached, and the time its data loader's ``next`` took (``DATA``).
@@ -9,8 +9,10 @@ the collectives the rank reached, and the time its data loader's ``next`` took (
   collective with ``collective_seq_id`` (the same numbering on every rank) and the time it was
   called. A daemon thread dumps it every ``POLL`` seconds, on the wall clock's multiples of
   ``POLL`` (every rank's dump then holds about the same collectives), and marks the new ones:
-  nothing is added to a collective's own path. Without a Flight Recorder (an older torch),
-  ``torch.autograd.backward`` is marked instead (seq: the backward count).
+  the dump and the marks cost nothing on a collective's own path, but the Flight Recorder
+  itself does (it records each call's Python stack: bench/step_markers.py). Without a Flight
+  Recorder (an older torch), or with FLUIDCTL_STEP_HOOKS=backward, ``torch.autograd.backward``
+  is marked instead (seq: the backward count; one mark per step).
 - Paddle (no Flight Recorder): ``paddle.Tensor.backward`` is marked.
 - data: ``__next__`` of the frameworks' DataLoader iterators is timed (a class attribute, looked
   up per call, so iterators made before still count).
@@ -30,6 +32,7 @@ from fluidctl import envs
 from fluidctl.diagnostics import progress, stragglers as st
 
 POLL = st.POLL              # seconds between Flight Recorder dumps
+BACKWARD = "backward"       # FLUIDCTL_STEP_HOOKS=backward: torch too marks backward calls
 _now = time.perf_counter_ns
 _wall = time.time_ns
 
@@ -167,7 +170,7 @@ def _torch_main() -> None:
     atexit.register(_halt.set)          # before torch's own exit handlers run
     from torch.utils.data import dataloader
     time_next(dataloader._BaseDataLoaderIter)
-    dump = flight_recorder()
+    dump = None if os.environ.get(envs.STEP_HOOKS) == BACKWARD else flight_recorder()
     if dump is None:
         import torch.autograd
         mark_calls(torch.autograd, "backward", dist.get_rank, st.MARKERS)

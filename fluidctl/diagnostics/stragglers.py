@@ -19,14 +19,16 @@ asks ``classify``:
   the others (the ranks that receive from it, or on it, see it).
 
 Unmodified torch and Paddle scripts (``fluidctl.diagnostics.stepmarks``, installed in the rank
-by ``fluidctl/node/inject/sitecustomize.py``) cannot be timed from inside each collective; their
+by ``fluidctl/diagnostics/inject/sitecustomize.py``) cannot be timed inside each collective; their
 page holds *marks* instead: the wall-clock time (epoch ns) each rank reached the collectives
 numbered ``seq`` (torch: its Flight Recorder's ``collective_seq_id``, the same numbering on
 every rank; otherwise every ``backward`` call), in a ring of the last ``MARKS`` pairs, beside
 the data-loader time. ``classify_marks`` aligns the ranks' rings by ``seq``: the rank that
-reaches a collective last makes the others wait, so its *lag* (its time minus the earliest
-rank's) stands out; it is slow *data* when its extra data-loader time covers half the lag, else
-slow *compute*. A slow *link* cannot be told from marks (every rank reaches the next collective
+reaches a collective last makes the others wait, so a straggler's mean *lag* (its time minus
+the earliest rank's) is a share of a collective's time, and its *own* time (from the last
+arrival at the previous collective to its arrival at this one) is a multiple of the others';
+it is slow *data* when its extra data-loader time covers half the extra own time, else slow
+*compute*. A slow *link* cannot be told from marks (every rank reaches the next collective
 late alike), so only ``fluidctl.runtime`` names links. Marks of ranks on different nodes differ
 by their clocks' error (NTP: about a millisecond), below ``MIN_EXCESS``.
 
@@ -258,15 +260,16 @@ def classify(before: Mapping[int, Sample], now: Mapping[int, Sample]) -> Optiona
 def classify_marks(before: Mapping[int, Sample], now: Mapping[int, Sample]) -> Optional[Verdict]:
     """What slowed a job whose ranks write marks, between two readings (None: nothing, or too
     few collectives to tell). Over the collectives after ``before`` that every rank's ring
-    holds, a rank's *own* time before collective s is from the last arrival at s-1 (everyone
+    holds (at least MIN_COLLECTIVES + 1 of them, the newest), a rank's *own* time before collective s is from the last arrival at s-1 (everyone
     could go on then) to its own arrival at s: the straggler's is long, the others' short
     (they arrive, then wait). Its *lag* is how long after the first rank it arrives."""
     ranks = sorted(set(before) & set(now))
     if len(ranks) < 2:
         return None
-    start = min(before[r].count for r in ranks)
-    times = {r: {seq: t for seq, t in now[r].marks if seq > start} for r in ranks}
-    seqs = sorted(set.intersection(*(set(t) for t in times.values())))
+    times = {r: dict(now[r].marks) for r in ranks}
+    common = sorted(set.intersection(*(set(t) for t in times.values())))
+    start = min(before[r].count for r in ranks)     # the window, and one pair's start before
+    seqs = common[-max(MIN_COLLECTIVES + 1, sum(s > start for s in common)):]
     n = {r: now[r].count - before[r].count for r in ranks}
     pairs = [(a, b) for a, b in zip(seqs, seqs[1:]) if b == a + 1]
     if len(pairs) < MIN_COLLECTIVES or min(n.values()) < 1:

@@ -158,7 +158,7 @@ def start_procs(procs: Sequence["ProcSpec"], attempt: int,
     takes longer than READY_TIMEOUT is left to the supervisor. If one cannot start, those
     already started are stopped and the error raised.
     ``extra_env`` (the node's diagnostics directory) is added beside the contract."""
-    from fluidctl.node import inject
+    from fluidctl.diagnostics import inject
     from fluidctl.planning.plan import PSERVER, with_restart
     handles: List[Optional[LocalProcess]] = [None] * len(procs)
     waiting = {}                              # read end -> handle

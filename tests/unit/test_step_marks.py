@@ -1,6 +1,6 @@
 """Straggler marks of unmodified torch/Paddle ranks (fluidctl/diagnostics/stepmarks.py,
 stragglers.classify_marks) from known rings, the page a real ``Marks`` writes, and the
-sitecustomize that installs the hooks (fluidctl/node/inject): it chains the one it shadows
+sitecustomize that installs the hooks (fluidctl/diagnostics/inject): it chains the one it shadows
 (Debian's, in /usr/bin/python3) and installs nothing in the rank's children."""
 import os
 import subprocess
@@ -11,8 +11,8 @@ import pytest
 
 from fluidctl import envs
 from fluidctl.diagnostics import stepmarks, stragglers as st
-from fluidctl.node import inject
-from fluidctl.node.inject import sitecustomize
+from fluidctl.diagnostics import inject
+from fluidctl.diagnostics.inject import sitecustomize
 from fluidctl.paths import DiagDir
 
 MS = 1_000_000
@@ -75,8 +75,10 @@ def test_rank_env_puts_the_hooks_first_unless_switched_off():
     got = inject.rank_env(env)
     assert got["PYTHONPATH"] == os.pathsep.join([inject.DIRECTORY, "/mine"])
     assert got[envs.TORCH_FR_BUFFER_SIZE] == inject.FR_ENTRIES
-    assert inject.rank_env({**env, envs.TORCH_FR_BUFFER_SIZE: "9"})[envs.TORCH_FR_BUFFER_SIZE] == "9"
+    mine = inject.rank_env({**env, envs.TORCH_FR_BUFFER_SIZE: "9"})
+    assert mine[envs.TORCH_FR_BUFFER_SIZE] == "9"
     assert inject.rank_env({**env, envs.STEP_HOOKS: "0"}) == {**env, envs.STEP_HOOKS: "0"}
+    assert envs.TORCH_FR_BUFFER_SIZE not in inject.rank_env({**env, envs.STEP_HOOKS: "backward"})
     assert inject.rank_env({"PYTHONPATH": "/mine"}) == {"PYTHONPATH": "/mine"}
     assert (sitecustomize._DIAG_DIR, sitecustomize._STEP_HOOKS, sitecustomize._STEP_HOOKS_PID) \
         == (envs.DIAG_DIR, envs.STEP_HOOKS, envs.STEP_HOOKS_PID)

@@ -27,7 +27,8 @@ def rank_env(env: Mapping[str, str]) -> Dict[str, str]:
         return out
     rest = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != DIRECTORY]
     out["PYTHONPATH"] = os.pathsep.join([DIRECTORY, *rest])
-    out.setdefault(envs.TORCH_FR_BUFFER_SIZE, FR_ENTRIES)
+    if out.get(envs.STEP_HOOKS) != "backward":
+        out.setdefault(envs.TORCH_FR_BUFFER_SIZE, FR_ENTRIES)
     return out
 
 
@@ -36,6 +37,7 @@ def install_here() -> bool:
     that sitecustomize would install at start."""
     if not wanted(os.environ):
         return False
-    os.environ.setdefault(envs.TORCH_FR_BUFFER_SIZE, FR_ENTRIES)
-    from fluidctl.node.inject import sitecustomize
+    if os.environ.get(envs.STEP_HOOKS) != "backward":
+        os.environ.setdefault(envs.TORCH_FR_BUFFER_SIZE, FR_ENTRIES)
+    from fluidctl.diagnostics.inject import sitecustomize
     return sitecustomize.install()
