@@ -60,6 +60,7 @@ class Marks:
 
 _marks: Optional[Marks] = None
 _failed = False
+_halt = threading.Event()           # the torch poller stops
 
 
 def _fail(exc: BaseException) -> None:
@@ -71,9 +72,16 @@ def _fail(exc: BaseException) -> None:
               file=sys.stderr, flush=True)
 
 
+def stop() -> None:
+    """No more marks in this process (``fluidctl.runtime`` times its collectives itself)."""
+    global _marks, _failed
+    _marks, _failed = None, True
+    _halt.set()
+
+
 def _open(rank: int, source: int) -> Optional[Marks]:
     global _marks
-    if _marks is None and not _failed:
+    if _marks is None and not _failed and getattr(st, "_recorder", None) is None:
         diag = progress.diag_of(None)
         if diag is not None:
             try:
@@ -156,9 +164,6 @@ def _guarded(fn):
         except Exception as exc:        # never into the script
             _fail(exc)
     return run
-
-
-_halt = threading.Event()
 
 
 def _torch_main() -> None:

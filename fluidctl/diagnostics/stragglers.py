@@ -41,6 +41,7 @@ Standard library only: imported by training processes.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -66,8 +67,12 @@ class Recorder:
     """One rank's sums in shared memory (``steps.<rank>``); nanoseconds."""
 
     def __init__(self, diag: DiagDir, rank: int):
+        marks = sys.modules.get("fluidctl.diagnostics.stepmarks")
+        if marks is not None:           # a runtime script that also uses torch or Paddle:
+            marks.stop()                # the runtime's own times are the better numbers
         self._map = progress.map_shared(diag.steps(rank), SLOTS * 8)
         self.sums = memoryview(self._map).cast("q")
+        self.sums[:MARK0] = memoryview(bytes(MARK0 * 8)).cast("q")
         self.sums[PEER] = -1
         self.last = _now()
 

@@ -6,7 +6,6 @@ file; the fault comes after step WARM and must be named within 20 collectives. T
 as unmodified torch and Paddle scripts (straggle_torch.py, straggle_paddle.py: the step marks
 of fluidctl/diagnostics/stepmarks.py) must be named within 20 steps, and not before."""
 import json
-import os
 import re
 import signal
 import subprocess

@@ -124,3 +124,18 @@ def test_sitecustomize_chains_a_venvs_own(tmp_path):
                          text=True, timeout=60)
     assert out.stdout.splitlines() == [
         f"True {tmp_path / 'theirs' / 'sitecustomize.py'} False False", "1"], out.stderr
+
+
+def test_a_runtime_rank_keeps_its_own_times_over_marks(tmp_path):
+    diag = DiagDir(tmp_path)
+    stepmarks._marks, stepmarks._failed = stepmarks.Marks(diag, 0, st.MARKERS), False
+    stepmarks._marks.mark(7, T0)
+    recorder = st.Recorder(diag, 0)             # fluidctl.runtime.init() in the same rank
+    try:
+        recorder.collective(st.clock())
+        assert stepmarks._marks is None and stepmarks._open(0, st.MARKERS) is None
+        assert st.read_all(diag)[0][:2] == (1, recorder.sums[st.COMPUTE])
+        assert (st.read_all(diag)[0].source, st.read_all(diag)[0].marks) == (st.RUNTIME, ())
+    finally:
+        recorder.close()
+        stepmarks._failed, stepmarks._halt = False, type(stepmarks._halt)()

@@ -23,7 +23,7 @@ def _chain() -> None:
     ours = sys.modules.pop("sitecustomize", None)
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
     try:
-        import sitecustomize  # noqa: F401  (the next one)
+        __import__("sitecustomize")          # the next one
     except ImportError as exc:
         if exc.name != "sitecustomize":
             print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
