@@ -82,6 +82,10 @@ GPUS = "FLUIDCTL_GPUS"                  # "all" or a --gpus value: ranks started
 VENV = "FLUIDCTL_VENV"                  # the nodes' environment (cluster setup, train, check)
 DIAG_DIR = "FLUIDCTL_DIAG_DIR"          # the node's progress counters / stack files (diagnostics/progress.py)
 DIAG_WRITE = "FLUIDCTL_DIAG_WRITE"      # "mmap" | "pwrite": how a rank's pages reach DIAG_DIR (diagnostics/pages.py)
+STEP_HOOKS = "FLUIDCTL_STEP_HOOKS"      # "0": no straggler marks in torch/Paddle ranks (inject/);
+                                        # "backward": torch's backward calls, not its Flight Recorder
+STEP_HOOKS_PID = "FLUIDCTL_STEP_HOOKS_PID"  # set by the rank that installed them: its children skip
+TORCH_FR_BUFFER_SIZE = "TORCH_FR_BUFFER_SIZE"  # torch's Flight Recorder entries (set unless given)
 HANG_TIMEOUT = "FLUIDCTL_HANG_TIMEOUT"  # default of fluidctl train --hang-timeout
 PYSPY = "FLUIDCTL_PYSPY"                # py-spy to use for stack dumps; empty: never py-spy
 SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process_vm_readv)

@@ -18,6 +18,20 @@ asks ``classify``:
 - slow link: compute is even, everyone waits, and one node's links stream much slower than
   the others (the ranks that receive from it, or on it, see it).
 
+Unmodified torch and Paddle scripts (``fluidctl.diagnostics.stepmarks``, installed in the rank
+by ``fluidctl/diagnostics/inject/sitecustomize.py``) cannot be timed inside each collective; their
+page holds *marks* instead: the wall-clock time (epoch ns) each rank reached the collectives
+numbered ``seq`` (torch: its Flight Recorder's ``collective_seq_id``, the same numbering on
+every rank; otherwise every ``backward`` call), in a ring of the last ``MARKS`` pairs, beside
+the data-loader time. ``classify_marks`` aligns the ranks' rings by ``seq``: the rank that
+reaches a collective last makes the others wait, so a straggler's mean *lag* (its time minus
+the earliest rank's) is a share of a collective's time, and its *own* time (from the last
+arrival at the previous collective to its arrival at this one) is a multiple of the others';
+it is slow *data* when its extra data-loader time covers half the extra own time, else slow
+*compute*. A slow *link* cannot be told from marks (every rank reaches the next collective
+late alike), so only ``fluidctl.runtime`` names links. Marks of ranks on different nodes differ
+by their clocks' error (NTP: about a millisecond), below ``MIN_EXCESS``.
+
 A verdict seen in ``CONFIRM`` polls in a row is printed as one line (again only when it
 changes, or every ``REPEAT`` seconds), appended to ``LOG_DIR/stragglers.log`` and written as
 ``LOG_DIR/stragglers.json``.
@@ -27,6 +41,7 @@ Standard library only: imported by training processes.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -37,8 +52,14 @@ from fluidctl.paths import DiagDir
 
 # --- the rank's side -------------------------------------------------------------------------
 
-COUNT, COMPUTE, WAIT, DATA, LINK, PEER = range(6)      # int64 slots of steps.<rank>
-SLOTS = 8
+# steps.<rank>: int64 slots. 0-5: sums (COUNT: collectives, or the newest mark's seq), 6: SOURCE,
+# 7: unused, then MARKS pairs (seq, epoch ns), seq's pair at MARK0 + 2 * (seq % MARKS).
+COUNT, COMPUTE, WAIT, DATA, LINK, PEER, SOURCE = range(7)
+RUNTIME, FLIGHT_RECORDER, MARKERS = 0, 1, 2            # SOURCE: who wrote the page
+MARK0, MARKS = 8, 64
+SLOTS = MARK0 + 2 * MARKS
+EVIDENCE = {FLIGHT_RECORDER: "from torch's collective records",
+            MARKERS: "from step markers (backward calls)"}
 _now = time.perf_counter_ns
 
 
@@ -46,8 +67,12 @@ class Recorder:
     """One rank's sums in shared memory (``steps.<rank>``); nanoseconds."""
 
     def __init__(self, diag: DiagDir, rank: int):
+        marks = sys.modules.get("fluidctl.diagnostics.stepmarks")
+        if marks is not None:           # a runtime script that also uses torch or Paddle:
+            marks.stop()                # the runtime's own times are the better numbers
         self._map = progress.map_shared(diag.steps(rank), SLOTS * 8)
         self.sums = memoryview(self._map).cast("q")
+        self.sums[:MARK0] = memoryview(bytes(MARK0 * 8)).cast("q")
         self.sums[PEER] = -1
         self.last = _now()
 
@@ -125,21 +150,40 @@ class Sample(NamedTuple):
     data: int
     link: int
     peer: int
+    source: int = RUNTIME
+    marks: Tuple[Tuple[int, int], ...] = ()     # (seq, epoch ns), seq ascending
+
+
+def marks_of(slots: Sequence[int]) -> Tuple[Tuple[int, int], ...]:
+    """The ring's pairs, by seq. A pair the rank was rewriting while it was read (its time
+    already the next round's) is later than the pair after it: such pairs are left out."""
+    pairs = sorted((slots[i], slots[i + 1]) for i in range(MARK0, SLOTS, 2) if slots[i] > 0)
+    return tuple(p for p, q in zip(pairs, pairs[1:] + [(0, 1 << 62)]) if p[1] <= q[1])
+
+
+def sample_of(slots: Sequence[int]) -> Sample:
+    source = slots[SOURCE]
+    return Sample(*slots[:SOURCE], source, marks_of(slots) if source != RUNTIME else ())
 
 
 def read_all(diag: DiagDir) -> Dict[int, Sample]:
     """Every rank's sums on this node: {rank: Sample}."""
-    return {rank: Sample(*memoryview(data).cast("q")[:6])
+    return {rank: sample_of(memoryview(data).cast("q"))
             for rank, data in diag.read_ranks("steps", SLOTS * 8).items()}
 
 
 def to_wire(samples: Mapping[int, Sample]) -> str:
-    """A node agent's ``steps`` line."""
-    return json.dumps({str(r): list(s) for r, s in samples.items()}, separators=(",", ":"))
+    """A node agent's ``steps`` line: per rank the 7 numbers, then the marks flattened."""
+    return json.dumps({str(r): list(s[:7]) + [x for m in s.marks for x in m]
+                       for r, s in samples.items()}, separators=(",", ":"))
 
 
 def from_wire(text: str) -> Dict[int, Sample]:
-    return {int(r): Sample(*map(int, v)) for r, v in json.loads(text).items()}
+    out = {}
+    for r, v in json.loads(text).items():
+        v = list(map(int, v))
+        out[int(r)] = Sample(*v[:7], tuple(zip(v[7::2], v[8::2])))
+    return out
 
 
 # --- the verdict -----------------------------------------------------------------------------
@@ -150,6 +194,8 @@ SHARE = 0.25             # ... and its excess at least this share of a collectiv
 MIN_EXCESS = 0.002       # ... and at least this many seconds per collective
 WAITED = 0.5             # the others waited for at least this share of the excess
 LINK_SHARE = 0.25        # a slow link streams at least this share of a collective's time
+MARK_SHARE = 0.3         # marks: a straggler arrives this share of a collective's time late
+OWN_RATIO = 1.5          # ... and its own time (see classify_marks) is this many times the others'
 
 
 class Verdict(NamedTuple):
@@ -161,6 +207,8 @@ class Verdict(NamedTuple):
     collectives: int            # how many collectives the window spans
     at: int = 0                 # the most collectives any rank had completed then
     links: Tuple[Tuple[int, int], ...] = ()     # (from rank, to rank) for a link
+    source: int = RUNTIME       # whose numbers: RUNTIME, FLIGHT_RECORDER or MARKERS
+    lag: float = 0.0            # marks: seconds the slow ranks reach a collective after the first
 
     def key(self) -> Tuple[str, Tuple[int, ...]]:
         return self.kind, self.ranks
@@ -168,9 +216,7 @@ class Verdict(NamedTuple):
 
 def _split(values: Mapping[int, float]) -> Tuple[float, List[int]]:
     """(the typical value: the mean of the lower half, the ranks well above it)."""
-    ordered = sorted(values.values())
-    low = ordered[:max(1, len(ordered) // 2)]
-    base = sum(low) / len(low)
+    base = _lower_mean(values.values())
     return base, [r for r, v in values.items() if v >= RATIO * base and v - base >= MIN_EXCESS]
 
 
@@ -180,6 +226,9 @@ def classify(before: Mapping[int, Sample], now: Mapping[int, Sample]) -> Optiona
     ranks = sorted(set(before) & set(now))
     if len(ranks) < 2:
         return None
+    sources = {now[r].source for r in ranks}
+    if sources != {RUNTIME}:
+        return classify_marks(before, now) if RUNTIME not in sources else None
     n = {r: now[r].count - before[r].count for r in ranks}
     done = min(n.values())
     if done < MIN_COLLECTIVES or min(before[r].count for r in ranks) < 1:
@@ -213,6 +262,53 @@ def classify(before: Mapping[int, Sample], now: Mapping[int, Sample]) -> Optiona
     return None
 
 
+def classify_marks(before: Mapping[int, Sample], now: Mapping[int, Sample]) -> Optional[Verdict]:
+    """What slowed a job whose ranks write marks, between two readings (None: nothing, or too
+    few collectives to tell). Over the collectives after ``before`` that every rank's ring
+    holds (at least MIN_COLLECTIVES + 1 of them, the newest), a rank's *own* time before collective s is from the last arrival at s-1 (everyone
+    could go on then) to its own arrival at s: the straggler's is long, the others' short
+    (they arrive, then wait). Its *lag* is how long after the first rank it arrives."""
+    ranks = sorted(set(before) & set(now))
+    if len(ranks) < 2:
+        return None
+    times = {r: dict(now[r].marks) for r in ranks}
+    common = sorted(set.intersection(*(set(t) for t in times.values())))
+    start = min(before[r].count for r in ranks)     # the window, and one pair's start before
+    seqs = common[-max(MIN_COLLECTIVES + 1, sum(s > start for s in common)):]
+    n = {r: now[r].count - before[r].count for r in ranks}
+    pairs = [(a, b) for a, b in zip(seqs, seqs[1:]) if b == a + 1]
+    if len(pairs) < MIN_COLLECTIVES or min(n.values()) < 1:
+        return None
+    first = {seq: min(times[r][seq] for r in ranks) for seq in seqs}
+    last = {seq: max(times[r][seq] for r in ranks) for seq in seqs}
+    own = {r: sum(max(0, times[r][b] - last[a]) for a, b in pairs) / len(pairs) / 1e9
+           for r in ranks}
+    lag = {r: sum(times[r][seq] - first[seq] for seq in seqs) / len(seqs) / 1e9 for r in ranks}
+    step = (first[seqs[-1]] - first[seqs[0]]) / (seqs[-1] - seqs[0]) / 1e9
+    base_lag = _lower_mean(lag.values())
+    base = _lower_mean(own.values())
+    slow = [r for r in ranks if lag[r] - base_lag >= max(MIN_EXCESS, MARK_SHARE * step)
+            and own[r] >= OWN_RATIO * base]
+    if not slow or len(slow) == len(ranks):
+        return None
+    excess = min(own[r] for r in slow) - base
+    data = {r: (now[r].data - before[r].data) / n[r] / 1e9 for r in ranks}
+    normal_data = min(data.values())
+    kind = "data" if min(data[r] for r in slow) - normal_data >= 0.5 * excess else "compute"
+    own_slow, normal = ((max(data[r] for r in slow), normal_data) if kind == "data"
+                        else (max(own[r] for r in slow), base))
+    return Verdict(kind, tuple(slow), own_slow, normal, step, len(seqs),
+                   max(now[r].count for r in ranks), source=now[slow[0]].source,
+                   lag=max(lag[r] for r in slow))
+
+
+def _lower_mean(values) -> float:
+    """The typical value: the mean of the lower half."""
+    ordered = sorted(values)
+    low = ordered[:max(1, len(ordered) // 2)]
+    return sum(low) / len(low)
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
@@ -243,6 +339,12 @@ def describe(v: Verdict, hosts: Mapping[int, str]) -> str:
                 + tail)
     what = "its data loader" if v.kind == "data" else "compute"
     verb = "is" if len(v.ranks) == 1 else "are"
+    if v.source != RUNTIME:         # marks: the same line, with the lag and the source
+        return (f"fluidctl: straggler: {_named(v.ranks, hosts)} {verb} slow {v.kind}: "
+                f"{_ms(v.slow)} per collective in {what} against {_ms(v.normal)} on the "
+                f"others, who wait {_ms(v.lag)} for {'it' if len(v.ranks) == 1 else 'them'} "
+                f"at each collective ({EVIDENCE.get(v.source, '')}; last {v.collectives} "
+                f"collectives, {_ms(v.step)} each)")
     return (f"fluidctl: straggler: {_named(v.ranks, hosts)} {verb} slow {v.kind}: "
             f"{_ms(v.slow)} per collective in {what} against {_ms(v.normal)} on the others, "
             f"who wait for {'it' if len(v.ranks) == 1 else 'them'}" + tail)
@@ -311,6 +413,7 @@ class Watcher(threading.Thread):
                   "hosts": {str(r): hosts[r] for r in v.ranks if r in hosts},
                   "links": [list(p) for p in v.links], "slow_s": v.slow, "normal_s": v.normal,
                   "collective_s": v.step, "collectives": v.collectives, "at_collective": v.at,
+                  "evidence": EVIDENCE.get(v.source, "from fluidctl.runtime's collectives"),
                   "line": line}
         from fluidctl.paths import LogLayout, write_atomic
         layout = LogLayout(self.log_root)

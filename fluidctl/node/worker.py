@@ -359,6 +359,8 @@ def run_in_process(script: str, args: List[str], contract: Mapping[str, str]) ->
     contract added to the environment and OMPI_* kept; return its exit code."""
     import runpy
     os.environ.update(contract)
+    from fluidctl.diagnostics import inject
+    inject.install_here()               # torch/Paddle scripts' straggler marks
     sys.argv = [script, *args]
     sys.path[0:0] = [os.path.dirname(os.path.abspath(script))]
     sys.stdout.reconfigure(write_through=True)        # python -u, as under fluidctl train
@@ -442,7 +444,9 @@ def run(script: str, args: Sequence[str]) -> None:
         answer_stack_signal(environ, rank)
         sys.exit(run_in_process(script, list(args), contract))
     from fluidctl.planning.plan import script_argv
+    from fluidctl.diagnostics import inject
     argv = script_argv(script, args, sys.executable)
+    env = inject.rank_env(env)          # torch/Paddle scripts' straggler marks
     if alone:
         exec_in_place(argv, env, log_path)
     sys.exit(run_child(argv, env, None if in_process else log_path))

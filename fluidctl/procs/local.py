@@ -158,6 +158,7 @@ def start_procs(procs: Sequence["ProcSpec"], attempt: int,
     takes longer than READY_TIMEOUT is left to the supervisor. If one cannot start, those
     already started are stopped and the error raised.
     ``extra_env`` (the node's diagnostics directory) is added beside the contract."""
+    from fluidctl.diagnostics import inject
     from fluidctl.planning.plan import PSERVER, with_restart
     handles: List[Optional[LocalProcess]] = [None] * len(procs)
     waiting = {}                              # read end -> handle
@@ -173,9 +174,11 @@ def start_procs(procs: Sequence["ProcSpec"], attempt: int,
                 read_fd, write_fd = os.pipe()
                 argv += ["--ready-fd", str(write_fd)]
                 fds = (write_fd,)
-            env = {**with_restart(proc.env, attempt), **(extra_env or {})}
+            env = full_env({**with_restart(proc.env, attempt), **(extra_env or {})})
+            if proc.role != PSERVER:
+                env = inject.rank_env(env)      # torch/Paddle scripts' straggler marks
             try:
-                handles[i] = LocalProcess(proc.label, argv, full_env(env), log, proc.host,
+                handles[i] = LocalProcess(proc.label, argv, env, log, proc.host,
                                           service=proc.role == PSERVER, pass_fds=fds)
             finally:
                 for fd in fds:

@@ -4,7 +4,9 @@ a data loader that sleeps in one rank (local backend; --backend mpi, its pages p
 with pwrite as on NFS; a job submitted to the real Slurm of tests/slurm.py, whose ranks'
 pages its own launcher reads in the shared LOG_DIR), and a healthy job beside CPU hogs that
 must not be reported. Each job runs tests/scripts/straggle.py until the test drops its stop
-file; the fault comes after step WARM and must be named within 20 collectives."""
+file; the fault comes after step WARM and must be named within 20 collectives. The same loop
+as unmodified torch and Paddle scripts (straggle_torch.py, straggle_paddle.py: the step marks
+of fluidctl/diagnostics/stepmarks.py) must be named within 20 steps, and not before."""
 import json
 import os
 import re
@@ -16,7 +18,8 @@ from pathlib import Path
 from fluidctl.paths import DiagDir
 from launchutil import default_sigint, fluidctl, start_fluidctl, wait_for
 
-STRAGGLE = str(Path(__file__).resolve().parent.parent / "scripts" / "straggle.py")
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+STRAGGLE = str(SCRIPTS / "straggle.py")
 WARM = 15               # steps before the fault
 WITHIN = 20             # collectives from the fault to the report (the goal)
 
@@ -27,13 +30,16 @@ def last_step(log) -> int:
     return int(steps[-1]) if steps else -1
 
 
-def run_with_fault(tmp_path, args, rank0_log, fault, script=(), start=None, report=None):
+def run_with_fault(tmp_path, args, rank0_log, fault, script=(), start=None, report=None,
+                   program=STRAGGLE):
     """Start the job (``start(*argv)``, default fluidctl here), apply ``fault()`` after step
     WARM, wait for the report (``report()``, default mylog/stragglers.json); returns (the
-    report, the step the fault came at, the job's output)."""
-    argv = ("train", *args, STRAGGLE, "--stop-file", tmp_path / "STOP", *script)
+    report, with the step rank 0 had logged when it came as "step_seen", the step the fault
+    came at, the job's output)."""
+    argv = ("train", *args, program, "--stop-file", tmp_path / "STOP", *script)
     proc = start(*argv) if start else start_fluidctl(*argv, cwd=tmp_path)
     report = report or (lambda: tmp_path / "mylog" / "stragglers.json")
+    seen = -1
     try:
         wait_for(lambda: last_step(rank0_log) >= WARM or proc.poll() is not None, 60,
                  f"step {WARM}")
@@ -41,6 +47,7 @@ def run_with_fault(tmp_path, args, rank0_log, fault, script=(), start=None, repo
         at = last_step(rank0_log)
         fault()
         wait_for(lambda: report().exists() or proc.poll() is not None, 60, "a straggler report")
+        seen = last_step(rank0_log)
     finally:
         (tmp_path / "STOP").write_text("")
         try:
@@ -50,7 +57,7 @@ def run_with_fault(tmp_path, args, rank0_log, fault, script=(), start=None, repo
             out, err = proc.communicate(timeout=30)
     assert report().exists(), out + err
     assert proc.returncode == 0, out + err
-    return json.loads(report().read_text()), at, out + err
+    return {**json.loads(report().read_text()), "step_seen": seen}, at, out + err
 
 
 def netns_args(nodes):
@@ -145,3 +152,25 @@ def test_healthy_job_beside_cpu_hogs_is_not_reported(tmp_path, netns_nodes):
     assert "step 59" in res.stdout
     assert "straggler" not in res.stdout + res.stderr
     assert not (tmp_path / "mylog" / "stragglers.json").exists()
+
+
+def test_torch_script_sleeping_data_loader_is_slow_data_and_nothing_before(tmp_path):
+    found, at, out = run_with_fault(
+        tmp_path, ["--nproc", 3], tmp_path / "mylog" / "workerlog.0", lambda: None,
+        script=["--slow-data", f"2:150:{WARM + 2}", "--work", 5],
+        program=SCRIPTS / "straggle_torch.py")
+    assert (found["kind"], found["ranks"]) == ("data", [2]), out
+    assert found["evidence"] == "from torch's collective records"
+    assert found["step_seen"] - (WARM + 2) <= WITHIN, found
+    assert out.count("straggler:") == 1 and "rank 2 (127.0.0.1) is slow data" in out, out
+
+
+def test_paddle_script_rank_computing_more_is_slow_compute(tmp_path):
+    found, at, out = run_with_fault(
+        tmp_path, ["--nproc", 3], tmp_path / "mylog" / "workerlog.0", lambda: None,
+        script=["--slow-compute", f"1:150:{WARM + 2}", "--work", 5],
+        program=SCRIPTS / "straggle_paddle.py")
+    assert (found["kind"], found["ranks"]) == ("compute", [1]), out
+    assert found["evidence"] == "from step markers (backward calls)"
+    assert found["step_seen"] - (WARM + 2) <= WITHIN, found
+    assert out.count("straggler:") == 1 and "rank 1 (127.0.0.1) is slow compute" in out, out

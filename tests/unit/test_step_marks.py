@@ -1,0 +1,141 @@
+"""Straggler marks of unmodified torch/Paddle ranks (fluidctl/diagnostics/stepmarks.py,
+stragglers.classify_marks) from known rings, the page a real ``Marks`` writes, and the
+sitecustomize that installs the hooks (fluidctl/diagnostics/inject): it chains the one it shadows
+(Debian's, in /usr/bin/python3) and installs nothing in the rank's children."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fluidctl import envs
+from fluidctl.diagnostics import stepmarks, stragglers as st
+from fluidctl.diagnostics import inject
+from fluidctl.diagnostics.inject import sitecustomize
+from fluidctl.paths import DiagDir
+
+MS = 1_000_000
+T0 = 1_795_000_000 * 10**9
+
+
+def ring(n, step_ms, late, data_ms=0.0, first=1, jitter=()):
+    """(before, now): every rank reaches seqs first..first+n-1 ``step_ms`` apart; rank r
+    ``late[r]`` ms after the others (and spends ``data_ms[r]`` ms per seq in its loader)."""
+    before, now = {}, {}
+    for r in range(3):
+        marks = tuple((s, T0 + int(((s - first) * step_ms + late.get(r, 0)
+                                    + (jitter[s % len(jitter)] * (r == s % 3) if jitter else 0))
+                                   * MS))
+                      for s in range(first, first + n))
+        data = int(n * (data_ms or {}).get(r, 0.1) * MS)
+        before[r] = st.Sample(first - 1, 0, 0, 0, 0, -1, st.FLIGHT_RECORDER, ())
+        now[r] = st.Sample(first + n - 1, 0, 0, data, 0, -1, st.FLIGHT_RECORDER, marks)
+    return before, now
+
+
+def test_the_rank_reaching_each_collective_late_is_the_straggler_and_its_class():
+    v = st.classify(*ring(10, 100, {2: 60}))
+    assert (v.kind, v.ranks, v.source, v.collectives) == ("compute", (2,), st.FLIGHT_RECORDER, 10)
+    assert round(v.lag * 1e3) == 60 and round(v.step * 1e3) == 100
+    d = st.classify(*ring(10, 100, {1: 60}, data_ms={1: 55}))
+    assert (d.kind, d.ranks) == ("data", (1,))
+    line = st.describe(d, {1: "node2"})
+    assert line.startswith("fluidctl: straggler: rank 1 (node2) is slow data: 55.0 ms per "
+                           "collective in its data loader against 0.1 ms on the others, who "
+                           "wait 60.0 ms for it at each collective (from torch's collective "
+                           "records; last 10 collectives, 100.0 ms each)"), line
+
+
+def test_jitter_small_lags_and_too_few_collectives_say_nothing():
+    assert st.classify(*ring(12, 100, {}, jitter=(0, 25, 5, 40))) is None
+    assert st.classify(*ring(10, 100, {0: 1.5})) is None           # under MIN_EXCESS
+    assert st.classify(*ring(10, 100, {2: 20})) is None            # under MARK_SHARE
+    assert st.classify(*ring(4, 100, {2: 60})) is None             # 3 pairs only
+
+
+def test_torn_pairs_are_dropped_and_marks_cross_the_wire(tmp_path):
+    diag = DiagDir(tmp_path)
+    marks = stepmarks.Marks(diag, 3, st.MARKERS)
+    for seq in range(1, 80):                   # the ring wraps
+        marks.mark(seq, T0 + seq * MS)
+    got = st.read_all(diag)[3]
+    assert (got.count, got.source, got.peer) == (79, st.MARKERS, -1)
+    assert got.marks == tuple((s, T0 + s * MS) for s in range(16, 80))
+    slot = st.MARK0 + 2 * (84 % st.MARKS)      # 84's time written, its seq not yet (20's)
+    marks.slots[slot + 1] = T0 + 84 * MS
+    assert [s for s, _ in st.read_all(diag)[3].marks] == [16, 17, 18, 19, *range(21, 80)]
+    assert st.from_wire(st.to_wire({3: got})) == {3: got}
+    plain = st.Sample(5, 1, 2, 3, 4, -1)
+    assert st.from_wire(st.to_wire({0: plain})) == {0: plain}
+
+
+def test_rank_env_puts_the_hooks_first_unless_switched_off():
+    env = {envs.DIAG_DIR: "/dev/shm/d", "PYTHONPATH": "/mine"}
+    got = inject.rank_env(env)
+    assert got["PYTHONPATH"] == os.pathsep.join([inject.DIRECTORY, "/mine"])
+    assert got[envs.TORCH_FR_BUFFER_SIZE] == inject.FR_ENTRIES
+    mine = inject.rank_env({**env, envs.TORCH_FR_BUFFER_SIZE: "9"})
+    assert mine[envs.TORCH_FR_BUFFER_SIZE] == "9"
+    assert inject.rank_env({**env, envs.STEP_HOOKS: "0"}) == {**env, envs.STEP_HOOKS: "0"}
+    assert envs.TORCH_FR_BUFFER_SIZE not in inject.rank_env({**env, envs.STEP_HOOKS: "backward"})
+    assert inject.rank_env({"PYTHONPATH": "/mine"}) == {"PYTHONPATH": "/mine"}
+    assert (sitecustomize._DIAG_DIR, sitecustomize._STEP_HOOKS, sitecustomize._STEP_HOOKS_PID) \
+        == (envs.DIAG_DIR, envs.STEP_HOOKS, envs.STEP_HOOKS_PID)
+
+
+SHOW = textwrap.dedent("""
+    import os, subprocess, sys, sitecustomize
+    hooked = any(type(f).__name__ == "StepHooks" for f in sys.meta_path)
+    chained = getattr(getattr(sitecustomize, "chained", None), "__file__", None)
+    print(hooked, chained, "fluidctl" in sys.modules, "torch" in sys.modules, flush=True)
+    if len(sys.argv) > 1:
+        sys.exit(subprocess.run([sys.executable, __file__]).returncode)
+""")
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/lib/python3.11/sitecustomize.py"),
+                    reason="Debian's python3 and its sitecustomize")
+def test_sitecustomize_chains_debians_and_hooks_the_rank_only(tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    env = {"PATH": os.environ["PATH"], envs.DIAG_DIR: str(tmp_path),
+           "PYTHONPATH": inject.DIRECTORY}
+    out = subprocess.run(["/usr/bin/python3", str(script), "child"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.splitlines() == [
+        "True /usr/lib/python3.11/sitecustomize.py False False",     # the rank
+        "False /usr/lib/python3.11/sitecustomize.py False False"]    # its child
+    off = subprocess.run(["/usr/bin/python3", str(script)], env={**env, envs.STEP_HOOKS: "0"},
+                         capture_output=True, text=True, timeout=60)
+    assert off.stdout == "False /usr/lib/python3.11/sitecustomize.py False False\n", off
+
+
+def test_sitecustomize_chains_a_venvs_own(tmp_path):
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "sitecustomize.py").write_text("import sys\nsys.theirs = 1\n")
+    script = tmp_path / "show.py"
+    script.write_text(SHOW + "print(sys.theirs)\n")
+    env = {**os.environ, envs.DIAG_DIR: str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([inject.DIRECTORY, str(tmp_path / "theirs")])}
+    env.pop(envs.STEP_HOOKS_PID, None)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.splitlines() == [
+        f"True {tmp_path / 'theirs' / 'sitecustomize.py'} False False", "1"], out.stderr
+
+
+def test_a_runtime_rank_keeps_its_own_times_over_marks(tmp_path):
+    diag = DiagDir(tmp_path)
+    stepmarks._marks, stepmarks._failed = stepmarks.Marks(diag, 0, st.MARKERS), False
+    stepmarks._marks.mark(7, T0)
+    recorder = st.Recorder(diag, 0)             # fluidctl.runtime.init() in the same rank
+    try:
+        recorder.collective(st.clock())
+        assert stepmarks._marks is None and stepmarks._open(0, st.MARKERS) is None
+        assert st.read_all(diag)[0][:2] == (1, recorder.sums[st.COMPUTE])
+        assert (st.read_all(diag)[0].source, st.read_all(diag)[0].marks) == (st.RUNTIME, ())
+    finally:
+        recorder.close()
+        stepmarks._failed, stepmarks._halt = False, type(stepmarks._halt)()
