@@ -15,7 +15,9 @@ tests/scripts/straggle_torch.py on torch's gloo). Each fault comes once rank 0 h
 For the last three fluidctl runs with --hang-timeout 10; torchrun has no hang timeout of its
 own (gloo's collective timeout is 30 minutes), so what it says within --window is all there is.
 
-fluidctl runs as `fluidctl train --hostfile ... --ssh-config ...`; torchrun as one
+fluidctl runs as `fluidctl train --hostfile ... --ssh-config ...`, on fluidctl.runtime's script
+(tool "fluidctl") and on the very torch script torchrun runs, unmodified ("fluidctl-torch":
+its straggler report comes from torch's Flight Recorder); torchrun as one
 `python -m torch.distributed.run --nnodes 3 --node-rank K ...` per node over ssh. For each
 the bench records the first line after the fault that is not the script's own "step N"
 (what it says) and when it came, watching for --window seconds, and rank 0's step time
@@ -44,7 +46,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 import netns  # noqa: E402
 
 SCRIPTS = {"fluidctl": ROOT / "tests" / "scripts" / "straggle.py",
+           "fluidctl-torch": ROOT / "tests" / "scripts" / "straggle_torch.py",
            "torchrun": ROOT / "tests" / "scripts" / "straggle_torch.py"}
+TOOLS = "fluidctl,fluidctl-torch,torchrun"
 STEP = re.compile(r"(?:^|\] )step (\d+)$")
 HANG_FAULTS = ("sigstop", "frozen", "partition")      # fluidctl runs with --hang-timeout
 FAULTS = "compute,link,data,sigstop,frozen,partition"
@@ -98,7 +102,7 @@ def start(tool: str, nodes, work: Path, fault: str, warm: int):
     if fault == "data":
         script += ["--slow-data", f"1:100:{warm}"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if tool == "fluidctl":
+    if tool.startswith("fluidctl"):
         argv = [sys.executable, "-m", "fluidctl", "train", "--hostfile", str(nodes.hostfile()),
                 "--ssh-config", str(nodes.config)]
         if fault in HANG_FAULTS:
@@ -144,6 +148,8 @@ def inject(fault: str, nodes, tool: str) -> None:
         nodes.freeze("node2")
     elif fault == "partition":
         nodes.link_down("node2")
+    elif fault == "data":
+        pass                # the script's own --slow-data, from step --warm
     else:
         raise ValueError(f"unknown fault {fault!r}")
 
@@ -221,7 +227,9 @@ def interrupted(signum, frame):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--faults", default=FAULTS)
-    parser.add_argument("--tools", default="fluidctl,torchrun")
+    parser.add_argument("--tools", default=TOOLS,
+                        help="fluidctl (its runtime's script), fluidctl-torch (the torch script "
+                             "torchrun runs, unmodified, under fluidctl train), torchrun")
     parser.add_argument("--warm", type=int, default=15)
     parser.add_argument("--window", type=float, default=40.0,
                         help="seconds each tool is watched after the fault")
@@ -241,19 +249,20 @@ def main() -> None:
         for tool in args.tools.split(","):
             row = one(tool, fault, args.warm, args.window)
             rows.append(row)
-            print(f"{fault:8} {tool:9} after {row['after_s'] and round(row['after_s'], 1)} s: "
+            print(f"{fault:8} {tool:14} after {row['after_s'] and round(row['after_s'], 1)} s: "
                   f"{row['said'] or f'nothing within {args.window:g} s'} "
                   + (f"/ {row['why']} " if row["why"] else "") +
                   f"(step {ms(row['step_before'])} -> {ms(row['step_after'])})", flush=True)
     print(f"\ntorch {torch.__version__}; gloo's default collective timeout "
           f"{constants.default_pg_timeout}")
-    print("| fault | fluidctl says | after | torchrun says | after | step time before -> after "
-          "(fluidctl; torchrun) |")
-    print("|---|---|---|---|---|---|")
+    tools = args.tools.split(",")
+    print("| fault | " + " | ".join(f"{t} says | after" for t in tools) +
+          f" | step time before -> after ({'; '.join(tools)}) |")
+    print("|---|" + "---|---|" * len(tools) + "---|")
     for fault in args.faults.split(","):
         got = {r["tool"]: r for r in rows if r["fault"] == fault}
         cells = [fault]
-        for tool in ("fluidctl", "torchrun"):
+        for tool in tools:
             r = got.get(tool)
             if r is None:
                 cells += ["-", "-"]
@@ -262,7 +271,7 @@ def main() -> None:
             cells += [f"`{said}`" if said else f"nothing within {args.window:g} s",
                       f"{r['after_s']:.1f} s" if r["said"] else "-"]
         cells.append("; ".join(f"{ms(got[t]['step_before'])} -> {ms(got[t]['step_after'])}"
-                               for t in ("fluidctl", "torchrun") if t in got))
+                               for t in tools if t in got))
         print("| " + " | ".join(cells) + " |")
 
 
