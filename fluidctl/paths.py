@@ -248,6 +248,16 @@ class DiagDir(NamedTuple):
         """The rank's straggler sums (fluidctl/diagnostics/stragglers.py)."""
         return self.root / f"steps.{rank}"
 
+    @property
+    def collectives_request(self) -> Path:
+        """Touched by the launcher at a hang: torch ranks answer with their collective records
+        (fluidctl/diagnostics/collective_records.py)."""
+        return self.root / "collectives.request"
+
+    def collectives(self, rank: int) -> Path:
+        """The rank's last collective records from torch's Flight Recorder (JSON)."""
+        return self.root / f"collectives.{rank}"
+
     def rank_file(self, rank: int) -> Path:
         """``<node> <pid>`` of a rank whose launcher cannot see its process (Slurm: the rank's
         ``fluidctl worker`` writes it), for the node-side stack taker."""

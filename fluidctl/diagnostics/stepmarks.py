@@ -181,12 +181,16 @@ def _torch_main() -> None:
         mark_calls(torch.autograd, "backward", dist.get_rank, st.MARKERS)
         _open(dist.get_rank(), st.MARKERS)
         return
-    marks = _open(dist.get_rank(), st.FLIGHT_RECORDER)
-    newest = 0
+    rank = dist.get_rank()
+    marks = _open(rank, st.FLIGHT_RECORDER)
+    newest, answered, diag = 0, 0, progress.diag_of(None)
+    from fluidctl.diagnostics import collective_records as records
     while marks is not None and not _halt.wait(POLL - time.time() % POLL):
         if not dist.is_initialized():
             return
-        newest = mark_new(marks, dump(), newest)
+        entries = dump()
+        newest = mark_new(marks, entries, newest)
+        answered = records.answer(diag, rank, entries, answered)   # a hang report asks
         marks = _marks
 
 

@@ -111,8 +111,9 @@ class StackDump:
     cpu: Dict[int, float] = field(default_factory=dict)        # rank -> cores while taken
     count: Dict[int, int] = field(default_factory=dict)        # rank -> collectives completed
     running: Dict[int, float] = field(default_factory=dict)    # rank -> share of samples in R
+    collectives: Dict[int, list] = field(default_factory=dict)  # rank -> torch's last records
 
-    EVIDENCE = ("state", "cpu", "count", "running")
+    EVIDENCE = ("state", "cpu", "count", "running", "collectives")
 
     def merge(self, other: "StackDump") -> None:
         for name in ("texts", "frames", "why", "method") + self.EVIDENCE:
@@ -141,8 +142,8 @@ class StackDump:
         return dump
 
     def summary(self) -> List[str]:
-        from fluidctl.diagnostics import stacks
-        return stacks.summary(self.frames, self.why)
+        from fluidctl.diagnostics import collective_records as records, stacks
+        return stacks.summary(self.frames, self.why) + records.lines(self.collectives)
 
     def evidence(self, hosts: Optional[Dict[int, str]] = None) -> list:
         """Every rank's ``classify.Evidence``."""
@@ -193,9 +194,12 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
         dump.notes.append("no rank of this job can be reached for its stack (the mpi and slurm "
                           "backends start their ranks themselves)")
         return dump
+    asked = None
     if diag is not None:
         counts = progress.read_all(diag)
         dump.count.update({t.rank: counts[t.rank] for t in targets if t.rank in counts})
+        from fluidctl.diagnostics import collective_records as records
+        asked = records.request(diag)       # torch ranks answer while the stacks are taken
     before = {t.rank: stacks.proc_state(t.pid) for t in targets}
     started = time.monotonic()
     pool = ThreadPoolExecutor(min(8, len(targets)))
@@ -247,7 +251,20 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
         dump.cpu[t.rank] = round(max(0.0, now[1] - first[1]) / elapsed, 2)
         seen = states[t.rank]
         dump.running[t.rank] = round(seen.count("R") / len(seen), 2) if seen else 0.0
+    if asked is not None:
+        from fluidctl.diagnostics import collective_records as records
+        dump.collectives.update(records.collect(
+            diag, [t.rank for t in targets], asked, _flight_recorded(diag, targets)))
     return dump
+
+
+def _flight_recorded(diag: DiagDir, targets: Sequence[Target]) -> List[int]:
+    """The live ranks whose step marks come from torch's Flight Recorder: they answer."""
+    from fluidctl.diagnostics import stacks, stragglers
+    pages = diag.read_ranks("steps", stragglers.SLOTS * 8)
+    return [t.rank for t in targets if t.rank in pages and stacks.stopped(t.pid) is None
+            and memoryview(pages[t.rank]).cast("q")[stragglers.SOURCE]
+            == stragglers.FLIGHT_RECORDER]
 
 
 def write_dump(root: Path, dump: StackDump, header: str, kind: str = "hang",

@@ -109,9 +109,14 @@ def test_unmodified_torch_ddp_script_desync_and_dead_peer(tmp_path):
     assert (f"fluidctl: the job hung: desync: rank 0 waits in DDP forward (torch_hang.py:"
             f"{forward}); rank 1 waits in barrier (torch_hang.py:{barrier}) on 127.0.0.1") in err, err
     assert hang_record(log)["class"] == "desync" and hang_record(log)["ranks"] == [1]
+    # torch's own records (its Flight Recorder), aligned by collective number
+    assert re.search(r"collective #\d+ differs between ranks: rank 0 called broadcast "
+                     r"\(\[3\] int\); rank 1 called barrier", err), err
     code, err, log = done["stop"]
     assert ("fluidctl: the job hung: dead peer: rank 1 on 127.0.0.1 is stopped (SIGSTOP or a "
             f"frozen cgroup); rank 0 waits in DDP forward (torch_hang.py:{forward})") in err, err
+    assert re.search(r"torch's collective records, each rank's last: rank 0 #\d+ broadcast "
+                     r"\(\[3\] int\), not finished\n", err), err     # rank 1 cannot answer
 
 
 def first_failure(log):
