@@ -5,7 +5,8 @@ tests/unit (in-process: no subprocess), tests/e2e (the real CLI and ranks on thi
 tests/cluster (real sshd, Slurm, mpirun) share the helpers at tests/ top level (sshd.py,
 slurm.py, launchutil.py, rankspawn.py, scripts/, golden/): this file puts tests/ on sys.path.
 A test that uses ``sshd_nodes``, ``slurm``/``slurm_cluster`` or ``openmpi`` is marked ``ssh``,
-``slurm`` or ``mpi``, so ``python -m pytest -m "not slurm"`` leaves those out."""
+``slurm`` or ``mpi``, so ``python -m pytest -m "not slurm"`` leaves those out. Under
+pytest-xdist the known-long tests run first (tests/schedule.py), so the run ends on short ones."""
 import sys
 from pathlib import Path
 
@@ -15,11 +16,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from sshd import SSHNodes  # noqa: E402
 from slurm import SlurmCluster  # noqa: E402
+from schedule import LongestFirst  # noqa: E402
 
 
 # fixture -> marker: the expensive real things a test stands on
 TIER_MARKERS = {"sshd_nodes": "ssh", "slurm": "slurm", "slurm_cluster": "slurm", "openmpi": "mpi",
                 "netns_nodes": "netns"}
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(LongestFirst(), "longest-first")   # tests/schedule.py
 
 
 def pytest_collection_modifyitems(config, items):

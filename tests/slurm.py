@@ -47,6 +47,19 @@ def free_port(address: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def distinct_ports(addresses: List[str]) -> List[int]:
+    """A free port on each address, no number twice: the kernel may give 127.0.0.1 and
+    127.0.0.2 the same number, and slurmctld refuses a slurmd port equal to its own
+    ("slurmctld is talking with itself"), leaving that node not responding."""
+    ports: List[int] = []
+    for address in addresses:
+        port = free_port(address)
+        while port in ports:
+            port = free_port(address)
+        ports.append(port)
+    return ports
+
+
 def clean_env(base: Optional[Mapping[str, str]] = None, conf: Optional[Path] = None
               ) -> Dict[str, str]:
     """``base`` (default os.environ) without SLURM_*/SLURMD_* names, plus SLURM_CONF."""
@@ -218,14 +231,15 @@ class SlurmCluster:
         key.write_bytes(secrets.token_bytes(1024))
         os.chmod(key, 0o400)
         munge_socket = dirs["munge"] / "munge.socket"
+        ctld_port, *node_ports = distinct_ports(["127.0.0.1", *NODES])
         nodes = []
-        for name in NODES:
+        for name, port in zip(NODES, node_ports):
             nodes.append(f"NodeName={name} NodeAddr={name} NodeHostname={name} "
-                         f"Port={free_port(name)} CPUs={CPUS_PER_NODE} State=UNKNOWN")
+                         f"Port={port} CPUs={CPUS_PER_NODE} State=UNKNOWN")
         conf = dirs["etc"] / "slurm.conf"
         (dirs["etc"] / "plugstack.conf").write_text("")
         conf.write_text(SLURM_CONF.format(
-            hostname=socket.gethostname(), ctld_port=free_port(),
+            hostname=socket.gethostname(), ctld_port=ctld_port,
             first_job_id=1000 + secrets.randbelow(1_000_000), munge_socket=munge_socket,
             state=dirs["state"], spool=dirs["spool"], run=dirs["run"], log=dirs["log"],
             etc=dirs["etc"], nodes="\n".join(nodes), partition=PARTITION,

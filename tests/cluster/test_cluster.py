@@ -1,4 +1,5 @@
 """``fluidctl cluster check | exec | sync`` run as a user would, against two real sshd nodes."""
+import os
 import signal
 import socket
 import subprocess
@@ -24,6 +25,19 @@ def fluidctl(*args, timeout=60):
 @pytest.fixture(scope="module")
 def hostfile(sshd_nodes):
     return sshd_nodes.hostfile("hosts.txt", slots=2)
+
+
+@pytest.fixture(scope="session")
+def dry_run_wheelhouse(tmp_path_factory):
+    """The --wheelhouse of the setup dry runs below (this checkout's wheel, --no-deps), one
+    for every xdist worker (in the run's common temporary directory): the first dry run builds
+    it (pip wheel, seconds), the others find it built. wheelhouse.build keys it by the
+    checkout's content and renames a finished build into place, so two builds at once are
+    safe."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    return base / "wheelhouse-no-deps"
 
 
 def closed_port(address):
@@ -229,7 +243,8 @@ def no_sftp(tmp_path_factory):
         nodes.stop()
 
 
-def test_a_node_without_sftp_is_not_ready_in_check_and_setup_dry_run(no_sftp, tmp_path):
+def test_a_node_without_sftp_is_not_ready_in_check_and_setup_dry_run(no_sftp, tmp_path,
+                                                                      dry_run_wheelhouse):
     hosts = no_sftp.hostfile("hosts", slots=1)
     why = ("bare has no SFTP server, which cluster setup needs (add 'Subsystem sftp "
            "internal-sftp' to its sshd_config)")
@@ -239,7 +254,7 @@ def test_a_node_without_sftp_is_not_ready_in_check_and_setup_dry_run(no_sftp, tm
         f"error: node bare failed the check: {why}"
     assert table_row(r.stdout, "bare")[2] == "FAIL"
     r = fluidctl("cluster", "setup", "--hostfile", hosts, "--ssh-config", no_sftp.config,
-                 "--venv", tmp_path / "venv", "--wheelhouse", tmp_path / "wheels",
+                 "--venv", tmp_path / "venv", "--wheelhouse", dry_run_wheelhouse,
                  "--system-site-packages", "--no-deps", "--dry-run", timeout=300)
     assert r.returncode == 1
     assert f"bare: cannot be set up: {why}" in r.stdout, r.stdout
@@ -251,7 +266,8 @@ def test_a_node_without_sftp_is_not_ready_in_check_and_setup_dry_run(no_sftp, tm
 
 @pytest.mark.parametrize("command", ["check", "setup"])
 def test_progress_lines_name_each_step_and_a_silent_node_while_waiting(sshd_nodes, tmp_path,
-                                                                      command):
+                                                                      command,
+                                                                      dry_run_wheelhouse):
     """In a pipe: one stderr line per node per step as it happens, and a node that accepts
     the connection but never speaks SSH is named while it is being waited for."""
     silent = socket.socket()
@@ -260,7 +276,7 @@ def test_progress_lines_name_each_step_and_a_silent_node_while_waiting(sshd_node
     port = silent.getsockname()[1]
     hosts = tmp_path / "hosts"
     hosts.write_text(f"node1 slots=1\n127.0.0.4:{port} slots=1\n")
-    more = (["--venv", tmp_path / "{host}" / "venv", "--wheelhouse", tmp_path / "wheels",
+    more = (["--venv", tmp_path / "{host}" / "venv", "--wheelhouse", dry_run_wheelhouse,
              "--system-site-packages", "--no-deps", "--dry-run"] if command == "setup" else [])
     try:
         code, _, lines = silent_node_progress(

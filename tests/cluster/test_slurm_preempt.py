@@ -27,11 +27,11 @@ def fluidctl(slurm, tmp_path, *args, timeout=60):
                           cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
 
 
-def submit(slurm, tmp_path, steps, step_time, *options):
+def submit(slurm, tmp_path, steps, step_time, *options, script_args=()):
     res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--nodes", 2, "--nproc", 2,
                    "--detach", "--log-dir", tmp_path / "log", *options, SCRIPT,
                    "--ckpt", tmp_path / "ck", "--out", tmp_path / "out", "--steps", steps,
-                   "--dim", DIM, "--step-time", step_time)
+                   "--dim", DIM, "--step-time", step_time, *script_args)
     assert res.returncode == 0, res.stderr
     return re.search(r"submitted Slurm job (\d+)", res.stderr).group(1)
 
@@ -85,14 +85,17 @@ def test_scancel_signal_usr1_requeues_and_resumes(slurm, tmp_path):
 
 
 def test_time_limit_warning_checkpoints_and_requeues(slurm, tmp_path):
-    """--time 1 --checkpoint-warning 45: Slurm's USR1 to the batch shell 15 to 45 s in (it
-    checks time limits every 30 s), forwarded to fluidctl, which asks every rank; the job
-    is requeued (with a new time limit) as often as it takes. 400 steps of 0.12 s outlast
-    the first warning."""
-    job_id = submit(slurm, tmp_path, 400, 0.12, "--time", 1, "--checkpoint-warning", 45)
+    """--time 1 --checkpoint-warning 45: slurmctld checks time limits every 30 s (fixed in
+    Slurm 22.05) and sends the warning at the first check that finds the end within warning
+    + 30 s, which here is the first check after the start: USR1 to the batch shell 0 to 30 s
+    in, forwarded to fluidctl, which asks every rank; the job is requeued (with a new time
+    limit) as often as it takes. 300 steps of 0.12 s outlast the first check; the steps left
+    after a resume take 0.01 s each, so the resumed run does not wait as long again."""
+    job_id = submit(slurm, tmp_path, 300, 0.12, "--time", 1, "--checkpoint-warning", 45,
+                    script_args=("--resumed-step-time", 0.01))
     script = (tmp_path / "log" / f"slurm-{job_id}.sbatch").read_text()
     assert "#SBATCH --signal=B:USR1@45\n#SBATCH --requeue\n" in script
-    finish(slurm, tmp_path, job_id, 400, 300)
+    finish(slurm, tmp_path, job_id, 300, 300)
     assert int(job_field(slurm, job_id, "Restarts")) >= 1
 
 

@@ -6,6 +6,10 @@ weights in OUT/final.npy. ``reference(world, steps, dim)`` is the same training 
 --pause-save R:S:STEP: once (OUT/paused.R marks it), rank R sleeps S seconds after writing its
 part of a checkpoint at STEP or later (before the commit) and leaves OUT/saving.R holding its
 pid, so a test can kill it or signal the job during the save.
+
+--resumed-step-time: the step time of a resumed run (default --step-time), so that a test
+whose first run must outlast a slow outside event (Slurm's time-limit check) does not wait as
+long again for the steps left after the resume.
 """
 import argparse
 import os
@@ -34,6 +38,7 @@ def main():
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--dim", type=int, default=1000)
     p.add_argument("--step-time", type=float, default=0.02)
+    p.add_argument("--resumed-step-time", type=float, default=None)
     p.add_argument("--every", type=int, default=0)
     p.add_argument("--pause-save", default="")
     args = p.parse_args()
@@ -70,6 +75,8 @@ def main():
         w, done = found.arrays["w"].copy(), int(found.arrays["done"][0])
         start = found.step + 1
         event(f"resumed {found.step}")
+        if args.resumed_step_time is not None:
+            args.step_time = args.resumed_step_time
     else:
         w, done, start = np.linspace(-1.0, 1.0, args.dim), 0, 0
         event("fresh")

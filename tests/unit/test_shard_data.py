@@ -365,7 +365,7 @@ JSON_VALUES = st.recursive(
     max_leaves=25)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=150, deadline=None)      # ~15 ms an example: drawing nested values
 @given(JSON_VALUES)
 def test_the_manifest_writer_is_json_dumps_with_indent_2(value):
     """The manifest is written without importing json (re, enum: ~4 ms of a small run): byte

@@ -1,0 +1,92 @@
+"""The order the suite runs in under pytest-xdist: the known-long tests first, dealt in turn
+to the workers' first batches, so that the run ends on short tests and no worker idles at the
+end while another finishes a long one (longest first: the usual cure for a parallel tail).
+
+Why dealt, not just moved to the front: xdist's default scheduler (``--dist load``) gives
+each worker a first batch of consecutive tests, a quarter of its share (``len(items) //
+workers // 4``, at most ``--maxschedchunk``), then refills whichever worker runs low from the
+front of what is left. Long tests all at the front would all land in the first worker's batch.
+
+``LONGEST``: the slowest tests of ``python -m pytest -q -n 2 --durations=40`` (2026-11-26,
+2 cores), longest first. A test that uses a costly module-scoped fixture (test_cluster_setup's
+``ready``) stays out: moved away from its module, it would set that fixture up twice. A name
+that is no longer collected is ignored; a new long test only needs its line here.
+"""
+from typing import List, Sequence
+
+import pytest
+
+LONGEST = (
+    "tests/cluster/test_cluster_setup.py::test_setup_from_a_bare_venv[3.11]",
+    "tests/cluster/test_slurm_preempt.py::test_time_limit_warning_checkpoints_and_requeues",
+    "tests/cluster/test_slurm_backend.py::test_unmodified_torch_ddp_script_inside_allocation",
+    "tests/e2e/test_hang_classes.py::test_unmodified_torch_ddp_script_desync_and_dead_peer",
+    "tests/e2e/test_hardening2_wheelhouse.py::"
+    "test_27_7_the_wheel_builds_in_a_fresh_venv_from_an_editable_install",
+    "tests/e2e/test_gpu_second_pass.py::test_one_gpu_check_dry_runs_on_the_double",
+    "tests/e2e/test_hardening2_wheelhouse.py::"
+    "test_27_7_no_pip_command_names_fluidctl_and_an_installed_copy_is_packed",
+    "tests/cluster/test_hang_partition.py::test_a_cut_link_a_frozen_node_and_a_cut_path_are_named",
+    "tests/cluster/test_elastic.py::test_two_frozen_nodes_then_a_node_lost_during_the_restart",
+    "tests/cluster/test_cluster.py::"
+    "test_a_node_without_sftp_is_not_ready_in_check_and_setup_dry_run",
+    "tests/cluster/test_k8s_netns.py::test_torch_ddp_in_pytorchjob_pods",
+    "tests/cluster/test_slurm_preempt.py::test_scancel_signal_usr1_requeues_and_resumes",
+    "tests/cluster/test_health_gate.py::"
+    "test_health_gate_leaves_outliers_out_and_the_ledger_keeps_them_out",
+    "tests/cluster/test_slurm_preempt.py::test_scontrol_requeue_resumes",
+    "tests/e2e/test_hang_classes.py::test_runtime_script_each_class",
+    "tests/cluster/test_elastic.py::"
+    "test_agent_killed_then_master_node_cut_off_beside_a_node_at_full_cpu",
+    "tests/e2e/test_hardening2_wheelhouse.py::test_27_7_a_failed_build_shows_pip_s_real_error_line",
+    "tests/cluster/test_k8s_netns.py::test_paddle_dataparallel_in_paddlejob_pods",
+    "tests/cluster/test_diagnose_cluster.py::test_hang_under_mpirun_over_two_ssh_nodes",
+    "tests/cluster/test_health_gate.py::test_deep_check_names_a_throttled_cpu_and_a_capped_link",
+    "tests/cluster/test_slurm_resize.py::test_world_size_4_3_4_across_checkpoint_stops",
+)
+
+
+def first_batch(count: int, workers: int, maxschedchunk=None) -> int:
+    """The size of each worker's first batch under ``--dist load`` (xdist 3's LoadScheduling)."""
+    size = min((count // workers) // 4, maxschedchunk or count)
+    return max(size, 2)
+
+
+def longest_first(items: Sequence, workers: int, batch: int) -> List:
+    """``items`` with the ``LONGEST`` ones dealt in turn to the front of each worker's first
+    batch (worker w's batch starts at w * batch), the rest in their collection order."""
+    by_id = {item.nodeid: item for item in items}
+    long = [by_id[name] for name in LONGEST if name in by_id]
+    chosen = set(map(id, long))
+    rest = iter([item for item in items if id(item) not in chosen])
+    ordered = []
+    for worker in range(workers):
+        mine = long[worker::workers]
+        ordered += mine
+        ordered += [item for _, item in zip(range(batch - len(mine)), rest)]
+    ordered += list(rest)
+    return ordered
+
+
+class LongestFirst:
+    """The plugin (registered by tests/conftest.py): reorders each worker's collection when
+    xdist runs the suite with ``--dist load`` on more than one worker; else changes nothing.
+    Last, so that it orders what ``-k``/``-m`` left (every worker orders alike: xdist checks
+    that their collections agree)."""
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node):
+        """On the controller: a worker's own options say ``--dist no``, so tell it here."""
+        node.workerinput["longest_first"] = {
+            "dist": node.config.getoption("dist", "no"),
+            "maxschedchunk": node.config.getoption("maxschedchunk", None)}
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        workerinput = getattr(config, "workerinput", {})
+        xdist = workerinput.get("longest_first", {})
+        workers = workerinput.get("workercount", 1)
+        if workers < 2 or xdist.get("dist") != "load":
+            return
+        batch = first_batch(len(items), workers, xdist.get("maxschedchunk"))
+        items[:] = longest_first(items, workers, batch)
