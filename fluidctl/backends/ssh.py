@@ -859,17 +859,23 @@ class AgentDiagnostics(Diagnostics):
         ranks of a node that did not answer are named unreachable (a partition)."""
         dump = StackDump()
         agents = [h for h in handles if h.poll() is None]
+        # a node lost since the hang began (its connection timed out meanwhile) is named too:
+        # left out, its ranks would be missing and the others' wait would look like "stuck"
+        lost = [h for h in handles if h.poll() is not None and h.lost_reason()]
         asked = time.monotonic()
         for agent in agents:
             agent.ask_stacks()
-        for agent in agents:
-            record = agent.stacks(max(0.0, asked + SILENT_WAIT - time.monotonic()))
+        for agent in agents + lost:
+            record = None if agent in lost else \
+                agent.stacks(max(0.0, asked + SILENT_WAIT - time.monotonic()))
             silent = time.monotonic() - agent.heard
-            if record is None and silent < SILENT:      # alive (it beats), only slow
+            if record is None and silent < SILENT and agent not in lost:   # alive, only slow
                 record = agent.stacks(max(0.0, asked + STACKS_TIMEOUT - time.monotonic()))
                 silent = time.monotonic() - agent.heard
             if record is None:
-                why = (f"its node ({agent.host}) did not answer: nothing came from it for "
+                why = (f"its node ({agent.host}) is lost: {agent.lost_reason()}"
+                       if agent in lost else
+                       f"its node ({agent.host}) did not answer: nothing came from it for "
                        f"{silent:.0f}s" if silent >= SILENT else
                        f"its node ({agent.host}) did not answer within {STACKS_TIMEOUT:g}s")
                 state = "unreachable"
