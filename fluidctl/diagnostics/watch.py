@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from fluidctl.diagnostics import gloo, progress, triage
+from fluidctl.diagnostics import progress, triage
 from fluidctl.agentproto import ProcessEnd
 from fluidctl.diagnostics.failures import Failure, FailureKind, end_record, log_tail
 from fluidctl.paths import DiagDir, hang_dir, write_atomic
@@ -66,6 +66,7 @@ class Triage:
                                    rank=trainer_rank(failure.label))
             failure.explanation, failure.kind = found.text, found.kind
             if found.kind in (FailureKind.MISMATCH, FailureKind.DESYNC) and peer_logs:
+                from fluidctl.diagnostics import gloo     # on a failure, not at every launch
                 lines = tail + [line for log in peer_logs if log != failure.log
                                 for line in log_tail(log, TRIAGE_TAIL)]
                 if len(gloo.fingerprints(lines)) > len(gloo.fingerprints(tail)):
@@ -389,6 +390,15 @@ class StackSampler:
             self._halt.wait(self.every)
 
 
+def marked(diag: DiagDir) -> tuple:
+    """The newest collective each torch or Paddle rank reached (its step marks: the Flight
+    Recorder's number, or its backward calls): a script without fluidctl.runtime makes
+    progress when these move, with or without py-spy's stack samples."""
+    from fluidctl.diagnostics import stragglers
+    return tuple(sorted((rank, s.count) for rank, s in stragglers.read_all(diag).items()
+                        if s.source != stragglers.RUNTIME))
+
+
 def local_activity(logs: Sequence[str], diag: DiagDir,
                    sampler: Optional[StackSampler] = None) -> Callable[[], Hashable]:
     def activity():
@@ -400,7 +410,7 @@ def local_activity(logs: Sequence[str], diag: DiagDir,
                 sizes.append(-1)
         counts = progress.read_all(diag)
         samples = sampler(counts) if sampler else ()
-        return tuple(sizes), tuple(sorted(counts.items())), samples
+        return tuple(sizes), tuple(sorted(counts.items())), marked(diag), samples
     activity.stop = sampler.stop if sampler else (lambda: None)      # type: ignore[attr-defined]
     return activity
 

@@ -119,6 +119,16 @@ def test_unmodified_torch_ddp_script_desync_and_dead_peer(tmp_path):
                      r"\(\[3\] int\), not finished\n", err), err     # rank 1 cannot answer
 
 
+def test_torch_collectives_count_as_progress_without_pyspy(tmp_path):
+    """Without py-spy there are no stack samples: a healthy torch job that prints nothing for
+    longer than the timeout still makes progress, through its step marks (the Flight
+    Recorder's collective numbers in its steps page), and is no hang."""
+    pytest.importorskip("torch")
+    done = run_all(tmp_path, TORCH_HANG, (), 2, envs={"quiet": ("quiet", {"FLUIDCTL_PYSPY": ""})})
+    code, err, log = done["quiet"]
+    assert code == 0 and "hung" not in err, err
+
+
 def first_failure(log):
     return json.loads((log / "failure.json").read_text())["first_failure"]
 
