@@ -31,6 +31,7 @@ LONGEST = (
     "tests/cluster/test_cluster.py::"
     "test_a_node_without_sftp_is_not_ready_in_check_and_setup_dry_run",
     "tests/cluster/test_k8s_netns.py::test_torch_ddp_in_pytorchjob_pods",
+    "tests/e2e/test_hang_classes.py::test_unmodified_paddle_script_dead_peer_and_desync",
     "tests/cluster/test_slurm_preempt.py::test_scancel_signal_usr1_requeues_and_resumes",
     "tests/cluster/test_health_gate.py::"
     "test_health_gate_leaves_outliers_out_and_the_ledger_keeps_them_out",
@@ -43,6 +44,10 @@ LONGEST = (
     "tests/cluster/test_diagnose_cluster.py::test_hang_under_mpirun_over_two_ssh_nodes",
     "tests/cluster/test_health_gate.py::test_deep_check_names_a_throttled_cpu_and_a_capped_link",
     "tests/cluster/test_slurm_resize.py::test_world_size_4_3_4_across_checkpoint_stops",
+    "tests/cluster/test_straggler_faults.py::"
+    "test_torch_script_sleeping_data_loader_is_slow_data_and_nothing_before",
+    "tests/cluster/test_straggler_faults.py::test_paddle_script_rank_computing_more_is_slow_compute",
+    "tests/e2e/test_hang_classes.py::test_torch_collectives_count_as_progress_without_pyspy",
 )
 
 
