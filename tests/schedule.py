@@ -47,6 +47,9 @@ LONGEST = (
     "tests/cluster/test_straggler_faults.py::"
     "test_torch_script_sleeping_data_loader_is_slow_data_and_nothing_before",
     "tests/cluster/test_straggler_faults.py::test_paddle_script_rank_computing_more_is_slow_compute",
+    "tests/cluster/test_straggler_faults.py::test_sleeping_data_loader_in_a_submitted_slurm_job[torch]",
+    "tests/cluster/test_straggler_faults.py::"
+    "test_sleeping_data_loader_under_mpirun_with_published_pages[torch]",
     "tests/e2e/test_hang_classes.py::test_torch_collectives_count_as_progress_without_pyspy",
 )
 

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fluidctl.paths import DiagDir
 from launchutil import default_sigint, fluidctl, start_fluidctl, wait_for
 
@@ -94,25 +96,36 @@ def test_sleeping_data_loader_is_slow_data(tmp_path):
     assert "rank 2 (127.0.0.1) is slow data" in out
 
 
-def test_sleeping_data_loader_under_mpirun_with_published_pages(tmp_path, openmpi):
+@pytest.mark.parametrize("program", [STRAGGLE, str(SCRIPTS / "straggle_torch.py")],
+                         ids=["runtime", "torch"])
+def test_sleeping_data_loader_under_mpirun_with_published_pages(tmp_path, openmpi, program):
     """--backend mpi: the ranks' pages are in the diagnostics dir in LOG_DIR, written with
     pwrite every 0.5 s as on NFS (FLUIDCTL_DIAG_WRITE), and the launcher names rank 2 and
-    the node its worker registered."""
+    the node its worker registered; for the unmodified torch script too, which ``fluidctl
+    worker`` runs in its own process (the step hooks installed there, not by sitecustomize)."""
     proc = lambda *argv: start_fluidctl(*argv, cwd=tmp_path,     # noqa: E731
                                         env={"FLUIDCTL_DIAG_WRITE": "pwrite"})
     found, at, out = run_with_fault(
         tmp_path, ["--backend", "mpi", "--nproc", 3], tmp_path / "mylog" / "workerlog.0",
-        lambda: None, script=["--slow-data", f"2:100:{WARM + 2}", "--work", 5], start=proc)
+        lambda: None, script=["--slow-data", f"2:100:{WARM + 2}", "--work", 5], start=proc,
+        program=program)
     node = DiagDir.this_node(os.environ)
     assert (found["kind"], found["ranks"], found["hosts"]) == ("data", [2], {"2": node}), out
-    assert found["at_collective"] - (WARM + 2) <= WITHIN, found
+    if program != STRAGGLE:
+        assert found["evidence"] == "from torch's collective records", found
+    late = found["at_collective"] if program == STRAGGLE else found["step_seen"]
+    assert late - (WARM + 2) <= WITHIN, found
     assert f"fluidctl: straggler: rank 2 ({node}) is slow data" in out
     assert found["line"] in (tmp_path / "mylog" / "stragglers.log").read_text()
 
 
-def test_sleeping_data_loader_in_a_submitted_slurm_job(tmp_path, slurm):
+@pytest.mark.parametrize("program", [STRAGGLE, str(SCRIPTS / "straggle_torch.py")],
+                         ids=["runtime", "torch"])
+def test_sleeping_data_loader_in_a_submitted_slurm_job(tmp_path, slurm, program):
     """sbatch + follow: the batch job's own fluidctl names rank 2 on node 127.0.0.3 in
-    LOG_DIR/slurm-JOBID/stragglers.json, and the follower says the same line."""
+    LOG_DIR/slurm-JOBID/stragglers.json, and the follower says the same line; for the
+    unmodified torch script too (its step marks: ``fluidctl worker`` puts the hooks on the
+    PYTHONPATH of the program it execs)."""
     job = lambda: next((tmp_path / "mylog").glob("slurm-*/"), None)     # noqa: E731
 
     def start(*argv):
@@ -125,10 +138,13 @@ def test_sleeping_data_loader_in_a_submitted_slurm_job(tmp_path, slurm):
                    slurm.partition, "--time", "5:00"],
         lambda: job() and job() / "workerlog.0", lambda: None,
         script=["--slow-data", f"2:100:{WARM + 2}", "--work", 5], start=start,
-        report=lambda: (job() or tmp_path) / "stragglers.json")
+        report=lambda: (job() or tmp_path) / "stragglers.json", program=program)
     assert (found["kind"], found["ranks"], found["hosts"]) == \
         ("data", [2], {"2": "127.0.0.3"}), out
-    assert found["at_collective"] - (WARM + 2) <= WITHIN, found
+    if program != STRAGGLE:
+        assert found["evidence"] == "from torch's collective records", found
+    late = found["at_collective"] if program == STRAGGLE else found["step_seen"]
+    assert late - (WARM + 2) <= WITHIN, found       # torch: two collectives a step
     assert found["line"].startswith("fluidctl: straggler: rank 2 (127.0.0.3) is slow data")
     assert found["line"] in (job() / "stragglers.log").read_text()
     assert found["line"] in out                     # relayed by the follower

@@ -30,7 +30,9 @@ def test_nodelists():
             envs.expand_nodelist(bad)
 
 
-def test_two_nodes_two_ranks_each():
+def test_two_nodes_two_ranks_each(monkeypatch):
+    for name in (envs.CPU_NUM, envs.OMP_NUM_THREADS):   # set here, the contract leaves them
+        monkeypatch.delenv(name, raising=False)         # (an earlier in-process test may)
     base = envs.slurm_ports(4242, 0, 2)
     assert 20000 <= base < 32000 and base == envs.slurm_ports(4242, 0, 2)
     got = [envs.from_slurm(task(r, r % 2, r // 2)) for r in range(4)]
