@@ -806,6 +806,25 @@ ENDS_WAIT = 5.0             # how long a failed job's report waits for the agent
 PROBE_TIMEOUT = 2.0         # a silent node's link probe: for the connection, then its banner
 
 
+def _unanswered(dump: StackDump, agent, why: str, silent: float) -> None:
+    """The ranks of a node whose stacks did not come: unreachable, or frozen when a probe of
+    its link (after ``silent`` seconds without a word from it) says so."""
+    state = "unreachable"
+    if silent >= SILENT:
+        link = probe_link(agent)
+        if link.startswith("frozen: "):
+            state, why = "frozen", (f"nothing came from its agent for {silent:.0f}s, "
+                                    f"yet {link[len('frozen: '):]}")
+        elif link:
+            why = f"{why}; {link}"
+    dump.notes.append(f"node {agent.host}: no stacks ({why})")
+    for tag in agent.copies:
+        if tag.startswith("trainer "):
+            rank = int(tag.split()[1])
+            dump.why[rank], dump.frames[rank] = why, None
+            dump.state[rank] = state
+
+
 def probe_link(agent) -> str:
     """Tell a frozen node from a cut one, for an agent that went silent: a new TCP connection
     to its node's SSH address and port (the agent's own connection may be closed by now). A
@@ -865,35 +884,22 @@ class AgentDiagnostics(Diagnostics):
         asked = time.monotonic()
         for agent in agents:
             agent.ask_stacks()
-        for agent in agents + lost:
-            record = None if agent in lost else \
-                agent.stacks(max(0.0, asked + SILENT_WAIT - time.monotonic()))
+        for agent in agents:
+            record = agent.stacks(max(0.0, asked + SILENT_WAIT - time.monotonic()))
             silent = time.monotonic() - agent.heard
-            if record is None and silent < SILENT and agent not in lost:   # alive, only slow
+            if record is None and silent < SILENT:      # alive (it beats), only slow
                 record = agent.stacks(max(0.0, asked + STACKS_TIMEOUT - time.monotonic()))
                 silent = time.monotonic() - agent.heard
-            if record is None:
-                why = (f"its node ({agent.host}) is lost: {agent.lost_reason()}"
-                       if agent in lost else
-                       f"its node ({agent.host}) did not answer: nothing came from it for "
-                       f"{silent:.0f}s" if silent >= SILENT else
-                       f"its node ({agent.host}) did not answer within {STACKS_TIMEOUT:g}s")
-                state = "unreachable"
-                if silent >= SILENT:
-                    link = probe_link(agent)
-                    if link.startswith("frozen: "):
-                        state, why = "frozen", (f"nothing came from its agent for {silent:.0f}s, "
-                                                f"yet {link[len('frozen: '):]}")
-                    elif link:
-                        why = f"{why}; {link}"
-                dump.notes.append(f"node {agent.host}: no stacks ({why})")
-                for tag in agent.copies:
-                    if tag.startswith("trainer "):
-                        rank = int(tag.split()[1])
-                        dump.why[rank], dump.frames[rank] = why, None
-                        dump.state[rank] = state
+            if record is not None:
+                dump.merge(StackDump.from_json(record))
                 continue
-            dump.merge(StackDump.from_json(record))
+            why = (f"its node ({agent.host}) did not answer: nothing came from it for "
+                   f"{silent:.0f}s" if silent >= SILENT else
+                   f"its node ({agent.host}) did not answer within {STACKS_TIMEOUT:g}s")
+            _unanswered(dump, agent, why, silent)
+        for agent in lost:
+            _unanswered(dump, agent, f"its node ({agent.host}) is lost: {agent.lost_reason()}",
+                        time.monotonic() - agent.heard)
         return dump
 
     def hosts(self, handles) -> Dict[int, str]:

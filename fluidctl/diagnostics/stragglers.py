@@ -338,16 +338,15 @@ def describe(v: Verdict, hosts: Mapping[int, str]) -> str:
                 f"collective against {_ms(v.normal)} on the other links, compute is even"
                 + tail)
     what = "its data loader" if v.kind == "data" else "compute"
-    verb = "is" if len(v.ranks) == 1 else "are"
-    if v.source != RUNTIME:         # marks: the same line, with the lag and the source
-        return (f"fluidctl: straggler: {_named(v.ranks, hosts)} {verb} slow {v.kind}: "
-                f"{_ms(v.slow)} per collective in {what} against {_ms(v.normal)} on the "
-                f"others, who wait {_ms(v.lag)} for {'it' if len(v.ranks) == 1 else 'them'} "
-                f"at each collective ({EVIDENCE.get(v.source, '')}; last {v.collectives} "
-                f"collectives, {_ms(v.step)} each)")
-    return (f"fluidctl: straggler: {_named(v.ranks, hosts)} {verb} slow {v.kind}: "
+    verb, them = ("is", "it") if len(v.ranks) == 1 else ("are", "them")
+    said = (f"fluidctl: straggler: {_named(v.ranks, hosts)} {verb} slow {v.kind}: "
             f"{_ms(v.slow)} per collective in {what} against {_ms(v.normal)} on the others, "
-            f"who wait for {'it' if len(v.ranks) == 1 else 'them'}" + tail)
+            f"who wait")
+    if v.source != RUNTIME:         # marks: the same line, with the lag and the source
+        return (f"{said} {_ms(v.lag)} for {them} at each collective "
+                f"({EVIDENCE.get(v.source, '')}; last {v.collectives} collectives, "
+                f"{_ms(v.step)} each)")
+    return f"{said} for {them}" + tail
 
 
 # --- the launcher's watcher ------------------------------------------------------------------
