@@ -485,8 +485,8 @@ class Diagnostics:
         """The thread that names stragglers while the job runs (``stragglers.watch``: the
         ranks' pages, or the agents' ``steps`` lines); None where this process writes no
         LOG_DIR reports (a node agent). Stopped with ``stop()``."""
-        from fluidctl.diagnostics import stragglers
-        return stragglers.watch(self, handles, say)
+        from fluidctl.diagnostics import stragglerwatch
+        return stragglerwatch.watch(self, handles, say)
 
     def progress(self) -> int:
         """Collectives completed by this node's ranks (the agent's heartbeat carries it)."""

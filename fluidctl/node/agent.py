@@ -276,9 +276,9 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
     watchers = run.RunWatchers(heartbeat=lambda: f"{MARK}{BEAT_TAG}|{diagnostics.progress()}",
                                on_broken=lost, diagnostics=diagnostics,
                                every=share.beat or run.HEARTBEAT)
-    from fluidctl.diagnostics import stragglers     # the ranks' sums, for the launcher
+    from fluidctl.diagnostics import stragglerwatch     # the ranks' sums, for the launcher
     halt = threading.Event()
-    threading.Thread(target=stragglers.publish, daemon=True, name="fluidctl-steps",
+    threading.Thread(target=stragglerwatch.publish, daemon=True, name="fluidctl-steps",
                      args=(diagnostics.diag, lambda text: emit(STEPS_TAG, text), halt)).start()
     try:
         result = run.run_supervised(start, logs=logs, fresh=not attempt and not shared,
