@@ -17,13 +17,13 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
-from fluidctl import paths
+from fluidctl import envs, paths
 from fluidctl.errors import REQUEUE_EXIT
 from fluidctl.sigs import by_name
 
-__all__ = ["REQUEUE_EXIT", "RequestChannel", "ask", "last_commit"]
+__all__ = ["REQUEUE_EXIT", "RequestChannel", "ask", "last_commit", "rank_env"]
 STOP, SAVE = "stop", "save"
 
 
@@ -32,6 +32,14 @@ def ask(layout: paths.LogLayout, kind: str, why: str) -> Path:
     path = layout.checkpoint_request
     paths.write_atomic(path, f"{kind} {why} {time.time():.3f}\n", 0o644)
     return path
+
+
+def rank_env(request: Path, state: Path, signal_name: str) -> Dict[str, str]:
+    """What a rank needs to answer requests: the request file it reads, where rank 0 records
+    a commit, the signal it traps. The one place this environment is made: the launcher's
+    own ranks get their ``RequestChannel``'s, a node agent's ranks their node's file."""
+    return {envs.CHECKPOINT_REQUEST: str(request), envs.CHECKPOINT_STATE: str(state),
+            envs.CHECKPOINT_SIGNAL: signal_name}
 
 
 def last_commit(layout: paths.LogLayout) -> Optional[dict]:
@@ -49,8 +57,14 @@ class RequestChannel:
     def __init__(self, log_root: Path, signal_name: str = "TERM"):
         self.layout = paths.LogLayout(Path(log_root))
         self.signal = by_name(signal_name)
+        self.signal_name = signal_name
         self.since = time.time()
         self.asked = ""
+
+    def rank_env(self) -> Dict[str, str]:
+        """The environment of the ranks this launcher starts itself."""
+        return rank_env(self.layout.checkpoint_request, self.layout.checkpoint_state,
+                        self.signal_name)
 
     def clear(self) -> None:
         """A new attempt: no request yet, and an earlier commit no longer counts as this

@@ -225,10 +225,9 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
     # checkpoint requests: this node's request file (the launcher's may be on another
     # machine), created when the launcher asks, before the signal goes to the ranks
     request = (layout.dir / "checkpoint.request").resolve()
-    from fluidctl import envs
-    rank_env = {envs.CHECKPOINT_REQUEST: str(request),
-                envs.CHECKPOINT_STATE: str(layout.checkpoint_state.resolve()),
-                envs.CHECKPOINT_SIGNAL: share.checkpoint_signal}
+    from fluidctl.launch import requests
+    rank_env = requests.rank_env(request, layout.checkpoint_state.resolve(),
+                                 share.checkpoint_signal)
 
     def checkpoint(name: str) -> None:
         from fluidctl import paths
