@@ -8,7 +8,10 @@ to stream a piece once the first bytes came (*link*). The sums go to ``steps.<ra
 node's diagnostics directory (``paths.DiagDir``): a few int64 in a shared memory page, one
 store each, no system call.
 
-The launcher's side (reading the sums, the verdict, the ``Watcher``) is ``fluidctl.diagnostics.stragglerwatch``: this module is what every training process imports, so it holds only the page and its writers (and the one reader the node agents and the watchdog share).
+The launcher's side (reading the sums, the verdict, the ``Watcher``) is
+``fluidctl.diagnostics.stragglerwatch``: this module is what every training process imports, so
+it holds only the page and its writers (and the one reader the node agents and the watchdog
+share).
 
 Standard library only: imported by training processes.
 """

@@ -88,8 +88,8 @@ def test_top_level_modules_are_contracts_or_leaves():
     root = Path(fluidctl.__file__).parent
     top = sorted(p.stem for p in root.glob("*.py"))
     assert top == ["__init__", "__main__", "agentproto", "cli", "clicktypes", "console",
-                   "digest", "envs", "errors", "fastargs", "lines", "net", "paths",
-                   "shardlayout", "sigs", "tables", "units"]
+                   "digest", "errors", "fastargs", "lines", "net", "paths",
+                   "shardlayout", "sigs", "tables", "units"]        # envs: a package of them
     above = ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.cluster",
                      "fluidctl.remote", "fluidctl.procs", "fluidctl.planning", "fluidctl.node",
                      "fluidctl.sharding", "fluidctl.runtime")
