@@ -30,7 +30,6 @@ The ranks' side (the pages and what writes them) is ``fluidctl.diagnostics.strag
 """
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -40,6 +39,10 @@ from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
 from fluidctl.diagnostics.stragglers import (
     COMPUTE, DATA, EVIDENCE, LINK, POLL, RUNTIME, WAIT, Sample, read_all, to_wire)
 from fluidctl.paths import DiagDir
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from fluidctl.telemetry import Sink
 
 # --- the verdict -----------------------------------------------------------------------------
 
@@ -213,15 +216,18 @@ MIN_WINDOW = 0.75        # seconds a window spans at least (scheduling noise eve
 
 
 class Watcher(threading.Thread):
-    """Reads ``samples()`` every ``POLL`` seconds; says a confirmed verdict through ``say``
-    and writes it under ``log_root``."""
+    """Reads ``samples()`` every ``POLL`` seconds; emits a confirmed verdict to the job's
+    telemetry ``sink`` (without one: a sink that says it through ``say`` and writes the
+    reports and the events file under ``log_root``)."""
 
     def __init__(self, samples: Callable[[], Mapping[int, Sample]],
                  hosts: Callable[[], Mapping[int, str]], say: Callable[[str], None],
                  log_root: Path, poll: float = POLL,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, sink: "Optional[Sink]" = None):
         super().__init__(name="fluidctl-stragglers", daemon=True)
-        self.samples, self.hosts, self.say, self.log_root = samples, hosts, say, log_root
+        from fluidctl import telemetry
+        self.samples, self.hosts, self.log_root = samples, hosts, log_root
+        self.sink = sink if sink is not None else telemetry.for_job(log_root, say=say)
         self.poll, self.clock = poll, clock
         self.history: List[Tuple[float, Mapping[int, Sample]]] = []
         self._halt = threading.Event()
@@ -259,23 +265,15 @@ class Watcher(threading.Thread):
         return found
 
     def report(self, v: Verdict) -> None:
+        from fluidctl.telemetry import Straggler
         hosts = dict(self.hosts())
-        line = describe(v, hosts)
-        self.say(line)
-        record = {"time": time.time(), "kind": v.kind, "ranks": list(v.ranks),
-                  "hosts": {str(r): hosts[r] for r in v.ranks if r in hosts},
-                  "links": [list(p) for p in v.links], "slow_s": v.slow, "normal_s": v.normal,
-                  "collective_s": v.step, "collectives": v.collectives, "at_collective": v.at,
-                  "evidence": EVIDENCE.get(v.source, "from fluidctl.runtime's collectives"),
-                  "line": line}
-        from fluidctl.paths import LogLayout, write_atomic
-        layout = LogLayout(self.log_root)
-        try:
-            with open(layout.stragglers_log, "a", encoding="utf-8") as f:
-                f.write(time.strftime("%Y-%m-%d %H:%M:%S ") + line + "\n")
-            write_atomic(layout.stragglers_json, json.dumps(record, indent=2) + "\n")
-        except OSError:         # the log dir went away: the line was said
-            pass
+        self.sink.emit(Straggler(
+            kind=v.kind, ranks=tuple(v.ranks),
+            hosts={str(r): hosts[r] for r in v.ranks if r in hosts},
+            links=tuple(tuple(p) for p in v.links), slow_s=v.slow, normal_s=v.normal,
+            collective_s=v.step, collectives=v.collectives, at_collective=v.at,
+            evidence=EVIDENCE.get(v.source, "from fluidctl.runtime's collectives"),
+            line=describe(v, hosts)))
 
     def run(self) -> None:
         try:
@@ -289,15 +287,15 @@ class Watcher(threading.Thread):
         self._halt.set()
 
 
-def watch(diagnostics, handles: Callable[[], list], say: Callable[[str], None]
-          ) -> Optional[Watcher]:
-    """The launcher's watcher for a job's ``Diagnostics`` (ranks' sums from its node agents'
-    ``steps`` lines when it has them, else from its own diagnostics directory); None where
-    the job writes no LOG_DIR reports (a node agent)."""
+def watch(diagnostics, handles: Callable[[], list], say: Callable[[str], None],
+          sink: "Optional[Sink]" = None) -> Optional[Watcher]:
+    """The launcher's watcher for a job's ``Diagnostics`` (its ``step_samples``: the ranks'
+    sums from its node agents' ``steps`` lines, or from its own diagnostics directory); None
+    where the job writes no LOG_DIR reports (a node agent)."""
     if diagnostics is None or diagnostics.log_root is None:
         return None
-    samples = getattr(diagnostics, "step_samples", None) or (lambda: read_all(diagnostics.diag))
-    watcher = Watcher(samples, lambda: diagnostics.hosts(handles()), say, diagnostics.log_root)
+    watcher = Watcher(diagnostics.step_samples, lambda: diagnostics.hosts(handles()), say,
+                      diagnostics.log_root, sink=sink)
     watcher.start()
     return watcher
 

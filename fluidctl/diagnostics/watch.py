@@ -473,12 +473,20 @@ class Diagnostics:
             sampler = StackSampler(lambda: self.targets(handles()), every)
         return local_activity(logs, self.diag, sampler)
 
-    def watch_stragglers(self, handles: Callable[[], list], say: Callable[[str], None]):
-        """The thread that names stragglers while the job runs (``stragglers.watch``: the
-        ranks' pages, or the agents' ``steps`` lines); None where this process writes no
-        LOG_DIR reports (a node agent). Stopped with ``stop()``."""
+    def watch_stragglers(self, handles: Callable[[], list], say: Callable[[str], None],
+                         sink=None):
+        """The thread that names stragglers while the job runs (``stragglerwatch.watch``:
+        the ranks' pages, or the agents' ``steps`` lines), emitting to the job's telemetry
+        ``sink``; None where this process writes no LOG_DIR reports (a node agent). Stopped
+        with ``stop()``."""
         from fluidctl.diagnostics import stragglerwatch
-        return stragglerwatch.watch(self, handles, say)
+        return stragglerwatch.watch(self, handles, say, sink)
+
+    def step_samples(self) -> dict:
+        """Every rank's straggler sums: here, this node's diagnostics directory's pages
+        (subclasses whose ranks run elsewhere read them from there)."""
+        from fluidctl.diagnostics import stragglers
+        return stragglers.read_all(self.diag)
 
     def progress(self) -> int:
         """Collectives completed by this node's ranks (the agent's heartbeat carries it)."""
