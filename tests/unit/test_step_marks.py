@@ -1,5 +1,5 @@
 """Straggler marks of unmodified torch/Paddle ranks (fluidctl/diagnostics/stepmarks.py,
-stragglers.classify_marks) from known rings, the page a real ``Marks`` writes, and the
+stragglerwatch.classify_marks) from known rings, the page a real ``Marks`` writes, and the
 sitecustomize that installs the hooks (fluidctl/diagnostics/inject): it chains the one it shadows
 (Debian's, in /usr/bin/python3) and installs nothing in the rank's children."""
 import os

@@ -1,4 +1,4 @@
-"""The straggler verdict (fluidctl/diagnostics/stragglers.py) from known sums, the launcher's
+"""The straggler verdict (fluidctl/diagnostics/stragglerwatch.py) from known sums, the launcher's
 watcher (confirmation, one line, rate limit, LOG_DIR files), and the rank's recorder on a real
 diagnostics directory."""
 import json
