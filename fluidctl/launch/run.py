@@ -144,29 +144,30 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
     watch = (_Watch(supervisor, diagnostics, logs, launch_log, shown.on_hang, sink)
              if diagnostics else None)
     straggler_watch = commits = None
-    with telemetry.using(sink):      # the job's: an elastic launcher emits to it too
-        try:
-            if watch:
-                watch.start()
-                straggler_watch = diagnostics.watch_stragglers(supervisor.handles, echo.say, sink)
-            if options.checkpoint is not None:
-                commits = options.checkpoint.watch_commits(sink.emit)
-            result = supervisor.run()
-            if watch:
-                result = watch.settle(result)
-        finally:
-            beating.set()
-            if straggler_watch:
-                straggler_watch.stop()
-            if commits:
-                commits.stop()
-            lifeline.stop_watchdog()
-            if watch:
-                watch.stop()
-            left = local.sweep_descendants(options.grace_period)
-            if left:
-                launch_log(f"stopped {len(left)} leftover process(es): {left}")
-            echo.finish()
+    previous = telemetry.install(sink)      # the job's: an elastic launcher emits to it too
+    try:
+        if watch:
+            watch.start()
+            straggler_watch = diagnostics.watch_stragglers(supervisor.handles, echo.say, sink)
+        if options.checkpoint is not None:
+            commits = options.checkpoint.watch_commits(sink.emit)
+        result = supervisor.run()
+        if watch:
+            result = watch.settle(result)
+    finally:
+        telemetry.install(previous)
+        beating.set()
+        if straggler_watch:
+            straggler_watch.stop()
+        if commits:
+            commits.stop()
+        lifeline.stop_watchdog()
+        if watch:
+            watch.stop()
+        left = local.sweep_descendants(options.grace_period)
+        if left:
+            launch_log(f"stopped {len(left)} leftover process(es): {left}")
+        echo.finish()
     if diagnostics is not None:
         if result.failure is not None:
             diagnostics.triage.explain(result.failure, logs)

@@ -13,8 +13,8 @@ new, the launcher reads what the diagnostics pages already hold.
 from fluidctl.telemetry.events import (CheckpointCommit, Event, Hang, NodeLost, Restart,
                                        Straggler, World, from_record)
 from fluidctl.telemetry.sink import (ConsoleLines, EventsFile, LaunchLogLines, Sink, emit,
-                                     for_job, read_events, using)
+                                     for_job, install, read_events, using)
 
 __all__ = ["CheckpointCommit", "ConsoleLines", "Event", "EventsFile", "Hang", "LaunchLogLines",
            "NodeLost", "Restart", "Sink", "Straggler", "World", "emit", "for_job",
-           "from_record", "read_events", "using"]
+           "from_record", "install", "read_events", "using"]

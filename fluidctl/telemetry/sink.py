@@ -138,15 +138,22 @@ def read_events(path: Path) -> List[dict]:
 _current: Optional[Sink] = None
 
 
-@contextmanager
-def using(sink: Sink) -> Iterator[Sink]:
-    """``sink`` is the process's current sink inside the block (the one job it runs)."""
+def install(sink: Optional[Sink]) -> Optional[Sink]:
+    """Make ``sink`` the process's current sink (the one job it runs); returns the one it
+    replaces, to be installed again when the job ends."""
     global _current
     previous, _current = _current, sink
+    return previous
+
+
+@contextmanager
+def using(sink: Sink) -> Iterator[Sink]:
+    """``sink`` is the process's current sink inside the block."""
+    previous = install(sink)
     try:
         yield sink
     finally:
-        _current = previous
+        install(previous)
 
 
 def emit(event: Event, otherwise: Optional[Callable[[str], None]] = None) -> None:
