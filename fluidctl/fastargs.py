@@ -127,7 +127,7 @@ DIRECTORY = Type(_directory_path, lambda click: click.Path(file_okay=False))
 
 
 def float_between(low: float, high: float, example: str, above: bool = False) -> Type:
-    """commands.numbers.seconds(low, high): a finite number from low (or above it) to high;
+    """clicktypes.seconds(low, high): a finite number from low (or above it) to high;
     nan, inf and what is out of range go to click, which words the one-line error."""
     def convert(value: str) -> float:
         try:
@@ -139,7 +139,7 @@ def float_between(low: float, high: float, example: str, above: bool = False) ->
         return number
 
     def click_type(click):
-        from fluidctl.commands.numbers import seconds
+        from fluidctl.clicktypes import seconds
         return seconds(low, high, example, above=above)
     return Type(convert, click_type)
 

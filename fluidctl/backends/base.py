@@ -157,6 +157,7 @@ class BaseLauncher:
     """Defaults for a Launcher: logs and echo come from the plan's processes; ``log`` is
     fluidctl's launch.log (lines are kept until the log dir exists)."""
     name = ""
+    request_env: Dict[str, str] = {}    # the checkpoint request's, set by launch/execute.py
 
     def __init__(self, log: Optional[Callable[[str], None]] = None):
         self.log: Callable[[str], None] = log or (lambda message: None)
@@ -197,7 +198,7 @@ class BaseLauncher:
     def diag_env(self) -> Dict[str, str]:
         """What the ranks this launcher starts itself need to report to the diagnostics."""
         d = getattr(self, "_diagnostics", None)
-        return d.env() if d is not None else {}
+        return {**(d.env() if d is not None else {}), **self.request_env}
 
     def describe(self, plan: "Plan") -> str:
         """Text --dry-run prints after the plan (e.g. the batch script Slurm would get)."""

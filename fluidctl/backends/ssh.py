@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
-from fluidctl import __version__
+from fluidctl import __version__, telemetry
 # the conversation with a node agent (one tagged line each way): fluidctl/agentproto.py, which
 # is all of this side the agent imports
 from fluidctl.agentproto import (AGENT_MODULE, BEAT_COMMAND, BEAT_EVERY, BEAT_MISSES,
@@ -689,7 +689,7 @@ class ElasticMembers:
         node = self.launcher.connected.pop(host, None)
         if node is not None:
             node.close()
-        self._say(f"node {host} lost: {why} (recorded in the ledger of bad nodes)")
+        telemetry.emit(telemetry.NodeLost(host=host, why=why), otherwise=self._say)
 
     def _start(self, hosts: Sequence[Host]):
         config, launcher = self.launcher.config, self.launcher
@@ -765,8 +765,9 @@ class ElasticMembers:
             break
         launcher.hosts, launcher.agents = hosts, agents
         plan = launcher._plan(hosts, agents, launcher._ports_wanted(hosts))
-        self._say(f"restart {attempt}: new world of {len(plan.trainers)} trainer(s) on "
-                  f"{', '.join(h.name for h in hosts)}, MASTER_ADDR {plan.master}")
+        telemetry.emit(telemetry.World(attempt=attempt, trainers=len(plan.trainers),
+                                       hosts=tuple(h.name for h in hosts), master=plan.master),
+                       otherwise=self._say)
         return plan
 
     def beat(self) -> None:

@@ -99,6 +99,8 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
     from fluidctl.launch.requests import RequestChannel
     checkpoint = (RequestChannel(layout.root.resolve(), config.checkpoint_signal)
                   if owner else None)       # a submitted job's own fluidctl has its own
+    if checkpoint is not None:              # the ranks it starts itself answer requests
+        launcher.request_env = checkpoint.rank_env()
     result = run.run_supervised(
         lambda attempt: launcher.start(plan, attempt), logs=logs, launch_log=launch_log,
         options=RunOptions(config.grace_period, config.max_restarts, checkpoint,
