@@ -1,0 +1,166 @@
+"""Regenerate the example outputs of README.md and docs/*.md by running the commands they show.
+
+    python docs/regen.py                 # rewrite every `local` block (run from the checkout)
+    python docs/regen.py --slow          # the `local-slow` ones too (torch, Paddle: minutes)
+    python docs/regen.py --check         # exit 1 where a block no longer looks like its output
+
+A block is regenerated when the line before its opening fence is a marker:
+
+    <!-- regen: local -->                         each `$ COMMAND` line is run, its output below it
+    <!-- regen: local keep="REGEX" -->            only output lines matching REGEX, the rest `[...]`
+    <!-- regen: local cmd="COMMAND" from="TEXT" -->  the block is COMMAND's output from TEXT on
+
+Commands run with bash in a scratch directory that looks like a reader's checkout (templates/,
+tests/, a train.py), with stdout and stderr together, as a terminal shows them; `echo $?` shows
+the previous command's exit code. What differs from one machine to the next is written as a
+reader's would be: the scratch directory as /home/me/proj, the interpreter as /usr/bin/python3,
+the host name as node1. --check compares with the numbers masked and the lines sorted (pids,
+times and the order ranks print in vary run to run), so it fails on a changed message, a line
+that came or went, not on a different pid.
+"""
+import argparse
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MARKED = re.compile(r"^<!-- regen: ([\w-]+)(.*?) -->\n```(\w*)\n(.*?)^```\n", re.S | re.M)
+ATTR = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+HOME = "/home/me/proj"
+# `sbatch --test-only` as a cluster answers it, so that --dry-run prints the batch script here
+SBATCH_STUB = "#!/bin/sh\necho 'sbatch: Job 1 to start at now using 2 processors' >&2\n"
+
+
+class Marked:
+    def __init__(self, path: Path, match: re.Match):
+        self.path, self.match = path, match
+        self.kind, self.lang, self.text = match.group(1), match.group(3), match.group(4)
+        self.attrs = {k: v.replace('\\"', '"') for k, v in ATTR.findall(match.group(2))}
+        self.line = path.read_text().count("\n", 0, match.start()) + 1
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def marked_blocks(paths=DOCS):
+    for path in paths:
+        for match in MARKED.finditer(path.read_text()):
+            yield Marked(path, match)
+
+
+def workspace() -> Path:
+    work = Path(tempfile.mkdtemp(prefix="fluidctl-regen-"))
+    for name in ("templates", "tests"):
+        (work / name).symlink_to(ROOT / name)
+    (work / "train.py").write_text("print('training')\n")
+    stub = work / ".stub"
+    stub.mkdir()
+    (stub / "sbatch").write_text(SBATCH_STUB)
+    (stub / "sbatch").chmod(0o755)
+    return work
+
+
+def run(command: str, work: Path) -> subprocess.CompletedProcess:
+    bindir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bindir}:{work / '.stub'}:{os.environ['PATH']}",
+           "FLUIDCTL_STATE_DIR": str(work / ".state"), "COLUMNS": "200"}
+    try:
+        return subprocess.run(["bash", "-c", command], cwd=work, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    except subprocess.TimeoutExpired as exc:
+        return subprocess.CompletedProcess(command, 124, (exc.stdout or b"").decode(), "")
+
+
+def as_a_reader_sees_it(text: str, work: Path) -> str:
+    for path in {str(work), os.path.realpath(work)}:
+        text = text.replace(path, HOME)
+    text = text.replace(str(ROOT), HOME).replace(sys.executable, "/usr/bin/python3")
+    host = socket.gethostname()
+    return re.sub(rf"\b{re.escape(host)}\b", "node1", text) if len(host) > 2 else text
+
+
+def keep_only(lines, pattern: str):
+    """The lines matching pattern; each run of others becomes one ``[...]``."""
+    kept, regex = [], re.compile(pattern)
+    for line in lines:
+        if regex.search(line):
+            kept.append(line)
+        elif not kept or kept[-1] != "[...]":
+            kept.append("[...]")
+    return kept
+
+
+def regenerate(block: Marked, work: Path) -> str:
+    if "cmd" in block.attrs:
+        out = as_a_reader_sees_it(run(block.attrs["cmd"], work).stdout, work)
+        start = block.attrs.get("from")
+        if start and start in out:
+            out = out[out.index(start):]
+        return out.rstrip("\n") + "\n"
+    lines, rc = [], 0
+    for command in [line[2:] for line in block.text.splitlines() if line.startswith("$ ")]:
+        lines.append(f"$ {command}")
+        if command.strip() == "echo $?":
+            lines.append(str(rc))
+            continue
+        res = run(command, work)
+        rc = res.returncode
+        out = as_a_reader_sees_it(res.stdout, work).rstrip("\n").splitlines()
+        lines += keep_only(out, block.attrs["keep"]) if "keep" in block.attrs else out
+    return "\n".join(lines) + "\n"
+
+
+def shape(text: str):
+    """What --check compares: the lines, numbers masked, in sorted order."""
+    return sorted(re.sub(r"\d+", "N", line).rstrip() for line in text.splitlines())
+
+
+def regen_files(paths, kinds, work: Path, check: bool):
+    """Regenerate the marked blocks of kinds in paths (rewriting them unless check); the blocks
+    whose shape changed."""
+    stale = []
+    for path in paths:
+        text = path.read_text()
+        new = text
+        for block in reversed([b for b in marked_blocks([path]) if b.kind in kinds]):
+            body = regenerate(block, work)
+            if shape(body) != shape(block.text):
+                stale.append(block.where)
+            m = block.match
+            new = new[:m.start(4)] + body + new[m.end(4):]
+        if not check and new != text:
+            path.write_text(new)
+    return stale
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="compare only; exit 1 on a difference")
+    ap.add_argument("--slow", action="store_true", help="the local-slow blocks too")
+    ap.add_argument("paths", nargs="*", help="only these files (default: README.md, docs/*.md)")
+    args = ap.parse_args(argv)
+    paths = [Path(p).resolve() for p in args.paths] or DOCS
+    kinds = {"local", "local-slow"} if args.slow else {"local"}
+    work, stale = workspace(), []
+    try:
+        stale = regen_files(paths, kinds, work, args.check)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.check and stale:
+        print("these example outputs differ from what the commands print now "
+              f"(python docs/regen.py rewrites them): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    print(f"{'checked' if args.check else 'regenerated'} the {'/'.join(sorted(kinds))} blocks"
+          f"{': ' + ', '.join(stale) + ' changed' if stale and not args.check else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
