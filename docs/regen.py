@@ -60,6 +60,8 @@ def workspace() -> Path:
     for name in ("templates", "tests"):
         (work / name).symlink_to(ROOT / name)
     (work / "train.py").write_text("print('training')\n")
+    (work / "train.txt").write_text("".join(f"record {i}: some words of a sample\n"
+                                            for i in range(1000)))
     stub = work / ".stub"
     stub.mkdir()
     (stub / "sbatch").write_text(SBATCH_STUB)
