@@ -83,7 +83,8 @@ def run(command: str, work: Path) -> subprocess.CompletedProcess:
 def as_a_reader_sees_it(text: str, work: Path) -> str:
     for path in {str(work), os.path.realpath(work)}:
         text = text.replace(path, HOME)
-    text = text.replace(str(ROOT), HOME).replace(sys.executable, "/usr/bin/python3")
+    text = re.sub(re.escape(str(Path(sys.executable).parent)) + r"/python[\d.]*", "/usr/bin/python3",
+                  text.replace(str(ROOT), HOME))
     host = socket.gethostname()
     return re.sub(rf"\b{re.escape(host)}\b", "node1", text) if len(host) > 2 else text
 
