@@ -46,7 +46,8 @@ class Marked:
 
     @property
     def where(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
+        path = self.path.relative_to(ROOT) if ROOT in self.path.parents else self.path
+        return f"{path}:{self.line}"
 
 
 def marked_blocks(paths=DOCS):
@@ -132,14 +133,16 @@ def regen_files(paths, kinds, work: Path, check: bool):
     for path in paths:
         text = path.read_text()
         new = text
+        changed = []
         for block in reversed([b for b in marked_blocks([path]) if b.kind in kinds]):
             body = regenerate(block, work)
             if shape(body) != shape(block.text):
-                stale.append(block.where)
+                changed.insert(0, block.where)
             m = block.match
             new = new[:m.start(4)] + body + new[m.end(4):]
         if not check and new != text:
             path.write_text(new)
+        stale += changed
     return stale
 
 
