@@ -33,6 +33,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKED = re.compile(r"^<!-- regen: ([\w-]+)(.*?) -->\n```(\w*)\n(.*?)^```\n", re.S | re.M)
 ATTR = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 HOME = "/home/me/proj"
+WRAP = 200          # fluidctl's console width off a terminal (fluidctl/console.py)
 # `sbatch --test-only` as a cluster answers it, so that --dry-run prints the batch script here
 SBATCH_STUB = "#!/bin/sh\necho 'sbatch: Job 1 to start at now using 2 processors' >&2\n"
 
@@ -86,16 +87,21 @@ def as_a_reader_sees_it(text: str, work: Path) -> str:
         text = text.replace(path, HOME)
     text = re.sub(re.escape(str(Path(sys.executable).parent)) + r"/python[\d.]*", "/usr/bin/python3",
                   text.replace(str(ROOT), HOME))
-    host = socket.gethostname()
-    return re.sub(rf"\b{re.escape(host)}\b", "node1", text) if len(host) > 2 else text
+    host = socket.gethostname().split(".")[0]
+    return re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w.-])", "node1", text) if host else text
 
 
 def keep_only(lines, pattern: str):
-    """The lines matching pattern; each run of others becomes one ``[...]``."""
-    kept, regex = [], re.compile(pattern)
+    """The lines matching pattern, and the continuation of one that fluidctl's console wrapped
+    (at WRAP columns off a terminal); each run of others becomes one ``[...]``."""
+    kept, regex, previous_kept = [], re.compile(pattern), ""
     for line in lines:
-        if regex.search(line):
+        wrapped = previous_kept and len(previous_kept.rstrip()) + 1 + len(
+            line.split(" ")[0]) > WRAP and line[:1] != " "
+        previous_kept = ""
+        if regex.search(line) or wrapped:
             kept.append(line)
+            previous_kept = line
         elif not kept or kept[-1] != "[...]":
             kept.append("[...]")
     return kept

@@ -43,6 +43,11 @@ def offences(text: str, known_commits) -> list:
         for word in HEX.findall(line):
             if any(c.startswith(word) for c in known_commits):
                 found.append(f"{n}: a commit hash: {word!r}")
+    if not found:       # phrases broken over two lines
+        for pattern, what in ((HISTORY, "history"), (HOSTS, "this machine")):
+            m = pattern.search(" ".join(text.split()))
+            if m:
+                found.append(f"a line break inside: {what}: {m.group(0)!r}")
     return found
 
 
@@ -53,6 +58,7 @@ def test_the_checks_catch_what_they_are_for():
            '  File "/work/wt/i14/tests/scripts/trouble.py", line 41',
            "starting at step 759 (from /tmp/p29doc/run/ckpt/step-000000758)",
            "rank 0/6 local 0/1 on vm pid 22308", "in this VM a wake-up costs", "from this machine",
+           "each rank's log is `LOG_DIR/<host>/workerlog.N` on this\nmachine: the failure report",
            "abc1234 started it"]
     for line in bad:
         assert offences(line, ["abc1234" + "0" * 33]), line
