@@ -14,11 +14,12 @@ Commands run with bash in a scratch directory that looks like a reader's checkou
 tests/, a train.py), with stdout and stderr together, as a terminal shows them; `echo $?` shows
 the previous command's exit code. What differs from one machine to the next is written as a
 reader's would be: the scratch directory as /home/me/proj, the interpreter as /usr/bin/python3,
-the host name as node1. --check compares with the numbers masked and the lines sorted (pids,
-times and the order ranks print in vary run to run), so it fails on a changed message, a line
-that came or went, not on a different pid.
+the host name as node1. --check compares the distinct lines with the numbers masked, sorted
+(pids, times and the order ranks print in vary run to run), so it fails on a changed message,
+a line that came or went, not on a different pid; it prints what differs.
 """
 import argparse
+import difflib
 import os
 import re
 import shutil
@@ -128,8 +129,9 @@ def regenerate(block: Marked, work: Path) -> str:
 
 
 def shape(text: str):
-    """What --check compares: the lines, numbers masked, in sorted order."""
-    return sorted(re.sub(r"\d+", "N", line).rstrip() for line in text.splitlines())
+    """What --check compares: the distinct lines, numbers masked, in sorted order (a line a
+    report repeats as the job goes on may come once or twice)."""
+    return sorted({re.sub(r"\d+", "N", line).rstrip() for line in text.splitlines()})
 
 
 def regen_files(paths, kinds, work: Path, check: bool):
@@ -144,6 +146,10 @@ def regen_files(paths, kinds, work: Path, check: bool):
             body = regenerate(block, work)
             if shape(body) != shape(block.text):
                 changed.insert(0, block.where)
+                if check:
+                    diff = difflib.unified_diff(shape(block.text), shape(body), "documented",
+                                                "printed now", lineterm="", n=0)
+                    print(f"{block.where}:", *list(diff)[:20], sep="\n", file=sys.stderr)
             m = block.match
             new = new[:m.start(4)] + body + new[m.end(4):]
         if not check and new != text:
