@@ -16,7 +16,7 @@ def load(path=PATH) -> dict:
 
 def record(row_id: str, path=PATH, **fields) -> dict:
     """Set row ``row_id``'s fields (fluidctl=..., peer=..., ratio=..., command=...), stamped with
-    today's date and the checkout's commit; a new id is appended."""
+    today's date and the checkout's commit (a new id is appended), and render the table."""
     data = load(path)
     row = next((r for r in data["rows"] if r["id"] == row_id), None)
     if row is None:
@@ -30,4 +30,7 @@ def record(row_id: str, path=PATH, **fields) -> dict:
     except (OSError, subprocess.TimeoutExpired):
         row.pop("commit", None)
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    if Path(path) == PATH:                 # and the table that shows it
+        import render_results
+        render_results.main([])
     return row
