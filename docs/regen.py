@@ -8,6 +8,9 @@ A block is regenerated when the line before its opening fence is a marker:
 
     <!-- regen: local -->                         each `$ COMMAND` line is run, its output below it
     <!-- regen: local keep="REGEX" -->            only output lines matching REGEX, the rest `[...]`
+    <!-- regen: local-slow ... -->                 the same, run only with --slow: torch, Paddle,
+                                                  mpirun, and reports whose timing a loaded
+                                                  machine changes (stragglers)
     <!-- regen: local cmd="COMMAND" from="TEXT" -->  the block is COMMAND's output from TEXT on
 
 Commands run with bash in a scratch directory that looks like a reader's checkout (templates/,
