@@ -83,6 +83,10 @@ def preexec(signum: int = signal.SIGTERM):
 # make the launcher wait at the end for it to have started at all.
 # Group ids below 2 are refused: "kill -- -1" would mean every process we may signal; so is
 # the path "/"; a marker is letters, digits, "-" and "." only.
+# Every "~" is quoted ("\~"): an unquoted one in a case pattern or in "${line#~}" is a tilde
+# expansion to $HOME (or the passwd home when HOME is unset, in bash), so nothing would be
+# stripped and no pserver would get its SIGTERM. tests/e2e/test_lifeline.py runs the script
+# under dash and bash, with HOME set and unset.
 _WATCH_SH = r"""trap '' INT
 groups=
 soft=
@@ -97,8 +101,8 @@ while IFS= read -r line; do
     @*) grace=${line#@} ;;
     +*[!0-9]*|+) ;;
     +*) [ "${line#+}" -gt 1 ] && groups="$groups ${line#+}" ;;
-    ~*[!0-9]*|~) ;;
-    ~*) [ "${line#~}" -gt 1 ] && soft="$soft ${line#~}" ;;
+    \~*[!0-9]*|\~) ;;
+    \~*) [ "${line#\~}" -gt 1 ] && soft="$soft ${line#\~}" ;;
     =*[!A-Za-z0-9.-]*|=) ;;
     =*) mark=${line#=} ;;
     %*[!A-Za-z0-9_.\ -]*|%|%*\ *\ *) ;;
