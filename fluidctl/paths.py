@@ -378,14 +378,6 @@ class CheckpointLayout(NamedTuple):
             return []
         return sorted((s for s in map(self.step_of, names) if s is not None), reverse=True)
 
-    def leftovers(self) -> list:
-        """Partial and replaced directories a killed save left."""
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            return []
-        return [self.root / n for n in names if n.startswith((".partial-step-", ".old-step-"))]
-
 
 def hang_dir(root: Path, when: float, kind: str = "hang") -> Path:
     """LOG_DIR/hang-<time>/ (``--hang-timeout``) or LOG_DIR/dump-<time>/ (``fluidctl dump``):
