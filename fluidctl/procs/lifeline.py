@@ -15,6 +15,8 @@ import os
 import signal
 from typing import Dict, Optional
 
+from fluidctl.sigs import GRACE_PERIOD
+
 PR_SET_PDEATHSIG = 1
 _libc = None
 
@@ -92,7 +94,7 @@ groups=
 soft=
 steps=
 mark=
-grace=5
+grace=30
 paths=
 while IFS= read -r line; do
   case $line in
@@ -155,7 +157,7 @@ MARKER = "FLUIDCTL_JOB_MARKER"
 
 
 class Watchdog:
-    def __init__(self, grace: float = 5.0):
+    def __init__(self, grace: float = GRACE_PERIOD):
         import subprocess
         env = {k: v for k, v in os.environ.items() if k != MARKER}   # never its own target
         self._proc = subprocess.Popen(
@@ -199,7 +201,7 @@ class Watchdog:
 _current: Optional[Watchdog] = None
 
 
-def start_watchdog(grace: float = 5.0) -> Watchdog:
+def start_watchdog(grace: float = GRACE_PERIOD) -> Watchdog:
     """``grace``: how long pservers (services) get to checkpoint after SIGTERM if the
     launcher dies, before SIGKILL."""
     global _current
