@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from fluidctl import paths
+from fluidctl import envs, paths
 from fluidctl.errors import REQUEUE_EXIT, FluidctlError, UsageError
 from fluidctl.planning.slurm import SlurmOptions
 
@@ -73,6 +73,12 @@ class SbatchSpec:
     header: str = ""
 
 
+# At most this many requeues (SLURM_RESTART_COUNT, Slurm's own preemptions included): a week at
+# a 2-hour time limit is 84. A job that checkpoints on request and is requeued more often than
+# that is looping, and ends with 75.
+REQUEUE_LIMIT = 100
+
+
 def _job_path(template: str) -> str:
     """A path for the shell with %j replaced by the running job's id."""
     parts = template.split("%j")
@@ -101,13 +107,16 @@ def sbatch_script(spec: SbatchSpec) -> str:
               for name, value in directives]
     lines += [f"#SBATCH {arg}" for arg in spec.options.slurm_args]
     exit_file = _job_path(spec.exit_file)
+    requeue_file = _job_path(spec.exit_file + ".requeue")
     words = [shlex.quote(word) for word in spec.command]
     if "--log-dir" in spec.command:           # the job's own log dir: LOG_DIR/slurm-%j
         at = list(spec.command).index("--log-dir") + 1
         words[at] = _job_path(spec.command[at])
     lines += [
         "",
-        f"rm -f {exit_file}",      # a requeued run must not look ended by the last one's code
+        # a requeued run must not look ended by the last one's code, nor requeued by it
+        f"rm -f {exit_file} {requeue_file}",
+        f"export {envs.REQUEUE_FILE}={requeue_file}",
         # fluidctl runs in the background so that a USR1 (Slurm's warning signal,
         # scancel --batch --signal=USR1) reaches it now, not when it has ended: a request
         'trap \'kill -USR1 "$pid" 2>/dev/null\' USR1',
@@ -115,10 +124,15 @@ def sbatch_script(spec: SbatchSpec) -> str:
         "pid=$!",
         'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done',
         'wait "$pid"; code=$?',
-        # checkpointed on request: Slurm runs the job again (once eligible: slurmctld holds a
-        # requeued job for AuthInfo's cred_expire, 120 s by default)
-        f'if [ "$code" = {REQUEUE_EXIT} ] && scontrol requeue "$SLURM_JOB_ID"; then',
-        "  exit 0",
+        # checkpointed on request (fluidctl left the requeue file; a script's own 75 does
+        # not): Slurm runs the job again, once eligible (slurmctld holds a requeued job for
+        # AuthInfo's cred_expire, 120 s by default), at most REQUEUE_LIMIT times
+        f'if [ "$code" = {REQUEUE_EXIT} ] && [ -f {requeue_file} ]; then',
+        f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {REQUEUE_LIMIT} ]; then',
+        f'    echo "fluidctl: requeued {REQUEUE_LIMIT} times already: not requeued again" >&2',
+        '  elif scontrol requeue "$SLURM_JOB_ID"; then',
+        "    exit 0",
+        "  fi",
         "fi",
         f'echo "$code" > {exit_file}.tmp && mv -f {exit_file}.tmp {exit_file}',
         'exit "$code"',
