@@ -19,6 +19,49 @@ LOCK_NAME = ".fluidctl.lock"
 SHARED_MARKER = ".fluidctl.shared."
 
 
+class StateFileError(OSError):
+    """A state file that is not a regular file of a sane size (a FIFO, a device, a directory):
+    its message names the path and what it is."""
+
+
+def open_state_file(path, flags: int = os.O_RDONLY) -> int:
+    """A descriptor of ``path``, which must be a regular file: opened with O_NONBLOCK, so a
+    FIFO or a device there cannot block open() (as OpenSSH opens key files), then checked
+    with fstat. FileNotFoundError when absent; StateFileError when not a regular file."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        import stat
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                    else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+            raise StateFileError(f"{path} is not a regular file ({what})")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_state_file(path, limit: int = 16 << 20) -> bytes:
+    """The bytes of state file ``path`` (open_state_file's checks), at most ``limit`` of them:
+    a larger file is StateFileError, not a read of whatever it holds."""
+    fd = open_state_file(path)
+    try:
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise StateFileError(f"{path} holds more than {limit} bytes")
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path, data, mode: Optional[int] = None) -> None:
     """Write ``data`` (str as UTF-8, or bytes) to ``path`` so that a reader sees the old file
     or the whole new one, never half of it, even after a crash: a temporary name in the same

@@ -181,7 +181,7 @@ class JobRecord:
 def load_record(job_id: str) -> JobRecord:
     path = paths.job_record(job_id)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(paths.read_state_file(path))
     except FileNotFoundError:
         raise UsageError(f"no job {job_id} was submitted by fluidctl (no {path})",
                          "'fluidctl job list' shows the recorded jobs") from None
