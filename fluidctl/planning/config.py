@@ -118,6 +118,7 @@ class LaunchConfig:
         user_env = opts.read_env_file(env_file)
         user_env.update(opts.parse_env_pairs(env_pairs))
         user_env = {**opts.exported(exports), **user_env}
+        envs.check_knobs(user_env)          # --env FLUIDCTL_TIMEOUT=nan: refused here, once
         layout = LogLayout(Path(log_dir))
         if layout.root.exists() and not layout.root.is_dir():
             raise UsageError(f"log dir {log_dir} is a file", "pass --log-dir with a directory path")
