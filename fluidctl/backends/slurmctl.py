@@ -85,6 +85,31 @@ def _job_path(template: str) -> str:
     return '"$SLURM_JOB_ID"'.join(shlex.quote(p) if p else "" for p in parts)
 
 
+def _one_line(value: str, what: str) -> None:
+    """A line break would end the #SBATCH line and run the rest as a command of the script."""
+    if any(c in value for c in "\n\r\0"):
+        raise UsageError(f"{what} {value!r} holds a line break: one #SBATCH line cannot",
+                         f"pass {what} without line breaks")
+
+
+def _sbatch_word(value: str, what: str) -> str:
+    """``value`` as one word of an #SBATCH line: sbatch splits such a line at blanks, groups
+    with double quotes, takes a backslash as an escape and '#' outside quotes as a comment."""
+    _one_line(value, what)
+    if value and not any(c in value for c in " \t\"\\#'"):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _sbatch_arg(arg: str) -> str:
+    """A --slurm-arg as an #SBATCH line's words: ``--name=value`` gets its value quoted (a
+    comment with blanks stays one value); other forms (``-p gpu``) go as they are."""
+    _one_line(arg, "--slurm-arg")
+    name, eq, value = arg.partition("=")
+    return f"{name}={_sbatch_word(value, '--slurm-arg')}" if arg.startswith("--") and eq \
+        else arg
+
+
 def sbatch_script(spec: SbatchSpec) -> str:
     """The batch script, as text (pure: golden-tested)."""
     lines = ["#!/bin/bash"]
@@ -103,9 +128,9 @@ def sbatch_script(spec: SbatchSpec) -> str:
         directives += [("signal", f"B:USR1@{warning}"), ("requeue", "")]
     directives += [("output", spec.output), ("open-mode", "append"),
                    ("chdir", spec.workdir)]
-    lines += [f"#SBATCH --{name}={value}" if value else f"#SBATCH --{name}"
-              for name, value in directives]
-    lines += [f"#SBATCH {arg}" for arg in spec.options.slurm_args]
+    lines += [f"#SBATCH --{name}={_sbatch_word(value, '--' + name)}" if value
+              else f"#SBATCH --{name}" for name, value in directives]
+    lines += [f"#SBATCH {_sbatch_arg(arg)}" for arg in spec.options.slurm_args]
     exit_file = _job_path(spec.exit_file)
     requeue_file = _job_path(spec.exit_file + ".requeue")
     words = [shlex.quote(word) for word in spec.command]
@@ -201,6 +226,19 @@ def list_records() -> List[JobRecord]:
     return sorted(records, key=lambda r: r.submitted, reverse=True)
 
 
+def _refused(res) -> UsageError:
+    """sbatch's refusal in one line, with the options that can cause it: a directive sbatch
+    cannot parse comes from --slurm-arg, not from --partition."""
+    why = first_error_line(res.stderr + res.stdout)
+    if "directive" in why.lower():
+        return UsageError(f"sbatch refused the job: {why}",
+                          "check each --slurm-arg: one sbatch option per --slurm-arg, as "
+                          "--slurm-arg=--mail-type=END")
+    return UsageError(f"sbatch refused the job: {why}",
+                      "check --partition, --time, --account, --qos, --constraint and "
+                      "--slurm-arg; 'sinfo' lists partitions")
+
+
 def test_only(spec: SbatchSpec) -> None:
     """``sbatch --test-only`` the script (read from stdin): Slurm checks the partition, time
     limit, account, QOS and constraints without submitting. A refusal is a UsageError with
@@ -213,9 +251,7 @@ def test_only(spec: SbatchSpec) -> None:
         raise FluidctlError("sbatch --test-only did not answer within 60s",
                             "is slurmctld reachable? try 'scontrol ping'", exit_code=1) from None
     if res.returncode != 0:
-        raise UsageError(f"sbatch refused the job: {first_error_line(res.stderr + res.stdout)}",
-                         "check --partition, --time, --account, --qos, --constraint and "
-                         "--slurm-arg; 'sinfo' lists partitions")
+        raise _refused(res)
 
 
 def submit(spec: SbatchSpec, layout: paths.LogLayout, cluster: str = "") -> JobRecord:
@@ -227,10 +263,7 @@ def submit(spec: SbatchSpec, layout: paths.LogLayout, cluster: str = "") -> JobR
     try:
         res = client("sbatch", "--parsable", str(pending))
         if res.returncode != 0:
-            raise UsageError(f"sbatch refused the job: "
-                             f"{first_error_line(res.stderr + res.stdout)}",
-                             "check --partition, --time, --account, --qos, --constraint and "
-                             "--slurm-arg; 'sinfo' lists partitions")
+            raise _refused(res)
         job_id = res.stdout.strip().split(";")[0]
         if not job_id.isdigit():
             raise FluidctlError(f"sbatch answered {res.stdout.strip()!r}, not a job id",

@@ -20,13 +20,13 @@ GOLDEN = """\
 #SBATCH --gpus-per-node=4
 #SBATCH --partition=gpu
 #SBATCH --time=01:30:00
-#SBATCH --account=proj 1
+#SBATCH --account="proj 1"
 #SBATCH --qos=high
 #SBATCH --constraint=a100&ib
 #SBATCH --exclude=gpu[003-004]
 #SBATCH --signal=B:USR1@120
 #SBATCH --requeue
-#SBATCH --output=/logs/my run/slurm-%j.out
+#SBATCH --output="/logs/my run/slurm-%j.out"
 #SBATCH --open-mode=append
 #SBATCH --chdir=/home/u/proj
 #SBATCH --mail-type=END
