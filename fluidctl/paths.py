@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, Mapping, NamedTuple, Optional, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from fluidctl.errors import UsageError
 
@@ -372,11 +372,65 @@ class DiagDir(NamedTuple):
         if base is not None:
             return cls(Path(tempfile.mkdtemp(prefix=".fluidctl_diag.", dir=str(base))))
         shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        return cls(Path(tempfile.mkdtemp(prefix="fluidctl_diag.", dir=shm)))
+        made = cls(Path(tempfile.mkdtemp(prefix="fluidctl_diag.", dir=shm)))
+        try:
+            write_atomic(made.root / made.OWNER, _owner_line(os.getpid()))
+        except OSError:
+            pass
+        made.sweep_dead(Path(shm or tempfile.gettempdir()))
+        return made
+
+    OWNER = "owner"             # "<pid> <start time> <pid namespace>" of the creator
+
+    @classmethod
+    def sweep_dead(cls, where: Path) -> List[str]:
+        """Remove the directories in ``where`` whose creator is gone (an agent or launcher
+        killed with SIGKILL along with its watchdog leaves its directory in /dev/shm, in
+        memory until reboot). Only directories of this user whose owner record names a
+        process of this pid namespace that no longer runs (or whose pid was reused); one
+        without an owner record is being made, or not ours to judge, and stays."""
+        import shutil
+        gone = []
+        try:
+            names = [n for n in os.listdir(where) if n.startswith("fluidctl_diag.")]
+        except OSError:
+            return gone
+        uid = os.geteuid()
+        for name in names:
+            path = Path(where) / name
+            try:
+                if os.lstat(path).st_uid != uid:
+                    continue
+                pid, start, ns = read_state_file(path / cls.OWNER, 4096).decode().split()
+            except (OSError, ValueError, UnicodeDecodeError):
+                continue
+            if ns == _pid_namespace() and _owner_line(int(pid)).split()[:2] != [pid, start]:
+                shutil.rmtree(path, ignore_errors=True)
+                gone.append(str(path))
+        return gone
 
     def remove(self) -> None:
         import shutil
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "-"
+
+
+def _owner_line(pid: int) -> str:
+    """``pid``'s owner record: its start time (clock ticks since boot, /proc/PID/stat field
+    22) tells a reused pid from the creator; "gone" once it no longer runs."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start = fields[19].decode()
+    except (OSError, IndexError):
+        start = "gone"
+    return f"{pid} {start} {_pid_namespace()}\n"
 
 
 class CheckpointLayout(NamedTuple):
