@@ -49,7 +49,8 @@ def pserver():
 @click.option("--token-file", type=click.Path(dir_okay=False), default=None,
               help="File holding the job token trainers must present, e.g. --token-file "
                    "job.token (default: FLUIDCTL_JOB_TOKEN; --daemon generates one).")
-@click.option("--max-frame-mb", type=click.IntRange(1, MAX_FRAME_MB), default=1024, show_default=True,
+@click.option("--max-frame-mb", type=click.IntRange(1, MAX_FRAME_MB), default=1024,
+              show_default=True,
               help="Largest request accepted, in MiB, e.g. --max-frame-mb 256.")
 @click.option("--daemon", is_flag=True,
               help="Detach; log to the state directory, e.g. fluidctl pserver start --daemon.")
