@@ -209,15 +209,17 @@ def _low(node: NodeHealth, keys: Sequence[str], threshold: float) -> List[str]:
             and node.medians.get(k) and node.figures[k] < threshold * node.medians[k]]
 
 
-def confirm_suspects(nodes: Sequence[NodeHealth], remeasure: Callable[[str], dict],
+def confirm_suspects(nodes: Sequence[NodeHealth], remeasure: Callable[[str, bool], dict],
                      keys: Sequence[str], threshold: float = THRESHOLD,
                      say: Optional[Callable[[str, str], None]] = None,
                      rounds: int = CONFIRMATIONS) -> None:
     """Measure each suspect again, up to ``rounds`` times, each time right beside a peer that
     is not one: a busy moment of shared hardware slows both alike, so a suspect that then
     measures at least ``threshold`` times that peer is cleared of the figure (a busy moment is
-    not a bad node); one that stays under it every time stays an outlier. ``remeasure(host)``
-    measures a node (its figures keep their best) and returns the fresh figures."""
+    not a bad node); one that stays under it every time stays an outlier.
+    ``remeasure(host, keep)`` measures a node and returns the fresh figures; with ``keep`` the
+    node keeps its best. The peer's are not kept: its best of several would raise the median
+    every other node is compared with."""
     for _ in range(rounds):
         slow = suspects(nodes, keys, threshold)
         if not slow:
@@ -227,10 +229,10 @@ def confirm_suspects(nodes: Sequence[NodeHealth], remeasure: Callable[[str], dic
             low = _low(node, keys, threshold)
             if say:
                 say(node.host, "slow: measuring CPU, memory and disk again, beside a peer")
-            mine = remeasure(node.host) or {}
+            mine = remeasure(node.host, True) or {}
             if not peers:
                 continue
-            theirs = remeasure(peers[i % len(peers)].host) or {}
+            theirs = remeasure(peers[i % len(peers)].host, False) or {}
             node.cleared += [k for k in low if k in mine and theirs.get(k)
                              and mine[k] >= threshold * theirs[k]]
 
@@ -285,19 +287,19 @@ class _Measure:
             self._fail(host, str(exc))
             return None
 
-    def cpu(self, host: str) -> dict:
-        """Measure; the node keeps its best figures; returns this measurement's."""
+    def cpu(self, host: str, keep: bool = True) -> dict:
+        """Measure (with ``keep``, the node keeps its best figures); this measurement's."""
         got = self.ask(host, {"op": "cpu", "seconds": CPU_SECONDS, "mem_seconds": MEM_SECONDS},
                        30)
-        if got:
+        if got and keep:
             self._keep(self.health[host], got,
                        {"gemm_gflops": "gemm_gflops", "mem_gbps": "mem_gbps"}, "CPU")
         return got or {}
 
-    def disk(self, host: str, workdir: Optional[str]) -> dict:
+    def disk(self, host: str, workdir: Optional[str], keep: bool = True) -> dict:
         node = self.health[host]
         got = self.ask(host, {"op": "disk", "dir": workdir, "mib": DISK_MIB}, 30)
-        if got:
+        if got and keep:
             self._keep(node, got, {"disk_free": "disk_free", "write_mbps": "write_mbps"}, "disk")
         return got or {}
 
@@ -408,7 +410,8 @@ def measure(hosts: Sequence[Host], targets, *, python: Optional[str] = None,
         m.names.sort(key=starting.index)            # the ring in hostfile order
         # a busy moment is not a bad node: suspects are measured again, beside a peer
         confirm_suspects([health[n] for n in m.names],
-                         lambda host: {**m.cpu(host), **m.disk(host, workdirs.get(host))},
+                         lambda host, keep: {**m.cpu(host, keep),
+                                             **m.disk(host, workdirs.get(host), keep)},
                          ("gemm_gflops", "mem_gbps", "write_mbps"), threshold, say)
         parallel(list(m.names), m.gpu)              # each node's own GPUs: at once
         names = list(m.names)

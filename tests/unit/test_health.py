@@ -66,12 +66,12 @@ class _Busy:
         self.nodes = {n.host: n for n in nodes}
         self.calls = []
 
-    def __call__(self, host):
-        self.calls.append(host)
-        calm = {"node3": 20.0}.get(host, 20.0)
-        fresh = {"mem_gbps": calm * 0.49}           # the busy moment, for whoever runs now
-        node = self.nodes[host]
-        node.figures["mem_gbps"] = max(node.figures["mem_gbps"], fresh["mem_gbps"])
+    def __call__(self, host, keep):
+        self.calls.append((host, keep))
+        fresh = {"mem_gbps": 20.0 * 0.49}           # the busy moment, for whoever runs now
+        if keep:
+            node = self.nodes[host]
+            node.figures["mem_gbps"] = max(node.figures["mem_gbps"], fresh["mem_gbps"])
         return fresh
 
 
@@ -86,14 +86,15 @@ def test_40_13_a_node_as_fast_as_a_peer_measured_beside_it_is_no_outlier():
     health.confirm_suspects(nodes, remeasure, ("mem_gbps",), health.THRESHOLD)
     health.compare(nodes)
     assert all(n.ok for n in nodes), [n.outliers for n in nodes]
-    assert "node3" in remeasure.calls and len(set(remeasure.calls)) >= 2   # and a peer
+    assert remeasure.calls[0] == ("node3", True)                    # kept: node3's best
+    assert remeasure.calls[1][0] != "node3" and remeasure.calls[1][1] is False  # the peer's not
 
 
 def test_40_13_a_node_slower_than_a_peer_beside_it_stays_an_outlier():
     nodes = [health.NodeHealth(f"node{k}", figures={"mem_gbps": 20.0}) for k in range(1, 5)]
     nodes[2].figures["mem_gbps"] = 2.0
 
-    def remeasure(host):                    # node3 really is slow; the peers are not
+    def remeasure(host, keep):              # node3 really is slow; the peers are not
         return {"mem_gbps": 2.0 if host == "node3" else 20.0}
     health.confirm_suspects(nodes, remeasure, ("mem_gbps",), health.THRESHOLD)
     health.compare(nodes)
