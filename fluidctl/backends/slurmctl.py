@@ -17,7 +17,7 @@ import shlex
 import shutil
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
@@ -213,7 +213,32 @@ def load_record(job_id: str) -> JobRecord:
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read the record {path}: {exc}",
                          "remove it if it is damaged") from None
+    wrong = _record_shape(data)
+    if wrong:
+        raise UsageError(f"the record {path} is not a job record ({wrong})",
+                         "remove it if it is damaged")
     return JobRecord(**{k: v for k, v in data.items() if k in JobRecord.__dataclass_fields__})
+
+
+_SHAPES = {"str": (str,), "int": (int,), "float": (int, float), "Optional[int]": (int, type(None)),
+           "List[str]": (list,)}
+
+
+def _record_shape(data) -> str:
+    """What is wrong with the shape of a job record read from disk ("" when nothing): an
+    object with each field of its type, the fields without a default present."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    for name, spec in JobRecord.__dataclass_fields__.items():
+        if name not in data:
+            if spec.default is MISSING and spec.default_factory is MISSING:
+                return f"no {name!r}"
+            continue
+        kinds = _SHAPES.get(str(spec.type), (object,))
+        value = data[name]
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            return f"{name!r} is {type(value).__name__}"
+    return ""
 
 
 def list_records() -> List[JobRecord]:

@@ -54,3 +54,16 @@ def test_read_state_file_limits_the_size(tmp_path):
     assert paths.read_state_file(big) == b"x" * 100
     with pytest.raises(FileNotFoundError):
         paths.read_state_file(tmp_path / "absent")
+
+
+@pytest.mark.parametrize("text", ['[1, 2]', '"x"', '{"job_id": 42}',
+                                  '{"job_id": "42", "name": "x", "script": "s", "log_dir": "/l",'
+                                  ' "workdir": "w", "nodes": "two", "ntasks_per_node": 1}'])
+def test_a_job_record_of_the_wrong_shape_is_one_line(tmp_path, text):
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "slurm-42.json").write_text(text)
+    env = dict(os.environ, FLUIDCTL_STATE_DIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "fluidctl", "job", "status", "42"], env=env,
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and len(res.stderr.splitlines()) == 1, res.stderr
+    assert "slurm-42.json" in res.stderr and "Traceback" not in res.stderr
