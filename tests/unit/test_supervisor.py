@@ -157,3 +157,56 @@ def test_the_default_grace_period_is_30s_as_torchrun_and_kubernetes():
     assert RunOptions().grace_period == LaunchConfig.grace_period == 30.0
     assert NodeShare([], "/l", "n1").grace == 30.0
     assert fastargs.COMMANDS[("train",)].parse(["s.py"])["grace_period"] == 30.0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_stops_the_job_with_128_plus_n(sig):
+    handles = [FakeHandle("trainer 0"), FakeHandle("trainer 1")]
+    before = signal.getsignal(sig)
+
+    result, log, said, _ = supervise([handles], then=lambda: os.kill(os.getpid(), sig))
+    assert (result.exit_code, result.signal, result.failure) == (128 + sig, sig, None)
+    assert all(h.signals == ["TERM"] for h in handles)
+    assert f"fluidctl: {signal.Signals(sig).name} received, stopping all processes" in said
+    assert signal.getsignal(sig) == before            # the handlers are put back
+
+
+def test_a_second_ctrl_c_kills_at_once():
+    stubborn = FakeHandle("trainer 0", obeys_term=False)
+
+    def ctrl_c_twice():
+        os.kill(os.getpid(), signal.SIGINT)
+        stubborn.terminated.wait(10)                   # the supervisor is in its grace period
+        os.kill(os.getpid(), signal.SIGINT)
+    result, log, _, _ = supervise([[stubborn]], grace=600,   # would wait 600 s otherwise
+                                  then=ctrl_c_twice)
+    assert result.exit_code == 130 and stubborn.signals == ["TERM", "KILL"]
+    assert "second SIGINT: killing every process now" in log
+
+
+def test_abort_from_another_thread_stops_the_job_without_restart_and_records_every_end():
+    # the hang watchdog's path: abort(124) from a thread, the job stops, no restart happens
+    done = FakeHandle("trainer 0", 0)
+    stuck = FakeHandle("trainer 1")
+    box = {}
+
+    def start(attempt):
+        assert attempt == 0, "an aborted job is not restarted"
+        threading.Thread(target=lambda: box["sup"].abort(124, "hung")).start()
+        return [done, stuck]
+
+    box["sup"] = Supervisor(start, RunOptions(5.0, max_restarts=3))
+    result = box["sup"].run()
+    assert (result.exit_code, result.aborted, result.failure) == (124, "hung", None)
+    assert stuck.signals == ["TERM"]
+    ends = {e.label: describe_end(e) for e in result.ends}
+    assert ends == {"trainer 0": "finished",
+                    "trainer 1": "still running; stopped by fluidctl (signal SIGTERM)"}
+    box["sup"].abort(1, "too late")          # after the run: ignored, no closed fd written
+
+
+def test_ends_name_the_failure_and_the_stopped():
+    result, _, _, _ = supervise([[FakeHandle("trainer 0", 3), FakeHandle("trainer 1")]])
+    ends = {e.label: describe_end(e) for e in result.ends}
+    assert ends == {"trainer 0": "failed: exit code 3",
+                    "trainer 1": "still running; stopped by fluidctl (signal SIGTERM)"}
