@@ -21,6 +21,7 @@ import os
 import sys
 
 from fluidctl.digest import DEFAULT as DEFAULT_DIGEST
+from fluidctl.sigs import GRACE_PERIOD
 
 FLAG, VALUE, MULTI = "flag", "value", "multi"
 
@@ -405,7 +406,7 @@ TRAIN = Command("fluidctl.launch.train:run", (
     Option(["--env"], "env_pairs", MULTI),
     Option(["--env-file"], "env_file"),
     Option(["--grace-period"], "grace_period", type=float_between(0, 86400, "--grace-period 10"),
-           default=5.0),
+           default=GRACE_PERIOD),
     Option(["--checkpoint-signal"], "checkpoint_signal", default="TERM"),
     Option(["--max-restarts"], "max_restarts", type=int_at_least(0), default=0),
     Option(["--tee"], "tee", type=choice(_tee_choices), default="rank0"),

@@ -15,6 +15,7 @@ from fluidctl.commands.numbers import Number, seconds
 from fluidctl.commands.k8s_options import k8s_options
 from fluidctl.commands.slurm_options import slurm_options
 from fluidctl.paths import DEFAULT_LOG_DIR
+from fluidctl.sigs import GRACE_PERIOD
 from fluidctl.planning.config import HANG_HINT, HANG_TIMEOUT_MAX, TEE_CHOICES
 
 HANG_TIMEOUT = Number(float, 0, HANG_TIMEOUT_MAX, HANG_HINT, above=True, unit=" of seconds")
@@ -128,7 +129,8 @@ def _non_negative(name: str):
               help="Add to every process's environment (repeatable), e.g. --env NCCL_DEBUG=INFO.")
 @click.option("--env-file", type=str, default=None,
               help="KEY=VALUE lines added to every process's environment, e.g. --env-file job.env.")
-@click.option("--grace-period", type=seconds(0, 86400, "--grace-period 10"), default=5.0,
+@click.option("--grace-period", type=seconds(0, 86400, "--grace-period 10"),
+              default=GRACE_PERIOD,
               show_default=True,
               help="Seconds between SIGTERM and SIGKILL when stopping, e.g. --grace-period 10.")
 @click.option("--checkpoint-signal", default="TERM", show_default=True, metavar="NAME",

@@ -29,6 +29,7 @@ from fluidctl.agentproto import EndState, ProcessEnd
 from fluidctl.diagnostics.failures import Failure, FailureKind
 from fluidctl.launch.requests import REQUEUE_EXIT
 from fluidctl import telemetry
+from fluidctl.sigs import GRACE_PERIOD
 from fluidctl.telemetry import Restart
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ _STOPPED_CODES = frozenset(code for sig in (signal.SIGTERM, signal.SIGINT, signa
 
 @dataclass
 class RunOptions:
-    grace_period: float = 5.0
+    grace_period: float = GRACE_PERIOD
     max_restarts: int = 0
     checkpoint: Optional["RequestChannel"] = None   # the job's checkpoint requests
     request_at: Optional[float] = None      # time.time() of a request (a time limit near)
@@ -354,8 +355,11 @@ class Supervisor:
                      + ", ".join(h.label for h in stopped))
         live = self._wait_all(stopped, self.options.grace_period)
         if live:
-            self.log(f"grace period of {self.options.grace_period:g}s over: SIGKILL to "
-                     + ", ".join(h.label for h in live))
+            names = ", ".join(h.label for h in live)
+            self.log(f"grace period of {self.options.grace_period:g}s over: SIGKILL to {names}")
+            self.say(f"fluidctl: {names} still running after the "
+                     f"{self.options.grace_period:g}s grace period: SIGKILL (a checkpoint being "
+                     "written is lost; --grace-period gives more time)")
             for h in live:
                 h.kill()
             live = self._wait_all(live, KILL_WAIT)

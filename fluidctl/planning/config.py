@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Iterable, Mapping, Optional, Sequence, Tuple
 
 from fluidctl import envs
+from fluidctl.sigs import GRACE_PERIOD
 from fluidctl.errors import UsageError, check_range
 from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
 from fluidctl.planning import options as opts
@@ -54,7 +55,7 @@ class LaunchConfig:
     ssh_timeout: float = 10.0
     started_port: Optional[int] = None
     log_dir: str = DEFAULT_LOG_DIR
-    grace_period: float = 5.0
+    grace_period: float = GRACE_PERIOD
     max_restarts: int = 0
     checkpoint_signal: str = "TERM"             # forwarded to the ranks on a checkpoint request
     elastic: Optional[NodeRange] = None         # --nodes MIN:MAX (ssh, fabric); None: fixed
@@ -100,7 +101,7 @@ class LaunchConfig:
                      token_file: Optional[str] = None, pserver_endpoints: Optional[str] = None,
                      pserver_hosts: Optional[str] = None, checkpoint_dir: Optional[str] = None,
                      checkpoint_every: Optional[int] = None, mode: str = "collective",
-                     pservers: Optional[int] = None, grace_period: float = 5.0,
+                     pservers: Optional[int] = None, grace_period: float = GRACE_PERIOD,
                      log_dir: str = DEFAULT_LOG_DIR, tee_ranks: Optional[str] = None,
                      hang_timeout: Optional[float] = None, mpirun_args: Iterable[str] = (),
                      **settings) -> "LaunchConfig":
@@ -117,6 +118,7 @@ class LaunchConfig:
         user_env = opts.read_env_file(env_file)
         user_env.update(opts.parse_env_pairs(env_pairs))
         user_env = {**opts.exported(exports), **user_env}
+        envs.check_knobs(user_env)          # --env FLUIDCTL_TIMEOUT=nan: refused here, once
         layout = LogLayout(Path(log_dir))
         if layout.root.exists() and not layout.root.is_dir():
             raise UsageError(f"log dir {log_dir} is a file", "pass --log-dir with a directory path")
