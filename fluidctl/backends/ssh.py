@@ -658,7 +658,7 @@ class ElasticMembers:
 
     def _excluded(self) -> Dict[str, object]:
         from fluidctl.cluster.ledger import excluded
-        return excluded([h.name for h in self.pool])
+        return excluded(self.pool)      # by each node's address, not its alias
 
     def _say(self, line: str) -> None:
         import sys
@@ -682,7 +682,8 @@ class ElasticMembers:
     def _drop(self, host: str, why: str) -> None:
         from fluidctl.cluster.ledger import LOST, record
         self.lost[host] = why
-        record(host, LOST, why, job=str(self.launcher.config.layout.root))
+        record(self.by_name.get(host, host), LOST, why,
+               job=str(self.launcher.config.layout.root))
         standby = self.standby.pop(host, None)
         if standby is not None:
             standby.abandon()
