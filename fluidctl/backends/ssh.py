@@ -82,6 +82,7 @@ class RemoteAgent:
         self._record: Optional[Failure] = None
         self._tail = deque(maxlen=20)
         self._lost = ""
+        self.launcher_stopped = 0.0             # seconds the launcher was seen stopped
         self._lost_probe: Optional[str] = None  # probe_link's answer once the node is lost
         self.progress = 0                       # collectives completed on the node (beats)
         self.steps: dict = {}                   # the node's ranks' straggler sums (steps)
@@ -123,6 +124,7 @@ class RemoteAgent:
             stopped, woke = now - woke, now
             if self.beat_timeout and stopped > self.beat_timeout / 2:
                 self.heard = max(self.heard, now)
+                self.launcher_stopped = stopped     # its agent missed our beats: it stops
                 self.launch_log(f"the launcher itself was stopped for {stopped:.1f}s (a gap in "
                                 f"its own clock): node {self.host}'s silence meanwhile is not "
                                 "counted against it")
@@ -702,6 +704,14 @@ class ElasticMembers:
             node.close()
         self._say(f"node {host} lost: {why} (recorded in the ledger of bad nodes)")
 
+    def _drop_lost(self) -> None:
+        """Drop (and ledger) every running node that counts as lost: at a restart, and at the
+        job's end (a node lost on the last allowed attempt is ledgered too)."""
+        for agent in getattr(self.launcher, "running", []):
+            why = agent.lost_reason()
+            if why and agent.host not in self.lost:
+                self._drop(agent.host, why)
+
     def _start(self, hosts: Sequence[Host]):
         config, launcher = self.launcher.config, self.launcher
         found = start_agents(hosts, self.targets, backend=launcher.name,
@@ -739,8 +749,11 @@ class ElasticMembers:
         agent = self.standby.get(name)
         if agent is None:
             return False
+        # a standby agent that missed the launcher's beats (the launcher was stopped) is
+        # stopping itself: a fresh one instead
         if agent.probe is not None and not agent.channel.closed \
-                and not agent.channel.exit_status_ready() and not agent._lost:
+                and not agent.channel.exit_status_ready() and not agent._lost \
+                and not agent.launcher_stopped:
             return True
         self.standby.pop(name).abandon()
         return False
@@ -749,10 +762,7 @@ class ElasticMembers:
         from fluidctl.errors import FluidctlError
         from fluidctl.planning.elastic import next_world
         launcher = self.launcher
-        for agent in getattr(launcher, "running", []):
-            why = agent.lost_reason()
-            if why and agent.host not in self.lost:
-                self._drop(agent.host, why)
+        self._drop_lost()
         while True:
             names = next_world([h.name for h in launcher.hosts], list(self.by_name), self.lost,
                                self._excluded(), self.range)
@@ -800,7 +810,9 @@ class ElasticMembers:
         self._agents[id(agent)] = agent
 
     def stop(self) -> None:
-        """Stop beating; let every standby agent go."""
+        """Ledger the nodes lost on the last attempt; stop beating; let every standby agent
+        go."""
+        self._drop_lost()
         if self._beats is not None:
             self._beats.set()
         for agent in list(self.standby.values()):

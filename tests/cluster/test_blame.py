@@ -63,3 +63,39 @@ def test_40_5_sigkilled_ranks_ledger_no_node_and_rerun_on_the_same_nodes(sshd_no
     assert ledger_hosts(state) == [], said
     assert {p.name for p in out.glob("started.*.1")} == {"started.0.1", "started.1.1"}, said
     assert "restart 1: new world of 2 trainer(s) on node1, node2" in said
+
+
+def agent_of(address: str) -> int:
+    """The pid of the node agent whose SSH session came in on ``address`` (the loopback nodes
+    run their processes on this machine)."""
+    import psutil
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "fluidctl.node.agent" in " ".join(proc.info["cmdline"] or ()) and \
+                    proc.environ().get("SSH_CONNECTION", "").split()[2:3] == [address]:
+                return proc.pid
+        except (psutil.NoSuchProcess, psutil.AccessDenied, IndexError):
+            continue
+    return 0
+
+
+def test_40_12_a_node_lost_on_the_last_allowed_attempt_is_ledgered(sshd_nodes, tmp_path):
+    out, state = tmp_path / "out", tmp_path / "state"
+    out.mkdir()
+    proc = start_fluidctl("train", "--hostfile", sshd_nodes.hostfile(), "--ssh-config",
+                          sshd_nodes.config, "--nodes", "2:2", "--log-dir", tmp_path / "log",
+                          SCRIPT, out, "work", 30, cwd=tmp_path,
+                          env={"FLUIDCTL_STATE_DIR": str(state)})
+    try:
+        wait_for(lambda: proc.poll() is not None or all(
+            (out / f"beat.{r}").exists() for r in (0, 1)), 60, "both ranks working")
+        os.kill(wait_for(lambda: agent_of("127.0.0.3"), 10, "node2's agent"), signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 137, stdout + stderr        # the agent's SIGKILL
+    assert ledger_hosts(state) == ["node2"], stdout + stderr
+    assert "node node2 lost: its agent was killed (recorded in the ledger of bad nodes)" in \
+        stderr
