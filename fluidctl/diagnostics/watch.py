@@ -113,8 +113,9 @@ class StackDump:
     count: Dict[int, int] = field(default_factory=dict)        # rank -> collectives completed
     running: Dict[int, float] = field(default_factory=dict)    # rank -> share of samples in R
     collectives: Dict[int, list] = field(default_factory=dict)  # rank -> torch's last records
+    signalled: Dict[int, bool] = field(default_factory=dict)   # rank -> sent the stack signal
 
-    EVIDENCE = ("state", "cpu", "count", "running", "collectives")
+    EVIDENCE = ("state", "cpu", "count", "running", "collectives", "signalled")
 
     def merge(self, other: "StackDump") -> None:
         for name in ("texts", "frames", "why", "method") + self.EVIDENCE:
@@ -152,7 +153,7 @@ class StackDump:
         hosts = hosts or {}
         return [Evidence(rank, hosts.get(rank, ""), self.frames.get(rank), self.why.get(rank, ""),
                          self.state.get(rank, ""), self.cpu.get(rank), self.count.get(rank),
-                         self.running.get(rank))
+                         self.running.get(rank), bool(self.signalled.get(rank)))
                 for rank in sorted(set(self.frames) | set(self.why))]
 
     def verdict(self, hosts: Optional[Dict[int, str]] = None):
@@ -186,6 +187,7 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
             note = str(exc)
         if diag is None:
             return None, None, note
+        dump.signalled[t.rank] = True       # the signal may wake it (a C sleep) and end it
         try:
             return "faulthandler", stacks.faulthandler_dump(t.pid, diag.stack(t.rank)), note
         except stacks.DumpUnavailable as exc:
@@ -239,9 +241,10 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
     elapsed = time.monotonic() - started
     for t in targets:
         first, now = before[t.rank], stacks.proc_state(t.pid)
-        if first is not None and now is None and dump.method.get(t.rank) == "faulthandler":
-            # our stack signal woke it (a sleep in C returns early) and it ended: its state
-            # when the hang was found is the evidence, not the exit the signal caused
+        if first is not None and now is None and dump.signalled.get(t.rank):
+            # our stack signal woke it (a sleep in C returns early) and it ended, with or
+            # without its stack written: its state when the hang was found is the evidence,
+            # not the exit the signal caused
             dump.state[t.rank] = first[0]
             continue
         if first is None or now is None:

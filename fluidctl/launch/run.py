@@ -217,9 +217,11 @@ class _Watch:
         dump = self.d.stacks(handles)
         hosts = self.d.hosts(handles)
         verdict = dump.verdict(hosts) if kind == "hang" else None
-        if verdict is not None and verdict.kind == "slow compute" and verdict.hung:
-            from fluidctl.diagnostics.classify import still_busy   # a second look
-            verdict = still_busy(verdict, dump.frames, self.d.stacks(handles).frames)
+        if verdict is not None and verdict.hung:
+            from fluidctl.diagnostics.classify import SECOND_LOOK, second_look
+            if verdict.kind in SECOND_LOOK:     # ranks outside collectives: look again
+                again = self.d.stacks(self.supervisor.handles())
+                verdict = second_look(verdict, dump.evidence(hosts), again.evidence(hosts))
         first = [why] if why else []
         if verdict is not None:
             header = f"fluidctl: the job hung: {verdict.sentence}"
