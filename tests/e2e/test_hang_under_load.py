@@ -17,15 +17,7 @@ HOGS = 4
 COMPUTE_RUNS = 6
 WOKEN_RUNS = 8
 
-C_SLEEP_RANK = r'''
-import ctypes, sys
-import fluidctl.runtime as rt
-ctx = rt.init()
-print("rank", ctx.rank, "sleeping in C", flush=True)
-left = ctypes.CDLL(None).sleep(600)          # the stack signal ends it early
-print("rank", ctx.rank, "woke up with", left, "s left", flush=True)
-sys.exit(0)
-'''
+C_SLEEP = ROOT / "tests" / "scripts" / "c_sleep_rank.py"
 
 
 @pytest.fixture
@@ -59,10 +51,9 @@ def test_40_8_a_compute_bound_job_beside_cpu_hogs_is_never_stopped(tmp_path, cpu
 
 
 def test_40_8_a_hang_whose_stack_signal_wakes_the_ranks_ends_as_a_hang(tmp_path, cpu_hogs):
-    (tmp_path / "rank.py").write_text(C_SLEEP_RANK)
     codes = []
     for n in range(WOKEN_RUNS):
-        res, log = train(tmp_path, n, "--hang-timeout", 2, tmp_path / "rank.py",
+        res, log = train(tmp_path, n, "--hang-timeout", 2, C_SLEEP,
                          env={"FLUIDCTL_PYSPY": ""})     # py-spy off: the faulthandler signal
         codes.append(res.returncode)
         assert res.returncode == 124, (codes, res.stdout, res.stderr)
