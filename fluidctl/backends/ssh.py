@@ -790,11 +790,45 @@ class ElasticMembers:
                   f"{', '.join(h.name for h in hosts)}, MASTER_ADDR {plan.master}")
         return plan
 
+    def _rejoin(self, stop: threading.Event) -> None:
+        """While the world is below MAX, try the nodes lost in this job every REJOIN_EVERY
+        seconds: one whose sshd answers again gets an agent, whose probe (the node's report)
+        is its health check; passed, it leaves the lost and the ledger and the supervisor
+        starts a new world with it."""
+        from fluidctl.cluster import ledger
+        from fluidctl.errors import FluidctlError
+        while not stop.wait(REJOIN_EVERY):
+            supervisor = getattr(self.launcher, "supervisor", None)
+            if supervisor is None or len(self.launcher.hosts) >= self.range.high:
+                continue
+            for name in list(self.lost):
+                target = self.targets.get(name)
+                if target is None or not probe_target(target).startswith("its link is up"):
+                    continue            # still frozen, cut or down (or behind a proxy)
+                _, agents, failures = self._start([self.by_name[name]])
+                if failures or stop.is_set():
+                    for agent in agents:
+                        agent.abandon()
+                    continue
+                self.standby[name] = agents[0]
+                del self.lost[name]
+                try:
+                    ledger.clear(ledger.identity(self.by_name[name]))
+                except FluidctlError:
+                    pass                # a damaged ledger: its warning was said
+                self._say(f"node {name} answers again and passed its probe: it rejoins in a "
+                          "new world (its ledger entry is lifted)")
+                supervisor.regroup(f"node {name} rejoined")
+                break
+
     def beat(self) -> None:
-        """Start the launcher's heartbeats to the running agents (once)."""
+        """Start the launcher's heartbeats to the running agents (once), and the watch for
+        lost nodes that come back (``_rejoin``)."""
         if self._beats is not None:
             return
         stop = self._beats = threading.Event()
+        threading.Thread(target=self._rejoin, args=(stop,), daemon=True,
+                         name="rejoin-lost-nodes").start()
 
         def beats():
             while not stop.wait(BEAT_EVERY):
@@ -827,6 +861,7 @@ ENDS_WAIT = 5.0             # how long a failed job's report waits for the agent
 
 
 PROBE_TIMEOUT = 2.0         # a silent node's link probe: for the connection, then its banner
+REJOIN_EVERY = 2.0          # how often an elastic job below MAX tries its lost nodes again
 
 
 def _unanswered(dump: StackDump, agent, why: str, silent: float) -> None:
@@ -856,8 +891,12 @@ def probe_link(agent) -> str:
     its banner. Returns "frozen: <the
     evidence>" for a frozen node, the evidence for a cut one, "" where the probe cannot tell
     (a connection through a jump host or a proxy command)."""
+    return probe_target(getattr(agent.node, "target", None))
+
+
+def probe_target(target) -> str:
+    """``probe_link`` of an SSH target (ssh config's host, port, proxies)."""
     import socket
-    target = getattr(agent.node, "target", None)
     if target is None or target.proxy_jump or target.proxy_command:
         return ""
     address, port = target.hostname, int(target.port)
@@ -890,6 +929,9 @@ class AgentDiagnostics(Diagnostics):
     def __init__(self, launcher: "SSHLauncher", **kw):
         super().__init__(**kw)
         self.launcher = launcher
+
+    def supervised_by(self, supervisor) -> None:
+        self.launcher.supervisor = supervisor   # an elastic job's rejoining node regroups
 
     def agents(self) -> List[RemoteAgent]:
         return list(getattr(self.launcher, "running", []))

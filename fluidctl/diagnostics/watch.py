@@ -446,6 +446,9 @@ class Diagnostics:
         made.checkpoint_signal = config.checkpoint_signal
         return made
 
+    def supervised_by(self, supervisor) -> None:
+        """The supervisor of the job (agent-based backends hand it to their launcher)."""
+
     def env(self) -> Dict[str, str]:
         from fluidctl import envs
         env = {envs.DIAG_DIR: str(self.diag.root)}

@@ -137,6 +137,8 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
 
     supervisor = Supervisor(start, options, log=launch_log, say=echo.say,
                             before_restart=before_restart)
+    if diagnostics:
+        diagnostics.supervised_by(supervisor)   # an elastic launcher may change the world
     watch = (_Watch(supervisor, diagnostics, logs, launch_log, shown.on_hang)
              if diagnostics else None)
     straggler_watch = None

@@ -113,6 +113,8 @@ class Supervisor:
         self._kill_now = False
         self._killed_at_once = False
         self._abort: Optional[tuple] = None
+        self._regroup: Optional[str] = None         # why the world changes (a node rejoins)
+        self._regroups = 0                          # attempts that were world changes
         self._abort_lock = threading.Lock()
         self._closed = False
         self._ends: Dict[str, ProcessEnd] = {}
@@ -164,6 +166,19 @@ class Supervisor:
                 self._abort = (exit_code, why)
             try:
                 os.write(self._wake_w, b"a")
+            except OSError:
+                pass
+
+    def regroup(self, why: str) -> None:
+        """Start the next attempt in a new world, from another thread (an elastic job's node
+        rejoins): the running one is stopped as for a restart, without counting against
+        --max-restarts, which counts failures."""
+        with self._abort_lock:
+            if self._closed or self._regroup is not None:
+                return
+            self._regroup = why
+            try:
+                os.write(self._wake_w, b"g")
             except OSError:
                 pass
 
@@ -239,6 +254,14 @@ class Supervisor:
                 self._stop(self._handles, first)
                 return self._result(128 + self._signal, signal=self._signal,
                                     attempts=attempt + 1)
+            if self._regroup is not None and failure is None:
+                why, self._regroup = self._regroup, None
+                self._stop(self._handles)
+                attempt += 1
+                self._regroups += 1
+                self.say(f"fluidctl: {why}: restarting the job in a new world (attempt "
+                         f"{attempt}; not a failure, --max-restarts is not used)")
+                continue
             self._stop(self._handles)
             if failure is None:
                 self.log(f"attempt {attempt}: all trainers finished")
@@ -251,13 +274,14 @@ class Supervisor:
                 return self._result(0, attempts=attempt + 1)
             self.log(f"attempt {attempt}: {failure.label} on {failure.host} failed: "
                      f"{failure.reason} (log {failure.log})")
-            if attempt >= self.options.max_restarts or failure.kind == FailureKind.CANCELLED:
+            if attempt - self._regroups >= self.options.max_restarts or \
+                    failure.kind == FailureKind.CANCELLED:
                 # a job cancelled from outside (scancel) is over: only failures restart
                 return self._result(failure.exit_code or 1, failure=failure,
                                     attempts=attempt + 1)
             attempt += 1
             self.say(f"fluidctl: {failure.label} failed ({failure.reason}); restarting the job "
-                     f"(restart {attempt} of {self.options.max_restarts})")
+                     f"(restart {attempt - self._regroups} of {self.options.max_restarts})")
 
     def _checkpoint_stop(self, attempt: int) -> RunResult:
         """A checkpoint request: the request file, then the checkpoint signal to every rank,
@@ -320,7 +344,7 @@ class Supervisor:
                 if not any(not h.service for h in live):
                     return None
                 if self._signal is not None or self._abort is not None or \
-                        self._request is not None:
+                        self._request is not None or self._regroup is not None:
                     return None
                 for key, _ in selector.select(timeout=1.0 if all_waitable else 0.05):
                     if key.fd == self._wake_r:
