@@ -148,12 +148,17 @@ class Supervisor:
 
     def request(self, why: str) -> None:
         """Ask for a checkpoint from another thread (the time limit is near)."""
+        self._from_thread("_request", why)
+
+    def _from_thread(self, name: str, value) -> None:
+        """Set ``name`` to ``value`` unless set already, and wake the main loop (another
+        thread's request)."""
         with self._abort_lock:
-            if self._closed or self._request is not None:
+            if self._closed or getattr(self, name) is not None:
                 return
-            self._request = why
+            setattr(self, name, value)
             try:
-                os.write(self._wake_w, b"r")
+                os.write(self._wake_w, b"w")
             except OSError:
                 pass
 
@@ -173,14 +178,7 @@ class Supervisor:
         """Start the next attempt in a new world, from another thread (an elastic job's node
         rejoins): the running one is stopped as for a restart, without counting against
         --max-restarts, which counts failures."""
-        with self._abort_lock:
-            if self._closed or self._regroup is not None:
-                return
-            self._regroup = why
-            try:
-                os.write(self._wake_w, b"g")
-            except OSError:
-                pass
+        self._from_thread("_regroup", why)
 
     def handles(self) -> List[Handle]:
         """The handles of the running attempt."""
