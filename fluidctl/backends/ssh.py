@@ -663,6 +663,7 @@ class ElasticMembers:
         self.by_name = {h.name: h for h in pool}
         self.range = launcher.config.elastic
         self.lost: Dict[str, str] = {}          # host -> why, in this job
+        self.may_rejoin: set = set()            # lost ones that may come back (``_drop``)
         self.standby: Dict[str, RemoteAgent] = {}   # started, probed, waiting for a plan
         self._beats: Optional[threading.Event] = None
         self._agents: Dict[int, RemoteAgent] = {}   # every agent started: each gets beats
@@ -691,9 +692,14 @@ class ElasticMembers:
                              "cluster ledger clear HOST' lets a node back in")
         return [self.by_name[n] for n in names]
 
-    def _drop(self, host: str, why: str) -> None:
+    def _drop(self, host: str, why: str, silent: bool = True) -> None:
+        """``silent``: lost to silence (no heartbeat, no connection, no agent start), which a
+        frozen or cut-off node recovers from; such a node may rejoin (``_rejoin``), a node
+        whose agent was killed does not."""
         from fluidctl.cluster.ledger import LOST, record
         self.lost[host] = why
+        if silent:
+            self.may_rejoin.add(host)
         record(self.by_name.get(host, host), LOST, why,
                job=str(self.launcher.config.layout.root))
         standby = self.standby.pop(host, None)
@@ -710,7 +716,7 @@ class ElasticMembers:
         for agent in getattr(self.launcher, "running", []):
             why = agent.lost_reason()
             if why and agent.host not in self.lost:
-                self._drop(agent.host, why)
+                self._drop(agent.host, why, silent=bool(agent._lost))
 
     def _start(self, hosts: Sequence[Host]):
         config, launcher = self.launcher.config, self.launcher
@@ -791,8 +797,8 @@ class ElasticMembers:
         return plan
 
     def _rejoin(self, stop: threading.Event) -> None:
-        """While the world is below MAX, try the nodes lost in this job every REJOIN_EVERY
-        seconds: one whose sshd answers again gets an agent, whose probe (the node's report)
+        """While the world is below MAX, try the nodes lost to silence in this job every
+        REJOIN_EVERY seconds: one whose sshd answers again gets an agent, whose probe (the node's report)
         is its health check; passed, it leaves the lost and the ledger and the supervisor
         starts a new world with it."""
         from fluidctl.cluster import ledger
@@ -801,7 +807,7 @@ class ElasticMembers:
             supervisor = getattr(self.launcher, "supervisor", None)
             if supervisor is None or len(self.launcher.hosts) >= self.range.high:
                 continue
-            for name in list(self.lost):
+            for name in [n for n in self.lost if n in self.may_rejoin]:
                 target = self.targets.get(name)
                 if target is None or not probe_target(target).startswith("its link is up"):
                     continue            # still frozen, cut or down (or behind a proxy)
@@ -812,6 +818,7 @@ class ElasticMembers:
                     continue
                 self.standby[name] = agents[0]
                 del self.lost[name]
+                self.may_rejoin.discard(name)
                 try:
                     ledger.clear(ledger.identity(self.by_name[name]))
                 except FluidctlError:
