@@ -122,3 +122,24 @@ def test_40_12_an_empty_log_dir_is_refused_in_one_line(tmp_path, log_dir):
     assert res.returncode == 2, res.stderr
     assert res.stderr.startswith("error: --log-dir is empty") and res.stderr.count("\n") <= 2
     assert not any(tmp_path.glob("launch.log"))
+
+
+def test_39_4_another_clusters_node_of_the_same_alias_is_not_left_out(tmp_path, monkeypatch):
+    """The ledger holds node4 at 127.0.0.4; a job whose ssh config sends node4 to 127.0.0.5
+    tries that node (nothing listens on port 1 there), one that sends node4 to 127.0.0.4
+    leaves it out."""
+    monkeypatch.setenv("FLUIDCTL_STATE_DIR", str(tmp_path))
+    (tmp_path / "x.py").write_text("")
+    for address, left_out in (("127.0.0.5", False), ("127.0.0.4", True)):
+        config = tmp_path / f"ssh_config.{address}"
+        config.write_text(f"Host node4\n  HostName {address}\n  Port 1\n")
+        ledger.record(Host("node4", "127.0.0.4", 1), ledger.LOST, "no heartbeat for 3.1s")
+        res = fluidctl(tmp_path, "train", "--hosts", "node4", "--ssh-config", str(config),
+                       "--dry-run", "x.py")
+        assert "Traceback" not in res.stderr and res.returncode != 0, res.stderr
+        if left_out:
+            assert res.stderr.startswith("error: 1 of 1 node(s) are in the bad-node ledger "
+                                         "(node4)"), res.stderr
+        else:
+            assert "bad-node ledger" not in res.stderr, res.stderr
+            assert f"connection refused at {address}:1" in res.stderr, res.stderr
