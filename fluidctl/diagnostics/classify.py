@@ -199,6 +199,13 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
     if dead and all(e.state == "exited" for e in evs):
         return Verdict(DEAD_PEER, "every rank has exited: the job is ending, not hung",
                        [], hung=False)
+    live = [e for e in evs if e not in dead]
+    if dead and not groups and live and all(places[e.rank] is not None and
+                                            places[e.rank].what == "busy" for e in live):
+        # nobody waits for the missing rank: the others compute (a job ending rank by rank)
+        return Verdict(DEAD_PEER, f"{rank_list([e.rank for e in dead])} ended while "
+                       f"{rank_list([e.rank for e in live])} compute and none waits for it: "
+                       "not a hang", [e.rank for e in dead], hung=False)
     if dead:
         words = {"T": "is stopped (SIGSTOP or a frozen cgroup)", "t": "is stopped by a debugger",
                  "Z": "has exited (a zombie)", "exited": "has exited"}

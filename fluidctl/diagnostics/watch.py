@@ -187,9 +187,11 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
             note = str(exc)
         if diag is None:
             return None, None, note
-        dump.signalled[t.rank] = True       # the signal may wake it (a C sleep) and end it
+        def signalled():                    # the signal may wake it (a C sleep) and end it
+            dump.signalled[t.rank] = True
         try:
-            return "faulthandler", stacks.faulthandler_dump(t.pid, diag.stack(t.rank)), note
+            return "faulthandler", stacks.faulthandler_dump(t.pid, diag.stack(t.rank),
+                                                            signalled=signalled), note
         except stacks.DumpUnavailable as exc:
             return None, None, f"{note}; faulthandler: {exc}"
 
@@ -241,10 +243,11 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
     elapsed = time.monotonic() - started
     for t in targets:
         first, now = before[t.rank], stacks.proc_state(t.pid)
-        if first is not None and now is None and dump.signalled.get(t.rank):
+        if first is not None and now is None and dump.signalled.get(t.rank) \
+                and first[0] != "R":
             # our stack signal woke it (a sleep in C returns early) and it ended, with or
             # without its stack written: its state when the hang was found is the evidence,
-            # not the exit the signal caused
+            # not the exit the signal caused (a rank that was running ended by itself)
             dump.state[t.rank] = first[0]
             continue
         if first is None or now is None:

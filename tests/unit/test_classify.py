@@ -175,3 +175,11 @@ def test_ranks_importing_torch_are_busy_not_in_a_data_loader():
     assert "rank 0 in import at train.py:7" in v.sentence
     v = classify([waiting(0), Evidence(1, "node1", importing, state="R", cpu=0.9, running=1.0)])
     assert v.kind == "slow compute" and v.ranks == [1] and "(import at train.py:7" in v.sentence
+
+
+def test_40_8_a_rank_that_ended_while_the_others_compute_is_not_a_hang():
+    ended = Evidence(1, "n", None, "pid 7 has exited", state="exited")
+    computing = Evidence(0, "n", LOOP, state="R", cpu=0.2, running=1.0)
+    v = classify([computing, ended])
+    assert v.kind == "dead peer" and not v.hung, v
+    assert classify([waiting(0), ended]).hung           # one waits for it: a dead peer
