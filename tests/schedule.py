@@ -53,6 +53,13 @@ LONGEST = (
     "tests/cluster/test_straggler_faults.py::"
     "test_sleeping_data_loader_under_mpirun_with_published_pages[torch]",
     "tests/e2e/test_hang_classes.py::test_torch_collectives_count_as_progress_without_pyspy",
+    "tests/e2e/test_hang_under_load.py::"
+    "test_40_8_a_compute_bound_job_beside_cpu_hogs_is_never_stopped",
+    "tests/e2e/test_hang_under_load.py::"
+    "test_40_8_a_hang_whose_stack_signal_wakes_the_ranks_ends_as_a_hang",
+    "tests/cluster/test_elastic.py::"
+    "test_40_15_a_node_frozen_for_a_moment_rejoins_and_leaves_the_ledger",
+    "tests/cluster/test_blame.py::test_40_4_a_launcher_stopped_for_8s_ledgers_no_node",
 )
 
 

@@ -101,6 +101,16 @@ def first_failed_task(srun_output: str) -> Optional[Tuple[int, str, int]]:
     return None
 
 
+_NODE_FAILURE = re.compile(r"srun: error: Node failure on (\S+)")
+
+
+def node_failure(srun_output: str) -> Optional[str]:
+    """The node Slurm itself says failed under the step ('srun: error: Node failure on
+    node2'): node evidence, unlike a task's exit code or signal."""
+    m = _NODE_FAILURE.search(srun_output)
+    return m.group(1) if m else None
+
+
 def _task_error(srun_output: str) -> str:
     """A task's own one-line error (``error: what (how to fix)``) in srun's output: what a
     rank's worker said before the script, and its log, started."""
@@ -408,6 +418,10 @@ class SlurmLauncher(BaseLauncher):
             usable = ledger.usable(alloc.nodes, options.nodes or 1, config.include_bad,
                                    say=lambda line: print(line, file=sys.stderr, flush=True))
             nodes = usable[:options.nodes] if options.nodes else usable
+            if not options.nodes and len(nodes) < len(alloc.nodes):
+                print(f"warning: the job runs on {len(nodes)} of the allocation's "
+                      f"{len(alloc.nodes)} nodes, the others being in the bad-node ledger "
+                      "(--include-bad uses them)", file=sys.stderr, flush=True)
         per_node = slurmplan.ranks_per_node(config.nproc, config.gpus, alloc)
         pservers = slurmplan.pserver_count(config.mode, config.pservers, len(nodes))
         job = config.job([])
@@ -535,27 +549,33 @@ class SlurmLauncher(BaseLauncher):
         return handles
 
     def _leave_out_failed_node(self, layout: LogLayout) -> None:
-        """Before a restart inside an allocation: the node of the step's first failed task
-        goes to the bad-node ledger (STEP_FAILED) and, where the allocation has a node to
-        spare beyond the step's --nodes, the step runs again without it (srun --exclude)."""
+        """Before a restart inside an allocation: a node that Slurm says failed (srun's "Node
+        failure on NODE") goes to the bad-node ledger (STEP_FAILED) and, where the allocation
+        has a node to spare beyond the step's --nodes, the step runs again without it (srun
+        --exclude). A task's exit code or signal is the job's, not the node's: the step runs
+        again on the same nodes and nothing is ledgered (docs/blame.md)."""
         try:
-            found = first_failed_task(layout.srun.read_text(errors="replace"))
+            text = layout.srun.read_text(errors="replace")
         except OSError:
-            found = None
-        if found is None or found[1] not in self.alloc.nodes:
+            text = ""
+        node = node_failure(text)
+        if node is None or node not in self.alloc.nodes:
+            found = first_failed_task(text)
+            if found is not None:
+                self.log(f"task {found[0]} on {found[1]} failed ({describe_exit(found[2])}): "
+                         "the job's failure, not the node's; running again on the same nodes")
             return
-        task, node, code = found
         from fluidctl.cluster import ledger
-        ledger.record(node, ledger.STEP_FAILED, f"task {task} of a step failed there "
-                      f"({describe_exit(code)})", job=self.alloc.job_id)
+        ledger.record(node, ledger.STEP_FAILED, "Slurm reported a node failure there",
+                      job=self.alloc.job_id)
         self.failed.add(node)
         spare = [n for n in self.alloc.nodes if n not in self.failed]
         need = len(self.nodes)
         if node not in self.nodes:
             return
         if len(spare) < need or any(s["role"] == "pserver" for s in self.steps):
-            say = (f"{node} failed (task {task}); the allocation has no node to spare for "
-                   f"the {need} the step needs: running again on the same nodes")
+            say = (f"{node} failed (Slurm: node failure); the allocation has no node to spare "
+                   f"for the {need} the step needs: running again on the same nodes")
         else:
             self.nodes = spare[:need]
             trainer = self.steps[-1]
@@ -565,7 +585,7 @@ class SlurmLauncher(BaseLauncher):
                 command=trainer["command"], nodelist=self.nodes,
                 extra=[f"--exclude={','.join(sorted(self.failed))}",
                        *self.config.slurm.slurm_args])
-            say = (f"{node} failed (task {task}): running the step again on "
+            say = (f"{node} failed (Slurm: node failure): running the step again on "
                    f"{','.join(self.nodes)} (srun --exclude={','.join(sorted(self.failed))}); "
                    f"{node} is in the bad-node ledger")
         print(f"fluidctl: {say}", file=sys.stderr, flush=True)

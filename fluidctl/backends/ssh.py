@@ -82,6 +82,7 @@ class RemoteAgent:
         self._record: Optional[Failure] = None
         self._tail = deque(maxlen=20)
         self._lost = ""
+        self.launcher_stopped = 0.0             # seconds the launcher was seen stopped
         self._lost_probe: Optional[str] = None  # probe_link's answer once the node is lost
         self.progress = 0                       # collectives completed on the node (beats)
         self.steps: dict = {}                   # the node's ranks' straggler sums (steps)
@@ -110,12 +111,25 @@ class RemoteAgent:
 
     def _watch_end(self) -> None:
         """Owns the pipe's write end (so it is never written after being closed). In an elastic
-        job it also watches the agent's heartbeats (``beat_timeout``)."""
+        job it also watches the agent's heartbeats (``beat_timeout``). A gap in this loop's
+        own clock longer than half of that means the launcher itself was stopped (Ctrl-Z, a
+        paused VM, a swapping login node): every node was silent to it at once, and none of
+        them is blamed; each gets a fresh ``beat_timeout`` to be heard again."""
+        woke = time.monotonic()
         while not self.channel.status_event.wait(WATCH_EVERY if self.beat_timeout else 0.5):
             transport = self.channel.get_transport()
             if self.channel.closed or transport is None or not transport.is_active():
                 break
-            silent = time.monotonic() - self.heard
+            now = time.monotonic()
+            stopped, woke = now - woke, now
+            if self.beat_timeout and stopped > self.beat_timeout / 2:
+                self.heard = max(self.heard, now)
+                self.launcher_stopped = stopped     # its agent missed our beats: it stops
+                self.launch_log(f"the launcher itself was stopped for {stopped:.1f}s (a gap in "
+                                f"its own clock): node {self.host}'s silence meanwhile is not "
+                                "counted against it")
+                continue
+            silent = now - self.heard
             if self.beat_timeout and silent > self.beat_timeout:
                 self.declare_lost(f"no heartbeat from its agent for {silent:.1f}s")
                 break
@@ -139,8 +153,8 @@ class RemoteAgent:
 
     def lost_reason(self) -> str:
         """Why this node counts as lost (empty when it does not): its connection or heartbeat
-        is gone, its agent was killed before it could report, or its ranks died of a signal
-        that kills nodes' work from outside (SIGKILL: the OOM killer, a dying node; SIGBUS)."""
+        is gone, or its agent was killed before it could report. How its ranks ended (an exit
+        code, SIGKILL from a user or the job's own OOM) is the job's, never the node's."""
         code = self.poll()
         if self._lost:
             return self._lost
@@ -148,8 +162,6 @@ class RemoteAgent:
             return ""
         if self._record is None:
             return "its agent was killed" if code in _KILLED else ""
-        if self._record.returncode in _KILLED:
-            return f"its ranks died ({self._record.label}: {self._record.reason})"
         return ""
 
     def beat(self) -> None:
@@ -355,7 +367,7 @@ class RemoteAgent:
             self._ended_r = -1
 
 
-# an agent's or a rank's end that means the node's work was killed from outside (-9 as sshd
+# an agent's end that means it was killed from outside (-9 as sshd
 # reports a signal, 137 as a shell does; SIGBUS: the hardware)
 _KILLED = frozenset((-int(signal.SIGKILL), 128 + int(signal.SIGKILL), -int(signal.SIGBUS),
                      128 + int(signal.SIGBUS)))
@@ -651,6 +663,7 @@ class ElasticMembers:
         self.by_name = {h.name: h for h in pool}
         self.range = launcher.config.elastic
         self.lost: Dict[str, str] = {}          # host -> why, in this job
+        self.may_rejoin: set = set()            # lost ones that may come back (``_drop``)
         self.standby: Dict[str, RemoteAgent] = {}   # started, probed, waiting for a plan
         self._beats: Optional[threading.Event] = None
         self._agents: Dict[int, RemoteAgent] = {}   # every agent started: each gets beats
@@ -658,7 +671,7 @@ class ElasticMembers:
 
     def _excluded(self) -> Dict[str, object]:
         from fluidctl.cluster.ledger import excluded
-        return excluded([h.name for h in self.pool])
+        return excluded(self.pool)      # by each node's address, not its alias
 
     def _say(self, line: str) -> None:
         import sys
@@ -679,10 +692,16 @@ class ElasticMembers:
                              "cluster ledger clear HOST' lets a node back in")
         return [self.by_name[n] for n in names]
 
-    def _drop(self, host: str, why: str) -> None:
+    def _drop(self, host: str, why: str, silent: bool = True) -> None:
+        """``silent``: lost to silence (no heartbeat, no connection, no agent start), which a
+        frozen or cut-off node recovers from; such a node may rejoin (``_rejoin``), a node
+        whose agent was killed does not."""
         from fluidctl.cluster.ledger import LOST, record
         self.lost[host] = why
-        record(host, LOST, why, job=str(self.launcher.config.layout.root))
+        if silent:
+            self.may_rejoin.add(host)
+        record(self.by_name.get(host, host), LOST, why,
+               job=str(self.launcher.config.layout.root))
         standby = self.standby.pop(host, None)
         if standby is not None:
             standby.abandon()
@@ -690,6 +709,14 @@ class ElasticMembers:
         if node is not None:
             node.close()
         telemetry.emit(telemetry.NodeLost(host=host, why=why), otherwise=self._say)
+
+    def _drop_lost(self) -> None:
+        """Drop (and ledger) every running node that counts as lost: at a restart, and at the
+        job's end (a node lost on the last allowed attempt is ledgered too)."""
+        for agent in getattr(self.launcher, "running", []):
+            why = agent.lost_reason()
+            if why and agent.host not in self.lost:
+                self._drop(agent.host, why, silent=bool(agent._lost))
 
     def _start(self, hosts: Sequence[Host]):
         config, launcher = self.launcher.config, self.launcher
@@ -728,8 +755,11 @@ class ElasticMembers:
         agent = self.standby.get(name)
         if agent is None:
             return False
+        # a standby agent that missed the launcher's beats (the launcher was stopped) is
+        # stopping itself: a fresh one instead
         if agent.probe is not None and not agent.channel.closed \
-                and not agent.channel.exit_status_ready() and not agent._lost:
+                and not agent.channel.exit_status_ready() and not agent._lost \
+                and not agent.launcher_stopped:
             return True
         self.standby.pop(name).abandon()
         return False
@@ -738,10 +768,7 @@ class ElasticMembers:
         from fluidctl.errors import FluidctlError
         from fluidctl.planning.elastic import next_world
         launcher = self.launcher
-        for agent in getattr(launcher, "running", []):
-            why = agent.lost_reason()
-            if why and agent.host not in self.lost:
-                self._drop(agent.host, why)
+        self._drop_lost()
         while True:
             names = next_world([h.name for h in launcher.hosts], list(self.by_name), self.lost,
                                self._excluded(), self.range)
@@ -770,11 +797,46 @@ class ElasticMembers:
                        otherwise=self._say)
         return plan
 
+    def _rejoin(self, stop: threading.Event) -> None:
+        """While the world is below MAX, try the nodes lost to silence in this job every
+        REJOIN_EVERY seconds: one whose sshd answers again gets an agent, whose probe (the node's report)
+        is its health check; passed, it leaves the lost and the ledger and the supervisor
+        starts a new world with it."""
+        from fluidctl.cluster import ledger
+        from fluidctl.errors import FluidctlError
+        while not stop.wait(REJOIN_EVERY):
+            supervisor = getattr(self.launcher, "supervisor", None)
+            if supervisor is None or len(self.launcher.hosts) >= self.range.high:
+                continue
+            for name in [n for n in self.lost if n in self.may_rejoin]:
+                target = self.targets.get(name)
+                if target is None or not probe_target(target).startswith("its link is up"):
+                    continue            # still frozen, cut or down (or behind a proxy)
+                _, agents, failures = self._start([self.by_name[name]])
+                if failures or stop.is_set():
+                    for agent in agents:
+                        agent.abandon()
+                    continue
+                self.standby[name] = agents[0]
+                del self.lost[name]
+                self.may_rejoin.discard(name)
+                try:
+                    ledger.clear(ledger.identity(self.by_name[name]))
+                except FluidctlError:
+                    pass                # a damaged ledger: its warning was said
+                self._say(f"node {name} answers again and passed its probe: it rejoins in a "
+                          "new world (its ledger entry is lifted)")
+                supervisor.regroup(f"node {name} rejoined")
+                break
+
     def beat(self) -> None:
-        """Start the launcher's heartbeats to the running agents (once)."""
+        """Start the launcher's heartbeats to the running agents (once), and the watch for
+        lost nodes that come back (``_rejoin``)."""
         if self._beats is not None:
             return
         stop = self._beats = threading.Event()
+        threading.Thread(target=self._rejoin, args=(stop,), daemon=True,
+                         name="rejoin-lost-nodes").start()
 
         def beats():
             while not stop.wait(BEAT_EVERY):
@@ -790,7 +852,9 @@ class ElasticMembers:
         self._agents[id(agent)] = agent
 
     def stop(self) -> None:
-        """Stop beating; let every standby agent go."""
+        """Ledger the nodes lost on the last attempt; stop beating; let every standby agent
+        go."""
+        self._drop_lost()
         if self._beats is not None:
             self._beats.set()
         for agent in list(self.standby.values()):
@@ -805,6 +869,7 @@ ENDS_WAIT = 5.0             # how long a failed job's report waits for the agent
 
 
 PROBE_TIMEOUT = 2.0         # a silent node's link probe: for the connection, then its banner
+REJOIN_EVERY = 2.0          # how often an elastic job below MAX tries its lost nodes again
 
 
 def _unanswered(dump: StackDump, agent, why: str, silent: float) -> None:
@@ -834,8 +899,12 @@ def probe_link(agent) -> str:
     its banner. Returns "frozen: <the
     evidence>" for a frozen node, the evidence for a cut one, "" where the probe cannot tell
     (a connection through a jump host or a proxy command)."""
+    return probe_target(getattr(agent.node, "target", None))
+
+
+def probe_target(target) -> str:
+    """``probe_link`` of an SSH target (ssh config's host, port, proxies)."""
     import socket
-    target = getattr(agent.node, "target", None)
     if target is None or target.proxy_jump or target.proxy_command:
         return ""
     address, port = target.hostname, int(target.port)
@@ -868,6 +937,9 @@ class AgentDiagnostics(Diagnostics):
     def __init__(self, launcher: "SSHLauncher", **kw):
         super().__init__(**kw)
         self.launcher = launcher
+
+    def supervised_by(self, supervisor) -> None:
+        self.launcher.supervisor = supervisor   # an elastic job's rejoining node regroups
 
     def agents(self) -> List[RemoteAgent]:
         return list(getattr(self.launcher, "running", []))

@@ -119,6 +119,9 @@ class LaunchConfig:
         user_env.update(opts.parse_env_pairs(env_pairs))
         user_env = {**opts.exported(exports), **user_env}
         envs.check_knobs(user_env)          # --env FLUIDCTL_TIMEOUT=nan: refused here, once
+        if not str(log_dir).strip():       # Path("") would be the current directory
+            raise UsageError("--log-dir is empty", "pass a directory, e.g. --log-dir runs/exp3 "
+                             "(--log-dir . for the current directory)")
         layout = LogLayout(Path(log_dir))
         if layout.root.exists() and not layout.root.is_dir():
             raise UsageError(f"log dir {log_dir} is a file", "pass --log-dir with a directory path")
