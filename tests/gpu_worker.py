@@ -31,6 +31,12 @@ def outcome(call, *, timed=False, exit_on_error=True):
             sys.exit(1)
 
 
+def queued_then_synchronize(ctx, x):
+    """A GPU collective returns once queued; its failure comes at the next call or here."""
+    ctx.allreduce(x)
+    ctx.synchronize()
+
+
 def dtypes():
     out = ["float16", "float32", "float64", "int8", "uint8", "int32", "uint32", "int64",
            "uint64"]
@@ -262,6 +268,7 @@ def die(ctx):
     def three():
         for _ in range(3):
             ctx.allreduce(x)
+        ctx.synchronize()
     outcome(three, timed=True)
 
 
@@ -275,7 +282,7 @@ def die_in_kernel(ctx):
         def killed(*args):
             os.kill(os.getpid(), 9)
         ctx.comm.nccl.comm.allReduce = killed
-    outcome(lambda: ctx.allreduce(x), timed=True)
+    outcome(lambda: queued_then_synchronize(ctx, x), timed=True)
 
 
 def cuda_fault(ctx):
@@ -289,7 +296,7 @@ def cuda_fault(ctx):
             from cupy import _double
             _double.fault(700)
         ctx.comm.nccl.comm.allReduce = faulted
-    outcome(lambda: ctx.allreduce(x), timed=True)
+    outcome(lambda: queued_then_synchronize(ctx, x), timed=True)
 
 
 def nccl_status8(ctx):
@@ -304,7 +311,7 @@ def nccl_status8(ctx):
             comm._error = 8                     # its kernel never ends, until abort()
             cp.cuda.stream_of(stream)._enqueue_async(comm._aborted.wait)
         comm.allReduce = timed_out
-    outcome(lambda: ctx.allreduce(x), timed=True)
+    outcome(lambda: queued_then_synchronize(ctx, x), timed=True)
 
 
 def stuck(ctx):
@@ -314,7 +321,7 @@ def stuck(ctx):
     if ctx.rank == 1:
         time.sleep(3 * TIMEOUT)
         return
-    outcome(lambda: ctx.allreduce(x), timed=True)
+    outcome(lambda: queued_then_synchronize(ctx, x), timed=True)
 
 
 def launch_error(ctx):
@@ -327,7 +334,7 @@ def launch_error(ctx):
         def bad(send, recv, count, dtype, op, stream):
             return real(send, recv, count, dtype, op, 12345)     # not a stream
         ctx.comm.nccl.comm.allReduce = bad
-    outcome(lambda: ctx.allreduce(x))
+    outcome(lambda: queued_then_synchronize(ctx, x))
 
 
 def wrong_device(ctx):
@@ -377,6 +384,115 @@ def slow_init(ctx, counts):
 
 def before_init_stuck():
     _wrap_constructor(lambda rank: time.sleep(4 * TIMEOUT) if rank == 1 else None)
+
+
+# --- queued work, the watchdog and the hash phase (issue 38) ------------------------------
+def _arrays(cp, which):
+    return {"A": cp.ones(4, cp.float32), "B": cp.ones(6, cp.float32),
+            "D": cp.ones(4, cp.float64), "C": cp.ones(5, cp.float32)}[which]
+
+
+def mismatch(ctx):
+    """argv: when (first | hashed), then rank 0's and rank 1's array (A, B, C: shapes 4, 6,
+    5 float32; D: 4 float64). 'hashed' first agrees on A and B on both ranks."""
+    import cupy as cp
+    when, mine = sys.argv[2], sys.argv[3 + ctx.rank]
+    # made first: the double orders host-side array work after queued work (drains it)
+    arrays = {k: _arrays(cp, k) for k in "ABCD"}
+
+    def calls():
+        if when == "hashed":
+            for _ in range(3):
+                for k in "ABD":
+                    ctx.allreduce(arrays[k])
+            ctx.synchronize()
+        ctx.allreduce(arrays[mine])
+        ctx.allreduce(arrays["A"])
+        ctx.synchronize()
+    outcome(calls, timed=True, exit_on_error=False)
+    try:
+        ctx.allreduce(arrays["A"])
+        result(after=None)
+    except CollectiveError as exc:
+        result(after=str(exc))
+    _leave_together(ctx)
+
+
+def _leave_together(ctx):
+    """Rank 0 holds the store: no rank leaves before all have their answers."""
+    if ctx.store is not None:
+        ctx.store.barrier("scenario-end", ctx.world_size, 60)
+    os._exit(0)
+
+
+def sticky(ctx):
+    """Rank 1's kernel faults in an allreduce that returns at once (queued): every rank's
+    next call, synchronize, barrier and finalize raise the same error."""
+    import cupy as cp
+    x = cp.ones(16, cp.float32)
+    ctx.allreduce(x)
+    ctx.synchronize()
+    if ctx.rank == 1:
+        def faulted(send, recv, count, dtype, op, stream):   # the kernel faults when it runs
+            from cupy import _double
+            cp.cuda.stream_of(stream)._enqueue_async(lambda: _double.fault(700))
+        ctx.comm.nccl.comm.allReduce = faulted
+    ctx.allreduce(x)                       # queued: no error yet
+    errors = []
+    for call in (ctx.synchronize, lambda: ctx.allreduce(x), ctx.barrier, rt.finalize):
+        try:
+            call()
+            errors.append(None)
+        except CollectiveError as exc:
+            errors.append(str(exc))
+    result(errors=errors)
+    _leave_together(ctx)
+
+
+def hang_in_flight(ctx):
+    """Rank 1's second allreduce never finishes (its kernel spins): with that work in flight
+    every rank gets the deadline error naming the collective."""
+    import cupy as cp
+    x = cp.ones(16, cp.float32)
+    ctx.allreduce(x)
+    ctx.synchronize()
+    if ctx.rank == 1:
+        comm = ctx.comm.nccl.comm
+
+        def spins(send, recv, count, dtype, op, stream):
+            cp.cuda.stream_of(stream)._enqueue_async(comm._aborted.wait)
+        comm.allReduce = spins
+    queued = time.monotonic()
+    for _ in range(3):
+        ctx.allreduce(x)
+    queued = time.monotonic() - queued
+    outcome(ctx.synchronize, timed=True, exit_on_error=False)
+    result(queued_seconds=queued)
+    _leave_together(ctx)
+
+
+def backpressure(ctx):
+    """FLUIDCTL_GPU_INFLIGHT=2: rank 0 runs ahead of rank 1 (which starts late) and must wait
+    for its oldest work once two are queued; synchronize then sees every result."""
+    import cupy as cp
+    xs = [cp.ones(8, cp.float32) for _ in range(6)]
+    ctx.allreduce(xs[0])
+    ctx.synchronize()
+    work = ctx.comm.nccl.work
+    if ctx.rank == 1:
+        time.sleep(1.0)                    # the scenario: a late rank, not synchronisation
+    seen, slow = [], []
+    for x in xs:
+        start = time.monotonic()
+        ctx.allreduce(x)
+        slow.append(time.monotonic() - start)
+        seen.append(len(work.items))
+    ctx.synchronize()
+    result(inflight=seen, seconds=slow, after_sync=len(work.items),
+           ok=all(bool((x.get() == ctx.world_size ** (2 if i == 0 else 1)).all())
+                  for i, x in enumerate(xs)))
+    rt.finalize()
+    os._exit(0)
 
 
 def main():
