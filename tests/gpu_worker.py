@@ -246,14 +246,17 @@ def bf16_optimizer(ctx):
 
 
 def events(ctx):
-    """How many CUDA events, with and without timing, 5 collectives create."""
+    """How many CUDA events, with and without timing, 5 collectives (each waited for)
+    create once the pool holds one."""
     import cupy as cp
     from cupy import _double
     x = cp.ones(16, cp.float32)
-    ctx.allreduce(x)
+    ctx.allreduce(x)                   # the pool grows to what is in flight at most: one
+    ctx.synchronize()
     before = dict(_double.events_made)
     for _ in range(5):
         ctx.allreduce(x)
+        ctx.synchronize()
     result(**{k: _double.events_made[k] - before[k] for k in before})
 
 
@@ -278,6 +281,7 @@ def die_in_kernel(ctx):
     import cupy as cp
     x = cp.ones(1 << 16, cp.float32)
     ctx.allreduce(x)
+    ctx.synchronize()                   # retired: the failure is #2's alone
     if ctx.rank == 1:
         def killed(*args):
             os.kill(os.getpid(), 9)
@@ -291,6 +295,7 @@ def cuda_fault(ctx):
     import cupy as cp
     x = cp.ones(16, cp.float32)
     ctx.allreduce(x)
+    ctx.synchronize()                   # retired: the failure is #2's alone
     if ctx.rank == 1:
         def faulted(*args):
             from cupy import _double
@@ -304,6 +309,7 @@ def nccl_status8(ctx):
     import cupy as cp
     x = cp.ones(16, cp.float32)
     ctx.allreduce(x)
+    ctx.synchronize()                   # retired: the failure is #2's alone
     if ctx.rank == 1:
         comm = ctx.comm.nccl.comm
 
@@ -425,21 +431,43 @@ def _leave_together(ctx):
     os._exit(0)
 
 
+def _fault_on_stream(cp):
+    """Queue a kernel that hits an illegal address on the current stream (sticky)."""
+    stream = cp.cuda.get_current_stream()
+    try:
+        from cupy import _double
+        stream._enqueue_async(lambda: _double.fault(700))
+    except ImportError:                    # a real GPU: a real faulting kernel
+        cp.RawKernel('extern "C" __global__ void f(int* p) { p[1 << 30] = 1; }', "f")(
+            (1,), (1,), (cp.zeros(1, cp.int32),))
+
+
+def _stall_stream(cp, seconds: float):
+    """Queue a kernel that keeps the current stream busy for ``seconds``."""
+    stream = cp.cuda.get_current_stream()
+    try:
+        from cupy import _double                                 # noqa: F401
+        done = __import__("threading").Event()
+        stream._enqueue_async(lambda: done.wait(seconds))
+    except ImportError:
+        rate = cp.cuda.Device().attributes["ClockRate"] * 1000      # kHz -> cycles/s
+        cp.RawKernel('extern "C" __global__ void s(long long n) { long long t = clock64(); '
+                     'while (clock64() - t < n) {} }', "s")((1,), (1,), (int(seconds * rate),))
+
+
 def sticky(ctx):
-    """Rank 1's kernel faults in an allreduce that returns at once (queued): every rank's
-    next call, synchronize, barrier and finalize raise the same error."""
+    """Rank 1's stream faults just before an allreduce (queued on both): from the first call
+    that sees it (the allreduce itself on rank 1, or synchronize) every call, synchronize,
+    barrier and finalize raise the same error on every rank."""
     import cupy as cp
     x = cp.ones(16, cp.float32)
     ctx.allreduce(x)
     ctx.synchronize()
     if ctx.rank == 1:
-        def faulted(send, recv, count, dtype, op, stream):   # the kernel faults when it runs
-            from cupy import _double
-            cp.cuda.stream_of(stream)._enqueue_async(lambda: _double.fault(700))
-        ctx.comm.nccl.comm.allReduce = faulted
-    ctx.allreduce(x)                       # queued: no error yet
+        _fault_on_stream(cp)
     errors = []
-    for call in (ctx.synchronize, lambda: ctx.allreduce(x), ctx.barrier, rt.finalize):
+    for call in (lambda: ctx.allreduce(x), ctx.synchronize, lambda: ctx.allreduce(x),
+                 ctx.barrier, rt.finalize):
         try:
             call()
             errors.append(None)
@@ -450,18 +478,14 @@ def sticky(ctx):
 
 
 def hang_in_flight(ctx):
-    """Rank 1's second allreduce never finishes (its kernel spins): with that work in flight
-    every rank gets the deadline error naming the collective."""
+    """Rank 1's stream stalls before its second allreduce: with that work in flight every
+    rank gets the deadline error naming the collective."""
     import cupy as cp
     x = cp.ones(16, cp.float32)
     ctx.allreduce(x)
     ctx.synchronize()
     if ctx.rank == 1:
-        comm = ctx.comm.nccl.comm
-
-        def spins(send, recv, count, dtype, op, stream):
-            cp.cuda.stream_of(stream)._enqueue_async(comm._aborted.wait)
-        comm.allReduce = spins
+        _stall_stream(cp, TIMEOUT + 5)
     queued = time.monotonic()
     for _ in range(3):
         ctx.allreduce(x)

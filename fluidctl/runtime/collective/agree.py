@@ -47,8 +47,8 @@ class CallLog:
         self.recent = [None] * RING      # (call number, record) by call number % RING
         self.every, self.next_check, self.max_every = 1, 1, MAX_EVERY
         self.last = time.monotonic_ns()
-        self._buf = np.zeros(3, np.int64)
-        self._check = meta.record(0, "check of the collective calls", "max", np.int64, (3,))
+        self._buf = np.zeros(4, np.int64)       # hash, -hash, elapsed ns, a rank is broken
+        self._check = meta.record(0, "check of the collective calls", "max", np.int64, (4,))
 
     def call(self, key, rec: np.ndarray, sig: int, full: bool = False) -> int:
         """Agree on one call (in full the first time, or always with ``full``); returns its
@@ -81,16 +81,21 @@ class CallLog:
             raise
 
     def verify(self) -> None:
-        """Compare the hash of every call so far on every rank (a 3-number allreduce)."""
+        """Compare the hash of every call so far on every rank (a 4-number allreduce that
+        also tells every rank when one rank's GPU work failed)."""
         if self.strict:
             return
         comm, buf = self.comm, self._buf
         now = time.monotonic_ns()
-        buf[0], buf[1], buf[2] = self.hash, -self.hash, now - self.last
+        nccl = comm.nccl
+        broken = nccl is not None and (nccl.broken or nccl.work.fault is not None)
+        buf[0], buf[1], buf[2], buf[3] = self.hash, -self.hash, now - self.last, broken
         comm._seq += 1
         rec = self._check
         rec[meta.SEQ] = comm._seq
         self._exchange(buf, rec, "max")
+        if buf[3]:                     # a rank's GPU work failed: its error, on every rank
+            raise CollectiveError(nccl.adopt_posted())
         if buf[0] != -buf[1]:
             self.diagnose()
         self.last = time.monotonic_ns()

@@ -413,8 +413,6 @@ class NcclTransport:
 
     def run(self, kind: str, x, op: str = "sum", root: int = 0):
         work = self.work
-        if work.fault is not None or self.broken:
-            self._raise_broken()
         key = (kind, op, x.dtype, x.shape, root)
         if x.flags.c_contiguous and x.data.device_id == self.device:
             entry = self._entries.get(key)
@@ -427,6 +425,8 @@ class NcclTransport:
             entry, full = self._entry(kind, x, op, root, self._problem(x)), True
         rec, sig, dt, red, divide, error = entry
         seq = self.ctx.comm.gpu_call(key, rec, sig, full)   # same CollectiveError everywhere
+        if work.fault is not None or self.broken:   # agreed first: the others' checks meet it
+            self._raise_broken()
         if error is not None:
             raise CollectiveError(error)
         cp = self.cupy
@@ -524,6 +524,13 @@ class NcclTransport:
         raise CollectiveError(self.work.fault or
                               "the NCCL communicator is broken by an earlier error; restart the "
                               "job (fluidctl train --max-restarts)")
+
+    def adopt_posted(self) -> str:
+        """Another rank's GPU work failed (a hash comparison said so): take the job's first
+        error, abort, and return it."""
+        if self.work.fault is not None:
+            return self.work.fault
+        return self.trip(self._posted() or "another rank's GPU collective failed", post=False)
 
     def _status_text(self, status: int) -> str:
         try:

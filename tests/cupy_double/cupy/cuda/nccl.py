@@ -429,6 +429,8 @@ class NcclCommunicator:
     def _run(self, header, send, recv, send_bytes, recv_bytes, needs_recv):
         if self._aborted.is_set():
             return
+        if _double.sticky:                    # the context is dead: this kernel never runs,
+            return                            # the peers' kernels wait for its part
         try:
             payload = _double.memory(send, send_bytes).tobytes()
             with self._io:
