@@ -157,8 +157,13 @@ class Context:
 
 
 def _on_gpu(x) -> bool:
-    import fluidctl.runtime.collective as collective      # loaded by then: a dict lookup
-    return collective._is_cupy(x)
+    global _is_cupy
+    if _is_cupy is None:
+        from fluidctl.runtime.collective import _is_cupy
+    return _is_cupy(x)
+
+
+_is_cupy = None           # collective._is_cupy, once the collectives are loaded
 
 
 def _broken(comm) -> bool:

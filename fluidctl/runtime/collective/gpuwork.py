@@ -2,7 +2,7 @@
 retires them (torch's ProcessGroupNCCL does the same with its work list and watchdog thread).
 
 ``run()`` records one completion event (from a pool) on the caller's stream after the NCCL call
-and returns: no host wait. The queue is bounded; a call that finds it full waits for the oldest.
+and returns: no host wait. The queue is bounded; a call that fills it waits for the oldest (half of it).
 The watchdog thread looks at the oldest work only: its event (done: retired, counted for the
 launcher's hang watchdog; a CUDA fault: named), NCCL's async error every millisecond, the
 deadline (FLUIDCTL_TIMEOUT from when the work became the oldest), same-node peers' processes
@@ -34,6 +34,7 @@ class InFlight:
         self.fault: Optional[str] = None
         self._thread = None
         self._closing = False
+        self._idle = False                       # the watchdog waits for work
 
     def event(self):
         """A completion event (made on the transport's device, which is current)."""
@@ -42,15 +43,16 @@ class InFlight:
 
     def push(self, event, seq: int, kind: str) -> None:
         items = self.items
-        with self.cv:
-            items.append((event, seq, kind))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._watch, daemon=True,
-                                                name="fluidctl-nccl-watchdog")
-                self._thread.start()
-            self.cv.notify()
-        if len(items) >= self.depth:
-            self.wait(self.depth - 1)
+        items.append((event, seq, kind))          # atomic; the watchdog only pops the left
+        if self._idle:                           # (it re-looks every 50 ms anyway)
+            with self.cv:
+                self.cv.notify()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, daemon=True,
+                                            name="fluidctl-nccl-watchdog")
+            self._thread.start()
+        if len(items) >= self.depth:       # full: wait for the older half (fewer switches)
+            self.wait(self.depth // 2)
 
     def wait(self, room: int = 0) -> None:
         """Until at most ``room`` collectives are in flight (the watchdog bounds the wait);
@@ -88,8 +90,10 @@ class InFlight:
         while True:
             with cv:
                 while not items and not self._closing and self.fault is None:
-                    cv.wait()
+                    self._idle = True
+                    cv.wait(0.05)
                     since = time.monotonic()
+                self._idle = False
                 if self._closing or self.fault is not None:
                     return
                 event, seq, kind = items[0]
