@@ -519,6 +519,28 @@ def backpressure(ctx):
     os._exit(0)
 
 
+def coalesced(ctx):
+    """Three collectives (one 'mean') in ``with ctx.coalesced():``: one NCCL group, one
+    completion event, the right values (the division after the group's NCCL work)."""
+    import cupy as cp
+    work = ctx.comm.nccl.work
+    xs = [cp.asarray(inputs(ctx.rank, "float32")) for _ in range(3)]
+    ctx.allreduce(xs[0])
+    ctx.synchronize()
+    pushed = []
+    real = work.push
+    work.push = lambda *a: (pushed.append(a[1:]), real(*a))
+    with ctx.coalesced():
+        ctx.allreduce(xs[1])
+        ctx.allreduce(xs[2], "mean")
+        inside = len(pushed)
+    ctx.synchronize()
+    total = sum(inputs(k, "float32") for k in range(ctx.world_size))
+    result(inside=inside, pushed=[list(p) for p in pushed],
+           ok=bool(np.allclose(xs[1].get(), total)
+                   and np.allclose(xs[2].get(), total / ctx.world_size)))
+    rt.finalize()
+
 def main():
     scenario = sys.argv[1]
     before = globals().get("before_" + scenario)

@@ -89,3 +89,13 @@ def test_a_full_queue_waits_for_its_oldest_work(tmp_path):
     assert max(out["inflight"]) <= 1 and out["after_sync"] == 0 and out["ok"], out
     assert max(out["seconds"]) > 0.5, out            # rank 0 waited for the late rank 1
     assert results(res)[1]["ok"]
+
+
+def test_coalesced_collectives_are_one_group_with_one_event(tmp_path):
+    """The double launches a group's calls at groupEnd, as NCCL does: a division for 'mean'
+    queued inside the group would run before the sum and give wrong values."""
+    res = gpu_ranks(2, tmp_path, ["coalesced"])
+    assert res.ok(), res
+    for out in results(res):
+        assert out["inside"] == 0 and out["ok"], out
+        assert out["pushed"] == [[3, "group of 2 collectives ending with allreduce"]], out
