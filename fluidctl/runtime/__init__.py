@@ -134,9 +134,13 @@ class Context:
         """Release transports; with ``wait``, first meet the other ranks so that rank 0 does not
         take the store away from a rank that still needs it."""
         error = None
-        if self.comm is not None and self.comm.nccl is not None:
+        nccl = self.comm.nccl if self.comm is not None else None
+        if nccl is not None and nccl.work.fault is not None:
+            from fluidctl.runtime.collective.meta import CollectiveError
+            error = CollectiveError(nccl.work.fault)      # the sticky fault, as every call
+        elif nccl is not None and not _broken(self.comm):
             try:
-                self.comm.synchronize()
+                self.comm.synchronize()       # the queued GPU work, and the calls' hash
             except Exception as exc:          # raised below, once everything is released
                 error = exc
         if wait and self.store is not None and self.comm is not None and not _broken(self.comm):
