@@ -99,3 +99,35 @@ def test_coalesced_collectives_are_one_group_with_one_event(tmp_path):
     for out in results(res):
         assert out["inside"] == 0 and out["ok"], out
         assert out["pushed"] == [[3, "group of 2 collectives ending with allreduce"]], out
+
+
+def test_the_launchers_hang_watchdog_counts_completed_gpu_collectives(tmp_path):
+    """Queued calls return at once, so they must not count as progress: with rank 1's stream
+    stalled while both ranks go on calling (every 0.1 s for 20 s, FLUIDCTL_TIMEOUT far away),
+    ``fluidctl train --hang-timeout 3`` finds the hang seconds in, not after the loop."""
+    import os
+    import subprocess
+    import sys
+    import rankspawn
+    from test_runtime_gpu import DOUBLE
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: G (UUID: GPU-a)'\n"
+                                       "echo 'GPU 1: G (UUID: GPU-b)'\n")
+    (bindir / "nvidia-smi").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", FLUIDCTL_TIMEOUT="60",
+               FLUIDCTL_PYSPY="", PYTHONPATH=DOUBLE + os.pathsep + rankspawn.ROOT)
+    env.update(FLUIDCTL_GPU_INFLIGHT="1000")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    import time
+    start = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "fluidctl", "train", "--gpus", "2",
+                          "--hang-timeout", "3", "--log-dir", str(tmp_path / "log"),
+                          "tests/gpu_worker.py", "hang_in_flight", "paced"],
+                         cwd=rankspawn.ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    took = time.monotonic() - start
+    assert res.returncode == 124, res.stdout + res.stderr
+    assert took < 16, took                   # counting calls, not completions: >= 23 s
+    assert "fluidctl: the job hung" in res.stderr
+    assert "no collective completed for 3s" in res.stderr, res.stderr
