@@ -43,6 +43,15 @@ def test_a_mismatch_after_the_hash_phase_names_the_first_diverging_call(arrays, 
     assert all(o[1]["after"] and o[1]["after"].startswith(errors[0]) for o in outs), outs
 
 
+def test_a_mismatch_after_the_hash_phase_is_found_where_a_checkpoint_is_agreed(tmp_path):
+    res = gpu_ranks(2, tmp_path, ["mismatch", "hashed", "A", "B", "checkpoint"],
+                    extra={"FLUIDCTL_CHECKPOINT_REQUEST": str(tmp_path / "request")})
+    errors = {o[0]["error"] for o in lines(res)}
+    assert len(errors) == 1, res
+    assert errors.pop().startswith("the ranks' GPU collective calls diverged at collective "
+                                   "#10: allreduce: shape mismatch")
+
+
 def test_strict_collectives_checks_every_call(tmp_path):
     res = gpu_ranks(2, tmp_path, ["mismatch", "hashed", "A", "B"],
                     extra={"FLUIDCTL_STRICT_COLLECTIVES": "1"})
