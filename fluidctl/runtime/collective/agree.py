@@ -131,21 +131,19 @@ def first_divergence(table: np.ndarray) -> str:
     have = seqs >= 0
     lo = int(np.where(have, seqs, np.iinfo(np.int64).max).min(axis=1).max())
     hi = int(seqs.max())
-    for s in range(lo, hi + 1):
-        rows = np.zeros((len(table), meta.RECORD), np.int64)
-        missing = []
-        for r in range(len(table)):
-            at = np.nonzero(seqs[r] == s)[0]
-            if len(at):
-                rows[r] = table[r, at[0]]
-            else:
-                missing.append(r)
-        if missing:
-            there = [r for r in range(len(table)) if r not in missing]
+    ranks = np.arange(len(table))
+    for s in range(lo, hi + 1):                  # numpy over the ranks: a big world is fine
+        match = seqs == s
+        has = match.any(axis=1)
+        rows = table[ranks, match.argmax(axis=1)]
+        if not has.all():
+            missing = np.nonzero(~has)[0].tolist()
+            there = int(np.nonzero(has)[0][0])
+            shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
             return (f"the ranks' GPU collective calls diverged at collective #{s}: rank(s) "
-                    f"{', '.join(map(str, missing))} had not reached it while rank "
-                    f"{there[0]} called {meta.KINDS[int(rows[there[0], meta.KIND])]}; every "
-                    "rank must make the same collective calls in the same order")
+                    f"{shown} had not reached it while rank {there} called "
+                    f"{meta.KINDS[int(rows[there, meta.KIND])]}; every rank must make the "
+                    "same collective calls in the same order")
         rows[:, meta.SEQ] = s
         if not (rows == rows[0]).all():
             what = meta.check(rows) or "the calls differ"
