@@ -385,11 +385,8 @@ class NcclTransport:
 
     # --- collectives --------------------------------------------------------------------
     def _problem(self, x) -> int:
-        if not x.flags.c_contiguous:
-            return meta.NOT_CONTIGUOUS
-        if x.data.device_id != self.device:
-            return meta.WRONG_DEVICE
-        return 0
+        """Why run() cannot use ``x``: not contiguous, else on another device."""
+        return meta.NOT_CONTIGUOUS if not x.flags.c_contiguous else meta.WRONG_DEVICE
 
     def _entry(self, kind, x, op, root, problem):
         """What a call's signature needs, built once: (record, signature hash, NCCL dtype, NCCL
