@@ -286,6 +286,15 @@ def _compile_error(lines: Sequence[str]) -> Optional[PyException]:
     return None
 
 
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+
+
+def without_rank_prefixes(lines: Sequence[str]) -> List[str]:
+    """``lines`` without the ``[rank1]: `` that torch.distributed puts before every line a rank
+    prints once its process group is up (its uncaught tracebacks included)."""
+    return [_RANK_PREFIX.sub("", line, count=1) for line in lines]
+
+
 # --- one line --------------------------------------------------------------------------------
 
 @dataclass
@@ -300,6 +309,7 @@ def explain(returncode: int, tail: Sequence[str], *, pid: Optional[int] = None,
     """The failure in one line. ``oom``: the kernel's OOM records of this job's time;
     ``cgroup_oom_kills``: how much the job's memory cgroup's oom_kill counter rose;
     ``rank``: the failed process's rank, for the sentence."""
+    tail = without_rank_prefixes(tail)
     sig = signal_of(returncode)
     if sig == "SIGKILL":
         mine = [r for r in oom if pid is not None and r.pid == pid]

@@ -1,0 +1,34 @@
+"""What a new user met on a third walk (issue 39), on this machine: the failure and hang
+sentences of unmodified torch scripts and of a script that never calls a collective."""
+import importlib.util
+import json
+
+import pytest
+
+from launchutil import fluidctl
+
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="torch not installed")
+
+RAISES_ON_RANK_1 = """\
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    raise ValueError("bad batch shape")
+dist.barrier()
+"""
+
+
+@needs_torch
+def test_torch_ddp_exception_behind_rank_prefixes_is_explained(tmp_path):
+    """torch prints an uncaught exception as ``[rank1]: Traceback ...``: the prefix must not
+    hide it (the report and failure.json name the exception and its line)."""
+    (tmp_path / "ddp_raises.py").write_text(RAISES_ON_RANK_1)
+    res = fluidctl("train", "--nproc", 2, "--log-dir", tmp_path / "logs", "ddp_raises.py",
+                   cwd=tmp_path, timeout=300)
+    assert res.returncode == 1, res.stderr
+    assert "no traceback" not in res.stderr, res.stderr
+    assert "why: ValueError: bad batch shape (at ddp_raises.py:4)" in res.stderr, res.stderr
+    first = json.loads((tmp_path / "logs" / "failure.json").read_text())["first_failure"]
+    assert first["label"] == "trainer 1"
+    assert first["explanation"] == "ValueError: bad batch shape (at ddp_raises.py:4)"
