@@ -295,6 +295,10 @@ def without_rank_prefixes(lines: Sequence[str]) -> List[str]:
     return [_RANK_PREFIX.sub("", line, count=1) for line in lines]
 
 
+# python's own line for a script it cannot open (no traceback: it never started)
+_CANT_OPEN = re.compile(r"can't open file '[^']*': \[Errno \d+\] .*$")
+
+
 # --- one line --------------------------------------------------------------------------------
 
 @dataclass
@@ -343,4 +347,9 @@ def explain(returncode: int, tail: Sequence[str], *, pid: Optional[int] = None,
         return Explanation(FailureKind.EXCEPTION, str(exc))
     if sig:
         return Explanation(FailureKind.SIGNAL, explain_signal(sig))
+    missing = next((m for m in map(_CANT_OPEN.search, reversed(tail)) if m), None)
+    if missing:
+        return Explanation(FailureKind.EXIT, f"python {missing.group(0)} (copy the script "
+                                             "there, or pass --remote-dir with the directory "
+                                             "that holds it)")
     return Explanation(FailureKind.EXIT, f"exit code {returncode} (no traceback in its log)")

@@ -520,7 +520,8 @@ def connect_all(hosts: Sequence[Host], targets: Mapping[str, SSHTarget],
             found = host.name, None, str(exc)
         if progress:
             progress(host.name, f"connected ({time.monotonic() - started:.1f} s)"
-                     if found[2] is None else f"cannot connect: {found[2]}")
+                     if found[2] is None else
+                     f"cannot connect ({time.monotonic() - started:.1f} s)")   # why: at the end
         return found
     connected = parallel(list(hosts), one)
     nodes, failures = {}, {}

@@ -32,3 +32,18 @@ def test_torch_ddp_exception_behind_rank_prefixes_is_explained(tmp_path):
     first = json.loads((tmp_path / "logs" / "failure.json").read_text())["first_failure"]
     assert first["label"] == "trainer 1"
     assert first["explanation"] == "ValueError: bad batch shape (at ddp_raises.py:4)"
+
+
+def test_pythons_cant_open_file_line_is_quoted(tmp_path):
+    """A rank whose python cannot open its script (here: it re-executes python on a file that
+    is not there, as a node without the script would) is explained by Python's own line."""
+    (tmp_path / "reexec.py").write_text(
+        "import os, sys\nos.execv(sys.executable, [sys.executable, 'gone.py'])\n")
+    res = fluidctl("train", "--nproc", 1, "--log-dir", tmp_path / "logs", "reexec.py",
+                   cwd=tmp_path, timeout=120)
+    err = " ".join(res.stderr.split())          # as one line, however the console wrapped it
+    assert res.returncode == 2, res.stderr
+    assert "no traceback" not in err, res.stderr
+    assert "why: python can't open file " in err and "gone.py': [Errno 2] No such file or " \
+        "directory (copy the script there, or pass --remote-dir with the directory that " \
+        "holds it)" in err, res.stderr
