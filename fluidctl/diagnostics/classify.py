@@ -44,6 +44,7 @@ BUSY = 0.5          # CPU (cores) from which a rank counts as computing, not wai
 DEAD_PEER, PARTITION, DESYNC, MISMATCH = "dead peer", "partition", "desync", "mismatch"
 SLOW_DATA, SLOW_COMPUTE, STUCK = "slow data", "slow compute", "stuck"
 FROZEN = "frozen node"
+SSHD_GONE = "sshd gone"
 
 # the collectives of fluidctl.runtime (Context/Communicator), torch.distributed, mpi4py, Paddle
 COLLECTIVES = frozenset("""
@@ -218,6 +219,10 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
             or (e.frames is None and "did not answer" in e.why)]
     if lost:
         hosts = list(dict.fromkeys(e.host or "?" for e in lost))
+        if all("Connection refused" in e.why for e in lost):     # their kernels answered
+            return Verdict(SSHD_GONE, f"{SSHD_GONE}: {rank_list([e.rank for e in lost])} on "
+                           f"{','.join(hosts)}: the node is up, its sshd refuses "
+                           f"({lost[0].why}){tail}", [e.rank for e in lost])
         return Verdict(PARTITION, f"{PARTITION}: {rank_list([e.rank for e in lost])} on "
                        f"{','.join(hosts)} cannot be reached ({lost[0].why}){tail}",
                        [e.rank for e in lost])
@@ -272,10 +277,15 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
 def lost_node(host: str, probe: str) -> Optional[Verdict]:
     """A node whose SSH connection died before any hang timeout, from the probe of its link
     (``backends.ssh.probe_link``: "frozen: ..." when a new TCP connection is accepted but
-    nothing answers, the failed connection when it is not): frozen node or partition; None
+    nothing answers, the failed connection when it is not): frozen node, sshd gone (refused:
+    the node's kernel answered) or partition (no answer at all); None
     when its sshd answers or the probe could not tell."""
     if probe.startswith("frozen: "):
         return Verdict(FROZEN, f"{FROZEN}: {host} is alive but silent: {probe[len('frozen: '):]}")
+    if probe.startswith("a new TCP connection") and "(Connection refused)" in probe:
+        return Verdict(SSHD_GONE, f"{SSHD_GONE}: {host} is up but refused a new connection "
+                       f"({probe}): its kernel answered, sshd is not listening (restart it, or "
+                       "check Port in the ssh config)")
     if probe.startswith("a new TCP connection") and "failed" in probe:
         return Verdict(PARTITION, f"{PARTITION}: {host} cannot be reached ({probe}): its link "
                        "is cut or the node is down")

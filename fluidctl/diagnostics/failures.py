@@ -79,6 +79,7 @@ class FailureKind(str, Enum):
     MISMATCH = "mismatch"       # shapes, dtypes, ops or roots differ in one collective
     FROZEN = "frozen node"      # a node's SSH connection died; its link is up, nothing answers
     PARTITION = "partition"     # a node's SSH connection died and a new one is not accepted
+    SSHD_GONE = "sshd gone"     # ... and a new one is refused: the node is up, sshd is not
     REFUSED = "refused"         # Slurm refused to start the step
     CANCELLED = "cancelled"     # cancelled from outside (scancel): never restarted
 
