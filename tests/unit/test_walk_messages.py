@@ -51,3 +51,31 @@ def test_a_refused_probe_is_a_node_up_with_sshd_gone_not_a_partition():
     assert verdict.sentence == (f"sshd gone: node2 is up but refused a new connection "
                                 f"({probe}): its kernel answered, sshd is not listening "
                                 "(restart it, or check Port in the ssh config)")
+
+
+def test_a_dry_runs_masked_secret_is_refused_by_the_pod_in_one_line(capsys, tmp_path,
+                                                                     monkeypatch):
+    """`--dry-run` hides the job token; the YAML it prints must not start a job keyed by a
+    public string: its pods refuse the placeholder with one line."""
+    import yaml
+    from fluidctl.node import pod
+    from launchutil import BEHAVE
+    from test_cli_inprocess import run_cli
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tok").write_text("s3cret\n")
+    code, out, err = run_cli(capsys, "train", "--backend", "k8s", "--kind", "jobset", "--image",
+                             "img:1", "--nodes", 2, "--nproc", 1, "--token-file",
+                             tmp_path / "tok", "--dry-run", BEHAVE)
+    assert code == 0, err
+    secret, config_map = list(yaml.safe_load_all(out))[:2]
+    token = secret["stringData"]["token"]
+    assert "s3cret" not in out and token != "***"
+    plan = tmp_path / "plan.json"
+    plan.write_text(config_map["data"]["plan.json"])
+    monkeypatch.setenv("FLUIDCTL_JOB_TOKEN", token)
+    with pytest.raises(SystemExit) as exited:
+        pod.main([str(plan)])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("error: the job token is --dry-run's "
+                                                   "placeholder"), err
