@@ -45,6 +45,7 @@ DEAD_PEER, PARTITION, DESYNC, MISMATCH = "dead peer", "partition", "desync", "mi
 SLOW_DATA, SLOW_COMPUTE, STUCK = "slow data", "slow compute", "stuck"
 FROZEN = "frozen node"
 SSHD_GONE = "sshd gone"
+IDLE = "idle"           # every rank waits, none in a collective: on something outside the job
 
 # the collectives of fluidctl.runtime (Context/Communicator), torch.distributed, mpi4py, Paddle
 COLLECTIVES = frozenset("""
@@ -253,6 +254,9 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
                        f"({rank_list([e.rank for e in evs])}{_on(evs)}; rank {evs[0].rank} in "
                        f"{p.name} at {p.site}{_cpu(evs[0])}): not a hang",
                        [e.rank for e in evs], hung=False)
+    if not groups and len(others) == len(evs) and all(places[e.rank].what == "idle"
+                                                      for e in others):
+        return _every_rank_idles(evs, places)
     for kind, what in ((SLOW_DATA, "data"), (SLOW_COMPUTE, "busy"), (DESYNC, "idle")):
         hit = [e for e in others if places[e.rank].what == what]
         if not hit:
@@ -270,6 +274,24 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
                     f"({p.name} at {p.site}{_cpu(hit[0])})")
         return Verdict(kind, f"{kind}: {text}{tail}", [e.rank for e in hit])
     return None
+
+
+def _every_rank_idles(evs: Sequence[Evidence], places: Dict[int, "_Place"]) -> Verdict:
+    """No rank computes and none is in a collective: not a desync (there is no collective to
+    miss) but a job waiting on something else (a lock, a file, a service, a peer it polls)."""
+    at: Dict[Tuple[str, str], List[Evidence]] = {}
+    for e in evs:
+        at.setdefault((places[e.rank].name, places[e.rank].site), []).append(e)
+    if len(at) == 1:
+        (name, site), group = next(iter(at.items()))
+        said = f"every rank idles in {name} ({site}{_cpu(group[0])}{_on(group)})"
+    else:
+        said = "; ".join(f"{rank_list([e.rank for e in g])} "
+                         f"{'idle' if len(g) > 1 else 'idles'} in {name} ({site}{_on(g)})"
+                         for (name, site), g in at.items())
+    return Verdict(IDLE, f"{IDLE}: {said}: no rank computes and none is in a collective (it "
+                   "waits on something outside the collectives: a lock, a file, a service)",
+                   [e.rank for e in evs])
 
 
 # --- a node whose connection died ------------------------------------------------------------

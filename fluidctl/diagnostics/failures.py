@@ -75,6 +75,7 @@ class FailureKind(str, Enum):
     SIGNAL = "signal"
     EXIT = "exit"
     HANG = "hang"
+    IDLE = "idle"               # every rank waits outside any collective (a lock, a service)
     DESYNC = "desync"           # ranks in different collectives (the runtime's agreement)
     MISMATCH = "mismatch"       # shapes, dtypes, ops or roots differ in one collective
     FROZEN = "frozen node"      # a node's SSH connection died; its link is up, nothing answers

@@ -47,3 +47,34 @@ def test_pythons_cant_open_file_line_is_quoted(tmp_path):
     assert "why: python can't open file " in err and "gone.py': [Errno 2] No such file or " \
         "directory (copy the script there, or pass --remote-dir with the directory that " \
         "holds it)" in err, res.stderr
+
+
+NO_COLLECTIVE = """\
+import time
+
+
+def wait_for_peer():
+    while True:
+        time.sleep(0.5)
+
+
+wait_for_peer()
+"""
+
+
+def test_a_hang_without_any_collective_is_every_rank_idle_not_desync(tmp_path):
+    from launchutil import start_fluidctl
+    (tmp_path / "plainhang.py").write_text(NO_COLLECTIVE)
+    proc = start_fluidctl("train", "--nproc", 2, "--hang-timeout", 3, "--log-dir",
+                          tmp_path / "logs", "plainhang.py", cwd=tmp_path)
+    try:
+        _, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 124, err
+    assert "desync" not in err and "never reached" not in err, err
+    first = err.splitlines()[0]
+    assert first.startswith("fluidctl: the job hung: idle: every rank idles in wait_for_peer "
+                            "(plainhang.py:6"), err
+    hang = json.loads((tmp_path / "logs" / "failure.json").read_text())["hang"]
+    assert hang["class"] == "idle" and hang["ranks"] == [0, 1]
