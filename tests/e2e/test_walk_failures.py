@@ -78,3 +78,26 @@ def test_a_hang_without_any_collective_is_every_rank_idle_not_desync(tmp_path):
                             "(plainhang.py:6"), err
     hang = json.loads((tmp_path / "logs" / "failure.json").read_text())["hang"]
     assert hang["class"] == "idle" and hang["ranks"] == [0, 1]
+
+
+@needs_torch
+def test_torch_hang_without_pyspy_has_a_verdict_from_the_flight_recorder_and_one_hint(tmp_path):
+    """No py-spy and no fluidctl.runtime: no stacks. torch's own records still say what
+    happened, in the first line; the advice to install py-spy comes once, not per rank."""
+    import re
+    from launchutil import ROOT, start_fluidctl
+    from pace import hang_timeout
+    proc = start_fluidctl("train", "--nproc", 2, "--hang-timeout", hang_timeout(3), "--log-dir",
+                          tmp_path / "logs", ROOT / "tests" / "scripts" / "torch_hang.py",
+                          "uneven", cwd=tmp_path, env={"FLUIDCTL_PYSPY": ""})
+    try:
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 124, err
+    first = err.splitlines()[0]
+    assert re.match(r"fluidctl: the job hung: desync: collective #\d+ differs between ranks: "
+                    r"rank 0 calls broadcast \(\[3\] int\); rank 1 calls barrier", first), err
+    assert err.count("py-spy") == 1 and "pip install 'fluidctl[debug]'" in err, err
+    assert json.loads((tmp_path / "logs" / "failure.json").read_text())["hang"]["class"] \
+        == "desync"
