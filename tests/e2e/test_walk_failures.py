@@ -11,11 +11,12 @@ needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch not installed")
 
 RAISES_ON_RANK_1 = """\
+import time
 import torch.distributed as dist
 dist.init_process_group("gloo")
 if dist.get_rank() == 1:
     raise ValueError("bad batch shape")
-dist.barrier()
+time.sleep(600)             # rank 0 waits to be stopped: rank 1 is the only failure
 """
 
 
@@ -28,10 +29,10 @@ def test_torch_ddp_exception_behind_rank_prefixes_is_explained(tmp_path):
                    cwd=tmp_path, timeout=300)
     assert res.returncode == 1, res.stderr
     assert "no traceback" not in res.stderr, res.stderr
-    assert "why: ValueError: bad batch shape (at ddp_raises.py:4)" in res.stderr, res.stderr
+    assert "why: ValueError: bad batch shape (at ddp_raises.py:5)" in res.stderr, res.stderr
     first = json.loads((tmp_path / "logs" / "failure.json").read_text())["first_failure"]
     assert first["label"] == "trainer 1"
-    assert first["explanation"] == "ValueError: bad batch shape (at ddp_raises.py:4)"
+    assert first["explanation"] == "ValueError: bad batch shape (at ddp_raises.py:5)"
 
 
 def test_pythons_cant_open_file_line_is_quoted(tmp_path):
