@@ -23,6 +23,7 @@ import socket
 from typing import Mapping
 
 from fluidctl import envs
+from fluidctl.net import free_port
 
 RUN_ID = "TORCHELASTIC_RUN_ID"          # torchrun sets it in every worker; fluidctl train never
 
@@ -42,12 +43,6 @@ def _own_address(master_host: str) -> str:
             return socket.gethostbyname(socket.gethostname())
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
-
-
 def adopt(env: envs.DistEnv, environ: Mapping[str, str], timeout: float) -> envs.DistEnv:
     """``env`` with fluidctl's store endpoint (and a token, unless one was given) agreed
     through torchrun's agent store at MASTER_ADDR:MASTER_PORT."""
@@ -59,7 +54,7 @@ def adopt(env: envs.DistEnv, environ: Mapping[str, str], timeout: float) -> envs
     prefix = f"fluidctl/{environ.get(RUN_ID)}/{environ.get(envs.TORCH_RESTART_COUNT, '0')}/"
     if env.rank == 0:
         mine = _own_address(host)
-        store.set(prefix + "master", f"{mine}:{_free_port(mine)}")
+        store.set(prefix + "master", f"{mine}:{free_port(mine)}")
         if not env.token:
             store.set(prefix + "token", secrets.token_hex(16))
     master = store.get(prefix + "master").decode()
