@@ -34,7 +34,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-UNCLAIMED_LOW = 20000      # the lowest port chosen below the ephemeral range
+UNCLAIMED_LOW = 10000      # ports chosen from here up to the ephemeral range, and below the
+UNCLAIMED_HIGH = 20000     # ports Slurm steps derive from their job ids (envs.SLURM_PORT_LOW)
 UNCLAIMED_TRIES = 64       # random picks there before the kernel's own choice (port 0)
 
 
@@ -52,7 +53,7 @@ def _bind_unclaimed(host: str) -> socket.socket:
     reservation holds, or one in TIME_WAIT, is refused and another tried; the kernel's choice
     (port 0) where that range is full or empty."""
     import random
-    high = _ephemeral_low()
+    high = min(_ephemeral_low(), UNCLAIMED_HIGH)
     if high - UNCLAIMED_LOW > UNCLAIMED_TRIES:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         for port in random.sample(range(UNCLAIMED_LOW, high), UNCLAIMED_TRIES):
