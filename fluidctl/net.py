@@ -50,7 +50,8 @@ def _ephemeral_low() -> int:
 def _bind_unclaimed(host: str) -> socket.socket:
     """A socket bound to a free port below the ephemeral range (a random one: two jobs
     starting at once rarely try the same), bound without SO_REUSEADDR so that a port another
-    reservation holds, or one in TIME_WAIT, is refused and another tried; the kernel's choice
+    reservation holds, or one in TIME_WAIT, is refused and another tried (SO_REUSEADDR is set
+    once bound: the rank that will use the port binds it before the release); the kernel's choice
     (port 0) where that range is full or empty."""
     import random
     high = min(_ephemeral_low(), UNCLAIMED_HIGH)
@@ -60,6 +61,9 @@ def _bind_unclaimed(host: str) -> socket.socket:
             sock = socket.socket(family, socket.SOCK_STREAM)
             try:
                 sock.bind((host, port))
+                # now the job's own process may bind it while the reservation holds it (as
+                # with bind_socket); another reservation, binding without it, still may not
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 return sock
             except OSError as exc:
                 sock.close()
