@@ -103,10 +103,10 @@ TORCH_PORT_KEY = "torch/master_port"
 
 
 def _free_port() -> int:
-    """A port free on every address of this host (torch's TCPStore binds all of them)."""
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
+    """A port free on every address of this host (torch's TCPStore binds all of them), below
+    the ephemeral range (fluidctl/net.py)."""
+    from fluidctl.net import free_port
+    return free_port("")
 
 
 def _publish(env, store: StoreClient, endpoint: str, node: str, timeout: float,
