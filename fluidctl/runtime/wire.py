@@ -109,23 +109,40 @@ def recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
-def recv_header(sock: socket.socket, max_payload: int = MAX_PAYLOAD) -> Tuple[dict, int]:
-    """Read prefix and header; return (header, payload_len). The payload is still unread."""
-    magic, version, _flags, head_len, payload_len = PREFIX.unpack(recv_exact(sock, PREFIX.size))
+def pack_frame(header: dict, payload: bytes = b"") -> bytes:
+    """One whole frame as bytes (for event-loop servers that queue their replies)."""
+    head = msgpack.packb(header, use_bin_type=True)
+    return PREFIX.pack(MAGIC, VERSION, 0, len(head), len(payload)) + head + payload
+
+
+def parse_prefix(prefix, max_header: int = MAX_HEADER,
+                 max_payload: int = MAX_PAYLOAD) -> Tuple[int, int]:
+    """Check a frame's 16-byte prefix against the limits; return (header_len, payload_len)."""
+    magic, version, _flags, head_len, payload_len = PREFIX.unpack(prefix)
     if magic != MAGIC:
         raise WireError(f"not a fluidctl frame (magic {bytes(magic)!r})")
     if version != VERSION:
         raise WireError(f"wire version {version}, this side speaks {VERSION} "
                         "(run the same fluidctl version everywhere)")
-    if head_len > MAX_HEADER or payload_len > max_payload:
+    if head_len > max_header or payload_len > max_payload:
         raise WireError(f"frame too large (header {head_len} B, payload {payload_len} B)")
+    return head_len, payload_len
+
+
+def parse_header(head) -> dict:
     try:
-        header = msgpack.unpackb(recv_exact(sock, head_len), raw=False)
+        header = msgpack.unpackb(head, raw=False)
     except (ValueError, msgpack.UnpackException) as exc:
         raise WireError(f"undecodable frame header: {exc}") from None
     if not isinstance(header, dict):
         raise WireError("frame header is not a map")
-    return header, payload_len
+    return header
+
+
+def recv_header(sock: socket.socket, max_payload: int = MAX_PAYLOAD) -> Tuple[dict, int]:
+    """Read prefix and header; return (header, payload_len). The payload is still unread."""
+    head_len, payload_len = parse_prefix(recv_exact(sock, PREFIX.size), MAX_HEADER, max_payload)
+    return parse_header(recv_exact(sock, head_len)), payload_len
 
 
 def recv_frame(sock: socket.socket, max_payload: int = MAX_PAYLOAD) -> Tuple[dict, memoryview]:

@@ -47,6 +47,8 @@ ERROR_KEY = "nccl/error"
 INIT_ERROR = "nccl/init/error"        # the first error creating the communicator (all raise it)
 INIT_DONE = "nccl/init/done"          # a counter of ranks whose communicator is up
 INIT_ALL = "nccl/init/all"            # set by the last of them
+INIT_REPORTED = "nccl/init/reported"  # a barrier each rank arrives at once its init ended
+INIT_SLICE = 0.5                      # seconds a parked wait lasts between pid/deadline checks
 ID_BYTES = 128
 CUDA_NOT_READY = 600          # cudaErrorNotReady: what cudaEventQuery says of pending work
 _UNSIGNED_CHAR_MACHINES = ("aarch64", "arm64", "armv7l", "ppc64le", "ppc64", "s390x")
@@ -281,17 +283,15 @@ class NcclTransport:
         """(rank, pid) of the other ranks on this node, to name the one that died."""
         if self.store is None:
             return []
-        import msgpack
+        from fluidctl.runtime.collective.bootstrap import join_layout
         try:
-            infos = [msgpack.unpackb(v) for v in self.store.multi_get(
-                [f"rank/{r}" for r in range(self.n)], 5.0)]
+            view = join_layout(self.store, self.n, self.rank, 5.0)
         except Exception:
             return []
         from fluidctl.runtime.collective.shm import _pid_alive
-        mine = infos[self.rank].get("node")
         # only pids this process can see (ranks in another pid namespace are not watched)
-        return [(r, i["pid"]) for r, i in enumerate(infos)
-                if r != self.rank and i.get("node") == mine and _pid_alive(i["pid"])]
+        return [(r, pid) for r, pid in view.pids.items()
+                if r != self.rank and _pid_alive(pid)]
 
     def _create(self) -> None:
         nccl, store = self.nccl, self.store
@@ -319,47 +319,69 @@ class NcclTransport:
                 raise CollectiveError(self._init_message({0: box.get("error", "timed out")}))
             self.comm = box["comm"]
             return
+        self._wait_init(worker, box)
+
+    def _wait_init(self, worker: threading.Thread, box: dict) -> None:
+        """Wait for every rank's communicator, or the first error, on the server: the worker
+        thread reports this rank's outcome over the store connection, while this thread parks
+        a wait for INIT_ALL or INIT_ERROR on a second connection (one request per slice, which
+        the server answers the moment either key appears); between slices it checks the node's
+        other ranks' pids and the deadline."""
         from fluidctl.runtime.collective.shm import _pid_alive
+        from fluidctl.runtime.store import StoreClient
         deadline = time.monotonic() + self.timeout
-        reported = False
-        while True:               # two store requests per rank per 50 ms, whatever the world
-            if worker.is_alive():
-                worker.join(0.05)
-            else:
-                time.sleep(0.05)          # (join returns at once: the loop would spin)
-            if not worker.is_alive() and not reported:
-                store.set(f"nccl/init/{self.rank}", b"1")   # read only at the deadline
+        store = self.store
+
+        def report():
+            worker.join()
+            try:
                 if "error" in box:
                     self._post_init_error({self.rank: box["error"]})
                 elif store.add(INIT_DONE, 1) == self.n:
                     store.set(INIT_ALL, b"1")
-                reported = True
-            for r, pid in self._peers:      # a same-node rank that died: tell every rank
-                if not _pid_alive(pid):
-                    self._post_init_error({r: f"its process (pid {pid}, same node as rank "
-                                              f"{self.rank}) died"})
-            posted = self._get_now(INIT_ERROR)
-            if posted is None and time.monotonic() > deadline:
-                missing = [r for r in range(self.n) if self._get_now(f"nccl/init/{r}") is None]
-                posted = self._post_message(
-                    f"creating the NCCL communicator did not finish within {self.timeout:g}s: "
-                    f"rank(s) {', '.join(map(str, missing)) or '?'} still in ncclCommInitRank "
-                    "(a rank did not start, or NCCL cannot connect the nodes: set "
-                    "NCCL_DEBUG=INFO and NCCL_SOCKET_IFNAME)")
-            if posted is not None:
-                if "comm" in box:
-                    box["comm"].abort()
-                raise CollectiveError(posted)
-            if reported and "comm" in box and self._get_now(INIT_ALL) is not None:
-                self.comm = box["comm"]
-                return
+                self._arrive(INIT_REPORTED)
+            except (OSError, TimeoutError):
+                pass                               # the waiting thread sees the store's end
 
-    def _get_now(self, key: str) -> Optional[str]:
+        reporter = threading.Thread(target=report, daemon=True, name="fluidctl-nccl-report")
+        reporter.start()
+        waiter = StoreClient(store.endpoint, self.ctx.env.token, self.timeout, rank=self.rank)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                got = waiter.wait_any([INIT_ERROR, INIT_ALL], max(0.0, min(INIT_SLICE, left)))
+                posted = got[INIT_ERROR].decode() if INIT_ERROR in got else None
+                for r, pid in self._peers:      # a same-node rank that died: tell every rank
+                    if posted is None and not _pid_alive(pid):
+                        posted = self._post_init_error({r: f"its process (pid {pid}, same node "
+                                                           f"as rank {self.rank}) died"})
+                if posted is None and INIT_ALL not in got and time.monotonic() >= deadline:
+                    missing, total = store.absent(INIT_REPORTED, self.n)
+                    named = ", ".join(map(str, missing)) + (
+                        f" and {total - len(missing)} more" if total > len(missing) else "")
+                    posted = self._post_message(
+                        f"creating the NCCL communicator did not finish within {self.timeout:g}s: "
+                        f"rank(s) {named or '?'} still in ncclCommInitRank "
+                        "(a rank did not start, or NCCL cannot connect the nodes: set "
+                        "NCCL_DEBUG=INFO and NCCL_SOCKET_IFNAME)")
+                if posted is not None:
+                    if "comm" in box:
+                        box["comm"].abort()
+                    raise CollectiveError(posted)
+                if INIT_ALL in got:
+                    reporter.join(self.timeout)    # INIT_ALL: every worker has reported
+                    self.comm = box["comm"]
+                    return
+        finally:
+            waiter.close()
+
+    def _arrive(self, name: str) -> None:
+        """Count this rank in at ``name`` without waiting for the others."""
         from fluidctl.runtime.store import StoreTimeout
         try:
-            return self.store.get(key, 0).decode()
+            self.store.barrier(name, self.n, 0)
         except StoreTimeout:
-            return None
+            pass
 
     def _post_init_error(self, errors) -> str:
         return self._post_message(self._init_message(errors))
