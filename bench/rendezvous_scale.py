@@ -27,6 +27,7 @@ import datetime
 import importlib.util
 import json
 import math
+import multiprocessing
 import os
 import resource
 import statistics
@@ -67,11 +68,11 @@ def plan_nodes(n_nodes: int, gpus: int):
     return nodes
 
 
-def matches(view: dict, nodes, i: int) -> bool:
-    """``view`` is node i's share of make_plan's world."""
+def matches(view: dict, nodes, i: int, world: int) -> bool:
+    """``view`` is node i's share of make_plan's world (of ``world`` ranks)."""
     k = len(nodes)
     mine = nodes[i]
-    return (view["world"] == sum(len(n) for n in nodes) and view["nodes"] == k
+    return (view["world"] == world and view["nodes"] == k
             and view["node_index"] == i
             and [tuple(x) for x in view["local"]] == [(r["rank"], r["ep"], r["pid"]) for r in mine]
             and tuple(view["prev"]) == (nodes[i - 1][0]["rank"], nodes[i - 1][0]["ep"])
@@ -227,7 +228,7 @@ async def fluidctl_agent(port, nodes, i, stats, window, cap, deadline):
                           "timeout": cap})
     reply, _ = await _read_frame(reader, stats)
     writer.close()
-    stats.correct += bool(reply.get("ok")) and matches(reply["views"][0], nodes, i)
+    stats.correct += bool(reply.get("ok")) and matches(reply["views"][0], nodes, i, stats.world)
 
 
 async def today_agent(port, nodes, i, stats, window, cap, deadline):
@@ -246,20 +247,66 @@ async def today_agent(port, nodes, i, stats, window, cap, deadline):
             records[r] = msgpack.unpackb(payload[pos:pos + size])
             pos += size
         layout = rendezvous.Layout(stats.world, records)
-        stats.correct += matches(layout.view(nodes[i][0]["rank"]), nodes, i)
+        stats.correct += matches(layout.view(nodes[i][0]["rank"]), nodes, i, stats.world)
 
 
-async def run_agents(kind, port, nodes, stats, window, cap, start):
+async def run_agents(kind, port, nodes, mine, stats, window, cap, start):
     agent = fluidctl_agent if kind == "fluidctl" else today_agent
     sem = asyncio.Semaphore(window)
     deadline = start + cap
     tasks = [asyncio.ensure_future(agent(port, nodes, i, stats, sem, cap, deadline))
-             for i in range(len(nodes))]
+             for i in mine]
     done, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
     for t in pending:
         t.cancel()
     failed = sum(1 for t in done if t.exception() is not None)
     return not pending and not failed
+
+
+def agent_process(kind, port, nodes, mine, world, window, cap, ready, go, out):
+    """One of several processes running agents (as nodes would, in parallel): starts with the
+    others on ``go``; reports (ok, when it finished, its counts)."""
+    raise_nofile()
+    stats = Stats()
+    stats.world = world
+    ready.put(1)
+    go.wait()
+    ok = asyncio.run(run_agents(kind, port, nodes, mine, stats, window, cap, time.monotonic()))
+    out.put((ok, time.monotonic(), vars(stats)))
+
+
+def run_agent_processes(kind, root, nodes, stats, args):
+    """(ok, start): agents spread over ``--agent-procs`` processes, started at once."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, go, out = ctx.Queue(), ctx.Event(), ctx.Queue()
+    k, p = len(nodes), args.agent_procs
+    procs = [ctx.Process(target=agent_process,
+                         args=(kind, root.port, nodes, range(j, k, p), stats.world,
+                               max(1, args.window // p), args.cap, ready, go, out))
+             for j in range(p)]
+    for proc in procs:
+        proc.start()
+    try:
+        for _ in procs:
+            ready.get(timeout=120)
+        root.go()
+        start = time.monotonic()
+        go.set()
+        ok, end = True, start
+        for _ in procs:
+            done, when, counts = out.get(timeout=args.cap + 60)
+            ok, end = ok and done, max(end, when)
+            for name, value in counts.items():
+                if name == "max_request":
+                    stats.max_request = max(stats.max_request, value)
+                elif name != "world":
+                    setattr(stats, name, getattr(stats, name) + value)
+        return ok, end - start
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
 
 
 # --- torch elastic's scheme on TCPStore --------------------------------------------------------
@@ -279,7 +326,7 @@ def run_torch(port, nodes, stats, threads, cap):
 
     def down(i):
         view = msgpack.unpackb(stores[i].get(f"layout/{i}"))
-        return matches(view, nodes, i)
+        return matches(view, nodes, i, stats.world)
 
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         sizes = list(pool.map(up, range(k)))
@@ -297,14 +344,13 @@ def one_run(kind, nodes, args):
     stats = Stats()
     stats.world = world
     try:
-        root.go()
-        start = time.monotonic()
         if kind == "torch":
+            root.go()
+            start = time.monotonic()
             ok = run_torch(root.port, nodes, stats, args.threads, args.cap)
+            elapsed = time.monotonic() - start
         else:
-            ok = asyncio.run(run_agents(kind, root.port, nodes, stats, args.window, args.cap,
-                                        start))
-        elapsed = time.monotonic() - start
+            ok, elapsed = run_agent_processes(kind, root, nodes, stats, args)
     finally:
         rep = root.report()
     if kind == "torch":                          # the root's own count of bytes each way
@@ -344,6 +390,8 @@ def main():
     ap.add_argument("--today-max-ranks", type=int, default=8000)
     ap.add_argument("--window", type=int, default=2048, help="agents connecting at once")
     ap.add_argument("--threads", type=int, default=64, help="threads driving TCPStore clients")
+    ap.add_argument("--agent-procs", type=int, default=4,
+                    help="processes the fluidctl and today agents are spread over")
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--k", type=int, help=argparse.SUPPRESS)

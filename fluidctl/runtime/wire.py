@@ -448,8 +448,11 @@ class Acceptor:
     def _run(self) -> None:
         try:
             while not self._closed:
+                # _pending is in arrival order, hence deadline order: the first entry is the
+                # next to expire (no scan over every pending handshake per event)
                 now = time.monotonic()
-                timeout = min((p.deadline for p in self._pending.values()), default=now + 1.0)
+                first = next(iter(self._pending.values()), None)
+                timeout = first.deadline if first is not None else now + 1.0
                 for key, events in self._sel.select(max(0.0, timeout - now)):
                     if key.data is None:
                         self._wake_r.recv(64)
@@ -458,8 +461,11 @@ class Acceptor:
                     else:
                         self._advance(key.data, events)
                 now = time.monotonic()
-                for p in [p for p in self._pending.values() if p.deadline <= now]:
-                    self._fail(p, "did not authenticate in time")
+                while self._pending:
+                    first = next(iter(self._pending.values()))
+                    if first.deadline > now:
+                        break
+                    self._fail(first, "did not authenticate in time")
         finally:
             for p in list(self._pending.values()):
                 self._forget(p)
@@ -495,9 +501,18 @@ class Acceptor:
                 self._evict()
             sock.setblocking(False)
             p = _Pending(sock, addr, time.monotonic() + self.handshake_timeout)
+            try:                                     # the hello fits an empty socket buffer
+                p.out = p.out[sock.send(p.out):]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as exc:
+                sock.close()
+                self.on_drop(addr, str(exc))
+                continue
             self._pending[sock.fileno()] = p
             self._per_peer[host] = self._per_peer.get(host, 0) + 1
-            self._sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, p)
+            self._sel.register(sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if p.out
+                                                             else 0), p)
 
     def _forget(self, p: _Pending) -> None:
         if self._pending.pop(p.sock.fileno(), None) is None:
