@@ -14,9 +14,11 @@ one root, at 1K / 4K / 12K nodes x 8 ranks, for three contenders in the same run
   agent sets its 8 records and reads all N records with one ``multi_get`` (the per-rank code
   does it once per rank); run only up to ``--today-max-ranks``, and stopped at ``--cap``.
 
-Each root runs in a process of its own (its CPU seconds and peak RSS are its own). Agents bind
-source addresses spread across 127.0.0.0/8 (64 per address), so no address runs out of
-ephemeral ports. Printed per run: seconds until every agent holds its layout, root CPU-s and
+Each root runs in a process of its own (its CPU seconds and peak RSS are its own). Agents run
+in ``--agent-procs`` processes (as nodes would, in parallel; uvloop's event loop where
+installed), at most ``--window`` connecting at once for every contender. Agents past the first
+64 bind source addresses spread across 127.0.0.0/8 (64 per address), so no address runs out
+of ephemeral ports. Printed per run: seconds until every agent holds its layout, root CPU-s and
 peak RSS, messages and bytes each way (agents' count; the root's read/written bytes for torch),
 the largest request, connection retries, and how many nodes' layouts match make_plan's.
 """
@@ -80,9 +82,47 @@ def matches(view: dict, nodes, i: int, world: int) -> bool:
                                         nodes[(i + 1) % k][0]["ep"]))
 
 
+def _source(i: int) -> dict:
+    """Agents past the first ``PER_ADDRESS`` bind an address of their own block."""
+    return {"local_addr": (source_address(i), 0)} if i >= PER_ADDRESS else {}
+
+
 def source_address(i: int) -> str:
     a = i // PER_ADDRESS
     return f"127.{10 + a // 62500}.{(a // 250) % 250}.{a % 250 + 1}"
+
+
+# --- a sandbox without a reachable DNS server --------------------------------------------------
+NUMERIC_NAMES_C = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <netdb.h>
+#include <sys/socket.h>
+int getnameinfo(const struct sockaddr *sa, socklen_t salen, char *host, socklen_t hostlen,
+                char *serv, socklen_t servlen, int flags) {
+    static int (*real)(const struct sockaddr *, socklen_t, char *, socklen_t, char *,
+                       socklen_t, int);
+    if (!real) real = dlsym(RTLD_NEXT, "getnameinfo");
+    return real(sa, salen, host, hostlen, serv, servlen,
+                (flags | NI_NUMERICHOST | NI_NUMERICSERV) & ~NI_NAMEREQD);
+}
+"""
+
+
+def numeric_names() -> str:
+    """TCPStore names each client socket's address with a reverse lookup (getnameinfo); where
+    no DNS server answers, every few connections stall for the resolver's timeout (5 s), which
+    is not what this bench measures. An LD_PRELOAD shim, built here with cc, answers such
+    lookups numerically in every process of the bench ('' when no cc)."""
+    out = Path(tempfile.mkdtemp()) / "libnumericnames.so"
+    src = out.with_suffix(".c")
+    src.write_text(NUMERIC_NAMES_C)
+    try:
+        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(out), str(src), "-ldl"],
+                       check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return str(out)
 
 
 # --- roots (one process each) ----------------------------------------------------------------
@@ -130,6 +170,7 @@ def root_main(kind: str, world: int, k: int, cap: float) -> None:
     sys.stdin.readline()                        # "go": the agents start now
     if kind == "torch":                         # the root's part of torch elastic's scheme
         keys = [f"node/{i}" for i in range(k)]
+        max_request = sum(len(key) + 8 for key in keys)      # its multi_get: every key
         server.wait(keys)
         records = {}
         for value in server.multi_get(keys):
@@ -142,7 +183,8 @@ def root_main(kind: str, world: int, k: int, cap: float) -> None:
     sys.stdin.readline()                        # "report"
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     io1 = _io()
-    print(json.dumps({"cpu": cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime,
+    print(json.dumps({"max_request": max_request if kind == "torch" else 0,
+                      "cpu": cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime,
                       "rss_mib": _peak_rss_mib(), "read": io1[0] - io0[0],
                       "written": io1[1] - io0[1]}), flush=True)
 
@@ -205,7 +247,7 @@ async def _connect(port, i, stats, window, deadline):
         try:
             async with window:
                 reader, writer = await asyncio.open_connection(
-                    "127.0.0.1", port, local_addr=(source_address(i), 0))
+                    "127.0.0.1", port, **_source(i))
                 hello, _ = await _read_frame(reader, stats)
                 nonce = os.urandom(32)
                 _send(writer, stats, {"op": "auth", "nonce": nonce,
@@ -263,15 +305,31 @@ async def run_agents(kind, port, nodes, mine, stats, window, cap, start):
     return not pending and not failed
 
 
+def _event_loop_run(coro):
+    """The agents' event loop: uvloop's where installed (the agents stand for other machines:
+    their cost here should not hide the root's), asyncio's otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
 def agent_process(kind, port, nodes, mine, world, window, cap, ready, go, out):
     """One of several processes running agents (as nodes would, in parallel): starts with the
     others on ``go``; reports (ok, when it finished, its counts)."""
     raise_nofile()
+    if kind == "torch":
+        import torch.distributed  # noqa: F401  (imported before the clock starts)
     stats = Stats()
     stats.world = world
     ready.put(1)
     go.wait()
-    ok = asyncio.run(run_agents(kind, port, nodes, mine, stats, window, cap, time.monotonic()))
+    if kind == "torch":
+        ok = run_torch(port, nodes, mine, stats, window, cap)
+    else:
+        ok = _event_loop_run(run_agents(kind, port, nodes, mine, stats, window, cap,
+                                        time.monotonic()))
     out.put((ok, time.monotonic(), vars(stats)))
 
 
@@ -282,7 +340,8 @@ def run_agent_processes(kind, root, nodes, stats, args):
     k, p = len(nodes), args.agent_procs
     procs = [ctx.Process(target=agent_process,
                          args=(kind, root.port, nodes, range(j, k, p), stats.world,
-                               max(1, args.window // p), args.cap, ready, go, out))
+                               max(1, args.window // p),
+                               args.cap, ready, go, out))
              for j in range(p)]
     for proc in procs:
         proc.start()
@@ -310,11 +369,11 @@ def run_agent_processes(kind, root, nodes, stats, args):
 
 
 # --- torch elastic's scheme on TCPStore --------------------------------------------------------
-def run_torch(port, nodes, stats, threads, cap):
+def run_torch(port, nodes, mine, stats, threads, cap):
+    """This process's agents: each 1 set (its records) and 1 get (its layout)."""
     from torch.distributed import TCPStore
-    k = len(nodes)
     timeout = datetime.timedelta(seconds=cap)
-    stores = [None] * k
+    stores = {}
 
     def up(i):
         store = TCPStore("127.0.0.1", port, None, False, timeout, wait_for_workers=False,
@@ -329,10 +388,10 @@ def run_torch(port, nodes, stats, threads, cap):
         return matches(view, nodes, i, stats.world)
 
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        sizes = list(pool.map(up, range(k)))
-        stats.correct = sum(pool.map(down, range(k)))
-    stats.up = stats.down = k + 1                  # + the root's multi_get and multi_set
-    stats.max_request = max(max(sizes), sum(len(f"node/{i}") + 8 for i in range(k)))
+        sizes = list(pool.map(up, mine))
+        stats.correct = sum(pool.map(down, mine))
+    stats.up = stats.down = len(sizes)
+    stats.max_request = max(sizes)
     stores.clear()
     return True
 
@@ -344,17 +403,13 @@ def one_run(kind, nodes, args):
     stats = Stats()
     stats.world = world
     try:
-        if kind == "torch":
-            root.go()
-            start = time.monotonic()
-            ok = run_torch(root.port, nodes, stats, args.threads, args.cap)
-            elapsed = time.monotonic() - start
-        else:
-            ok, elapsed = run_agent_processes(kind, root, nodes, stats, args)
+        ok, elapsed = run_agent_processes(kind, root, nodes, stats, args)
     finally:
         rep = root.report()
     if kind == "torch":                          # the root's own count of bytes each way
         stats.bytes_up, stats.bytes_down = rep.get("read", 0), rep.get("written", 0)
+        stats.up, stats.down = stats.up + 1, stats.down + 1      # its multi_get, multi_set
+        stats.max_request = max(stats.max_request, rep.get("max_request", 0))
     return {"ok": ok and stats.correct == len(nodes), "s": elapsed, "cpu": rep.get("cpu", 0.0),
             "rss": rep.get("rss_mib", 0.0), "up": stats.up, "down": stats.down,
             "bytes_up": stats.bytes_up, "bytes_down": stats.bytes_down,
@@ -388,10 +443,12 @@ def main():
     ap.add_argument("--contenders", default="fluidctl,torch,today")
     ap.add_argument("--cap", type=float, default=120.0, help="seconds before a run is stopped")
     ap.add_argument("--today-max-ranks", type=int, default=8000)
-    ap.add_argument("--window", type=int, default=2048, help="agents connecting at once")
-    ap.add_argument("--threads", type=int, default=64, help="threads driving TCPStore clients")
-    ap.add_argument("--agent-procs", type=int, default=4,
-                    help="processes the fluidctl and today agents are spread over")
+    ap.add_argument("--window", type=int, default=256,
+                    help="agents connecting at once, in all (TCPStore: client threads)")
+    ap.add_argument("--no-numeric-names", dest="numeric_names", action="store_false",
+                    help="leave TCPStore's reverse lookups to the resolver")
+    ap.add_argument("--agent-procs", type=int, default=8,
+                    help="processes every contender's agents are spread over")
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--k", type=int, help=argparse.SUPPRESS)
@@ -400,11 +457,13 @@ def main():
         return root_main(args.root, args.world, args.k, args.cap)
     raise_nofile()
     kinds = args.contenders.split(",")
-    # a resolver with no DNS server to reach stalls TCPStore's client for the resolver's 5 s
-    # timeout now and then (a name lookup in its connect path): fail such lookups fast instead
-    # (read once per process, at its first lookup: so before any)
-    os.environ.setdefault("RES_OPTIONS", "timeout:0 attempts:1")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    if "torch" in kinds and args.numeric_names:    # for every process started from here on
+        shim = numeric_names()
+        if shim:
+            os.environ["LD_PRELOAD"] = " ".join(filter(None, (os.environ.get("LD_PRELOAD"),
+                                                              shim)))
+        print(f"reverse lookups answered numerically: {'yes' if shim else 'no (no cc)'}")
     sizes = [int(x) for x in args.nodes.split(",")]
     print(f"{'contender':>9} {'ranks':>6} {'nodes':>6} {'s':>7} {'root CPU-s':>10} "
           f"{'root RSS':>9} {'msgs up/down':>15} {'bytes up / down':>21} {'max req':>9} "

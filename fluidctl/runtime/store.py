@@ -5,9 +5,10 @@ slow-path barriers. Values are bytes; ``get``/``wait`` block on the server until
 or the caller's timeout runs out, and the error then names the keys (hence the ranks) that never
 appeared. A barrier is one counter request per rank and ``join`` exchanges the ranks' records
 (each gets its node's share, computed once by the server): no request grows with the world
-(``storeserver``). Every connection goes through ``wire`` (frames + HMAC handshake with the job token,
-run by ``wire.Acceptor``: bounded, deadline-limited, no thread until the peer has authenticated);
-a peer that sends garbage or the wrong token loses its connection and the server keeps serving.
+(``storeserver``). Every connection goes through ``wire`` (frames + HMAC handshake with the
+job token, run by ``wire.Acceptor``: bounded, deadline-limited, no thread until the peer has
+authenticated); a peer that sends garbage or the wrong token loses its connection and the
+server keeps serving.
 There is no store without a token.
 """
 from __future__ import annotations

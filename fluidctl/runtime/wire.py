@@ -47,6 +47,7 @@ DROP_LOG_FIRST = 5                                     # drops logged one by one
 PREAUTH_MAX_HEADER = 256                               # an auth reply is ~90 bytes of msgpack
 MAX_PENDING = 128                                      # unauthenticated connections per server
 MAX_PENDING_PER_PEER = 8                               # ... and per peer address
+ACCEPT_BITE = 1024                                     # connections accepted per wake-up
 _NONCE = 32
 
 
@@ -482,7 +483,7 @@ class Acceptor:
         self._fail(victim, f"evicted: {self.max_pending} unauthenticated connections pending")
 
     def _accept(self, listener: socket.socket) -> None:
-        for _ in range(64):                          # drain the backlog in bounded bites
+        for _ in range(ACCEPT_BITE):                 # drain the backlog in bounded bites
             try:
                 sock, addr = listener.accept()
             except (BlockingIOError, InterruptedError):

@@ -173,4 +173,5 @@ def test_layout_matches_a_brute_force_one(seed):
         members, index = view.ring_members()
         assert index == i and members[i] == (leaders[i], recs[leaders[i]]["ep"])
         assert view.prev == (leaders[i - 1], recs[leaders[i - 1]]["ep"])
-        assert view.next == (leaders[(i + 1) % len(order)], recs[leaders[(i + 1) % len(order)]]["ep"])
+        following = leaders[(i + 1) % len(order)]
+        assert view.next == (following, recs[following]["ep"])

@@ -48,6 +48,7 @@ INIT_ERROR = "nccl/init/error"        # the first error creating the communicato
 INIT_DONE = "nccl/init/done"          # a counter of ranks whose communicator is up
 INIT_ALL = "nccl/init/all"            # set by the last of them
 INIT_REPORTED = "nccl/init/reported"  # a barrier each rank arrives at once its init ended
+MAX_NAMED_RANKS = 16                  # ranks named one by one in a set-up error
 INIT_SLICE = 0.5                      # seconds a parked wait lasts between pid/deadline checks
 ID_BYTES = 128
 CUDA_NOT_READY = 600          # cudaErrorNotReady: what cudaEventQuery says of pending work
@@ -233,26 +234,50 @@ def _verdict(table: List[dict]) -> Optional[str]:
     if all(s == "nocupy" for s in states):
         return "cpu"
     bad = [f"rank {r}: {t['detail']}" for r, t in enumerate(table) if t["status"] != "ok"]
+    if len(bad) > MAX_NAMED_RANKS:
+        bad[MAX_NAMED_RANKS:] = [f"and {len(bad) - MAX_NAMED_RANKS} more ranks"]
     return ("GPU set-up failed, so no rank starts NCCL: " + "; ".join(bad) +
             " (every GPU rank needs CuPy with NCCL and a usable device: "
             "pip install 'fluidctl[gpu]')")
 
 
+PROBE_CHUNK = 256          # probes rank 0 reads per request (a request stays small)
+VERDICT_KEY = "gpu/verdict"
+
+
+def _agree(store, rank: int, world: int, probe: dict, timeout: float) -> Optional[str]:
+    """Every rank posts its probe; rank 0 alone reads them (in bounded chunks), judges once
+    and posts the verdict, which every other rank reads: O(N) in all, not N x N."""
+    import msgpack
+    from fluidctl.runtime.store import StoreTimeout
+    store.set(f"gpu/probe/{rank}", msgpack.packb(probe))
+    if rank != 0:
+        posted = msgpack.unpackb(store.get(VERDICT_KEY, timeout + 10.0))   # rank 0 judges first
+        if "timeout" in posted:
+            raise StoreTimeout(posted["timeout"], posted["missing"])
+        return posted["verdict"]
+    table = []
+    try:
+        for lo in range(0, world, PROBE_CHUNK):
+            table += [msgpack.unpackb(v) for v in store.multi_get(
+                [f"gpu/probe/{r}" for r in range(lo, min(world, lo + PROBE_CHUNK))], timeout)]
+    except StoreTimeout as exc:
+        store.set(VERDICT_KEY, msgpack.packb({"timeout": str(exc), "missing": exc.missing}))
+        raise
+    verdict = _verdict(table)
+    store.set(VERDICT_KEY, msgpack.packb({"verdict": verdict}))
+    return verdict
+
+
 def setup(ctx, gpu: int):
     """Bring a GPU rank up (see the module docstring). Returns the NcclTransport, or None when
     the job runs on CPU because no rank has CuPy."""
-    import msgpack
     store, rank, world = ctx.store, ctx.rank, ctx.world_size
     status, detail, cupy = _probe(gpu, need_nccl=True)
-    if store is None:                                     # a world of one
-        table = [{"status": status, "detail": detail}]
-    else:
-        store.set(f"gpu/probe/{rank}", msgpack.packb(
-            {"status": status, "detail": detail,
-             **(_place(cupy, gpu) if status == "ok" else {})}))
-        table = [msgpack.unpackb(v) for v in store.multi_get(
-            [f"gpu/probe/{r}" for r in range(world)], ctx.timeout)]
-    verdict = _verdict(table)
+    probe = {"status": status, "detail": detail,
+             **(_place(cupy, gpu) if status == "ok" and store is not None else {})}
+    verdict = _verdict([probe]) if store is None else _agree(store, rank, world, probe,
+                                                             ctx.timeout)
     if verdict == "cpu":
         return None
     if verdict:
