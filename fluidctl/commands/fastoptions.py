@@ -25,6 +25,9 @@ def option(declared: fastargs.Option):
         kwargs["metavar"] = declared.metavar
     if declared.show_default:
         kwargs["show_default"] = True
+    if declared.envvar:
+        kwargs["envvar"] = declared.envvar
+        kwargs["show_envvar"] = declared.show_envvar
     return click.option(*declared.names, declared.dest, **kwargs)
 
 

@@ -1,5 +1,5 @@
 """``fluidctl job list | status | logs | checkpoint | cancel``: options and help only; the work is
-``fluidctl.jobs.submitted`` (the Slurm jobs ``fluidctl train --backend slurm`` submitted from
+``fluidctl.backends.slurm.jobs`` (the Slurm jobs ``fluidctl train --backend slurm`` submitted from
 this machine, read without sacct).
 """
 from __future__ import annotations
@@ -38,9 +38,9 @@ def list_jobs(as_json, k8s, namespace):
       fluidctl job list --json | jq '.[] | select(.state == "RUNNING") | .job_id'
     """
     if k8s:
-        from fluidctl.jobs import kube
+        from fluidctl.backends.k8s import jobs as kube
         return kube.list_jobs(namespace, as_json)
-    from fluidctl.jobs.submitted import list_jobs as run
+    from fluidctl.backends.slurm.jobs import list_jobs as run
     run(as_json)
 
 
@@ -60,9 +60,9 @@ def status(job_id, as_json, namespace):
       fluidctl job status 1234
     """
     if "/" in job_id:
-        from fluidctl.jobs import kube
+        from fluidctl.backends.k8s import jobs as kube
         return kube.status(job_id, namespace, as_json)
-    from fluidctl.jobs.submitted import status as run
+    from fluidctl.backends.slurm.jobs import status as run
     run(job_id, as_json)
 
 
@@ -86,9 +86,9 @@ def logs(job_id, rank, batch, follow, namespace):
       fluidctl job logs 1234 -f --rank 3
     """
     if "/" in job_id:
-        from fluidctl.jobs import kube
+        from fluidctl.backends.k8s import jobs as kube
         return kube.logs(job_id, namespace, rank, follow)
-    from fluidctl.jobs.submitted import logs as run
+    from fluidctl.backends.slurm.jobs import logs as run
     run(job_id, rank, batch, follow)
 
 
@@ -105,7 +105,7 @@ def checkpoint(job_id, stop):
       fluidctl job checkpoint 1234
       fluidctl job checkpoint 1234 --stop
     """
-    from fluidctl.jobs.submitted import checkpoint as run
+    from fluidctl.backends.slurm.jobs import checkpoint as run
     run(job_id, stop)
 
 
@@ -121,7 +121,7 @@ def cancel(job_id, namespace):
       fluidctl job cancel 1234
     """
     if "/" in job_id:
-        from fluidctl.jobs import kube
+        from fluidctl.backends.k8s import jobs as kube
         return kube.cancel(job_id, namespace)
-    from fluidctl.jobs.submitted import cancel as run
+    from fluidctl.backends.slurm.jobs import cancel as run
     run(job_id)

@@ -2,22 +2,21 @@
 
 Checking and freezing the options is ``LaunchConfig.from_options``; the backend (``--backend``,
 a name in ``fluidctl.backends.LAUNCHERS``) plans and starts; ``launch.execute`` supervises and
-reports. The plain forms are parsed without click by ``fluidctl.fastargs.TRAIN`` (a fifth of
-the launcher's start-up is click); tests/test_fastargs.py fails until an option added here is
-added there too.
+reports. The options every backend shares (--nodes, --job-name: each backend gives them its
+meaning), each backend's own (declared in its package, ``fluidctl/backends/<name>/options.py``)
+and --hang-timeout are declared once, as fastargs Options. The plain forms are parsed without
+click by ``fluidctl.fastargs.TRAIN`` (a fifth of the launcher's start-up is click);
+tests/test_fastargs.py fails until an option added here is added there too.
 """
 from __future__ import annotations
 
 import click
 
-from fluidctl import backends, envs
+from fluidctl import backends, fastargs
+from fluidctl.commands import fastoptions
 from fluidctl.commands.numbers import Number, seconds
-from fluidctl.commands.k8s_options import k8s_options
-from fluidctl.commands.slurm_options import slurm_options
 from fluidctl.paths import DEFAULT_LOG_DIR
-from fluidctl.planning.config import HANG_HINT, HANG_TIMEOUT_MAX, TEE_CHOICES
-
-HANG_TIMEOUT = Number(float, 0, HANG_TIMEOUT_MAX, HANG_HINT, above=True, unit=" of seconds")
+from fluidctl.planning.config import TEE_CHOICES
 
 CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"],
            "max_content_width": 100}
@@ -83,8 +82,7 @@ def _non_negative(name: str):
                    "with hosts), fabric, mpi (mpirun + fluidctl worker), slurm (one srun step "
                    "in an allocation, else sbatch: docs/slurm.md), or k8s (a Kubernetes job: "
                    "docs/kubernetes.md), e.g. --backend mpi.")
-@slurm_options
-@k8s_options
+@fastoptions.options(fastargs.SHARED + fastargs.backend_options(backends.every()))
 @click.option("--ssh-config", type=str, default=None,
               help="ssh config file to read instead of ~/.ssh/config, e.g. --ssh-config ./ssh.cfg.")
 @click.option("--accept-new-host-keys", is_flag=True,
@@ -144,12 +142,7 @@ def _non_negative(name: str):
 @click.option("--tee-ranks", metavar="RANKS", default=None,
               help="Echo only these global trainer ranks, prefixed, e.g. --tee-ranks 0,3 "
                    "(instead of --tee).")
-@click.option("--hang-timeout", type=HANG_TIMEOUT, default=None, envvar=envs.HANG_TIMEOUT,
-              show_envvar=True,
-              help="Seconds without any log output and any completed collective after which "
-                   "the job counts as hung: every rank's Python stack is dumped to "
-                   "LOG_DIR/hang-<time>/, ranks grouped by stack are printed, and the job "
-                   "stops with exit code 124, e.g. --hang-timeout 600. Default: off.")
+@fastoptions.option(fastargs.hang_timeout_option())
 @click.option("--log-tail", type=int, default=20, show_default=True,
               callback=_non_negative("--log-tail"),
               help="Lines of the failing rank's log shown in the failure report.")

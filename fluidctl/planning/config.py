@@ -11,21 +11,16 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 from fluidctl import envs
 from fluidctl.errors import UsageError, check_range
 from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
 from fluidctl.planning import options as opts
-from fluidctl.planning.elastic import NodeRange
 from fluidctl.planning.hosts import Host, load_hosts
 from fluidctl.planning.plan import JobSpec, Node
-from fluidctl.planning.k8s import K8sOptions
-from fluidctl.planning.slurm import SlurmOptions
 
 TEE_CHOICES = ("rank0", "all", "none")
-HANG_TIMEOUT_MAX = 30 * 86400       # --hang-timeout: above 0, up to 30 days
-HANG_HINT = "give seconds, e.g. --hang-timeout 600, or leave it out"
 
 
 @dataclass(frozen=True)
@@ -57,14 +52,13 @@ class LaunchConfig:
     grace_period: float = 5.0
     max_restarts: int = 0
     checkpoint_signal: str = "TERM"             # forwarded to the ranks on a checkpoint request
-    elastic: Optional[NodeRange] = None         # --nodes MIN:MAX (ssh, fabric); None: fixed
     tee: str = "rank0"
     tee_ranks: Optional[Tuple[int, ...]] = None     # --tee-ranks: echo these trainers only
     hang_timeout: Optional[float] = None            # --hang-timeout seconds (None: off)
     log_tail: int = 20
-    slurm: SlurmOptions = SlurmOptions()        # --backend slurm's own options
-    k8s: K8sOptions = K8sOptions()              # --backend k8s's own options
-    mpirun_args: Tuple[str, ...] = ()           # --mpirun-arg: passed to mpirun as they are
+    # the backend's own options and its meaning of --nodes, parsed by it (its package's
+    # options.py ``configure``): SlurmOptions, K8sOptions, a HostNodes ...; None: none given
+    backend_options: Any = None
     include_bad: bool = False                   # --include-bad: use nodes in the bad-node ledger
 
     @property
@@ -102,8 +96,7 @@ class LaunchConfig:
                      checkpoint_every: Optional[int] = None, mode: str = "collective",
                      pservers: Optional[int] = None, grace_period: float = 5.0,
                      log_dir: str = DEFAULT_LOG_DIR, tee_ranks: Optional[str] = None,
-                     hang_timeout: Optional[float] = None, mpirun_args: Iterable[str] = (),
-                     **settings) -> "LaunchConfig":
+                     hang_timeout: Optional[float] = None, **settings) -> "LaunchConfig":
         """Check the options of ``fluidctl train`` (a UsageError for the first mistake, before
         anything is started or written) and freeze them; ``settings`` are taken as they are."""
         check_range("--grace-period", grace_period, 0, 86400, "e.g. --grace-period 10",
@@ -126,23 +119,12 @@ class LaunchConfig:
         if pservers and pserver_endpoints:
             raise UsageError("--pservers and --pserver-endpoints both given",
                              "start pservers here (--pservers N) or use running ones, not both")
-        backend = backend or ("ssh" if hostfile or hosts_arg else "local")
-        if hang_timeout is not None:
-            check_range("--hang-timeout", hang_timeout, 0, HANG_TIMEOUT_MAX, HANG_HINT,
-                             above=True, unit=" of seconds")
+        backend = backend or default_backend(hostfile, hosts_arg)
         ranks = parse_ranks(tee_ranks)
         if ranks is not None and settings.get("tee", "rank0") != "rank0":
             raise UsageError(f"--tee {settings['tee']} and --tee-ranks both given",
                              "--tee-ranks echoes only the ranks it names, instead of --tee: "
                              "give one of them")
-        if backend == "mpi" and ranks is not None:
-            raise UsageError("--tee-ranks needs fluidctl's own supervision of every rank "
-                             "(mpirun forwards the remote ranks' output as one stream)",
-                             "use --tee all, or --backend local, ssh, fabric or slurm")
-        mpirun_args = tuple(mpirun_args or ())
-        if mpirun_args and backend != "mpi":
-            raise UsageError(f"--mpirun-arg {mpirun_args[0]} is for --backend mpi",
-                             "add --backend mpi, or drop --mpirun-arg")
         endpoints = split_endpoints(pserver_endpoints)
         token = job_token(token_file)
         hosts = tuple(load_hosts(hostfile, hosts_arg)) if hostfile or hosts_arg else ()
@@ -153,14 +135,18 @@ class LaunchConfig:
                                 if h.strip()),
             pserver_args=tuple(pserver_args(checkpoint_dir, checkpoint_every)),
             token=token, user_env=MappingProxyType(user_env), grace_period=grace_period,
-            log_dir=log_dir, tee_ranks=ranks, hang_timeout=hang_timeout,
-            mpirun_args=mpirun_args, **settings)
+            log_dir=log_dir, tee_ranks=ranks, hang_timeout=hang_timeout, **settings)
 
     def check_tee_ranks(self, trainers: int) -> None:
         """--tee-ranks names ranks the planned job has."""
         if self.tee_ranks and self.tee_ranks[-1] >= trainers:
             raise UsageError(f"--tee-ranks names rank {self.tee_ranks[-1]}, but the job has "
                              f"{trainers} trainer(s)", f"choose ranks 0..{trainers - 1}")
+
+
+def default_backend(hostfile: Optional[str], hosts_arg: Optional[str]) -> str:
+    """--backend unless given: ssh with hosts, else local."""
+    return "ssh" if hostfile or hosts_arg else "local"
 
 
 def checkpoint_signal(name: Optional[str]) -> str:

@@ -1,6 +1,7 @@
-"""A backend is one module with a Launcher and one line in fluidctl.backends.LAUNCHERS: a
-launcher defined here, registered by that one line, plans through launch.execute like the
-built-in ones (and each built-in one is a Launcher)."""
+"""A backend is one package with a Backend (its Launcher, options, job verbs) and one line in
+fluidctl.backends.BUILTIN (or an entry point of the fluidctl.backends group: tests/unit/
+test_backend_entry_point.py): a launcher defined here, registered by that one line, plans
+through launch.execute like the built-in ones (and each built-in one is a Launcher)."""
 import json
 
 from fluidctl import backends
@@ -25,7 +26,7 @@ class OneNodeLauncher(BaseLauncher):
 
 
 def test_a_registered_launcher_plans_like_the_others(monkeypatch, capsys):
-    monkeypatch.setitem(backends.LAUNCHERS, "one-node", f"{__name__}:OneNodeLauncher")
+    monkeypatch.setitem(backends.BUILTIN, "one-node", f"{__name__}:OneNodeLauncher")
     config = LaunchConfig(script="train.py", backend="one-node", nproc=2, token="t")
     assert launch(config, dry_run=True, as_json=True) == 0
     plan = json.loads(capsys.readouterr().out)

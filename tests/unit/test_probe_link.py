@@ -5,7 +5,7 @@ import socket
 import threading
 from types import SimpleNamespace
 
-from fluidctl.backends import ssh
+from fluidctl.backends.ssh import launcher as ssh
 
 
 def agent_for(port, **target):

@@ -1,11 +1,11 @@
 """``fluidctl job list|status|logs|cancel`` for the Kubernetes jobs fluidctl submitted
-(``KIND/NAME``, e.g. ``pytorchjob/bert``), through the API (``fluidctl.k8s.api``)."""
+(``KIND/NAME``, e.g. ``pytorchjob/bert``), through the API (``fluidctl.backends.k8s.api``)."""
 from __future__ import annotations
 
 import json
 import sys
 
-from fluidctl.k8s import api
+from fluidctl.backends.k8s import api
 
 FAILED = ("Failed",)
 

@@ -2,7 +2,7 @@
 this machine (records under ``fluidctl.paths.jobs_dir()``).
 
 Works without Slurm's accounting database (sacct): state comes from squeue, scontrol show job
-and the exit-code file the batch script leaves (``fluidctl.backends.slurmctl``).
+and the exit-code file the batch script leaves (``fluidctl.backends.slurm.slurmctl``).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import sys
 import time
 
-from fluidctl.backends import slurmctl
+from fluidctl.backends.slurm import slurmctl
 from fluidctl.errors import UsageError
 from fluidctl.launch import requests
 
@@ -100,7 +100,7 @@ def _why(record: slurmctl.JobRecord, st: slurmctl.JobState) -> str:
     of its follower said), from the logs the job left."""
     if not st.failed or st.state == "CANCELLED":
         return ""
-    from fluidctl.backends.slurm import submitted_failure
+    from fluidctl.backends.slurm.launcher import submitted_failure
     failure = submitted_failure(record, st.state, st.exit_code)
     if failure.label.startswith("slurm job"):
         return failure.explanation or failure.detail

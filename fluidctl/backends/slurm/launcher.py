@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from fluidctl import envs
-from fluidctl.backends import slurmctl
+from fluidctl.backends.slurm import slurmctl
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.procs import lifeline
 from fluidctl.procs.local import LocalProcess
 from fluidctl.errors import UsageError
 from fluidctl.diagnostics.failures import Failure, FailureKind, describe_exit
 from fluidctl.paths import LogLayout
-from fluidctl.planning import slurm as slurmplan
+from fluidctl.backends.slurm import plan as slurmplan
 
 STEP_PREFIX = "fluidctl"
 
@@ -363,6 +363,11 @@ def _hang_detail(layout: LogLayout) -> str:
 
 
 # --- the launcher ---------------------------------------------------------------------------
+def slurm_options(config) -> "slurmplan.SlurmOptions":
+    """``--backend slurm``'s parsed options (its options.py ``configure``), or none given."""
+    return config.backend_options or slurmplan.SlurmOptions()
+
+
 class SlurmLauncher(BaseLauncher):
     """``--backend slurm``: one srun step inside an allocation, else sbatch + follow."""
     name = "slurm"
@@ -394,7 +399,7 @@ class SlurmLauncher(BaseLauncher):
 
     def prepare(self, config):
         self.config = config
-        options = config.slurm
+        options = slurm_options(config)
         if config.hosts or config.pserver_endpoints:
             raise UsageError("--backend slurm takes its nodes from Slurm",
                              "drop --hostfile/--hosts/--pserver-endpoints; use --nodes")
@@ -444,7 +449,7 @@ class SlurmLauncher(BaseLauncher):
                                     eps, commands)
 
     def _steps(self, nodes, per_node, pservers, eps, rank_argv, pserver_argv) -> List[dict]:
-        extra = self.config.slurm.slurm_args
+        extra = slurm_options(self.config).slurm_args
         subset = nodes if len(nodes) < len(self.alloc.nodes) else ()
         steps = []
         trainer_env = {}
@@ -515,10 +520,10 @@ class SlurmLauncher(BaseLauncher):
                   f"{self.spec.ntasks_per_node}); script {record.script}, logs {record.log_dir}"
             print(f"fluidctl: {say}", file=sys.stderr, flush=True)
             self.log(say)
-            if self.config.slurm.detach:
+            if slurm_options(self.config).detach:
                 print(f"fluidctl: {slurmctl.how_to_follow(record.job_id)}", file=sys.stderr,
                       flush=True)
-            return [SubmittedJob(record, detached=self.config.slurm.detach)]
+            return [SubmittedJob(record, detached=slurm_options(self.config).detach)]
         if attempt:
             self._leave_out_failed_node(layout)
         handles = []
@@ -564,7 +569,7 @@ class SlurmLauncher(BaseLauncher):
                 nodes=need, ntasks_per_node=trainer["per_node"], name=trainer["name"],
                 command=trainer["command"], nodelist=self.nodes,
                 extra=[f"--exclude={','.join(sorted(self.failed))}",
-                       *self.config.slurm.slurm_args])
+                       *slurm_options(self.config).slurm_args])
             say = (f"{node} failed (task {task}): running the step again on "
                    f"{','.join(self.nodes)} (srun --exclude={','.join(sorted(self.failed))}); "
                    f"{node} is in the bad-node ledger")

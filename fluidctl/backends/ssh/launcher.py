@@ -38,6 +38,7 @@ from fluidctl.diagnostics.watch import Diagnostics, StackDump, local_activity
 from fluidctl.errors import UsageError, node_failures
 from fluidctl.diagnostics.failures import Failure, FailureKind
 from fluidctl.planning import plan as planner
+from fluidctl.planning.elastic import HostNodes
 from fluidctl.planning.hosts import Host
 from fluidctl.planning.plan import LaunchCommand, Plan, ProcSpec
 
@@ -484,7 +485,7 @@ class SSHLauncher(BaseLauncher):
         resolved, targets = resolve_hosts(list(config.hosts), config.ssh_config,
                                           config.accept_new_host_keys)
         self.hosts = resolved
-        if config.elastic is not None:
+        if HostNodes.of(config).elastic is not None:
             self.members = ElasticMembers(self, resolved, targets)
             self.hosts = self.members.first_world()
         wanted = self._ports_wanted(self.hosts)
@@ -552,7 +553,7 @@ class SSHLauncher(BaseLauncher):
         """Each node's processes get NCCL_SOCKET_IFNAME (``=name``, exact) and
         GLOO_SOCKET_IFNAME set to the interface that node is reached on, unless the user set
         either (backends/doctor.py)."""
-        from fluidctl.backends import doctor
+        from fluidctl.backends.ssh import doctor
         if any(name in config.user_env for name in doctor.IFNAME_VARS):
             return
         names = doctor.node_ifnames([n.address for n in plan.job.nodes],
@@ -571,7 +572,7 @@ class SSHLauncher(BaseLauncher):
         """Ports free on every node, the master reachable from every node, MASTER_ADDR on
         node 0: one line per problem, and nothing starts."""
         import click
-        from fluidctl.backends import doctor
+        from fluidctl.backends.ssh import doctor
         problems = doctor.examine(plan, self.hosts, self.agents, self.config.ssh_timeout)
         if problems:
             for line in problems:
@@ -649,7 +650,7 @@ class ElasticMembers:
     def __init__(self, launcher: "SSHLauncher", pool: Sequence[Host], targets):
         self.launcher, self.pool, self.targets = launcher, list(pool), targets
         self.by_name = {h.name: h for h in pool}
-        self.range = launcher.config.elastic
+        self.range = HostNodes.of(launcher.config).elastic
         self.lost: Dict[str, str] = {}          # host -> why, in this job
         self.standby: Dict[str, RemoteAgent] = {}   # started, probed, waiting for a plan
         self._beats: Optional[threading.Event] = None

@@ -1,0 +1,13 @@
+"""``--backend local``'s meaning of the shared ``--nodes``: the job runs on this machine, so a
+count above 1 is a mistake said in one line (planning/elastic.py ``host_nodes``)."""
+from __future__ import annotations
+
+import dataclasses
+
+OPTIONS = ()
+
+
+def configure(config, values: dict):
+    from fluidctl.planning.elastic import host_nodes
+    nodes = host_nodes(values.pop("nodes", None), config.backend, len(config.hosts), config.mode)
+    return dataclasses.replace(config, backend_options=nodes)

@@ -1,0 +1,6 @@
+"""``--backend mpi``: one ``mpirun`` that starts ``fluidctl worker`` on every slot."""
+from fluidctl.backends import Backend
+
+BACKEND = Backend("mpi", "fluidctl.backends.mpi.launcher:MPILauncher",
+                  options="fluidctl.backends.mpi.options",
+                  hostfile=True)
