@@ -1,5 +1,5 @@
 """The node agent: the per-node supervisor that the SSH and Fabric backends
-(``fluidctl.backends.ssh.launcher``, which also holds the line protocol) start on each remote
+(``fluidctl.backends.ssh``; the line protocol is ``fluidctl.agentproto``) start on each remote
 node as ``python -m fluidctl.node.agent --ports N`` (users never type it; no click, so it
 starts fast).
 

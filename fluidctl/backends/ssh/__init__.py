@@ -5,6 +5,6 @@ from fluidctl.backends import Backend
 BACKEND = Backend("ssh", "fluidctl.backends.ssh.launcher:SSHLauncher",
                   options="fluidctl.backends.ssh.options",
                   hostfile=True)
-FABRIC = Backend("fabric", "fluidctl.backends.ssh.launcher:FabricLauncher",
+FABRIC = Backend("fabric", "fluidctl.backends.ssh.fabric:FabricLauncher",
                  options="fluidctl.backends.ssh.options",
                  hostfile=True)

@@ -1,0 +1,176 @@
+"""An elastic job's membership over SSH (``--nodes MIN:MAX``): heartbeats both ways, lost
+nodes in the ledger, standby agents on spares, the next world planned
+(``fluidctl.planning.elastic`` decides who)."""
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Optional, Sequence
+
+# the conversation with a node agent (one tagged line each way): fluidctl/agentproto.py, which
+# is all of this side the agent imports
+from fluidctl.agentproto import BEAT_EVERY
+from fluidctl.errors import UsageError
+from fluidctl.planning.elastic import HostNodes
+from fluidctl.planning.hosts import Host
+from fluidctl.planning.plan import Plan
+from fluidctl.backends.ssh.agent import RemoteAgent, start_agents
+
+
+class ElasticMembers:
+    """An elastic job's membership (``--nodes MIN:MAX``; planning/elastic.py decides who).
+    The launcher is the coordinator: every node beats to it and it beats to every node; when
+    a node is lost (no heartbeat, connection gone, agent killed, ranks killed) the supervisor
+    stops the survivors and ``regroup`` records the lost nodes in the ledger of bad nodes,
+    starts agents on the survivors plus spares (the hostfile's other nodes, ledgered ones
+    left out; a node that fails now is lost too) and plans the new world, whose MASTER_ADDR
+    is its first node's."""
+
+    def __init__(self, launcher: "SSHLauncher", pool: Sequence[Host], targets):
+        self.launcher, self.pool, self.targets = launcher, list(pool), targets
+        self.by_name = {h.name: h for h in pool}
+        self.range = HostNodes.of(launcher.config).elastic
+        self.lost: Dict[str, str] = {}          # host -> why, in this job
+        self.standby: Dict[str, RemoteAgent] = {}   # started, probed, waiting for a plan
+        self._beats: Optional[threading.Event] = None
+        self._agents: Dict[int, RemoteAgent] = {}   # every agent started: each gets beats
+        self.beat()                     # the agents watch for beats from their start
+
+    def _excluded(self) -> Dict[str, object]:
+        from fluidctl.cluster.ledger import excluded
+        return excluded([h.name for h in self.pool])
+
+    def _say(self, line: str) -> None:
+        import sys
+        self.launcher.log(line)
+        print(f"fluidctl: {line}", file=sys.stderr, flush=True)
+
+    def first_world(self) -> List[Host]:
+        from fluidctl.planning.elastic import next_world
+        barred = self._excluded()
+        for host, entry in barred.items():
+            self._say(f"node {host} left out: in the ledger of bad nodes ({entry.why}: "
+                      f"{entry.detail})")
+        names = next_world([], list(self.by_name), (), barred, self.range)
+        if len(names) < self.range.low:
+            raise UsageError(f"--nodes {self.range}: only {len(names)} of the "
+                             f"{len(self.pool)} node(s) named are not in the ledger of bad "
+                             "nodes", "'fluidctl cluster ledger list' says why; 'fluidctl "
+                             "cluster ledger clear HOST' lets a node back in")
+        return [self.by_name[n] for n in names]
+
+    def _drop(self, host: str, why: str) -> None:
+        from fluidctl.cluster.ledger import LOST, record
+        self.lost[host] = why
+        record(host, LOST, why, job=str(self.launcher.config.layout.root))
+        standby = self.standby.pop(host, None)
+        if standby is not None:
+            standby.abandon()
+        node = self.launcher.connected.pop(host, None)
+        if node is not None:
+            node.close()
+        self._say(f"node {host} lost: {why} (recorded in the ledger of bad nodes)")
+
+    def _start(self, hosts: Sequence[Host]):
+        config, launcher = self.launcher.config, self.launcher
+        found = start_agents(hosts, self.targets, backend=launcher.name,
+                             python=config.interpreter, remote_dir=launcher.remote_dir,
+                             timeout=config.ssh_timeout,
+                             ports_wanted=launcher._ports_wanted(hosts),
+                             launch_log=launcher.log, nodes=dict(launcher.connected),
+                             venv=config.node_venv, beat=BEAT_EVERY, on_agent=self.track)
+        launcher.connected.update(found[0])
+        return found
+
+    def warm(self) -> None:
+        """Start standby agents, in the background, on every node that may be in the next
+        world (the running ones and the spares): a restart then only hands out plans (an
+        agent's start is a Python start-up on the node, a second or two). Each is probed now
+        (its free ports too), beats like the others and ends when the launcher does."""
+        from fluidctl.remote.ssh import parallel
+        barred = self._excluded()
+        hosts = [h for h in self.pool if h.name not in self.lost and h.name not in barred
+                 and h.name not in self.standby]
+
+        def one(host):
+            _, agents, failures = self._start([host])
+            if failures:
+                return
+            if self._beats.is_set():        # the job ended meanwhile
+                agents[0].abandon()
+            else:
+                self.standby.setdefault(host.name, agents[0])
+        if hosts:
+            threading.Thread(target=parallel, args=(hosts, one), daemon=True,
+                             name="standby-agents").start()
+
+    def _usable(self, name: str) -> bool:
+        agent = self.standby.get(name)
+        if agent is None:
+            return False
+        if agent.probe is not None and not agent.channel.closed \
+                and not agent.channel.exit_status_ready() and not agent._lost:
+            return True
+        self.standby.pop(name).abandon()
+        return False
+
+    def regroup(self, attempt: int) -> Plan:
+        from fluidctl.errors import FluidctlError
+        from fluidctl.planning.elastic import next_world
+        launcher = self.launcher
+        for agent in getattr(launcher, "running", []):
+            why = agent.lost_reason()
+            if why and agent.host not in self.lost:
+                self._drop(agent.host, why)
+        while True:
+            names = next_world([h.name for h in launcher.hosts], list(self.by_name), self.lost,
+                               self._excluded(), self.range)
+            if len(names) < self.range.low:
+                raise FluidctlError(
+                    f"elastic job stopped: {len(names)} node(s) left, fewer than MIN "
+                    f"{self.range.low} (lost: {', '.join(self.lost) or 'none'})",
+                    "add nodes to the hostfile, or lower MIN", exit_code=1)
+            hosts = [self.by_name[n] for n in names]
+            # a node whose standby agent is not ready yet gets a fresh one now (waiting for
+            # the standby could mean waiting out a spare that froze)
+            fresh = [h for h in hosts if not self._usable(h.name)]
+            if fresh:
+                _, agents, failures = self._start(fresh)
+                for name, why in failures:          # lost during the restart itself
+                    self._drop(name, f"could not start its agent for restart {attempt}: {why}")
+                if failures:
+                    continue
+                self.standby.update((h.name, a) for h, a in zip(fresh, agents))
+            agents = [self.standby.pop(h.name) for h in hosts]
+            break
+        launcher.hosts, launcher.agents = hosts, agents
+        plan = launcher._plan(hosts, agents, launcher._ports_wanted(hosts))
+        self._say(f"restart {attempt}: new world of {len(plan.trainers)} trainer(s) on "
+                  f"{', '.join(h.name for h in hosts)}, MASTER_ADDR {plan.master}")
+        return plan
+
+    def beat(self) -> None:
+        """Start the launcher's heartbeats to the running agents (once)."""
+        if self._beats is not None:
+            return
+        stop = self._beats = threading.Event()
+
+        def beats():
+            while not stop.wait(BEAT_EVERY):
+                for key, agent in list(self._agents.items()):
+                    if agent.channel.closed:
+                        self._agents.pop(key, None)
+                    else:
+                        agent.beat()
+        threading.Thread(target=beats, daemon=True, name="launcher-beats").start()
+
+    def track(self, agent: RemoteAgent) -> None:
+        """Beat to ``agent`` from its start on (it stops its node's work without beats)."""
+        self._agents[id(agent)] = agent
+
+    def stop(self) -> None:
+        """Stop beating; let every standby agent go."""
+        if self._beats is not None:
+            self._beats.set()
+        for agent in list(self.standby.values()):
+            agent.abandon()
+        self.standby.clear()
