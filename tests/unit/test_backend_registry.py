@@ -39,6 +39,17 @@ def test_every_registered_backend_is_a_launcher():
     for name in backends.names():
         launcher = backends.launcher(name)
         assert launcher.name == name
-        for method in ("prepare", "start", "logs", "echo_sources", "close"):
+        for method in ("prepare", "start", "submit", "describe", "logs", "echo_sources",
+                       "diagnostics", "close"):
             assert callable(getattr(launcher, method))
+        assert isinstance(launcher.dry_run_table, bool) and isinstance(launcher.submits, bool)
+        assert launcher.request_at is None          # known after prepare, if ever
         launcher.close()
+
+
+def test_launch_asks_the_protocol_and_probes_nothing():
+    """launch/execute.py reads the Launcher protocol's attributes; it never probes a launcher
+    with getattr (a half-written backend fails in its own tests, not at a user's launch)."""
+    import inspect
+    from fluidctl.launch import execute
+    assert "getattr(launcher" not in inspect.getsource(execute)

@@ -506,7 +506,7 @@ class SlurmLauncher(BaseLauncher):
                                                          world=self.world)
         return self._diagnostics
 
-    def describe(self, plan) -> str:
+    def describe(self, plan, show_secrets: bool = False) -> str:
         """--dry-run shows the batch script it would submit."""
         return slurmctl.sbatch_script(self.spec) if self.spec is not None else ""
 
