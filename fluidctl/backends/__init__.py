@@ -61,8 +61,11 @@ class Backend:
     def __repr__(self) -> str:
         return f"Backend({self.name!r})"
 
+    def launcher_class(self):
+        return _load(self.launcher)
+
     def make_launcher(self, log: Optional[Callable[[str], None]] = None):
-        return _load(self.launcher)(log)
+        return self.launcher_class()(log)
 
     def declared(self) -> tuple:
         """Its own options (fastargs.Option), as ``fluidctl train`` shows and parses them."""

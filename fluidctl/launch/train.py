@@ -47,9 +47,6 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
     the chosen backend parses (``Backend.configure``)."""
     if as_json and not dry_run:
         raise UsageError("--json only works with --dry-run", "add --dry-run")
-    if show_secrets and not (as_json or dry_run and options.get("backend") == "k8s"):
-        raise UsageError("--show-secrets only works with --dry-run --json (it unmasks the job "
-                         "token in the printed plan)", "add --dry-run --json, or drop it")
     from fluidctl import backends, envs
     envs.check_knobs(os.environ)              # the ranks inherit them: refuse bad ones here
     if options.pop("node_rank", None) is not None:
@@ -60,6 +57,9 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
     options["backend"] = options.get("backend") or default_backend(options.get("hostfile"),
                                                                    options.get("hosts_arg"))
     backend = backends.backend(options["backend"])
+    if show_secrets and not (as_json or dry_run and not backend.launcher_class().dry_run_table):
+        raise UsageError("--show-secrets only works with --dry-run --json (it unmasks the job "
+                         "token in the printed plan)", "add --dry-run --json, or drop it")
     values = backend_values(options, backend)
     config = LaunchConfig.from_options(**options)
     given = {**values, "health_gate": health_gate}

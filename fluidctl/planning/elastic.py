@@ -54,8 +54,7 @@ class HostNodes:
         return options if isinstance(options, HostNodes) else cls()
 
 
-def host_nodes(text, backend: str, hosts: int, mode: str = "collective",
-               elastic: bool = False) -> HostNodes:
+def host_nodes(text, hosts: int, mode: str = "collective", elastic: bool = False) -> HostNodes:
     """--nodes as given (None: absent) for a backend whose nodes are the ``hosts`` lines of
     --hostfile/--hosts; ``elastic``: it runs elastic jobs (ssh, fabric)."""
     if text is None:
@@ -65,7 +64,7 @@ def host_nodes(text, backend: str, hosts: int, mode: str = "collective",
         if not elastic:
             raise UsageError(f"--nodes {nodes} (an elastic job) needs --backend ssh or fabric",
                              "add --backend ssh, or give a fixed --nodes N")
-        check_hosts(nodes, backend, hosts, mode)
+        check_hosts(nodes, hosts, mode)
         return HostNodes(elastic=nodes)
     if not hosts and nodes > 1:
         raise UsageError(f"--nodes {nodes}, but without --hostfile or --hosts the job runs on "
@@ -89,12 +88,8 @@ def node_count(text, backend: str, what: str = "a count") -> Optional[int]:
     return nodes
 
 
-def check_hosts(nodes: NodeRange, backend: str, hosts: int, mode: str = "collective") -> None:
-    """An elastic job runs collective ranks over SSH (or Fabric) on a hostfile that holds at
-    least MIN nodes."""
-    if backend not in ("ssh", "fabric"):
-        raise UsageError(f"--nodes {nodes} (an elastic job) needs --backend ssh or fabric",
-                         "add --backend ssh, or give a fixed --nodes N")
+def check_hosts(nodes: NodeRange, hosts: int, mode: str = "collective") -> None:
+    """An elastic job runs collective ranks on a hostfile that holds at least MIN nodes."""
     if mode != "collective":
         raise UsageError(f"--nodes {nodes} (an elastic job) needs --mode collective",
                          "drop --mode pserver, or give a fixed --nodes N")

@@ -9,5 +9,5 @@ OPTIONS = ()
 
 def configure(config, values: dict):
     from fluidctl.planning.elastic import host_nodes
-    nodes = host_nodes(values.pop("nodes", None), config.backend, len(config.hosts), config.mode)
+    nodes = host_nodes(values.pop("nodes", None), len(config.hosts), config.mode)
     return dataclasses.replace(config, backend_options=nodes)

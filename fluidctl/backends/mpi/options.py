@@ -24,7 +24,7 @@ class MpiOptions(HostNodes):
 
 
 def configure(config, values: dict):
-    nodes = host_nodes(values.pop("nodes", None), config.backend, len(config.hosts), config.mode)
+    nodes = host_nodes(values.pop("nodes", None), len(config.hosts), config.mode)
     if config.tee_ranks is not None:
         raise UsageError("--tee-ranks needs fluidctl's own supervision of every rank "
                          "(mpirun forwards the remote ranks' output as one stream)",

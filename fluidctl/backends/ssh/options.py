@@ -10,6 +10,6 @@ OPTIONS = ()
 
 def configure(config, values: dict):
     from fluidctl.planning.elastic import host_nodes
-    nodes = host_nodes(values.pop("nodes", None), config.backend, len(config.hosts),
+    nodes = host_nodes(values.pop("nodes", None), len(config.hosts),
                        config.mode, elastic=True)
     return dataclasses.replace(config, backend_options=nodes)
