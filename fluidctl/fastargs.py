@@ -31,11 +31,12 @@ class Refused(Exception):
 
 class Type:
     """A value's converter here (raising Refused where click might refuse it) and the click
-    type that stands for it, made on demand by ``click_type(click)``: click is not imported
-    here."""
+    type that stands for it, made on demand by ``click_type(click)`` (and, where click checks
+    the value in a callback, ``click_callback(click)``): click is not imported here."""
 
-    def __init__(self, convert, click_type=None):
+    def __init__(self, convert, click_type=None, click_callback=None):
         self.convert, self._click_type = convert, click_type
+        self._click_callback = click_callback
 
     def __call__(self, value: str):
         return self.convert(value)
@@ -43,6 +44,10 @@ class Type:
     def click_type(self, click):
         """The click type (None: click's default, a string)."""
         return self._click_type(click) if self._click_type else None
+
+    def click_callback(self, click):
+        """The click callback that checks the value (None: none)."""
+        return self._click_callback(click) if self._click_callback else None
 
 
 def _text(value: str) -> str:
@@ -107,6 +112,38 @@ def int_at_least(low: int, high: int = None) -> Type:
     return Type(convert, lambda click: click.IntRange(min=low, max=high))
 
 
+def count_at_least(low: int, flag: str) -> Type:
+    """click's INT checked by a callback: below ``low`` is "Invalid value for 'FLAG': must be
+    >= LOW, got N"."""
+    def convert(value: str) -> int:
+        number = _integer(value)
+        if number < low:
+            raise Refused(value)
+        return number
+
+    def click_callback(click):
+        def check(ctx, param, value):
+            if value is not None and value < low:
+                raise click.BadParameter(f"must be >= {low}, got {value}", param_hint=flag)
+            return value
+        return check
+    return Type(convert, lambda click: int, click_callback)
+
+
+def int_between(low: int, high: int, hint: str) -> Type:
+    """commands.numbers.Number(int, low, high, hint): out of range is click's one line."""
+    def convert(value: str) -> int:
+        number = _integer(value)
+        if not low <= number <= high:
+            raise Refused(value)
+        return number
+
+    def click_type(click):
+        from fluidctl.commands.numbers import Number
+        return Number(int, low, high, hint)
+    return Type(convert, click_type)
+
+
 def _number(value: str) -> float:
     """click's FLOAT (leading '-' left to click)."""
     try:
@@ -151,17 +188,19 @@ class Option:
     """One option: its names, destination, kind (FLAG, VALUE or MULTI: repeatable, a tuple),
     value type, default, help, and how click shows it (metavar, show_default). A FLAG sets
     ``flag_value`` (``--sync/--async``: two options, one destination); ``envvar`` is read, as
-    click reads it, when the option is absent (``show_envvar``: --help names it)."""
+    click reads it, when the option is absent (``show_envvar``: --help names it); a
+    ``hidden`` one is parsed and not shown."""
     __slots__ = ("names", "dest", "kind", "type", "default", "help", "metavar", "show_default",
-                 "flag_value", "envvar", "show_envvar")
+                 "flag_value", "envvar", "show_envvar", "hidden")
 
     def __init__(self, names, dest, kind=VALUE, type=TEXT, default=None, help="",
                  metavar=None, show_default=False, flag_value=True, envvar=None,
-                 show_envvar=False):
+                 show_envvar=False, hidden=False):
         self.names, self.dest, self.kind, self.type = tuple(names), dest, kind, type
         self.default = (default or False if kind == FLAG else () if kind == MULTI else default)
         self.help, self.metavar, self.show_default = help, metavar, show_default
         self.flag_value, self.envvar, self.show_envvar = flag_value, envvar, show_envvar
+        self.hidden = hidden
 
 
 class Argument:
@@ -346,121 +385,11 @@ SHARD_DATA = Command("fluidctl.sharding.run:run", (
 
 
 
-def _backend_name(value: str) -> str:
-    """--backend: a built-in name here; any other (a site's, from an entry point) goes to
-    click, whose Choice reads the installed ones (importlib.metadata stays off this path)."""
-    from fluidctl import backends
-    if value not in backends.BUILTIN:
-        raise Refused(value)
-    return value
-
-
-def _backend_choices():
-    from fluidctl import backends
-    return backends.names()
-
-
-BACKEND = Type(_backend_name, lambda click: click.Choice(_backend_choices()))
-
-
-def _tee_choices():
-    from fluidctl.planning.config import TEE_CHOICES
-    return TEE_CHOICES
-
-
-# the options several backends share, each giving them its own meaning (its ``configure``)
-NODES = Option(["--nodes", "--nnodes"], "nodes", metavar="N|MIN:MAX",
-               help="slurm: nodes to run on (default inside an allocation: all of its nodes; "
-                    "required to submit from a login node), e.g. --nodes 2. Without "
-                    "slurm, the nodes are --hostfile's; --nodes N then runs on the "
-                    "first N of them that are not in the bad-node ledger (the rest are "
-                    "spares), and a range makes an elastic job (ssh, fabric): it runs on at "
-                    "most MAX of them, the others are spares, and it goes on while MIN are "
-                    "left, e.g. --nodes 2:4 --max-restarts 3.")
-JOB_NAME = Option(["--job-name"], "job_name",
-                  help="slurm: the job's name (default: the script's name), e.g. --job-name "
-                       "bert.")
-SHARED = (NODES, JOB_NAME)
-
-HANG_TIMEOUT_MAX = 30 * 86400       # --hang-timeout: above 0, up to 30 days
-
-
-def hang_timeout_option() -> Option:
-    """--hang-timeout, declared once: its type and range, its variable, its help."""
-    from fluidctl import envs
-    return Option(
-        ["--hang-timeout"], "hang_timeout", envvar=envs.HANG_TIMEOUT, show_envvar=True,
-        type=float_between(0, HANG_TIMEOUT_MAX, "--hang-timeout 600", above=True,
-                           hint="give seconds, e.g. --hang-timeout 600, or leave it out"),
-        help="Seconds without any log output and any completed collective after which "
-             "the job counts as hung: every rank's Python stack is dumped to "
-             "LOG_DIR/hang-<time>/, ranks grouped by stack are printed, and the job "
-             "stops with exit code 124, e.g. --hang-timeout 600. Default: off.")
-
-
-def backend_options(which=None) -> tuple:
-    """The backends' own options in registry order (``which``: the Backends to ask; default
-    the built-in ones, so a plain ``fluidctl train`` reads no entry points)."""
-    from fluidctl import backends
-    if which is None:
-        which = [backends.backend(name) for name in backends.BUILTIN]
-    seen, declared = set(), []
-    for one in which:
-        for option in one.declared():
-            if option.dest not in seen:         # ssh and fabric share a module
-                seen.add(option.dest)
-                declared.append(option)
-    return tuple(declared)
-
-
 def _train() -> Command:
-    """``fluidctl train``'s plain forms: how to parse them (their help is declared with the
-    click command, commands/train.py, and with each backend's own options); tests/
-    test_fastargs.py holds this table to the click command."""
-    return Command("fluidctl.launch.train:run", (
-        Option(["--nproc", "--nproc-per-node", "--nproc_per_node"], "nproc",
-               type=int_at_least(1)),
-        Option(["--gpus"], "gpus"),
-        Option(["--mode"], "mode", type=choice(("collective", "pserver")), default="collective"),
-        Option(["--pservers"], "pservers", type=int_at_least(1)),
-        Option(["--pserver-endpoints"], "pserver_endpoints"),
-        Option(["--token-file"], "token_file"),
-        Option(["--sync"], "sync", FLAG, default=True),
-        Option(["--async"], "sync", FLAG, default=True, flag_value=False),
-        Option(["--checkpoint-dir"], "checkpoint_dir", type=DIRECTORY),
-        Option(["--checkpoint-every"], "checkpoint_every", type=int_at_least(1)),
-        Option(["--hostfile"], "hostfile"),
-        Option(["--hosts"], "hosts_arg"),
-        Option(["--backend"], "backend", type=BACKEND),
-        *SHARED, *backend_options(),
-        Option(["--ssh-config"], "ssh_config"),
-        Option(["--accept-new-host-keys"], "accept_new_host_keys", FLAG),
-        Option(["--remote-dir"], "remote_dir"),
-        Option(["--python"], "python"),
-        Option(["--venv"], "venv", envvar="FLUIDCTL_VENV"),
-        Option(["--export"], "exports", MULTI),
-        Option(["--pserver-hosts"], "pserver_hosts"),
-        Option(["--include-bad"], "include_bad", FLAG),
-        Option(["--health-gate"], "health_gate", FLAG),
-        Option(["--ssh-timeout"], "ssh_timeout",
-               type=float_between(0.1, 86400, "--ssh-timeout 30"), default=SSH_TIMEOUT),
-        Option(["--started-port"], "started_port", type=int_at_least(1, 65535)),
-        Option(["--log-dir"], "log_dir", default="mylog"),
-        Option(["--env"], "env_pairs", MULTI),
-        Option(["--env-file"], "env_file"),
-        Option(["--grace-period"], "grace_period",
-               type=float_between(0, 86400, "--grace-period 10"), default=5.0),
-        Option(["--checkpoint-signal"], "checkpoint_signal", default="TERM"),
-        Option(["--max-restarts"], "max_restarts", type=int_at_least(0), default=0),
-        Option(["--tee"], "tee", type=choice(_tee_choices), default="rank0"),
-        Option(["--tee-ranks"], "tee_ranks"),
-        hang_timeout_option(),
-        Option(["--log-tail"], "log_tail", type=int_at_least(0), default=20),
-        Option(["--node-rank", "--node_rank"], "node_rank"),
-        Option(["--dry-run"], "dry_run", FLAG),
-        Option(["--json"], "as_json", FLAG),
-        Option(["--show-secrets"], "show_secrets", FLAG),
-    ), Argument("script", required=True), rest="script_args")
+    """``fluidctl train``'s table: declared in ``fluidctl.trainargs`` (help included), which
+    commands/train.py builds the click command from."""
+    from fluidctl import trainargs
+    return trainargs.table()
 
 
 class _Later:

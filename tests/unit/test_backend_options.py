@@ -46,5 +46,5 @@ def test_an_option_is_refused_by_the_backend_that_owns_its_meaning(tmp_path, cap
 
 
 def test_the_shared_options_are_the_ones_fastargs_declares():
-    from fluidctl import backends, fastargs
-    assert {o.dest: o.names[0] for o in fastargs.SHARED} == backends.SHARED
+    from fluidctl import backends, trainargs
+    assert {o.dest: o.names[0] for o in trainargs.SHARED} == backends.SHARED
