@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 from fluidctl import envs
-from fluidctl.errors import UsageError, check_range
+from fluidctl.errors import UsageError
 from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
 from fluidctl.planning import options as opts
 from fluidctl.planning.hosts import Host, load_hosts
@@ -98,14 +98,11 @@ class LaunchConfig:
                      log_dir: str = DEFAULT_LOG_DIR, tee_ranks: Optional[str] = None,
                      hang_timeout: Optional[float] = None, **settings) -> "LaunchConfig":
         """Check the options of ``fluidctl train`` (a UsageError for the first mistake, before
-        anything is started or written) and freeze them; ``settings`` are taken as they are."""
-        check_range("--grace-period", grace_period, 0, 86400, "e.g. --grace-period 10",
-                         unit=" of seconds")
+        anything is started or written) and freeze them; ``settings`` are taken as they are.
+        Each value's type and range were checked where it was parsed (fluidctl/trainargs.py,
+        the one declaration); what is checked here is what one option says about another."""
         if "checkpoint_signal" in settings:
             settings["checkpoint_signal"] = checkpoint_signal(settings["checkpoint_signal"])
-        if "ssh_timeout" in settings:
-            check_range("--ssh-timeout", settings["ssh_timeout"], 0.1, 86400,
-                             "e.g. --ssh-timeout 30", unit=" of seconds")
         script_path = opts.check_script(script)
         user_env = opts.read_env_file(env_file)
         user_env.update(opts.parse_env_pairs(env_pairs))
