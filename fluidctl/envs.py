@@ -183,6 +183,20 @@ def world_device_list(world_device_ids: Sequence[Sequence[str]]) -> str:
                     for ids in world_device_ids for local in range(len(ids)))
 
 
+class WorldStrings(NamedTuple):
+    """The job-wide values every rank's environment repeats (PADDLE_TRAINER_ENDPOINTS,
+    PADDLE_WORLD_DEVICE_IDS), joined once per plan: built per rank they make planning O(N^2)
+    and hold N copies of an O(N) string."""
+    trainer_endpoints: str
+    world_devices: str
+
+
+def world_strings(endpoints: Sequence[str],
+                  world_device_ids: Sequence[Sequence[str]] = ()) -> WorldStrings:
+    return WorldStrings(",".join(endpoints),
+                        world_device_list(world_device_ids) if world_device_ids else "")
+
+
 def shared_gpu_allowed(*environs: Mapping[str, str]) -> bool:
     return any(e.get(NCCL_MULTI_RANK_GPU, "").strip() == "1" for e in environs)
 
@@ -214,7 +228,8 @@ def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: i
                    gpus_on_node: Sequence[str] = (),
                    world_device_ids: Sequence[Sequence[str]] = (), cores: int = 1,
                    user_env: Mapping[str, str] = (), restart_count: int = 0,
-                   token: Optional[str] = None) -> Dict[str, str]:
+                   token: Optional[str] = None,
+                   world: Optional[WorldStrings] = None) -> Dict[str, str]:
     """Every variable a collective-mode rank gets, as DESIGN.md's table states it.
 
     ``gpus_on_node`` are the physical ids the job uses on this node: CUDA_VISIBLE_DEVICES lists
@@ -234,7 +249,8 @@ def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: i
         TRAINER_ID: str(rank), GLOBAL_RANK: str(rank), TORCH_RANK: str(rank),
         TRAINERS_NUM: str(world_size), NUM_TRAINERS: str(world_size),
         GLOBAL_SIZE: str(world_size), TORCH_WORLD_SIZE: str(world_size),
-        CURRENT_ENDPOINT: endpoints[rank], TRAINER_ENDPOINTS: ",".join(endpoints),
+        CURRENT_ENDPOINT: endpoints[rank],
+        TRAINER_ENDPOINTS: world.trainer_endpoints if world else ",".join(endpoints),
         RANK_IN_NODE: str(local_rank), LOCAL_RANK: str(local_rank),
         TORCH_LOCAL_RANK: str(local_rank),
         LOCAL_SIZE: str(local_size), TORCH_LOCAL_WORLD_SIZE: str(local_size),
@@ -250,7 +266,8 @@ def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: i
         visible, index = device_view(gpus_on_node, local_rank)
         env[CUDA_VISIBLE_DEVICES] = visible
         env[SELECTED_GPUS] = env[LOCAL_DEVICE_IDS] = str(index)
-        env[WORLD_DEVICE_IDS] = world_device_list(world_device_ids or [gpus_on_node])
+        env[WORLD_DEVICE_IDS] = (world.world_devices if world and world_device_ids else
+                                 world_device_list(world_device_ids or [gpus_on_node]))
         if CUDA_DEVICE_ORDER not in os.environ:
             env[CUDA_DEVICE_ORDER] = "PCI_BUS_ID"
     threads = str(threads_per_process(cores, local_size))
@@ -267,7 +284,8 @@ def pserver_env(*, role: str, index: int, trainers: int, pserver_endpoints: Sequ
                 trainer_endpoints: Sequence[str] = (), sync: bool = True, ports_num: int = 1,
                 ports_num_for_sparse: int = 0, use_gpu: bool = False, trainer_count: int = 1,
                 cores: int = 1, procs_on_node: int = 1, user_env: Mapping[str, str] = (),
-                restart_count: int = 0, token: Optional[str] = None) -> Dict[str, str]:
+                restart_count: int = 0, token: Optional[str] = None,
+                world: Optional[WorldStrings] = None) -> Dict[str, str]:
     """Parameter-server mode: ``role`` is ROLE_PSERVER or ROLE_TRAINER, ``index`` its id in that
     role. Adds the fluid names and the v2 ``PADDLE_INIT_*`` names the seeds document."""
     user_env = dict(user_env)
@@ -292,7 +310,8 @@ def pserver_env(*, role: str, index: int, trainers: int, pserver_endpoints: Sequ
                     INIT_TRAINER_ID: str(index)})
         if trainer_endpoints:
             env[CURRENT_ENDPOINT] = own
-            env[TRAINER_ENDPOINTS] = ",".join(trainer_endpoints)
+            env[TRAINER_ENDPOINTS] = (world.trainer_endpoints if world else
+                                      ",".join(trainer_endpoints))
     else:
         env[PSERVER_ID] = str(index)
         env[CURRENT_ENDPOINT] = own

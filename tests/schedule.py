@@ -17,6 +17,7 @@ from typing import List, Sequence
 import pytest
 
 LONGEST = (
+    "tests/cluster/test_hundred_nodes.py::test_a_100_node_job_starts_and_finishes",
     "tests/cluster/test_cluster_setup.py::test_setup_from_a_bare_venv[3.11]",
     "tests/cluster/test_slurm_preempt.py::test_time_limit_warning_checkpoints_and_requeues",
     "tests/cluster/test_slurm_backend.py::test_unmodified_torch_ddp_script_inside_allocation",

@@ -3,7 +3,9 @@ runs on its node before any rank starts. Standard library, psutil and fluidctl.n
 from __future__ import annotations
 
 import errno
+import selectors
 import socket
+import threading
 from typing import Dict, List, Optional, Tuple
 
 from fluidctl.agentproto import DOCTOR_CONNECT_TIMEOUT as CONNECT_TIMEOUT
@@ -24,10 +26,86 @@ def interfaces() -> Dict[str, List[Tuple[str, str]]]:
     return found
 
 
-def node_checks(request: dict) -> Tuple[List[str], Optional[socket.socket]]:
-    """Problems on this node, and the master socket left listening (node 0) until the plan
-    arrives. ``request``: {"address", "ports": [[port, what]], "listen": [addr, port] or
-    None, "connect": [addr, port] or None}."""
+class MasterListener:
+    """Node 0's master port during the rendezvous check: listening, and *accepting* every
+    node's test connection until the plan arrives.
+
+    A socket that listens but never accepts lets only its backlog through: the kernel drops
+    the SYNs beyond it, so in a job of more nodes than the backlog the rest time out and
+    report a master they cannot reach. Each accepted connection is held open until its peer
+    closes it (the peer closes first, so TIME_WAIT lands on the peer's ephemeral port, not on
+    the master port rank 0 binds next)."""
+
+    def __init__(self, sock: socket.socket, backlog: int):
+        self.sock = sock
+        sock.listen(backlog)
+        sock.setblocking(False)
+        self._stop_r, self._stop_w = socket.socketpair()
+        self._thread = threading.Thread(target=self._serve, name="doctor-master", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self.sock, selectors.EVENT_READ)
+        sel.register(self._stop_r, selectors.EVENT_READ)
+        try:
+            while True:
+                for key, _ in sel.select():
+                    if key.fileobj is self._stop_r:
+                        return
+                    if key.fileobj is self.sock:
+                        self._accept(sel)
+                    else:
+                        self._drain(sel, key.fileobj)
+        finally:
+            for key in list(sel.get_map().values()):
+                if key.fileobj not in (self.sock, self._stop_r):
+                    key.fileobj.close()
+            sel.close()
+
+    def _accept(self, sel) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:                 # EMFILE and the like: the kernel keeps the rest queued
+                return
+            conn.setblocking(False)
+            sel.register(conn, selectors.EVENT_READ)
+
+    @staticmethod
+    def _drain(sel, conn) -> None:
+        try:
+            data = conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            sel.unregister(conn)
+            conn.close()
+
+    def close(self) -> None:
+        """Stop accepting and free the port (rank 0 binds it next)."""
+        try:
+            self._stop_w.send(b"x")
+        except OSError:
+            pass
+        self._thread.join(timeout=CONNECT_TIMEOUT)
+        for s in (self.sock, self._stop_r, self._stop_w):
+            s.close()
+
+
+def listen_backlog(peers: int) -> int:
+    """A backlog that holds every connecting node at once (the kernel caps it at somaxconn)."""
+    return max(64, min(int(peers) + 16, 65535))
+
+
+def node_checks(request: dict) -> Tuple[List[str], Optional[MasterListener]]:
+    """Problems on this node, and the master port left listening and accepting (node 0) until
+    the plan arrives. ``request``: {"address", "ports": [[port, what]], "listen": [addr, port]
+    or None, "connect": [addr, port] or None, "peers": nodes that will connect}."""
     from fluidctl.net import bind_socket
     problems: List[str] = []
     address = request["address"]
@@ -40,8 +118,8 @@ def node_checks(request: dict) -> Tuple[List[str], Optional[socket.socket]]:
     if request.get("listen"):
         addr, port = request["listen"]
         try:
-            held = bind_socket(addr, int(port))
-            held.listen(64)
+            held = MasterListener(bind_socket(addr, int(port)),
+                                  listen_backlog(request.get("peers", 64)))
         except OSError as exc:
             if exc.errno == errno.EADDRNOTAVAIL:
                 problems.append(f"MASTER_ADDR {addr} is not an address of this node, but rank 0 "

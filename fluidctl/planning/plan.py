@@ -261,6 +261,7 @@ def make_plan(job: JobSpec, ports: Mapping[int, Sequence[int]], backend: str = "
     master = f"{job.nodes[0].address}:{list(ports[0])[-1]}"
     world = len(trainer_eps)
     world_devices = [list(n.gpus) for n in job.nodes]
+    world_strings = envs.world_strings(trainer_eps, world_devices if any(world_devices) else ())
     if job.mode != "pserver":            # NCCL: one rank per physical GPU (MIG siblings too)
         for node in job.nodes:
             envs.refuse_shared_gpus(f"node {node.label}", node.gpus,
@@ -278,7 +279,7 @@ def make_plan(job: JobSpec, ports: Mapping[int, Sequence[int]], backend: str = "
             role=envs.ROLE_PSERVER, index=index, trainers=world, pserver_endpoints=pserver_eps,
             trainer_endpoints=trainer_eps, sync=job.sync, use_gpu=bool(node.gpus),
             cores=job.cores, procs_on_node=node.nproc + node.pservers,
-            user_env=job.user_env, token=job.token)
+            user_env=job.user_env, token=job.token, world=world_strings)
         procs.append(ProcSpec(PSERVER, index, index, node_index, node.address, pserver_eps[index],
                               [], pserver_argv(job), env, log_path(PSERVER, index, node_index)))
     for rank, (node_index, local) in enumerate(placed):
@@ -290,15 +291,15 @@ def make_plan(job: JobSpec, ports: Mapping[int, Sequence[int]], backend: str = "
                 pserver_endpoints=pserver_eps, trainer_endpoints=trainer_eps, sync=job.sync,
                 use_gpu=bool(node.gpus), cores=job.cores,
                 procs_on_node=node.nproc + node.pservers, user_env=job.user_env,
-                token=job.token)
+                token=job.token, world=world_strings)
             env.update(_local_names(local, node.nproc, node_index, len(job.nodes), master,
-                                    node.gpus, world_devices))
+                                    node.gpus, world_devices, world_strings))
         else:
             env = envs.collective_env(
                 rank=rank, world_size=world, local_rank=local, local_size=node.nproc,
                 nnodes=len(job.nodes), endpoints=trainer_eps, master=master,
-                node_rank=node_index, gpus_on_node=node.gpus, world_device_ids=world_devices, cores=job.cores,
-                user_env=job.user_env, token=job.token)
+                node_rank=node_index, gpus_on_node=node.gpus, world_device_ids=world_devices,
+                cores=job.cores, user_env=job.user_env, token=job.token, world=world_strings)
         procs.append(ProcSpec(TRAINER, rank, local, node_index, node.address, trainer_eps[rank],
                               devices, script_argv(job.script, job.script_args, job.python),
                               env, log_path(TRAINER, rank, node_index)))
@@ -337,12 +338,12 @@ def plan_mpi(job: JobSpec, rank_argv: Sequence[str], backend: str = "mpi",
 
 
 def _local_names(local: int, local_size: int, node_rank: int, nnodes: int, master: str, gpus,
-                 world_devices) -> Dict[str, str]:
+                 world_devices, world=None) -> Dict[str, str]:
     """Node-local names a pserver-mode trainer also gets (local rank, master, devices)."""
     full = envs.collective_env(rank=0, world_size=1, local_rank=local, local_size=local_size,
                                nnodes=nnodes, endpoints=["-"], master=master,
                                node_rank=node_rank, gpus_on_node=gpus,
-                               world_device_ids=world_devices)
+                               world_device_ids=world_devices, world=world)
     return {k: v for k, v in full.items() if k in envs.NODE_LOCAL_NAMES}
 
 

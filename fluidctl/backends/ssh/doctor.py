@@ -9,8 +9,10 @@ the job is planned, and before the plan is handed out, the launcher asks the nod
    is reported there;
 2. then every other node's agent binds its own ports and connects to the master port, as its
    ranks will (a firewall or a wrong address is reported by the node that cannot get through);
-3. node 0 stops listening when its plan arrives (it never accepted a connection, so the port
-   is left in no TIME_WAIT) and rank 0 binds it.
+3. node 0 stops listening when its plan arrives and rank 0 binds it. Node 0 accepts every
+   test connection and lets the peer close first, so a job of any size gets through (a socket
+   that only listens lets its backlog through and drops the rest) and the master port is left
+   in no TIME_WAIT.
 
 Every problem is one line naming the node and the fix. The agents' probes also list their
 network interfaces; the interface holding each node's address, when the same name on every
@@ -82,11 +84,13 @@ def requests(plan) -> List[dict]:
     from fluidctl import envs
     master_addr, master_port = envs.split_endpoint(plan.master)
     out = []
+    peers = len(plan.job.nodes) - 1
     for i, node in enumerate(plan.job.nodes):
         ports = [[int(envs.split_endpoint(p.endpoint)[1]), f"{p.label}'s endpoint"]
                  for p in plan.on_node(i)]
         out.append({"address": node.address, "ports": ports,
                     "listen": [master_addr, int(master_port)] if i == 0 else None,
+                    "peers": peers if i == 0 else 0,
                     "connect": None if i == 0 else [master_addr, int(master_port)]})
     return out
 
