@@ -103,6 +103,11 @@ class Launcher(Protocol):
         """Hand the plan to the cluster that runs it (a launcher that ``submits``); the
         command's exit code."""
 
+    def relay_checkpoint(self, kind: str) -> None:
+        """Pass a running job's checkpoint request (``save``: checkpoint and go on, written
+        by ``fluidctl job checkpoint`` into the launcher's request file) on to the ranks that
+        do not read that file (a node agent's ranks read their node's own)."""
+
     @property
     def owns_log_dir(self) -> bool:
         """True when this process runs the job's processes, and so locks the log dir and
@@ -219,6 +224,9 @@ class BaseLauncher:
     def submit(self, plan: "Plan", config: "LaunchConfig") -> int:
         raise NotImplementedError(f"--backend {self.name} runs its jobs itself (submits is "
                                   "False)")
+
+    def relay_checkpoint(self, kind: str) -> None:
+        """Nothing to pass on: the ranks this launcher starts read its request file."""
 
     @property
     def owns_log_dir(self) -> bool:

@@ -97,15 +97,19 @@ def logs(job_id, rank, batch, follow, namespace):
 @job.command("checkpoint")
 @click.argument("job_id")
 @click.option("--stop", is_flag=True,
-              help="End the job after the checkpoint; it is requeued and resumes from it.")
+              help="End the job after the checkpoint; it is requeued (Slurm), or exits 75, "
+                   "and resumes from it when run again.")
 def checkpoint(job_id, stop):
     """Ask a running job for a checkpoint: every rank that calls
-    ctx.checkpoint_requested() saves at the same step (fluidctl.runtime.checkpoint).
+    ctx.checkpoint_requested() saves at the same step (fluidctl.runtime.checkpoint) and goes
+    on. JOB_ID: a Slurm job's id, or the --log-dir of a job fluidctl runs from this machine
+    (local, ssh, fabric, mpi).
 
     \b
     Examples:
       fluidctl job checkpoint 1234
       fluidctl job checkpoint 1234 --stop
+      fluidctl job checkpoint mylog
     """
     _verb(job_id, "checkpoint")(job_id, stop=stop)
 

@@ -98,14 +98,26 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
     from fluidctl.launch.requests import RequestChannel
     checkpoint = (RequestChannel(layout.root.resolve(), config.checkpoint_signal)
                   if owner else None)       # a submitted job's own fluidctl has its own
-    result = run.run_supervised(
-        lambda attempt: launcher.start(plan, attempt), logs=logs, launch_log=launch_log,
-        options=RunOptions(config.grace_period, config.max_restarts, checkpoint,
-                           launcher.request_at), shown=shown,
-        watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config)))
+    from fluidctl.launch.relay import RequestRelay
+    relay = (RequestRelay(checkpoint.layout.checkpoint_request, launcher.relay_checkpoint)
+             if checkpoint is not None else _NoRelay())
+    with relay:         # fluidctl job checkpoint's "save", to the nodes with their own file
+        result = run.run_supervised(
+            lambda attempt: launcher.start(plan, attempt), logs=logs, launch_log=launch_log,
+            options=RunOptions(config.grace_period, config.max_restarts, checkpoint,
+                               launcher.request_at), shown=shown,
+            watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config)))
     if owner:
         _checkpoint_failures(plan, result, launch_log)
     return result
+
+
+class _NoRelay:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
 
 
 def _checkpoint_failures(plan: Plan, result: RunResult, launch_log: LaunchLog) -> None:

@@ -37,7 +37,9 @@ def backend_values(options: dict, chosen) -> dict:
 
 
 def _a(word: str) -> str:
-    return f"an {word}" if word[:1].lower() in "aeiou" else f"a {word}"
+    """'a Slurm', 'an MPI': an initialism is read letter by letter."""
+    vowel = word[:1] in "aeiouAEIOU" or word.isupper() and word[:1] in "AEFHILMNORSX"
+    return f"an {word}" if vowel else f"a {word}"
 
 
 def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False,

@@ -164,7 +164,7 @@ def test_mpirun_arg_is_passed_and_rank_stderr_stays_on_stderr(tmp_path):
     both = (tmp_path / "mylog" / "workerlog.0").read_text()
     assert "out 0 42" in both and "warning from 0" in both     # the log keeps both streams
     bad = fluidctl("train", "--nproc", 2, "--mpirun-arg=--oversubscribe", script, cwd=tmp_path)
-    assert bad.returncode == 2 and bad.stderr.startswith("error: --mpirun-arg is an mpi "
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --mpirun-arg is an MPI "
                                                          "option (add --backend mpi)"), bad.stderr
 
 

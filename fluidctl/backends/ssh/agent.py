@@ -206,6 +206,15 @@ class RemoteAgent:
         except NODE_LOST:
             self.terminate()
 
+    def send_request(self, kind: str) -> None:
+        """A checkpoint request that stops nothing (``save``): the agent writes it into its
+        node's request file and signals no one; the ranks read the file."""
+        from fluidctl.remote.ssh import NODE_LOST
+        try:
+            self.channel.sendall(f"{CHECKPOINT_COMMAND} {kind}\n".encode())
+        except NODE_LOST:
+            pass            # a lost node is the supervisor's to report
+
     def ask_stacks(self) -> None:
         """Ask the agent for its ranks' stacks (answered by a ``stacks`` record)."""
         from fluidctl.remote.ssh import NODE_LOST

@@ -47,6 +47,7 @@ class SSHLauncher(BaseLauncher):
         self.hosts: List[Host] = []
         self.connected: Dict[str, object] = {}
         self.agents: List[RemoteAgent] = []
+        self.running: List[RemoteAgent] = []     # the agents of the running attempt
         self.config = None
         self.marker = ""            # the nonce of our shared marker in LOG_DIR, once made
         self.members = None         # an elastic job's membership (ElasticMembers)
@@ -205,6 +206,12 @@ class SSHLauncher(BaseLauncher):
         if self.members is not None:
             self.members.warm()
         return handles
+
+    def relay_checkpoint(self, kind: str) -> None:
+        """A ``save`` request to every running node agent: it writes its node's request
+        file, which its ranks read."""
+        for agent in list(self.running):
+            agent.send_request(kind)
 
     def close(self) -> None:
         if self.members is not None:
