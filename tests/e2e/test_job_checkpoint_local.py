@@ -23,9 +23,9 @@ def _events(out: Path, rank: int):
         return []
 
 
-def _start(tmp_path, steps: int):
+def _start(tmp_path, steps: int, *backend):
     out, logs = tmp_path / "out", tmp_path / "logs"
-    job = start_fluidctl("train", "--nproc", 2, "--log-dir", logs, TRAIN, "--ckpt",
+    job = start_fluidctl("train", *backend, "--nproc", 2, "--log-dir", logs, TRAIN, "--ckpt",
                          tmp_path / "ckpt", "--out", out, "--steps", steps, "--dim", 64,
                          "--step-time", 0.02, cwd=tmp_path)
     wait_for(lambda: _steps(out, 0) >= 10 and _steps(out, 1) >= 10, 60, "ten steps")
@@ -42,7 +42,15 @@ def _finish(job):
 
 
 def test_save_and_go_on(tmp_path):
-    job, out, logs = _start(tmp_path, 400)
+    _save_and_go_on(tmp_path)
+
+
+def test_save_and_go_on_under_mpirun(tmp_path, openmpi):
+    _save_and_go_on(tmp_path, "--backend", "mpi")
+
+
+def _save_and_go_on(tmp_path, *backend):
+    job, out, logs = _start(tmp_path, 400, *backend)
     asked = fluidctl("job", "checkpoint", logs, cwd=tmp_path)
     if asked.returncode:
         _finish(job)
