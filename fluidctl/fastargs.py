@@ -385,16 +385,9 @@ SHARD_DATA = Command("fluidctl.sharding.run:run", (
 
 
 
-def _train() -> Command:
-    """``fluidctl train``'s table: declared in ``fluidctl.trainargs`` (help included), which
-    commands/train.py builds the click command from."""
-    from fluidctl import trainargs
-    return trainargs.table()
-
-
-class _Later:
-    """A table built on first use (train's reads the backends' declarations, which import
-    this module)."""
+class Later:
+    """A table built on first use by ``build()`` (train's, in fluidctl/trainargs.py, reads the
+    backends' declarations, which import this module)."""
 
     def __init__(self, build):
         self.build, self.table = build, None
@@ -405,15 +398,15 @@ class _Later:
         return getattr(self.table, name)
 
 
-TRAIN = _Later(_train)
-
-COMMANDS = {("cluster", "sync"): CLUSTER_SYNC, ("shard-data",): SHARD_DATA, ("train",): TRAIN}
+COMMANDS = {("cluster", "sync"): CLUSTER_SYNC, ("shard-data",): SHARD_DATA}
 
 
-def parse(args):
-    """(the command's ``run``, its keyword arguments), or None: click's turn."""
+def parse(args, commands=None):
+    """(the command's ``run``, its keyword arguments), or None: click's turn. ``commands``:
+    the tables (default ``COMMANDS``; cli.py adds train's, fluidctl/trainargs.py)."""
+    commands = COMMANDS if commands is None else commands
     for words in (tuple(args[:2]), tuple(args[:1])):
-        command = COMMANDS.get(words)
+        command = commands.get(words)
         if command is not None:
             break
     else:

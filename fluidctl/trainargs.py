@@ -7,8 +7,8 @@ its meaning. Built on first use: the backends' declarations import fastargs.
 """
 from __future__ import annotations
 
-from fluidctl.fastargs import (DIRECTORY, FLAG, MULTI, SSH_TIMEOUT, Argument, Command, Option,
-                               Refused, Type, choice, count_at_least, float_between,
+from fluidctl.fastargs import (DIRECTORY, FLAG, MULTI, SSH_TIMEOUT, Argument, Command, Later,
+                               Option, Refused, Type, choice, count_at_least, float_between,
                                int_between)
 
 HANG_TIMEOUT_MAX = 30 * 86400       # --hang-timeout: above 0, up to 30 days
@@ -207,3 +207,6 @@ def table(which=None) -> Command:
     """The parse table of ``fluidctl train``: its options, SCRIPT, and SCRIPT_ARGS after it."""
     return Command("fluidctl.launch.train:run", options(which),
                    Argument("script", required=True), rest="script_args")
+
+
+TRAIN = Later(table)
