@@ -41,6 +41,7 @@ for _ in range(int(sys.argv[3])):
 dump = None
 if os.environ.get("TORCH_FR_BUFFER_SIZE"):
     from fluidctl.diagnostics import stepmarks, stragglers
+    from fluidctl.diagnostics import stragglerwatch as sw
     from fluidctl.paths import DiagDir
     import tempfile
     marks = stepmarks.Marks(DiagDir(__import__("pathlib").Path(tempfile.mkdtemp())), 0,
@@ -80,6 +81,7 @@ def main() -> None:
     parser.add_argument("--floats", type=int, default=1024, help="allreduce size (float32)")
     args = parser.parse_args()
     from fluidctl.diagnostics import stepmarks, stragglers as st
+    from fluidctl.diagnostics import stragglerwatch as sw
     from fluidctl.paths import DiagDir
     from pathlib import Path
 
@@ -132,7 +134,7 @@ def main() -> None:
     now = {r: st.Sample(64, 0, 0, 0, 0, -1, st.FLIGHT_RECORDER,
                         tuple((s, t0 + s * 10**8 + (r == 2) * 6 * 10**7) for s in range(1, 65)))
            for r in range(3)}
-    verdict = per_call(lambda: st.classify(before, now), 200, args.repeat)
+    verdict = per_call(lambda: sw.classify(before, now), 200, args.repeat)
     print(f"launcher: one verdict over 3 ranks' 64 marks {verdict * 1e6:.0f} us")
     diag.remove()
 

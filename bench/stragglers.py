@@ -41,6 +41,7 @@ def main() -> None:
     try:
         import fluidctl.runtime
         from fluidctl.diagnostics import progress, stragglers
+        from fluidctl.diagnostics import stragglerwatch as sw
         ctx = fluidctl.runtime.init()
         assert stragglers._recorder is not None and progress._reporter is not None
         x = np.ones(args.floats, np.float32)
@@ -75,7 +76,7 @@ def main() -> None:
             for r in [stragglers._recorder] + others:
                 r.collective(stragglers.clock())
         now = stragglers.read_all(diag)
-        verdict = median_per_call(lambda: stragglers.classify(before, now), 2_000, args.repeat)
+        verdict = median_per_call(lambda: sw.classify(before, now), 2_000, args.repeat)
         print(f"recording per collective (clock + record): {alone * 1e9:.0f} ns")
         print(f"ctx.allreduce of {args.floats} float32, world of one: "
               f"{timed * 1e6:.2f} us with the recording, {base * 1e6:.2f} us without "

@@ -1,33 +1,25 @@
 """Console output through rich: plan tables and failure reports.
 
-The one console factory (``console()``) for every command. Colour is off when the stream is not
-a terminal or NO_COLOR is set (rich honours both). rich is imported on first use, so commands
+Printed through the one console factory, ``console()`` (it lives in ``fluidctl.tables``, the
+leaf below this module, and is named here too). rich is imported on first use, so commands
 can import this module at the top for free; training processes never pay for rich.
 """
 from __future__ import annotations
 
 import shlex
 import time
-from functools import lru_cache
 from typing import List, Optional
 
 from fluidctl.diagnostics.failures import Failure, describe_end, log_tail
+from fluidctl.tables import console, print_table
 
-
-@lru_cache(maxsize=None)
-def console(stderr: bool = False) -> "Console":
-    from rich.console import Console
-    out = Console(stderr=stderr, highlight=False)
-    if not out.is_terminal:       # a pipe or a file: don't squeeze tables into 80 columns
-        out = Console(stderr=stderr, highlight=False, width=200)
-    return out
+__all__ = ["console", "print_failure", "print_hang", "print_plan_table"]
 
 
 def print_plan_table(plan) -> None:
     """The plan: a row per process (plain columns off a terminal), then each distinct command
     once, on one line below the table, with the processes that run it: in a table cell a
     command wraps over many lines at 80 columns, and cannot be copied."""
-    from fluidctl.tables import print_table
     master = plan.master or "chosen by rank 0 at start"
     print_table(f"fluidctl plan: {plan.job.mode} mode over {plan.backend}, master {master}",
                 ("rank", "role", "host", "endpoint", "devices", "log"),

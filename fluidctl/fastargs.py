@@ -131,7 +131,7 @@ def count_at_least(low: int, flag: str) -> Type:
 
 
 def int_between(low: int, high: int, hint: str) -> Type:
-    """commands.numbers.Number(int, low, high, hint): out of range is click's one line."""
+    """clicktypes.Number(int, low, high, hint): out of range is click's one line."""
     def convert(value: str) -> int:
         number = _integer(value)
         if not low <= number <= high:
@@ -139,7 +139,7 @@ def int_between(low: int, high: int, hint: str) -> Type:
         return number
 
     def click_type(click):
-        from fluidctl.commands.numbers import Number
+        from fluidctl.clicktypes import Number
         return Number(int, low, high, hint)
     return Type(convert, click_type)
 
@@ -165,7 +165,7 @@ DIRECTORY = Type(_directory_path, lambda click: click.Path(file_okay=False))
 
 def float_between(low: float, high: float, example: str, above: bool = False,
                   hint: str = None) -> Type:
-    """commands.numbers.seconds(low, high): a finite number from low (or above it) to high;
+    """clicktypes.seconds(low, high): a finite number from low (or above it) to high;
     nan, inf and what is out of range go to click, which words the one-line error (``hint``:
     its fix; default "e.g. EXAMPLE")."""
     def convert(value: str) -> float:
@@ -178,7 +178,7 @@ def float_between(low: float, high: float, example: str, above: bool = False,
         return number
 
     def click_type(click):
-        from fluidctl.commands.numbers import Number
+        from fluidctl.clicktypes import Number
         return Number(float, low, high, hint or f"e.g. {example}", above=above,
                       unit=" of seconds")
     return Type(convert, click_type)

@@ -138,6 +138,12 @@ class LogLayout(NamedTuple):
         return self.root / "stragglers.json"
 
     @property
+    def events(self) -> Path:
+        """The job's events (fluidctl/telemetry: stragglers, hangs, restarts, elastic worlds,
+        lost nodes, checkpoint commits), one JSON object a line, appended while it runs."""
+        return self.root / "events.jsonl"
+
+    @property
     def job_state(self) -> Path:
         """The running launcher's pid and job, for ``fluidctl dump``."""
         return self.root / "job.json"

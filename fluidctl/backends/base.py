@@ -175,6 +175,7 @@ class BaseLauncher:
     dry_run_table = True
     submits = False
     request_at: Optional[float] = None
+    request_env: Dict[str, str] = {}    # the checkpoint request's, set by launch/execute.py
 
     def __init__(self, log: Optional[Callable[[str], None]] = None):
         self.log: Callable[[str], None] = log or (lambda message: None)
@@ -215,7 +216,7 @@ class BaseLauncher:
     def diag_env(self) -> Dict[str, str]:
         """What the ranks this launcher starts itself need to report to the diagnostics."""
         d = getattr(self, "_diagnostics", None)
-        return d.env() if d is not None else {}
+        return {**(d.env() if d is not None else {}), **self.request_env}
 
     def describe(self, plan: "Plan", show_secrets: bool = False) -> str:
         """Text --dry-run prints after the plan (e.g. the batch script Slurm would get)."""

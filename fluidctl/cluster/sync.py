@@ -22,14 +22,14 @@ def run(hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
         accept_new_host_keys=False, remote_dir=None, excludes=(), checksum=False,
         src=".") -> None:
     """Push ``src`` to every node at once (see ``fluidctl cluster sync --help``)."""
-    from fluidctl.remote import push
+    from fluidctl.remote import push, sshargv
     from fluidctl.planning.hosts import load_hosts
     source = os.path.realpath(src)
     default_dir = source if os.path.isdir(source) else os.path.dirname(source)
     hosts = load_hosts(hostfile, hosts_arg)
-    argvs = [push.ssh_command(h.name, user=h.user, port=h.port, ssh_config=ssh_config,
+    argvs = [sshargv.ssh_command(h.name, user=h.user, port=h.port, ssh_config=ssh_config,
                               accept_new=accept_new_host_keys, timeout=timeout) for h in hosts]
-    argvs = dict(zip((h.name for h in hosts), push.with_fast_cipher(argvs)))
+    argvs = dict(zip((h.name for h in hosts), sshargv.with_fast_cipher(argvs)))
     # every node's ssh handshake and python3 start while the files are listed here
     try:
         channels = dict(zip(argvs, push.connect_all(list(argvs.values()))))

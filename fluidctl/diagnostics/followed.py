@@ -80,7 +80,7 @@ class FollowedDiagnostics(Diagnostics):
         super().__init__(log_root=None, **kw)
         self.job_root = job_root
 
-    def watch_stragglers(self, handles, say: Callable[[str], None]) -> LogRelay:
+    def watch_stragglers(self, handles, say: Callable[[str], None], sink=None) -> LogRelay:
         from fluidctl.paths import LogLayout
 
         def path() -> Optional[Path]:

@@ -432,27 +432,19 @@ class Diagnostics:
         self.tail_lines = tail_lines
         self.diag = diag or DiagDir.create()
         self.triage = Triage()
-        self.checkpoint_signal = "TERM"     # what the ranks trap as a checkpoint request
         self.current: list = []         # a node agent: the handles of the running attempt
 
     @classmethod
     def for_job(cls, config, **kw) -> "Diagnostics":
         """This job's (a LaunchConfig): its --hang-timeout, LOG_DIR and --log-tail."""
-        made = cls(hang_timeout=config.hang_timeout, log_root=config.layout.root,
+        return cls(hang_timeout=config.hang_timeout, log_root=config.layout.root,
                    tail_lines=config.log_tail, **kw)
-        made.checkpoint_signal = config.checkpoint_signal
-        return made
 
     def env(self) -> Dict[str, str]:
+        """What the ranks need to report here (their checkpoint requests' environment is
+        ``launch/requests.py``'s)."""
         from fluidctl import envs
-        env = {envs.DIAG_DIR: str(self.diag.root)}
-        if self.log_root is not None:       # the launcher's own ranks: its requests reach them
-            from fluidctl.paths import LogLayout
-            layout = LogLayout(Path(self.log_root).resolve())
-            env[envs.CHECKPOINT_REQUEST] = str(layout.checkpoint_request)
-            env[envs.CHECKPOINT_STATE] = str(layout.checkpoint_state)
-            env[envs.CHECKPOINT_SIGNAL] = self.checkpoint_signal
-        return env
+        return {envs.DIAG_DIR: str(self.diag.root)}
 
     def targets(self, handles) -> List[Target]:
         return [Target(h.rank, h.pid, h.host, h.label) for h in handles
@@ -481,12 +473,20 @@ class Diagnostics:
             sampler = StackSampler(lambda: self.targets(handles()), every)
         return local_activity(logs, self.diag, sampler)
 
-    def watch_stragglers(self, handles: Callable[[], list], say: Callable[[str], None]):
-        """The thread that names stragglers while the job runs (``stragglers.watch``: the
-        ranks' pages, or the agents' ``steps`` lines); None where this process writes no
-        LOG_DIR reports (a node agent). Stopped with ``stop()``."""
+    def watch_stragglers(self, handles: Callable[[], list], say: Callable[[str], None],
+                         sink=None):
+        """The thread that names stragglers while the job runs (``stragglerwatch.watch``:
+        the ranks' pages, or the agents' ``steps`` lines), emitting to the job's telemetry
+        ``sink``; None where this process writes no LOG_DIR reports (a node agent). Stopped
+        with ``stop()``."""
+        from fluidctl.diagnostics import stragglerwatch
+        return stragglerwatch.watch(self, handles, say, sink)
+
+    def step_samples(self) -> dict:
+        """Every rank's straggler sums: here, this node's diagnostics directory's pages
+        (subclasses whose ranks run elsewhere read them from there)."""
         from fluidctl.diagnostics import stragglers
-        return stragglers.watch(self, handles, say)
+        return stragglers.read_all(self.diag)
 
     def progress(self) -> int:
         """Collectives completed by this node's ranks (the agent's heartbeat carries it)."""

@@ -98,6 +98,8 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
     from fluidctl.launch.requests import RequestChannel
     checkpoint = (RequestChannel(layout.root.resolve(), config.checkpoint_signal)
                   if owner else None)       # a submitted job's own fluidctl has its own
+    if checkpoint is not None:              # the ranks it starts itself answer requests
+        launcher.request_env = checkpoint.rank_env()
     from fluidctl.launch.relay import RequestRelay
     relay = (RequestRelay(checkpoint.layout.checkpoint_request, launcher.relay_checkpoint)
              if checkpoint is not None else _NoRelay())

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
+from fluidctl import telemetry
 from fluidctl.procs import lifeline
 from fluidctl.procs import local
 from fluidctl.backends.base import Handle
@@ -135,22 +136,31 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
     def before_restart(attempt: int) -> None:
         append_header(logs, attempt, options.max_restarts)
 
+    # the job's events (fluidctl/telemetry): LOG_DIR/events.jsonl, launch.log, the console
+    sink = telemetry.for_job(diagnostics.log_root if diagnostics else None, launch_log,
+                             echo.say)
     supervisor = Supervisor(start, options, log=launch_log, say=echo.say,
-                            before_restart=before_restart)
-    watch = (_Watch(supervisor, diagnostics, logs, launch_log, shown.on_hang)
+                            before_restart=before_restart, sink=sink)
+    watch = (_Watch(supervisor, diagnostics, logs, launch_log, shown.on_hang, sink)
              if diagnostics else None)
-    straggler_watch = None
+    straggler_watch = commits = None
+    previous = telemetry.install(sink)      # the job's: an elastic launcher emits to it too
     try:
         if watch:
             watch.start()
-            straggler_watch = diagnostics.watch_stragglers(supervisor.handles, echo.say)
+            straggler_watch = diagnostics.watch_stragglers(supervisor.handles, echo.say, sink)
+        if options.checkpoint is not None:
+            commits = options.checkpoint.watch_commits(sink.emit)
         result = supervisor.run()
         if watch:
             result = watch.settle(result)
     finally:
+        telemetry.install(previous)
         beating.set()
         if straggler_watch:
             straggler_watch.stop()
+        if commits:
+            commits.stop()
         lifeline.stop_watchdog()
         if watch:
             watch.stop()
@@ -175,10 +185,9 @@ class _Watch:
     requests (SIGURG to the launcher), job.json while it runs, failure.json at the end."""
 
     def __init__(self, supervisor: Supervisor, diagnostics: "Diagnostics", logs, launch_log,
-                 on_hang):
+                 on_hang, sink: telemetry.Sink):
         self.supervisor, self.d, self.logs = supervisor, diagnostics, logs
-        self.launch_log, self.on_hang = launch_log, on_hang
-        self.hang: Optional[dict] = None
+        self.launch_log, self.on_hang, self.sink = launch_log, on_hang, sink
         self.dog = None
         self._requests = threading.Event()
         self._done = threading.Event()
@@ -259,13 +268,12 @@ class _Watch:
                 self.launch_log(f"hang: {notes[0]}")
             if verdict is not None and not verdict.hung and self._watch_on(verdict):
                 return
-            self.hang = {"why": why, "dir": str(where) if where else None,
-                         "class": verdict.kind if verdict else None,
-                         "sentence": verdict.sentence if verdict else None,
-                         "ranks": verdict.ranks if verdict else [],
-                         "summary": lines, "notes": notes, "evidence": evidence}
-            if verdict is not None:
-                self.launch_log(f"hang: {verdict.sentence}")
+            self.sink.emit(telemetry.Hang(
+                why=why, dir=str(where) if where else None,
+                verdict=verdict.kind if verdict else None,
+                sentence=verdict.sentence if verdict else None,
+                ranks=tuple(verdict.ranks) if verdict else (), summary=tuple(lines),
+                notes=tuple(notes), evidence=tuple(evidence)))
             if self.on_hang:
                 self.on_hang([header] + first + lines + [f"note: {n}" for n in notes], where)
         except Exception as exc:
@@ -331,12 +339,13 @@ class _Watch:
         from fluidctl.diagnostics import watch as diagnose
         if self.d.log_root is not None:
             diagnose.clear_job_state(self.d.log_root)
-            if result.exit_code != 0 and (result.failure is not None or self.hang):
+            hang = self.sink.last(telemetry.Hang.KIND)
+            if result.exit_code != 0 and (result.failure is not None or hang):
                 path = LogLayout(self.d.log_root).failure_json
                 try:
                     diagnose.write_failure_json(path, result.exit_code, result.failure,
                                                 self.d.ends(result), self.d.tail_lines,
-                                                self.hang)
+                                                hang.failure_record() if hang else None)
                 except OSError as exc:  # the log dir removed or full: the report still comes
                     self.launch_log(f"cannot write {path}: {exc.strerror or exc}")
                     print(f"warning: cannot write {path}: {exc.strerror or exc}",

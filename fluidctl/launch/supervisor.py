@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 from fluidctl.agentproto import EndState, ProcessEnd
 from fluidctl.diagnostics.failures import Failure, FailureKind
 from fluidctl.launch.requests import REQUEUE_EXIT
+from fluidctl import telemetry
+from fluidctl.telemetry import Restart
 
 if TYPE_CHECKING:
     from fluidctl.backends.base import Handle
@@ -104,9 +106,13 @@ class Supervisor:
     def __init__(self, start: Callable[[int], List[Handle]], options: RunOptions,
                  log: Callable[[str], None] = lambda m: None,
                  say: Callable[[str], None] = lambda m: None,
-                 before_restart: Callable[[int], None] = lambda attempt: None):
+                 before_restart: Callable[[int], None] = lambda attempt: None,
+                 sink: Optional[telemetry.Sink] = None):
         self.start, self.options, self.log, self.say = start, options, log, say
         self.before_restart = before_restart
+        # restarts are events (fluidctl/telemetry): the job's sink, else launch.log and say
+        self.sink = sink if sink is not None else telemetry.Sink(
+            [telemetry.LaunchLogLines(log), telemetry.ConsoleLines(say)])
         self._signal: Optional[int] = None
         self._request: Optional[str] = None         # why a checkpoint was requested
         self._request_by_signal = False
@@ -256,8 +262,9 @@ class Supervisor:
                 return self._result(failure.exit_code or 1, failure=failure,
                                     attempts=attempt + 1)
             attempt += 1
-            self.say(f"fluidctl: {failure.label} failed ({failure.reason}); restarting the job "
-                     f"(restart {attempt} of {self.options.max_restarts})")
+            self.sink.emit(Restart(attempt=attempt, of=self.options.max_restarts,
+                                   label=failure.label, host=failure.host,
+                                   reason=failure.reason))
 
     def _checkpoint_stop(self, attempt: int) -> RunResult:
         """A checkpoint request: the request file, then the checkpoint signal to every rank,

@@ -225,10 +225,9 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
     # checkpoint requests: this node's request file (the launcher's may be on another
     # machine), created when the launcher asks, before the signal goes to the ranks
     request = (layout.dir / "checkpoint.request").resolve()
-    from fluidctl import envs
-    rank_env = {envs.CHECKPOINT_REQUEST: str(request),
-                envs.CHECKPOINT_STATE: str(layout.checkpoint_state.resolve()),
-                envs.CHECKPOINT_SIGNAL: share.checkpoint_signal}
+    from fluidctl.launch import requests
+    rank_env = requests.rank_env(request, layout.checkpoint_state.resolve(),
+                                 share.checkpoint_signal)
 
     def checkpoint(name: str) -> None:
         from fluidctl import paths
@@ -283,9 +282,9 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
     watchers = run.RunWatchers(heartbeat=lambda: f"{MARK}{BEAT_TAG}|{diagnostics.progress()}",
                                on_broken=lost, diagnostics=diagnostics,
                                every=share.beat or run.HEARTBEAT)
-    from fluidctl.diagnostics import stragglers     # the ranks' sums, for the launcher
+    from fluidctl.diagnostics import stragglerwatch     # the ranks' sums, for the launcher
     halt = threading.Event()
-    threading.Thread(target=stragglers.publish, daemon=True, name="fluidctl-steps",
+    threading.Thread(target=stragglerwatch.publish, daemon=True, name="fluidctl-steps",
                      args=(diagnostics.diag, lambda text: emit(STEPS_TAG, text), halt)).start()
     try:
         result = run.run_supervised(start, logs=logs, fresh=not attempt and not shared,

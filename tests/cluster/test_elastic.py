@@ -64,3 +64,12 @@ def test_fabric_agent_killed_the_spare_takes_its_place(netns_nodes, tmp_path):
     check(outcome, [2])
     assert "node node2 lost: its agent was killed" in outcome.out
     assert "restart 1: new world of 2 trainer(s) on node1, node3" in outcome.out
+    # the same, once each, as events (fluidctl/telemetry) in the events file and launch.log
+    from fluidctl.telemetry import from_record, read_events
+    events = [from_record(r) for r in read_events(tmp_path / "mylog" / "events.jsonl")]
+    lost = [e for e in events if e.KIND == "node_lost"]
+    worlds = [e for e in events if e.KIND == "world"]
+    assert [e.host for e in lost] == ["node2"] and "agent was killed" in lost[0].why
+    assert [(w.attempt, w.hosts) for w in worlds] == [(1, ("node1", "node3"))]
+    launch = (tmp_path / "mylog" / "launch.log").read_text()
+    assert all(launch.count(e.log_line()) == 1 for e in lost + worlds), launch

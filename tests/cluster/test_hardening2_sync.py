@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fluidctl.remote import push
+from fluidctl.remote import push, sshargv
 from fluidctl.remote.sftp import DEFAULT_EXCLUDES, walk
 
 SECRET = "TOP SECRET: outside the workspace"
@@ -72,7 +72,7 @@ def test_27_12_a_file_deleted_during_the_push_is_a_warning_and_the_rest_is_sent(
     files = push.scan(walk(workspace, DEFAULT_EXCLUDES))
     (workspace / "pkg" / "lib.py").unlink()                 # after listing, before sending
     remote = tmp_path / "remote-vanish"
-    result = push.push(push.ssh_command("node1", ssh_config=str(sshd_nodes.config)), files,
+    result = push.push(sshargv.ssh_command("node1", ssh_config=str(sshd_nodes.config)), files,
                        str(remote))
     assert result.vanished == ["pkg/lib.py"]
     assert (remote / "train.py").read_text() == "print('hi')\n"

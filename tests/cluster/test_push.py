@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from fluidctl.remote import push
+from fluidctl.remote import push, sshargv
 
 from launchutil import default_sigint, silent_node_progress
 from pushutil import files_of, make_workspace
 
 
 def argv_for(sshd_nodes, alias="node1"):
-    return push.ssh_command(alias, ssh_config=str(sshd_nodes.config), timeout=10)
+    return sshargv.ssh_command(alias, ssh_config=str(sshd_nodes.config), timeout=10)
 
 
 def no_temporaries(root):
@@ -79,7 +79,7 @@ def test_push_reports_ssh_failures_with_ssh_s_own_words(sshd_nodes, workspace, t
     config = tmp_path / "ssh_config"
     config.write_text(sshd_nodes.config.read_text()
                       + "Host closed\n    HostName 127.0.0.4\n    Port 1\n")
-    argv = push.ssh_command("closed", ssh_config=str(config), timeout=5)
+    argv = sshargv.ssh_command("closed", ssh_config=str(config), timeout=5)
     with pytest.raises(push.PushFailed, match="127.0.0.4 port 1: Connection refused"):
         push.push(argv, files_of(workspace), str(tmp_path / "never"))
 
@@ -175,16 +175,16 @@ def test_aes_gcm_first_only_where_the_ssh_config_leaves_ciphers_alone(sshd_nodes
     config.write_text("Host chosen\n    Ciphers aes256-ctr\n\n"
                       + sshd_nodes.config.read_text().replace("Host node1\n",
                                                               "Host node1 chosen\n"))
-    plain, chosen = push.with_fast_cipher([
-        push.ssh_command(alias, ssh_config=str(config), timeout=10)
+    plain, chosen = sshargv.with_fast_cipher([
+        sshargv.ssh_command(alias, ssh_config=str(config), timeout=10)
         for alias in ("node1", "chosen")])
     assert "-c" not in chosen and _negotiated_cipher(chosen) == "aes256-ctr"   # the user's
-    if push._aes_in_hardware():
-        assert plain[plain.index("-c") + 1] == push.CIPHERS
+    if sshargv._aes_in_hardware():
+        assert plain[plain.index("-c") + 1] == sshargv.CIPHERS
         assert _negotiated_cipher(plain) == "aes128-gcm@openssh.com"
     else:                                   # chacha20 stays first where AES is in software
         assert "-c" not in plain
-    assert set(push.CIPHERS.split(",")) == set(push.OPENSSH_DEFAULT_CIPHERS.split(","))
+    assert set(sshargv.CIPHERS.split(",")) == set(sshargv.OPENSSH_DEFAULT_CIPHERS.split(","))
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.bin").write_bytes(os.urandom(1 << 20))
@@ -197,7 +197,7 @@ def test_a_config_without_ciphers_gets_aes_gcm_without_running_ssh_g(sshd_nodes,
     """Where no config file ssh reads has a Ciphers line, the choice is made without
     ``ssh -G`` (two processes and ~5 ms before the first handshake), and ssh still negotiates
     what was offered."""
-    if not push._aes_in_hardware():
+    if not sshargv._aes_in_hardware():
         pytest.skip("AES is not in hardware here: the default order is kept")
     started = []
     real_popen = subprocess.Popen
@@ -206,9 +206,9 @@ def test_a_config_without_ciphers_gets_aes_gcm_without_running_ssh_g(sshd_nodes,
         started.append(argv)
         return real_popen(argv, *args, **kwargs)
     monkeypatch.setattr(subprocess, "Popen", spy)
-    [argv] = push.with_fast_cipher([argv_for(sshd_nodes)])
+    [argv] = sshargv.with_fast_cipher([argv_for(sshd_nodes)])
     assert started == []
-    assert argv[argv.index("-c") + 1] == push.CIPHERS
+    assert argv[argv.index("-c") + 1] == sshargv.CIPHERS
     monkeypatch.undo()
     assert _negotiated_cipher(argv) == "aes128-gcm@openssh.com"
 

@@ -46,6 +46,11 @@ def test_hang_is_diagnosed_with_both_stacks_and_exit_124(tmp_path, pyspy):
     assert [p["state"].startswith("still running; stopped by fluidctl")
             for p in report["processes"]] == [True] * 3
     assert not (tmp_path / "log" / "job.json").exists()
+    # the verdict is one event (fluidctl/telemetry): failure.json's hang, one launch.log line
+    from fluidctl.telemetry import from_record, read_events
+    [hang] = [from_record(r) for r in read_events(tmp_path / "log" / "events.jsonl")]
+    assert hang.failure_record() == report["hang"]
+    assert (tmp_path / "log" / "launch.log").read_text().count(hang.log_line()) == 1
 
 
 def test_hang_timeout_from_the_environment_and_bad_values(tmp_path):

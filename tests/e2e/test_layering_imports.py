@@ -44,3 +44,12 @@ def test_planning_imports_no_backend_nor_launch():
 def test_the_blocker_really_blocks():
     result = run_blocked(["fluidctl.runtime", "fluidctl.launch.supervisor"], BLOCKED)
     assert result.returncode != 0 and "layering: fluidctl.launch imported" in result.stderr
+
+
+def test_the_ranks_pay_nothing_for_the_launchers_telemetry():
+    """What a rank imports (the runtime, the straggler recorder, the torch/Paddle step marks)
+    imports neither the launcher's straggler watcher nor the telemetry sink."""
+    result = run_blocked(RUNTIME_MODULES + ["fluidctl.diagnostics.stragglers",
+                                            "fluidctl.diagnostics.stepmarks"],
+                         BLOCKED + ["fluidctl.telemetry", "fluidctl.diagnostics.stragglerwatch"])
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

@@ -95,3 +95,30 @@ def test_request_signal_and_spacing(tmp_path):
     finally:
         for sig in req.signals:
             signal.signal(sig, signal.SIG_DFL)
+
+
+def test_the_request_environment_is_made_once_by_the_request_channel(tmp_path):
+    """A checkpoint request is not a diagnostic: the ranks' request environment comes from
+    launch/requests.py (the launcher's RequestChannel; a node agent's rank_env), and a
+    launcher hands it to the ranks it starts beside its diagnostics' own."""
+    from fluidctl.backends.base import BaseLauncher
+    from fluidctl.diagnostics.watch import Diagnostics
+    from fluidctl.launch.requests import RequestChannel, rank_env
+    from fluidctl.paths import LogLayout
+    channel = RequestChannel(tmp_path, "USR1")
+    layout = LogLayout(tmp_path)
+    assert channel.rank_env() == {envs.CHECKPOINT_REQUEST: str(layout.checkpoint_request),
+                                  envs.CHECKPOINT_STATE: str(layout.checkpoint_state),
+                                  envs.CHECKPOINT_SIGNAL: "USR1"}
+    assert channel.rank_env() == rank_env(layout.checkpoint_request, layout.checkpoint_state,
+                                          "USR1")
+    diagnostics = Diagnostics(log_root=tmp_path)
+    try:
+        assert diagnostics.env() == {envs.DIAG_DIR: str(diagnostics.diag.root)}
+        launcher = BaseLauncher()
+        launcher._diagnostics = diagnostics
+        assert launcher.diag_env() == diagnostics.env()       # no channel: no requests
+        launcher.request_env = channel.rank_env()
+        assert launcher.diag_env() == {**diagnostics.env(), **channel.rank_env()}
+    finally:
+        diagnostics.close()

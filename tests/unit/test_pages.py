@@ -5,6 +5,7 @@ import os
 
 from fluidctl.diagnostics import pages, progress
 from fluidctl.diagnostics import stragglers as st
+from fluidctl.diagnostics import stragglerwatch as sw
 from fluidctl.paths import DiagDir, LogLayout
 
 from launchutil import wait_for
@@ -106,7 +107,7 @@ def test_pages_seen_up_to_a_second_late_name_the_slow_rank_or_nobody(tmp_path):
         said = []
         log = tmp_path / f"log{fault[0]:g}"
         log.mkdir()
-        w = st.Watcher(samples, lambda: {0: "node1", 1: "node2", 2: "node3"}, said.append, log,
+        w = sw.Watcher(samples, lambda: {0: "node1", 1: "node2", 2: "node3"}, said.append, log,
                        clock=lambda: now[0])
         found = []
         while now[0] < 20.0:

@@ -1,17 +1,17 @@
 """cluster sync's push in-process: the ssh command it builds from the user's choices, its
 timeout, and which ssh configs may set a keyword."""
-from fluidctl.remote import push
+from fluidctl.remote import sshargv
 
 
 def test_ssh_command_follows_the_user_s_choices():
-    argv = push.ssh_command("node1", user="bob", port=2222, ssh_config="/c", accept_new=True,
+    argv = sshargv.ssh_command("node1", user="bob", port=2222, ssh_config="/c", accept_new=True,
                             timeout=7)
     assert argv[0] == "ssh" and argv[-2:] == ["--", "node1"]
     joined = " ".join(argv)
     for part in ("-o BatchMode=yes", "-o ConnectTimeout=7", "-F /c",
                  "-o StrictHostKeyChecking=accept-new", "-l bob", "-p 2222"):
         assert part in joined
-    assert "-F" not in push.ssh_command("node1") and "-l" not in push.ssh_command("node1")
+    assert "-F" not in sshargv.ssh_command("node1") and "-l" not in sshargv.ssh_command("node1")
 
 
 def test_cluster_timeout_default_is_the_ssh_backend_s():
@@ -29,26 +29,26 @@ def test_which_configs_may_set_a_keyword(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     system = tmp_path / "ssh_config"
     system.write_text("Host *\n    SendEnv LANG\n#   Ciphers aes128-ctr\n")
-    monkeypatch.setattr(push, "SYSTEM_SSH_CONFIG", str(system))
+    monkeypatch.setattr(sshargv, "SYSTEM_SSH_CONFIG", str(system))
 
     def config(text):
         path = tmp_path / "c"
         path.write_text(text)
         return str(path)
-    assert not push.config_may_set(None, "ciphers")             # no user file, system silent
-    assert not push.config_may_set(config("Host a\n  HostName b\n"), "ciphers")
-    assert push.config_may_set(config("Host a\n  Ciphers aes256-ctr\n"), "ciphers")
-    assert push.config_may_set(config("Host a\n\tciphers=aes256-ctr\n"), "ciphers")
-    assert push.config_may_set(str(tmp_path / "missing"), "ciphers")        # ssh would fail
+    assert not sshargv.config_may_set(None, "ciphers")             # no user file, system silent
+    assert not sshargv.config_may_set(config("Host a\n  HostName b\n"), "ciphers")
+    assert sshargv.config_may_set(config("Host a\n  Ciphers aes256-ctr\n"), "ciphers")
+    assert sshargv.config_may_set(config("Host a\n\tciphers=aes256-ctr\n"), "ciphers")
+    assert sshargv.config_may_set(str(tmp_path / "missing"), "ciphers")        # ssh would fail
     (home / ".ssh" / "conf.d" / "x.conf").write_text("Match all\n  Ciphers +3des-cbc\n")
-    assert push.config_may_set(config("Include conf.d/*.conf\n"), "ciphers")
-    assert not push.config_may_set(config("Include conf.d/*.none\n"), "ciphers")
-    assert push.config_may_set(config('Include "conf.d/x.conf"\n'), "ciphers")  # unsure
+    assert sshargv.config_may_set(config("Include conf.d/*.conf\n"), "ciphers")
+    assert not sshargv.config_may_set(config("Include conf.d/*.none\n"), "ciphers")
+    assert sshargv.config_may_set(config('Include "conf.d/x.conf"\n'), "ciphers")  # unsure
     (home / ".ssh" / "loop").write_text("Include loop\n")
-    assert push.config_may_set(config("Include loop\n"), "ciphers")          # too deep
+    assert sshargv.config_may_set(config("Include loop\n"), "ciphers")          # too deep
     (home / ".ssh" / "config").write_text("Include conf.d/x.conf\n")
-    assert push.config_may_set(None, "ciphers")                 # the user's file includes it
+    assert sshargv.config_may_set(None, "ciphers")                 # the user's file includes it
     system.write_text("Ciphers aes128-ctr\n")
-    assert not push.config_may_set(config("Host *\n"), "ciphers")    # -F: system file unread
+    assert not sshargv.config_may_set(config("Host *\n"), "ciphers")    # -F: system file unread
 
 

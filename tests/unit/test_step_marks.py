@@ -1,5 +1,5 @@
 """Straggler marks of unmodified torch/Paddle ranks (fluidctl/diagnostics/stepmarks.py,
-stragglers.classify_marks) from known rings, the page a real ``Marks`` writes, and the
+stragglerwatch.classify_marks) from known rings, the page a real ``Marks`` writes, and the
 sitecustomize that installs the hooks (fluidctl/diagnostics/inject): it chains the one it shadows
 (Debian's, in /usr/bin/python3) and installs nothing in the rank's children."""
 import os
@@ -11,6 +11,7 @@ import pytest
 
 from fluidctl import envs
 from fluidctl.diagnostics import stepmarks, stragglers as st
+from fluidctl.diagnostics import stragglerwatch as sw
 from fluidctl.diagnostics import inject
 from fluidctl.diagnostics.inject import sitecustomize
 from fluidctl.paths import DiagDir
@@ -35,12 +36,12 @@ def ring(n, step_ms, late, data_ms=0.0, first=1, jitter=()):
 
 
 def test_the_rank_reaching_each_collective_late_is_the_straggler_and_its_class():
-    v = st.classify(*ring(10, 100, {2: 60}))
+    v = sw.classify(*ring(10, 100, {2: 60}))
     assert (v.kind, v.ranks, v.source, v.collectives) == ("compute", (2,), st.FLIGHT_RECORDER, 10)
     assert round(v.lag * 1e3) == 60 and round(v.step * 1e3) == 100
-    d = st.classify(*ring(10, 100, {1: 60}, data_ms={1: 55}))
+    d = sw.classify(*ring(10, 100, {1: 60}, data_ms={1: 55}))
     assert (d.kind, d.ranks) == ("data", (1,))
-    line = st.describe(d, {1: "node2"})
+    line = sw.describe(d, {1: "node2"})
     assert line.startswith("fluidctl: straggler: rank 1 (node2) is slow data: 55.0 ms per "
                            "collective in its data loader against 0.1 ms on the others, who "
                            "wait 60.0 ms for it at each collective (from torch's collective "
@@ -48,10 +49,10 @@ def test_the_rank_reaching_each_collective_late_is_the_straggler_and_its_class()
 
 
 def test_jitter_small_lags_and_too_few_collectives_say_nothing():
-    assert st.classify(*ring(12, 100, {}, jitter=(0, 25, 5, 40))) is None
-    assert st.classify(*ring(10, 100, {0: 1.5})) is None           # under MIN_EXCESS
-    assert st.classify(*ring(10, 100, {2: 20})) is None            # under MARK_SHARE
-    assert st.classify(*ring(4, 100, {2: 60})) is None             # 3 pairs only
+    assert sw.classify(*ring(12, 100, {}, jitter=(0, 25, 5, 40))) is None
+    assert sw.classify(*ring(10, 100, {0: 1.5})) is None           # under MIN_EXCESS
+    assert sw.classify(*ring(10, 100, {2: 20})) is None            # under MARK_SHARE
+    assert sw.classify(*ring(4, 100, {2: 60})) is None             # 3 pairs only
 
 
 def test_torn_pairs_are_dropped_and_marks_cross_the_wire(tmp_path):

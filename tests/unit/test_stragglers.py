@@ -1,9 +1,11 @@
-"""The straggler verdict (fluidctl/diagnostics/stragglers.py) from known sums, the launcher's
+"""The straggler verdict (fluidctl/diagnostics/stragglerwatch.py) from known sums, the launcher's
 watcher (confirmation, one line, rate limit, LOG_DIR files), and the rank's recorder on a real
 diagnostics directory."""
 import json
 
 from fluidctl.diagnostics import stragglers as st
+
+from fluidctl.diagnostics import stragglerwatch as sw
 from fluidctl.paths import DiagDir, LogLayout
 
 MS = 1_000_000
@@ -29,39 +31,39 @@ def window(per_rank, before=10, n=10):
 
 
 def test_one_rank_computing_long_while_the_others_wait_is_slow_compute():
-    v = st.classify(*window({0: (10, 40, 0, 0), 1: (50, 1, 0, 0), 2: (10, 40, 0, 0)}))
+    v = sw.classify(*window({0: (10, 40, 0, 0), 1: (50, 1, 0, 0), 2: (10, 40, 0, 0)}))
     assert (v.kind, v.ranks, v.collectives, v.at) == ("compute", (1,), 10, 20)
-    line = st.describe(v, {0: "node1", 1: "node2", 2: "node3"})
+    line = sw.describe(v, {0: "node1", 1: "node2", 2: "node3"})
     assert line.startswith("fluidctl: straggler: rank 1 (node2) is slow compute: 50.0 ms "
                            "per collective in compute against 10.0 ms on the others")
 
 
 def test_a_whole_node_of_slow_ranks_is_named():
-    v = st.classify(*window({0: (10, 40, 0, 0), 1: (10, 40, 0, 0),
+    v = sw.classify(*window({0: (10, 40, 0, 0), 1: (10, 40, 0, 0),
                              2: (50, 1, 0, 0), 3: (50, 1, 0, 0)}))
     assert (v.kind, v.ranks) == ("compute", (2, 3))
-    assert "ranks 2, 3 (node2) are slow compute" in st.describe(v, {2: "node2", 3: "node2"})
+    assert "ranks 2, 3 (node2) are slow compute" in sw.describe(v, {2: "node2", 3: "node2"})
 
 
 def test_the_slow_time_spent_in_the_data_loader_is_slow_data():
-    v = st.classify(*window({0: (10, 40, 0, 0), 1: (50, 1, 40, 0)}))
+    v = sw.classify(*window({0: (10, 40, 0, 0), 1: (50, 1, 40, 0)}))
     assert (v.kind, v.ranks) == ("data", (1,))
-    assert "in its data loader against 0.0 ms" in st.describe(v, {})
+    assert "in its data loader against 0.0 ms" in sw.describe(v, {})
 
 
 def test_links_into_and_out_of_one_node_streaming_slowly_are_a_slow_link_there():
-    v = st.classify(*window({0: (10, 60, 0, 1), 1: (10, 60, 0, 50), 2: (10, 60, 0, 50)}))
+    v = sw.classify(*window({0: (10, 60, 0, 1), 1: (10, 60, 0, 50), 2: (10, 60, 0, 50)}))
     assert (v.kind, v.ranks, v.links) == ("link", (1, 2), ((0, 1), (1, 2)))
-    line = st.describe(v, {0: "node1", 1: "node2", 2: "node3"})
+    line = sw.describe(v, {0: "node1", 1: "node2", 2: "node3"})
     assert "slow link at node2: ranks 0->1, 1->2 stream 50.0 ms" in line
 
 
 def test_even_ranks_too_few_collectives_or_nobody_waiting_are_no_verdict():
-    assert st.classify(*window({0: (10, 1, 0, 0.1), 1: (12, 1, 0, 0.1), 2: (11, 1, 0, 0.1)})) \
+    assert sw.classify(*window({0: (10, 1, 0, 0.1), 1: (12, 1, 0, 0.1), 2: (11, 1, 0, 0.1)})) \
         is None
-    assert st.classify(*window({0: (10, 40, 0, 0), 1: (50, 1, 0, 0)}, n=2)) is None
+    assert sw.classify(*window({0: (10, 40, 0, 0), 1: (50, 1, 0, 0)}, n=2)) is None
     # one rank computes longer but nobody waited for it (independent work): not a straggler
-    assert st.classify(*window({0: (10, 1, 0, 0), 1: (50, 1, 0, 0), 2: (10, 1, 0, 0)})) \
+    assert sw.classify(*window({0: (10, 1, 0, 0), 1: (50, 1, 0, 0), 2: (10, 1, 0, 0)})) \
         is None
 
 
@@ -72,7 +74,7 @@ def test_watcher_says_a_confirmed_verdict_once_and_writes_it_to_log_dir(tmp_path
     def samples():
         return readings[-1]
 
-    watcher = st.Watcher(samples, lambda: {1: "node2"}, said.append, tmp_path,
+    watcher = sw.Watcher(samples, lambda: {1: "node2"}, said.append, tmp_path,
                          clock=lambda: t[0])
     total = {0: [0, 0, 0], 1: [0, 0, 0]}
     for tick in range(12):
@@ -89,7 +91,7 @@ def test_watcher_says_a_confirmed_verdict_once_and_writes_it_to_log_dir(tmp_path
     assert layout.stragglers_log.read_text().count("straggler:") == 1
     record = json.loads(layout.stragglers_json.read_text())
     assert (record["kind"], record["ranks"], record["hosts"]) == ("compute", [1], {"1": "node2"})
-    t[0] += st.REPEAT
+    t[0] += sw.REPEAT
     readings.append({r: st.Sample(n + 5, c + 250 * MS * (r == 1) + 50 * MS * (r == 0),
                                   w + 200 * MS * (r == 0) + 5 * MS, 0, 0, -1)
                      for r, (n, c, w) in total.items()})

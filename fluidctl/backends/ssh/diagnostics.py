@@ -6,8 +6,6 @@ from __future__ import annotations
 import time
 from typing import Dict, List
 
-# the conversation with a node agent (one tagged line each way): fluidctl/agentproto.py, which
-# is all of this side the agent imports
 from fluidctl.agentproto import ProcessEnd
 from fluidctl.diagnostics.watch import Diagnostics, StackDump, local_activity
 

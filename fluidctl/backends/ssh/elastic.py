@@ -6,8 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Dict, List, Optional, Sequence
 
-# the conversation with a node agent (one tagged line each way): fluidctl/agentproto.py, which
-# is all of this side the agent imports
+from fluidctl import telemetry
 from fluidctl.agentproto import BEAT_EVERY
 from fluidctl.errors import UsageError
 from fluidctl.planning.elastic import HostNodes
@@ -68,7 +67,7 @@ class ElasticMembers:
         node = self.launcher.connected.pop(host, None)
         if node is not None:
             node.close()
-        self._say(f"node {host} lost: {why} (recorded in the ledger of bad nodes)")
+        telemetry.emit(telemetry.NodeLost(host=host, why=why), otherwise=self._say)
 
     def _start(self, hosts: Sequence[Host]):
         config, launcher = self.launcher.config, self.launcher
@@ -144,8 +143,9 @@ class ElasticMembers:
             break
         launcher.hosts, launcher.agents = hosts, agents
         plan = launcher._plan(hosts, agents, launcher._ports_wanted(hosts))
-        self._say(f"restart {attempt}: new world of {len(plan.trainers)} trainer(s) on "
-                  f"{', '.join(h.name for h in hosts)}, MASTER_ADDR {plan.master}")
+        telemetry.emit(telemetry.World(attempt=attempt, trainers=len(plan.trainers),
+                                       hosts=tuple(h.name for h in hosts), master=plan.master),
+                       otherwise=self._say)
         return plan
 
     def beat(self) -> None:

@@ -21,8 +21,6 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Sequence
 
-# the conversation with a node agent (one tagged line each way): fluidctl/agentproto.py, which
-# is all of this side the agent imports
 from fluidctl.agentproto import BEAT_EVERY
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.errors import UsageError

@@ -10,7 +10,8 @@ microseconds.
 import os
 import sys
 
-# the names of fluidctl/envs.py (kept literal here: importing fluidctl at every start would cost)
+# the names of fluidctl/envs/names.py (kept literal here: importing fluidctl at every start
+# would cost)
 _DIAG_DIR, _STEP_HOOKS, _STEP_HOOKS_PID = (
     "FLUIDCTL_DIAG_DIR", "FLUIDCTL_STEP_HOOKS", "FLUIDCTL_STEP_HOOKS_PID")
 _HERE = os.path.dirname(os.path.abspath(__file__))

@@ -1,0 +1,213 @@
+"""The house's measures, read from the source (every import statement, lazy ones included;
+``if TYPE_CHECKING:`` blocks left out: they never run):
+
+- no import circle among fluidctl's modules;
+- no arrow back up the house (DESIGN.md's layering, ``FLOORS`` below, ground floor first: a
+  module imports only from its own floor or below);
+- no file over ``MAX_LINES`` lines.
+
+``python tests/unit/test_house.py`` prints the measures (circles, arrows up, largest files).
+"""
+import ast
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "fluidctl"
+MAX_LINES = 600
+TOO_LONG_FOR_NOW = set()          # files over MAX_LINES that a split is under way for
+
+# ground floor first. A module belongs to the floor of its longest prefix listed.
+FLOORS = [
+    ("ground: contracts and leaves", (
+        "fluidctl", "fluidctl.envs", "fluidctl.paths", "fluidctl.net", "fluidctl.lines",
+        "fluidctl.units", "fluidctl.errors", "fluidctl.digest", "fluidctl.sigs",
+        "fluidctl.agentproto", "fluidctl.shardlayout", "fluidctl.clicktypes",
+        # the ranks' half of a contract, kept in the feature it belongs to: the pages a rank
+        # writes and the launcher reads, a pserver's checkpoint lines, the lifeline
+        "fluidctl.diagnostics.progress", "fluidctl.diagnostics.pages",
+        "fluidctl.diagnostics.stragglers", "fluidctl.diagnostics.checkpoints",
+        "fluidctl.procs.lifeline")),
+    ("runtime: what training scripts import", ("fluidctl.runtime",)),
+    ("planning: pure", ("fluidctl.planning",)),
+    ("the wings", (
+        "fluidctl.cluster", "fluidctl.remote", "fluidctl.procs", "fluidctl.diagnostics",
+        "fluidctl.pserverctl", "fluidctl.sharding", "fluidctl.telemetry",
+        "fluidctl.console", "fluidctl.tables")),
+    ("backends", ("fluidctl.backends",)),
+    ("launch", ("fluidctl.launch",)),
+    ("job verbs", ()),
+    ("the option tables (one declaration per option)", ("fluidctl.fastargs",
+                                                        "fluidctl.trainargs")),
+    ("entry points", ("fluidctl.cli", "fluidctl.commands", "fluidctl.node", "fluidctl.__main__")),
+]
+# A backend is a package with a room on several floors: its launcher and plan on the backends
+# floor, and these, named by their module, on the floor of their kind (tests/unit/
+# test_layering.py holds the same rooms).
+BACKEND_ROOMS = {"options": "the option tables (one declaration per option)",
+                 "jobs": "job verbs", "pod": "entry points"}
+
+
+def modules():
+    """{dotted name: path} of every module and package under fluidctl/."""
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _resolve(name, mods):
+    while name and name not in mods:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _type_checking_only(tree):
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) \
+                and node.test.id == "TYPE_CHECKING":
+            for sub in node.body:
+                skip.update(id(n) for n in ast.walk(sub))
+    return skip
+
+
+@lru_cache(maxsize=1)
+def import_graph():
+    """{module: {fluidctl modules it imports}}."""
+    mods = modules()
+    graph = {}
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text())
+        skip = _type_checking_only(tree)
+        out = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                out.update(_resolve(a.name, mods) for a in node.names
+                           if a.name.split(".")[0] == "fluidctl")
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name.split(".") if path.name == "__init__.py" else \
+                        name.split(".")[:-1]
+                    base = base[:len(base) - node.level + 1]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                if module.split(".")[0] != "fluidctl":
+                    continue
+                for alias in node.names:
+                    full = f"{module}.{alias.name}"
+                    out.add(full if full in mods else _resolve(module, mods))
+        out.discard(None)
+        out.discard(name)
+        graph[name] = out
+    return graph
+
+
+def circles(graph):
+    """The strongly connected components of more than one module (Tarjan's)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * len(graph)))
+    try:
+        for v in sorted(graph):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
+    return found
+
+
+def floor_of(module):
+    room = BACKEND_ROOMS.get(module.rpartition(".")[2])
+    if room is not None and module.startswith("fluidctl.backends."):
+        return next(i for i, (name, _) in enumerate(FLOORS) if name == room)
+    best = None
+    for i, (_, prefixes) in enumerate(FLOORS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and \
+                    (best is None or len(prefix) > best[1]):
+                best = (i, len(prefix))
+    return None if best is None else best[0]
+
+
+def arrows_up(graph):
+    """(importer, imported) where the imported module stands on a higher floor."""
+    return sorted((a, b) for a, out in graph.items() for b in out
+                  if floor_of(b) > floor_of(a))
+
+
+def sizes():
+    """[(lines, path relative to the repository)], largest first."""
+    return sorted(((len(p.read_text().splitlines()),
+                    str(p.relative_to(ROOT.parent))) for p in ROOT.rglob("*.py")),
+                  reverse=True)
+
+
+def measures() -> str:
+    graph = import_graph()
+    found, up, largest = circles(graph), arrows_up(graph), sizes()
+    return "\n".join(
+        [f"modules: {len(graph)}, import arrows: {sum(map(len, graph.values()))}",
+         f"circles: {len(found)}"] + [f"  {' <-> '.join(c)}" for c in found]
+        + [f"arrows up: {len(up)}"] + [f"  {a} -> {b}" for a, b in up]
+        + [f"files over {MAX_LINES} lines: {sum(n > MAX_LINES for n, _ in largest)}",
+           "largest files:"] + [f"  {n:5d} {p}" for n, p in largest[:8]])
+
+
+def test_every_module_stands_on_a_floor():
+    assert [m for m in import_graph() if floor_of(m) is None] == []
+
+
+def test_no_import_circle():
+    print("\n" + measures())
+    assert circles(import_graph()) == []
+
+
+def test_no_arrow_back_up_the_house():
+    assert arrows_up(import_graph()) == []
+
+
+def test_the_floors_find_a_circle_and_an_arrow_up():
+    """The measures can fail: a made-up graph with one of each is caught."""
+    graph = {"fluidctl.console": {"fluidctl.tables"}, "fluidctl.tables": {"fluidctl.console"},
+             "fluidctl.fastargs": {"fluidctl.commands.numbers"},
+             "fluidctl.commands.numbers": set()}
+    assert circles(graph) == [["fluidctl.console", "fluidctl.tables"]]
+    assert arrows_up(graph) == [("fluidctl.fastargs", "fluidctl.commands.numbers")]
+
+
+def test_no_file_over_600_lines():
+    over = {p for n, p in sizes() if n > MAX_LINES}
+    assert over - TOO_LONG_FOR_NOW == set(), over
+    assert TOO_LONG_FOR_NOW <= over, "split: take it off TOO_LONG_FOR_NOW"
+
+
+if __name__ == "__main__":
+    print(measures())
