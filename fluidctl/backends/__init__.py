@@ -99,6 +99,15 @@ def _registry() -> Dict[str, str]:
     return _REGISTRY
 
 
+# --backend unless given: without hosts, and with --hostfile/--hosts
+DEFAULT, DEFAULT_WITH_HOSTS = "local", "ssh"
+
+
+def default(hosts: bool) -> str:
+    """The backend of a ``fluidctl train`` that names none."""
+    return DEFAULT_WITH_HOSTS if hosts else DEFAULT
+
+
 def names() -> List[str]:
     return list(_registry())
 

@@ -55,9 +55,9 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
         raise UsageError("--node-rank is torchrun's: fluidctl plans node ranks itself (the "
                          "order of --hostfile/--hosts) and starts every node from here",
                          "drop --node-rank and run fluidctl once, on one machine")
-    from fluidctl.planning.config import LaunchConfig, default_backend
-    options["backend"] = options.get("backend") or default_backend(options.get("hostfile"),
-                                                                   options.get("hosts_arg"))
+    from fluidctl.planning.config import LaunchConfig
+    options["backend"] = options.get("backend") or backends.default(
+        bool(options.get("hostfile") or options.get("hosts_arg")))
     backend = backends.backend(options["backend"])
     if show_secrets and not (as_json or dry_run and not backend.launcher_class().dry_run_table):
         raise UsageError("--show-secrets only works with --dry-run --json (it unmasks the job "

@@ -116,7 +116,7 @@ class LaunchConfig:
         if pservers and pserver_endpoints:
             raise UsageError("--pservers and --pserver-endpoints both given",
                              "start pservers here (--pservers N) or use running ones, not both")
-        backend = backend or default_backend(hostfile, hosts_arg)
+        backend = backend or cls.backend
         ranks = parse_ranks(tee_ranks)
         if ranks is not None and settings.get("tee", "rank0") != "rank0":
             raise UsageError(f"--tee {settings['tee']} and --tee-ranks both given",
@@ -139,11 +139,6 @@ class LaunchConfig:
         if self.tee_ranks and self.tee_ranks[-1] >= trainers:
             raise UsageError(f"--tee-ranks names rank {self.tee_ranks[-1]}, but the job has "
                              f"{trainers} trainer(s)", f"choose ranks 0..{trainers - 1}")
-
-
-def default_backend(hostfile: Optional[str], hosts_arg: Optional[str]) -> str:
-    """--backend unless given: ssh with hosts, else local."""
-    return "ssh" if hostfile or hosts_arg else "local"
 
 
 def checkpoint_signal(name: Optional[str]) -> str:

@@ -133,3 +133,21 @@ def test_top_level_modules_are_contracts_or_leaves():
                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             for m in mods:
                 assert not any(m == a or m.startswith(a + ".") for a in above), (path.name, m)
+
+
+# a backend's package may be imported from outside it only by these (besides the registry,
+# which names each by a string): the k8s MPIJob runs mpirun, as the mpi backend builds it
+OUTSIDE_USERS = {"mpi": {"fluidctl/backends/k8s/launcher.py"}}
+
+
+def test_a_backend_is_imported_only_by_its_own_package():
+    """Adding or removing a backend touches its package and the registry line (and docs):
+    no other module imports it, lazily or not."""
+    root = Path(fluidctl.__file__).parent
+    from fluidctl import backends
+    for name in {spec.partition(":")[0].rsplit(".", 1)[-1] for spec in backends.BUILTIN.values()}:
+        package = f"fluidctl.backends.{name}"
+        users = {str(path.relative_to(root.parent)) for path in sorted(root.rglob("*.py"))
+                 if (root / "backends" / name) not in path.parents
+                 and any(_within(m, (package,)) for _, m in _imports_of(path))}
+        assert users <= OUTSIDE_USERS.get(name, set()), (name, users)

@@ -3,5 +3,5 @@ from fluidctl.backends import Backend
 
 BACKEND = Backend("local", "fluidctl.backends.local.launcher:LocalLauncher",
                   options="fluidctl.backends.local.options",
-                  jobs="fluidctl.backends.local.jobs",
+                  jobs="fluidctl.launch.jobs",
                   hostfile=True)

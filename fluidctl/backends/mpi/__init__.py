@@ -3,4 +3,4 @@ from fluidctl.backends import Backend
 
 BACKEND = Backend("mpi", "fluidctl.backends.mpi.launcher:MPILauncher",
                   options="fluidctl.backends.mpi.options",
-                  jobs="fluidctl.backends.local.jobs", title="MPI", hostfile=True)
+                  jobs="fluidctl.launch.jobs", title="MPI", hostfile=True)

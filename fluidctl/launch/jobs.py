@@ -1,6 +1,7 @@
-"""The job verbs of a job fluidctl runs itself (``--backend local``, ``ssh``, ``fabric``,
-``mpi``): the job is named by its log dir, where its running launcher keeps its pid
-(``job.json``) and the checkpoint request file (launch/requests.py).
+"""The job verbs of a job whose launcher runs on this machine (the Backends of local, ssh,
+fabric and mpi name this module as theirs): the job is named by its log dir, where its
+running launcher keeps its pid (``job.json``) and the checkpoint request file
+(launch/requests.py).
 
 ``checkpoint`` writes a ``save`` request there: the ranks that read that file see it, the
 launcher passes it on to the nodes that have their own (``Launcher.relay_checkpoint``), and
