@@ -1,5 +1,5 @@
-"""The node agent's line protocol, both ends: the launcher (``backends/ssh.py``) and the agent
-on each node (``node/agent.py``). One line each way; an agent line is MARK, a tag, "|", text.
+"""The node agent's line protocol, both ends: the launcher (``backends/ssh/agent.py``) and the
+agent on each node (``node/agent.py``). One line each way; an agent line is MARK, a tag, "|", text.
 
 Its own module, standard library only, so the agent can answer its first line (the probe)
 before it imports the supervisor, the planner and the diagnostics it needs later: the launcher

@@ -55,7 +55,7 @@ NEVER = {
 
 
 # the ledger of bad nodes stands on paths alone: state that the health gate (cluster/), the Slurm
-# launcher (a step failed on a node) and an elastic job's launcher (backends/ssh.py) share, so
+# launcher (a step failed on a node) and an elastic job's launcher (backends/ssh/elastic.py) share, so
 # the layers above cluster/ may name it (``from fluidctl.cluster import ledger`` included)
 SHARED_STATE = ("fluidctl.cluster.ledger",)
 LEAVES = {"backends": ("fluidctl.cluster",)}

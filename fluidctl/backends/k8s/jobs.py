@@ -1,5 +1,6 @@
-"""The k8s backend's job verbs: ``fluidctl job list|status|logs|cancel`` for the Kubernetes jobs fluidctl submitted
-(``KIND/NAME``, e.g. ``pytorchjob/bert``), through the API (``fluidctl.backends.k8s.api``)."""
+"""The k8s backend's job verbs: ``fluidctl job list|status|logs|cancel`` for the Kubernetes
+jobs fluidctl submitted (``KIND/NAME``, e.g. ``pytorchjob/bert``), through the API
+(``fluidctl.backends.k8s.api``)."""
 from __future__ import annotations
 
 import json

@@ -1,10 +1,10 @@
 """``--backend k8s``: the job as a PyTorchJob, MPIJob, PaddleJob or JobSet (docs/kubernetes.md).
 
 ``prepare`` plans as every backend does (``make_plan``, or ``plan_mpi`` for an MPIJob) with one
-node per pod, addressed by the name the operator gives that pod (``fluidctl.backends.k8s.plan``);
-``fluidctl.backends.k8s.render`` turns the plan into the objects. ``--dry-run`` prints them as YAML (and
-``--dry-run --json`` the plan); ``--apply`` submits them through the ``kubernetes`` client
-(``fluidctl.backends.k8s.api``) and returns: the cluster runs the job, ``fluidctl job`` follows it.
+node per pod, addressed by the name the operator gives that pod (``plan.py``); ``render.py``
+turns the plan into the objects. ``--dry-run`` prints them as YAML (and ``--dry-run --json``
+the plan); ``--apply`` submits them through the ``kubernetes`` client (``api.py``) and
+returns: the cluster runs the job, ``fluidctl job`` follows it (``jobs.py``).
 """
 from __future__ import annotations
 

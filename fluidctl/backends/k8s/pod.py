@@ -1,5 +1,5 @@
-"""The entry of every pod of a Kubernetes job (``python3 -m fluidctl.backends.k8s.pod PLAN.json``, the
-container command ``fluidctl.backends.k8s.render`` writes; users never type it).
+"""The entry of every pod of a Kubernetes job (``python3 -m fluidctl.backends.k8s.pod
+PLAN.json``, the container command ``render.py`` writes; users never type it).
 
 The ConfigMap holds the plan: one ``NodeShare`` record per pod (``fluidctl.agentproto``, as the
 SSH agents get theirs), without the token. This pod's node is FLUIDCTL_K8S_NODE_BASE +

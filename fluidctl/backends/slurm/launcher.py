@@ -14,7 +14,7 @@ Outside an allocation the job is submitted: a batch script kept as LOG_DIR/slurm
 (checked with ``sbatch --test-only`` while planning, shown by ``--dry-run``) whose body is this
 same command inside the allocation, then ``sbatch --parsable``, a record under fluidctl's state
 dir, and the job is followed as one handle until it ends; Ctrl-C detaches, ``--detach``
-returns at once. ``backends/slurmctl.py`` has the batch script, records and job states.
+returns at once. ``slurmctl.py`` has the batch script, records and job states.
 """
 from __future__ import annotations
 

@@ -186,7 +186,7 @@ class RemoteAgent:
         self.channel.sendall((share.to_wire() + "\n").encode())
 
     def doctor(self, request: dict, timeout: float) -> Optional[List[str]]:
-        """The node's rendezvous problems (backends/doctor.py), None without an answer."""
+        """The node's rendezvous problems (backends/ssh/doctor.py), None without an answer."""
         from fluidctl.remote.ssh import NODE_LOST
         self._doctor, self._doctor_came = None, threading.Event()
         try:

@@ -132,7 +132,7 @@ class SSHLauncher(BaseLauncher):
     def _socket_ifnames(self, config, plan, agents) -> None:
         """Each node's processes get NCCL_SOCKET_IFNAME (``=name``, exact) and
         GLOO_SOCKET_IFNAME set to the interface that node is reached on, unless the user set
-        either (backends/doctor.py)."""
+        either (backends/ssh/doctor.py)."""
         from fluidctl.backends.ssh import doctor
         if any(name in config.user_env for name in doctor.IFNAME_VARS):
             return
