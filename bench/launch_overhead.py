@@ -29,6 +29,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--record", action="store_true",
+                    help="write the figures into bench/results.json (docs/performance.md)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="fluidctl-bench-")
     script = os.path.join(work, "noop.py")
@@ -56,6 +58,12 @@ def main():
     print(f"fluidctl / bare python = {f / med['bare python x N']:.2f}x")
     if "torchrun" in med:
         print(f"fluidctl / torchrun    = {f / med['torchrun']:.2f}x  (goal <= 0.25x)")
+    if args.record and "torchrun" in med:
+        from results import record
+        record("launch", what=f"{args.nproc}-process no-op job, start to end",
+               fluidctl=f"{f:.3f} s", peer=f"torchrun {med['torchrun']:.3f} s",
+               ratio=f"{f / med['torchrun']:.2f}x",
+               command=f"python bench/launch_overhead.py --repeat {args.repeat}")
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def run(argv, label: str = "") -> tuple:
     return wall, usage.ru_maxrss / 1024
 
 
-def table(title: str, times: dict, base_label: str, rss: dict) -> None:
+def table(title: str, times: dict, base_label: str, rss: dict) -> dict:
     """Wall medians and their ratio; beside them the median CPU seconds (user + system) of
     each contender, which a loaded machine disturbs far less than wall time."""
     base = statistics.median(times[base_label])
@@ -87,6 +87,17 @@ def table(title: str, times: dict, base_label: str, rss: dict) -> None:
         print(f"  {label:34s} {med:9.3f} {min(values):7.3f} {med / base:6.2f} {cpu:7.3f} "
               f"{peak:>9s}")
     print(flush=True)
+    return {label: statistics.median(values) for label, values in times.items()}
+
+
+def record(args, row_id: str, what: str, med: dict, label: str, base: str, peer: str) -> None:
+    """--record: this row of bench/results.json (docs/performance.md) from these medians."""
+    if not args.record or label not in med:
+        return
+    from results import record as write
+    command = f"python bench/shard_data.py --runs {args.runs} --startup-runs {args.startup_runs}"
+    write(row_id, what=what, fluidctl=f"{med[label]:.3f} s", peer=f"{peer} {med[base]:.3f} s",
+          ratio=f"{med[label] / med[base]:.2f}x", command=command)
 
 
 def bench_size(work: str, mib: int, args, variants: dict, fluidctl_cmd: list) -> None:
@@ -147,8 +158,13 @@ def bench_size(work: str, mib: int, args, variants: dict, fluidctl_cmd: list) ->
             times[f"fluidctl {label}"].append(wall)
             rss[f"fluidctl {label}"] = max(rss.get(f"fluidctl {label}", 0), peak)
     os.unlink(data)
-    table(f"{size / 2**20:.0f} MiB into {args.trainers} shards, {args.runs} interleaved rounds "
-          f"(ratio: median / split's median)", times, split_label, rss)
+    med = table(f"{size / 2**20:.0f} MiB into {args.trainers} shards, {args.runs} interleaved "
+                f"rounds (ratio: median / split's median)", times, split_label, rss)
+    if args.trainers == 4 and mib in (256, 1024) and not args.venv:
+        name = "256 MiB" if mib == 256 else "1 GiB"
+        record(args, "shard-256m" if mib == 256 else "shard-1g",
+               f"shard-data, {name} into 4 shards" + (" (xxh3-128 per shard)" if mib == 256 else ""),
+               med, "fluidctl default", split_label, "split -n l/4")
 
 
 def bench_startup(work: str, args, fluidctl_cmd: list) -> None:
@@ -168,8 +184,11 @@ def bench_startup(work: str, args, fluidctl_cmd: list) -> None:
     for _ in range(args.startup_runs):
         for label, argv in contenders.items():
             times[label].append(run(argv, label)[0])
-    table(f"start-up, {args.startup_runs} interleaved rounds (ratio: median / python -c pass)",
-          times, "python -c pass", {})
+    med = table(f"start-up, {args.startup_runs} interleaved rounds (ratio: median / python -c "
+                "pass)", times, "python -c pass", {})
+    if not args.venv:
+        record(args, "startup", "start-up: fluidctl --version", med, "fluidctl --version",
+               "python -c pass", "python -c pass")
 
 
 def main() -> None:
@@ -181,6 +200,8 @@ def main() -> None:
     parser.add_argument("--variants", choices=["quick", "all"], default="quick")
     parser.add_argument("--only", action="append", choices=sorted(VARIANTS),
                         help="run only these fluidctl variants (repeatable)")
+    parser.add_argument("--record", action="store_true",
+                        help="write the figures into bench/results.json (docs/performance.md)")
     installed.add_option(parser)
     args = parser.parse_args()
     if not shutil.which("split"):

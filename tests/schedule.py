@@ -38,6 +38,7 @@ LONGEST = (
     "test_health_gate_leaves_outliers_out_and_the_ledger_keeps_them_out",
     "tests/cluster/test_slurm_preempt.py::test_scontrol_requeue_resumes",
     "tests/e2e/test_hang_classes.py::test_runtime_script_each_class",
+    "tests/e2e/test_docs_run.py::test_example_outputs_are_what_the_commands_print",
     "tests/cluster/test_elastic.py::"
     "test_agent_killed_then_master_node_cut_off_beside_a_node_at_full_cpu",
     "tests/e2e/test_hardening2_wheelhouse.py::test_27_7_a_failed_build_shows_pip_s_real_error_line",

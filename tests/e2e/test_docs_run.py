@@ -128,3 +128,33 @@ def test_completion_lines_print_a_script():
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 0 and "_FLUIDCTL_COMPLETE" in res.stdout, (line, res.stderr)
         assert shlex.split(line)        # the line itself is shell a reader can paste
+
+
+def test_example_outputs_are_what_the_commands_print():
+    """The marked example outputs of README.md and docs/ that need no cluster (hang, failure and
+    straggler reports, the shard-data summary, the Slurm batch script, the Kubernetes YAML)
+    are what the commands print now: docs/regen.py --check reruns them (numbers masked)."""
+    res = subprocess.run([sys.executable, str(ROOT / "docs" / "regen.py"), "--check"],
+                         capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "checked the local blocks" in res.stdout
+
+
+def test_regen_rewrites_a_stale_output_and_check_fails_on_it(tmp_path):
+    """docs/regen.py --check fails on an output that is not what its command prints (numbers
+    aside), and a plain run rewrites it; `keep` cuts the lines it does not match."""
+    page = tmp_path / "page.md"
+    page.write_text("<!-- regen: local -->\n```\n$ echo hello 1; echo world\nbye 1\n```\n\n"
+                    '<!-- regen: local keep="^\\$|two" -->\n```\n$ printf \'one\\ntwo\\n\'\n```\n')
+    regen = [sys.executable, str(ROOT / "docs" / "regen.py")]
+    res = subprocess.run([*regen, "--check", str(page)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 1 and "page.md:1," in res.stderr, res.stderr
+    subprocess.run([*regen, str(page)], check=True, capture_output=True, timeout=120)
+    assert "$ echo hello 1; echo world\nhello 1\nworld\n```" in page.read_text()
+    assert "[...]\ntwo\n" in page.read_text()
+    page.write_text(page.read_text().replace("hello 1", "hello 2"))     # numbers are masked
+    res = subprocess.run([*regen, "--check", str(page)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
