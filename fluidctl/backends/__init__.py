@@ -33,13 +33,19 @@ BUILTIN = {
 }
 
 
-def _load(spec: str):
-    """The object "module:attr" names."""
+def _load(spec: str, name: str = ""):
+    """The object "module:attr" names; one that cannot be loaded (a site's broken package) is
+    a UsageError naming the backend."""
     import importlib        # here: cluster sync imports this package and needs none of it
     module, _, attr = spec.partition(":")
-    value = importlib.import_module(module)
-    for part in attr.split(".") if attr else ():
-        value = getattr(value, part)
+    try:
+        value = importlib.import_module(module)
+        for part in attr.split(".") if attr else ():
+            value = getattr(value, part)
+    except (ImportError, AttributeError) as exc:
+        from fluidctl.errors import UsageError
+        raise UsageError(f"--backend {name or module} ({spec}) cannot be loaded: {exc}",
+                         "fix or uninstall the package that declares it") from None
     return value
 
 
@@ -62,25 +68,25 @@ class Backend:
         return f"Backend({self.name!r})"
 
     def launcher_class(self):
-        return _load(self.launcher)
+        return _load(self.launcher, self.name)
 
     def make_launcher(self, log: Optional[Callable[[str], None]] = None):
         return self.launcher_class()(log)
 
     def declared(self) -> tuple:
         """Its own options (fastargs.Option), as ``fluidctl train`` shows and parses them."""
-        return tuple(_load(self.options).OPTIONS) if self.options else ()
+        return tuple(_load(self.options, self.name).OPTIONS) if self.options else ()
 
     def configure(self, config, values: dict):
         """``config`` with this backend's options parsed from ``values`` (its own, and the
         shared --nodes) and checked against the rest of the config."""
         if not self.options:
             return config
-        return _load(self.options).configure(config, values)
+        return _load(self.options, self.name).configure(config, values)
 
     def verbs(self):
         """Its job verbs' module, or None."""
-        return _load(self.jobs) if self.jobs else None
+        return _load(self.jobs, self.name) if self.jobs else None
 
 
 _REGISTRY: Optional[Dict[str, str]] = None
@@ -120,14 +126,26 @@ def backend(name: str) -> Backend:
     if spec is None:
         raise UsageError(f"--backend {name} is not installed",
                          f"choose one of {', '.join(names())}")
-    value = _load(spec)
+    value = _load(spec, name)
     if isinstance(value, Backend):
         return value
     return Backend(name, f"{value.__module__}:{value.__qualname__}")
 
 
 def every() -> List[Backend]:
-    return [backend(name) for name in names()]
+    """Every installed backend; a site's that cannot be loaded is left out, with one line on
+    stderr (fluidctl's own commands still work)."""
+    from fluidctl.errors import UsageError
+    found = []
+    for name in names():
+        try:
+            found.append(backend(name))
+        except UsageError as exc:
+            if name in BUILTIN:
+                raise
+            import sys
+            print(f"warning: {exc.message} ({exc.hint})", file=sys.stderr, flush=True)
+    return found
 
 
 def launcher(name: str, log: Optional[Callable[[str], None]] = None):

@@ -74,3 +74,17 @@ def test_without_the_entry_point_the_name_is_not_known(tmp_path):
     script.write_text(SCRIPT)
     res = fluidctl("train", "--backend", "tiny", "--dry-run", script, cwd=tmp_path)
     assert res.returncode == 2 and "'tiny' is not one of" in res.stderr, res.stderr
+
+
+def test_a_site_backend_that_cannot_load_is_one_line_and_the_rest_works(tmp_path, site):
+    """A broken site package: naming it is one line; fluidctl's own backends still run."""
+    (tmp_path / "site" / "fluidctl_tiny" / "launcher.py").write_text("import no_such_module\n")
+    script = tmp_path / "t.py"
+    script.write_text(SCRIPT.replace('os.environ["TINY_GREETING"]', '"-"'))
+    broken = fluidctl("train", "--backend", "tiny", "--dry-run", script, cwd=tmp_path, env=site)
+    assert broken.returncode == 2, broken.stdout + broken.stderr
+    assert broken.stderr.startswith("error: --backend tiny (fluidctl_tiny.launcher:TinyLauncher)"
+                                    " cannot be loaded: No module named 'no_such_module'"), \
+        broken.stderr
+    assert len(broken.stderr.strip().splitlines()) == 1, broken.stderr
+    fluidctl("train", "--nproc", 1, "--dry-run", script, cwd=tmp_path, env=site, check=0)
