@@ -180,19 +180,21 @@ def footprints():
     names = {}
     for name, spec in backends.BUILTIN.items():
         names.setdefault(spec.partition(":")[0].rsplit(".", 1)[-1], set()).add(name)
+    trees = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = str(path.relative_to(ROOT.parent))
+        if not rel.startswith("fluidctl/runtime/"):
+            tree = ast.parse(path.read_text())
+            prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+            trees[rel] = [n for n in ast.walk(tree) if id(n) not in prose]
     out = {}
     for package, words in sorted(names.items()):
         prefix, hits = f"fluidctl.backends.{package}", {}
-        for path in sorted(ROOT.rglob("*.py")):
-            rel = str(path.relative_to(ROOT.parent))
-            if rel.startswith(f"fluidctl/backends/{package}/") or \
-                    rel.startswith("fluidctl/runtime/"):
+        for rel, nodes in trees.items():
+            if rel.startswith(f"fluidctl/backends/{package}/"):
                 continue
-            why, tree = set(), ast.parse(path.read_text())
-            prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
-            for node in ast.walk(tree):
-                if id(node) in prose:           # docstrings
-                    continue
+            why = set()
+            for node in nodes:
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
                     mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                             [node.module or ""])
