@@ -52,16 +52,18 @@ def _load(spec: str, name: str = ""):
 class Backend:
     """One backend's parts. ``launcher``: "module:Class" of its Launcher; ``options``: the
     module with its ``OPTIONS`` (fastargs Options: the one declaration of each, help
-    included) and ``configure(config, values)``, which parses them (and the meaning it gives
-    the shared ``--nodes``) into ``config.backend_options``; ``jobs``: the module with its job
-    verbs (``owns(job_id)``, ``status``, ``logs``, ``cancel``, ``checkpoint``, ``list_jobs``);
+    included); ``configure``: "module:function" that parses them, and the meaning it gives
+    the shared ``--nodes``, into ``config.backend_options`` (``configure(config, values)``,
+    on the backends' floor: its piece of the plan); ``jobs``: the module with its job verbs
+    (``owns(job_id)``, ``status``, ``logs``, ``cancel``, ``checkpoint``, ``list_jobs``);
     ``title``: how messages name it; ``hostfile``: its nodes are the lines of --hostfile."""
-    __slots__ = ("name", "launcher", "options", "jobs", "title", "hostfile")
+    __slots__ = ("name", "launcher", "options", "configure_with", "jobs", "title", "hostfile")
 
     def __init__(self, name: str, launcher: str, options: Optional[str] = None,
-                 jobs: Optional[str] = None, title: Optional[str] = None,
-                 hostfile: bool = False):
+                 configure: Optional[str] = None, jobs: Optional[str] = None,
+                 title: Optional[str] = None, hostfile: bool = False):
         self.name, self.launcher, self.options, self.jobs = name, launcher, options, jobs
+        self.configure_with = configure
         self.title, self.hostfile = title or name, hostfile
 
     def __repr__(self) -> str:
@@ -80,9 +82,9 @@ class Backend:
     def configure(self, config, values: dict):
         """``config`` with this backend's options parsed from ``values`` (its own, and the
         shared --nodes) and checked against the rest of the config."""
-        if not self.options:
+        if not self.configure_with:
             return config
-        return _load(self.options, self.name).configure(config, values)
+        return _load(self.configure_with, self.name)(config, values)
 
     def verbs(self):
         """Its job verbs' module, or None."""

@@ -60,12 +60,14 @@ NEVER = {
 SHARED_STATE = ("fluidctl.cluster.ledger",)
 LEAVES = {"backends": ("fluidctl.cluster",)}
 
-# A backend package is a slice of the house: besides its launcher (the backends floor) it holds
-# its options (``options.py``: read by commands/train.py, fastargs and launch/train.py), its job verbs (``jobs.py``: called by commands/job.py, above launch: they follow a job's logs
-# and write its checkpoint request) and its node-side entry (``pod.py``: runs on a node, as
-# node/ does). Each such file keeps its own floor's rule, and nothing below names it.
+# A backend package is a slice of the house: besides its launcher and plan (the backends floor,
+# where ``plan.configure`` parses its options) it holds its options' declarations
+# (``options.py``: read by commands/train.py and trainargs.py), its job verbs (``jobs.py``:
+# called by commands/job.py, above launch: they follow a job's logs and write its checkpoint
+# request) and its node-side entry (``pod.py``: runs on a node, as node/ does). Each such file
+# keeps its own floor's rule, and nothing below names it.
 BACKEND_ROOMS = {
-    # its options, declared as fastargs Options and parsed by it: the command line's floor
+    # its options, declared as fastargs Options: the command line's floor
     "options.py": ("fluidctl.cli", "fluidctl.commands", "fluidctl.node", "fluidctl.launch",
                    "fluidctl.cluster"),
     "jobs.py": ENTRY + ("fluidctl.cluster",),

@@ -4,5 +4,6 @@ the API; each pod runs ``python3 -m fluidctl.backends.k8s.pod``."""
 from fluidctl.backends import Backend
 
 BACKEND = Backend("k8s", "fluidctl.backends.k8s.launcher:K8sLauncher",
-                  options="fluidctl.backends.k8s.options", jobs="fluidctl.backends.k8s.jobs",
-                  title="Kubernetes")
+                  options="fluidctl.backends.k8s.options",
+                  configure="fluidctl.backends.k8s.plan:configure",
+                  jobs="fluidctl.backends.k8s.jobs", title="Kubernetes")

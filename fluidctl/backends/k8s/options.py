@@ -1,9 +1,8 @@
 """The Kubernetes-only options of ``fluidctl train`` (``--backend k8s``), declared once
-(fastargs Options), and Kubernetes' meaning of the shared ``--nodes`` (the trainer pods) and
-``--job-name`` (the job's name), parsed into one ``K8sOptions`` (docs/kubernetes.md)."""
+(fastargs Options); ``plan.py`` parses them, and Kubernetes' meaning of the shared ``--nodes``
+(the trainer pods) and ``--job-name`` (the job's name), into one ``K8sOptions``
+(docs/kubernetes.md)."""
 from __future__ import annotations
-
-import dataclasses
 
 from fluidctl import fastargs
 
@@ -26,14 +25,3 @@ OPTIONS = (
                     help="k8s: submit the job with your kubeconfig (without it: --dry-run "
                          "prints the YAML), e.g. --apply."),
 )
-
-
-def configure(config, values: dict):
-    from fluidctl.backends.k8s.plan import K8sOptions
-    from fluidctl.planning.elastic import node_count
-    nodes = node_count(values.pop("nodes", None), "k8s", "a count of pods")
-    options = K8sOptions(kind=values.pop("kind", None), image=values.pop("image", None),
-                         namespace=values.pop("namespace", None) or "default",
-                         nodes=nodes or 1, name=values.pop("job_name", None),
-                         apply=bool(values.pop("apply", False)))
-    return dataclasses.replace(config, backend_options=options)

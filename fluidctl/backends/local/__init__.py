@@ -2,6 +2,5 @@
 from fluidctl.backends import Backend
 
 BACKEND = Backend("local", "fluidctl.backends.local.launcher:LocalLauncher",
-                  options="fluidctl.backends.local.options",
-                  jobs="fluidctl.launch.jobs",
-                  hostfile=True)
+                  configure="fluidctl.backends.local.plan:configure",
+                  jobs="fluidctl.launch.jobs", hostfile=True)

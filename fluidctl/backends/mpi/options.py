@@ -1,37 +1,11 @@
-"""``--backend mpi``'s options: ``--mpirun-arg`` (declared here, once) and its meaning of the
-shared ``--nodes`` (a count of --hostfile's nodes); what mpirun cannot do is refused here."""
+"""``--backend mpi``'s own option, declared once (a fastargs Option): ``--mpirun-arg``;
+``plan.py`` parses it."""
 from __future__ import annotations
 
-import dataclasses
-from typing import Tuple
-
 from fluidctl import fastargs
-from fluidctl.errors import UsageError
-from fluidctl.planning.elastic import HostNodes, host_nodes
 
 OPTIONS = (
     fastargs.Option(["--mpirun-arg"], "mpirun_args", fastargs.MULTI, metavar="ARG",
                     help="mpi: passed to mpirun as it is (repeatable), e.g. "
                          "--mpirun-arg=--oversubscribe --mpirun-arg='--mca btl ^openib'."),
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class MpiOptions(HostNodes):
-    """``--backend mpi``'s options: ``count`` of --hostfile's nodes to use (None: all) and
-    what --mpirun-arg passes to mpirun."""
-    mpirun_args: Tuple[str, ...] = ()
-
-
-def configure(config, values: dict):
-    nodes = host_nodes(values.pop("nodes", None), len(config.hosts), config.mode)
-    if config.tee_ranks is not None:
-        raise UsageError("--tee-ranks needs fluidctl's own supervision of every rank "
-                         "(mpirun forwards the remote ranks' output as one stream)",
-                         "use --tee all, or --backend local, ssh, fabric or slurm")
-    if config.gpus == "all":
-        raise UsageError("--gpus all is not known with --backend mpi",
-                         "give a count per node, e.g. --gpus 4")
-    args = tuple(values.pop("mpirun_args", None) or ())
-    return dataclasses.replace(config, backend_options=MpiOptions(nodes.count,
-                                                                  mpirun_args=args))

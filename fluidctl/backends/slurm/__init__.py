@@ -3,5 +3,6 @@
 from fluidctl.backends import Backend
 
 BACKEND = Backend("slurm", "fluidctl.backends.slurm.launcher:SlurmLauncher",
-                  options="fluidctl.backends.slurm.options", jobs="fluidctl.backends.slurm.jobs",
-                  title="Slurm")
+                  options="fluidctl.backends.slurm.options",
+                  configure="fluidctl.backends.slurm.plan:configure",
+                  jobs="fluidctl.backends.slurm.jobs", title="Slurm")

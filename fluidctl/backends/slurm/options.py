@@ -1,12 +1,9 @@
 """The Slurm-only options of ``fluidctl train`` (``--backend slurm``), declared once (fastargs
-Options: names, type, help), and Slurm's meaning of the shared ``--nodes`` (a node count),
-parsed into one ``SlurmOptions`` for the backend."""
+Options: names, type, help); ``plan.py`` parses them, and Slurm's meaning of the shared
+``--nodes`` (a node count), into one ``SlurmOptions``."""
 from __future__ import annotations
 
-import dataclasses
-
 from fluidctl import fastargs
-from fluidctl.errors import UsageError
 
 OPTIONS = (
     fastargs.Option(["--partition"], "partition",
@@ -34,26 +31,3 @@ OPTIONS = (
                     help="slurm, from a login node: return once submitted instead of "
                          "following the job (then: fluidctl job logs JOB -f)."),
 )
-
-
-def configure(config, values: dict):
-    """``config`` with its ``SlurmOptions``; the allocation, not a hostfile, gives the nodes."""
-    from fluidctl.backends.slurm.plan import SlurmOptions
-    from fluidctl.planning.elastic import node_count
-    nodes = node_count(values.pop("nodes", None), "slurm")
-    if config.gpus == "all":
-        raise UsageError("--gpus all is not known with --backend slurm",
-                         "give a count per node, e.g. --gpus 4")
-    if values.get("health_gate"):
-        raise UsageError("--health-gate measures the nodes of --hostfile/--hosts over SSH; "
-                         "under Slurm the allocation chooses them",
-                         "drop --health-gate (run fluidctl cluster check --deep on the "
-                         "allocation's nodes), or pass --exclude")
-    options = SlurmOptions(
-        nodes=nodes, partition=values.pop("partition", None), time=values.pop("time_limit", None),
-        account=values.pop("account", None), qos=values.pop("qos", None),
-        constraint=values.pop("constraint", None), exclude=values.pop("exclude", None),
-        slurm_args=tuple(values.pop("slurm_args", None) or ()),
-        detach=bool(values.pop("detach", False)), job_name=values.pop("job_name", None),
-        checkpoint_warning=values.pop("checkpoint_warning", None))
-    return dataclasses.replace(config, backend_options=options)

@@ -3,8 +3,8 @@ paramiko or Fabric; elastic jobs (``--nodes MIN:MAX``) too."""
 from fluidctl.backends import Backend
 
 BACKEND = Backend("ssh", "fluidctl.backends.ssh.launcher:SSHLauncher",
-                  options="fluidctl.backends.ssh.options", jobs="fluidctl.launch.jobs",
-                  hostfile=True)
+                  configure="fluidctl.backends.ssh.plan:configure",
+                  jobs="fluidctl.launch.jobs", hostfile=True)
 FABRIC = Backend("fabric", "fluidctl.backends.ssh.fabric:FabricLauncher",
-                 options="fluidctl.backends.ssh.options", jobs="fluidctl.launch.jobs",
-                 hostfile=True)
+                 configure="fluidctl.backends.ssh.plan:configure",
+                 jobs="fluidctl.launch.jobs", hostfile=True)
