@@ -50,6 +50,8 @@ def main():
     ap.add_argument("--nodes", default="125,250,1000")
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--record", action="store_true",
+                    help="write the largest size's row to bench/results.json")
     args = ap.parse_args()
     sizes = [int(x) for x in args.nodes.split(",")]
     rows = []
@@ -60,8 +62,19 @@ def main():
         rows.append((ranks, t))
         print(f"{n:>8} x {args.gpus:<3} {ranks:>7} {t:>12.3f} {biggest:>16,} {held / 2**20:>9.1f}")
     (r0, t0), (r1, t1) = rows[0], rows[-1]
-    print(f"growth exponent {math.log(t1 / t0) / math.log(r1 / r0):.2f} "
+    exponent = math.log(t1 / t0) / math.log(r1 / r0)
+    print(f"growth exponent {exponent:.2f} "
           f"(time ~ ranks^k from {r0} to {r1} ranks; 1.0 is linear)")
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import results
+        results.record("plan-scale", what=f"make_plan, {sizes[-1]:,} nodes x {args.gpus} GPUs "
+                                          f"({r1:,} ranks)",
+                       fluidctl=f"{t1:.2f} s; growth exponent {exponent:.2f} over "
+                                f"{r0:,}-{r1:,} ranks",
+                       peer="-", ratio="-", machine="2 cores",
+                       command=f"python bench/plan_scale.py --nodes {args.nodes} "
+                               f"--gpus {args.gpus} --repeat {args.repeat} --record")
 
 
 if __name__ == "__main__":
