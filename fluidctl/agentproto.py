@@ -9,6 +9,8 @@ this version sends raises ``RecordError``.
 """
 from enum import Enum
 
+from fluidctl.sigs import GRACE_PERIOD
+
 MARK = "@@fluidctl "          # every agent line starts with it; the rest is "<tag>|<text>"
 PROBE_TAG = "probe"
 FAILURE_TAG = "failure"
@@ -176,7 +178,7 @@ class NodeShare(_Record):
     what = "node plan"
 
     def __init__(self, procs: list, log_dir: str, host: str, *, attempt: int = 0,
-                 max_restarts: int = 0, grace: float = 5.0, marker: str = "",
+                 max_restarts: int = 0, grace: float = GRACE_PERIOD, marker: str = "",
                  beat: float = 0.0, checkpoint_signal: str = "TERM"):
         self.procs, self.log_dir, self.host = procs, log_dir, host
         self.attempt, self.max_restarts, self.grace = attempt, max_restarts, grace
@@ -197,7 +199,7 @@ class NodeShare(_Record):
         attempt = _take(r, w, "attempt", _INT, 0)
         return cls(procs, _take(r, w, "log_dir", _STR), _take(r, w, "host", _STR),
                    attempt=attempt, max_restarts=_take(r, w, "max_restarts", _INT, attempt),
-                   grace=float(_take(r, w, "grace", _NUM, 5.0)),
+                   grace=float(_take(r, w, "grace", _NUM, GRACE_PERIOD)),
                    marker=_take(r, w, "marker", _STR, ""),
                    beat=float(_take(r, w, "beat", _NUM, 0.0)),
                    checkpoint_signal=_take(r, w, "checkpoint_signal", _STR, "TERM"))

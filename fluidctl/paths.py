@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, Mapping, NamedTuple, Optional, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from fluidctl.errors import UsageError
 
@@ -17,6 +17,49 @@ DEFAULT_LOG_DIR = "mylog"
 STATE_ENV = "FLUIDCTL_STATE_DIR"
 LOCK_NAME = ".fluidctl.lock"
 SHARED_MARKER = ".fluidctl.shared."
+
+
+class StateFileError(OSError):
+    """A state file that is not a regular file of a sane size (a FIFO, a device, a directory):
+    its message names the path and what it is."""
+
+
+def open_state_file(path, flags: int = os.O_RDONLY) -> int:
+    """A descriptor of ``path``, which must be a regular file: opened with O_NONBLOCK, so a
+    FIFO or a device there cannot block open() (as OpenSSH opens key files), then checked
+    with fstat. FileNotFoundError when absent; StateFileError when not a regular file."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        import stat
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                    else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+            raise StateFileError(f"{path} is not a regular file ({what})")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_state_file(path, limit: int = 16 << 20) -> bytes:
+    """The bytes of state file ``path`` (open_state_file's checks), at most ``limit`` of them:
+    a larger file is StateFileError, not a read of whatever it holds."""
+    fd = open_state_file(path)
+    try:
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise StateFileError(f"{path} holds more than {limit} bytes")
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path, data, mode: Optional[int] = None) -> None:
@@ -335,11 +378,65 @@ class DiagDir(NamedTuple):
         if base is not None:
             return cls(Path(tempfile.mkdtemp(prefix=".fluidctl_diag.", dir=str(base))))
         shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        return cls(Path(tempfile.mkdtemp(prefix="fluidctl_diag.", dir=shm)))
+        made = cls(Path(tempfile.mkdtemp(prefix="fluidctl_diag.", dir=shm)))
+        try:
+            write_atomic(made.root / made.OWNER, _owner_line(os.getpid()))
+        except OSError:
+            pass
+        made.sweep_dead(Path(shm or tempfile.gettempdir()))
+        return made
+
+    OWNER = "owner"             # "<pid> <start time> <pid namespace>" of the creator
+
+    @classmethod
+    def sweep_dead(cls, where: Path) -> List[str]:
+        """Remove the directories in ``where`` whose creator is gone (an agent or launcher
+        killed with SIGKILL along with its watchdog leaves its directory in /dev/shm, in
+        memory until reboot). Only directories of this user whose owner record names a
+        process of this pid namespace that no longer runs (or whose pid was reused); one
+        without an owner record is being made, or not ours to judge, and stays."""
+        import shutil
+        gone = []
+        try:
+            names = [n for n in os.listdir(where) if n.startswith("fluidctl_diag.")]
+        except OSError:
+            return gone
+        uid = os.geteuid()
+        for name in names:
+            path = Path(where) / name
+            try:
+                if os.lstat(path).st_uid != uid:
+                    continue
+                pid, start, ns = read_state_file(path / cls.OWNER, 4096).decode().split()
+            except (OSError, ValueError, UnicodeDecodeError):
+                continue
+            if ns == _pid_namespace() and _owner_line(int(pid)).split()[:2] != [pid, start]:
+                shutil.rmtree(path, ignore_errors=True)
+                gone.append(str(path))
+        return gone
 
     def remove(self) -> None:
         import shutil
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "-"
+
+
+def _owner_line(pid: int) -> str:
+    """``pid``'s owner record: its start time (clock ticks since boot, /proc/PID/stat field
+    22) tells a reused pid from the creator; "gone" once it no longer runs."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start = fields[19].decode()
+    except (OSError, IndexError):
+        start = "gone"
+    return f"{pid} {start} {_pid_namespace()}\n"
 
 
 class CheckpointLayout(NamedTuple):
@@ -383,14 +480,6 @@ class CheckpointLayout(NamedTuple):
         except FileNotFoundError:
             return []
         return sorted((s for s in map(self.step_of, names) if s is not None), reverse=True)
-
-    def leftovers(self) -> list:
-        """Partial and replaced directories a killed save left."""
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            return []
-        return [self.root / n for n in names if n.startswith((".partial-step-", ".old-step-"))]
 
 
 def hang_dir(root: Path, when: float, kind: str = "hang") -> Path:

@@ -13,6 +13,11 @@ except ImportError:                                         # pragma: no cover -
                         pthread_sigmask, signal)
 
 
+# Seconds between SIGTERM (or the checkpoint signal) and SIGKILL when fluidctl stops ranks and
+# pservers: torchrun's and Kubernetes' terminationGracePeriodSeconds, time for a rank to write
+# a checkpoint of a few GB.
+GRACE_PERIOD = 30.0
+
 
 def by_name(name: str) -> int:
     """A signal's number from its name (TERM, SIGTERM, usr1) or number; ValueError if unknown."""

@@ -107,6 +107,7 @@ def _before_backends():
 def _after_backends():
     from fluidctl import envs
     from fluidctl.paths import DEFAULT_LOG_DIR
+    from fluidctl.sigs import GRACE_PERIOD
     from fluidctl.planning.config import TEE_CHOICES
     return (
         Option(["--ssh-config"], "ssh_config",
@@ -159,7 +160,7 @@ def _after_backends():
                help="KEY=VALUE lines added to every process's environment, e.g. --env-file "
                     "job.env."),
         Option(["--grace-period"], "grace_period",
-               type=float_between(0, 86400, "--grace-period 10"), default=5.0,
+               type=float_between(0, 86400, "--grace-period 10"), default=GRACE_PERIOD,
                show_default=True,
                help="Seconds between SIGTERM and SIGKILL when stopping, e.g. --grace-period "
                     "10."),

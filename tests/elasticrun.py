@@ -68,6 +68,8 @@ class Fault:
     aliases: Tuple[str, ...]        # "master": the node that holds MASTER_ADDR now
     during_restart: bool = False    # injected as soon as the fault before it was detected,
     #                                 at_step not waited for: the restart is under way
+    heal_after: float = 0.0         # healed this many seconds after it was detected (0: at
+    #                                 the end of the job)
     when: float = 0.0
     hit: Tuple[str, ...] = ()
     detected: Optional[float] = None        # seconds from the fault to "lost" in launch.log
@@ -151,6 +153,10 @@ def run_elastic(nodes, work: Path, *, node_range: str, faults: List[Fault], step
                            for a in fault.hit) or proc.poll() is not None
             wait_for(lost, timeout, f"{fault.hit} declared lost")
             fault.detected = time.time() - fault.when
+            if fault.heal_after:
+                time.sleep(fault.heal_after)        # the fault itself lasts this long
+                for alias in fault.hit:
+                    heal(nodes, fault.kind, alias)
         out, _ = proc.communicate(timeout=timeout)
         (work / "console.txt").write_text(out)
     finally:

@@ -55,6 +55,13 @@ LONGEST = (
     "tests/e2e/test_hang_classes.py::test_torch_collectives_count_as_progress_without_pyspy",
     "tests/cluster/test_job_checkpoint_ssh.py::test_save_reaches_every_node_and_the_job_goes_on",
     "tests/e2e/test_job_checkpoint_local.py::test_save_and_go_on",
+    "tests/e2e/test_hang_under_load.py::"
+    "test_40_8_a_compute_bound_job_beside_cpu_hogs_is_never_stopped",
+    "tests/e2e/test_hang_under_load.py::"
+    "test_40_8_a_hang_whose_stack_signal_wakes_the_ranks_ends_as_a_hang",
+    "tests/cluster/test_elastic.py::"
+    "test_40_15_a_node_frozen_for_a_moment_rejoins_and_leaves_the_ledger",
+    "tests/cluster/test_blame.py::test_40_4_a_launcher_stopped_for_8s_ledgers_no_node",
 )
 
 

@@ -19,9 +19,14 @@ def _say(text: str) -> None:
 
 
 def skip_ledgered(hosts: Sequence[Host], min_nodes: int, include_bad: bool = False,
-                  say=_say) -> List[Host]:
-    """``hosts`` without the ledger's active entries (cluster/ledger.py ``usable``)."""
-    names = ledger.usable([h.name for h in hosts], min_nodes, include_bad, say)
+                  say=_say, ssh_config=None) -> List[Host]:
+    """``hosts`` without the ledger's active entries (cluster/ledger.py ``usable``), each
+    matched by the address its ssh config resolves it to, not by its alias."""
+    if include_bad:
+        return list(hosts)
+    from fluidctl.remote.sshconfig import resolve_hosts
+    resolved = resolve_hosts(list(hosts), ssh_config)[0]
+    names = {h.name for h in ledger.usable(resolved, min_nodes, include_bad, say)}
     return [h for h in hosts if h.name in names]
 
 
@@ -50,8 +55,9 @@ def health_gate(hosts: Sequence[Host], min_nodes: int, *, ssh_config=None,
             f"node(s), {min_nodes} required: starting with them")
         return list(hosts)
     unmeasured = {n.host for n in report.nodes if n.reason}
+    by_name = {h.name: h for h in resolved}
     for host, why in bad.items():       # unreachable: lost; measured and slow: health
-        ledger.record(host, ledger.LOST if host in unmeasured else ledger.HEALTH, why,
+        ledger.record(by_name.get(host, host), ledger.LOST if host in unmeasured else ledger.HEALTH, why,
                       job=job)
     say(f"health gate: leaving out {lines}; recorded in the bad-node ledger "
         "(fluidctl cluster ledger list)")
@@ -63,7 +69,8 @@ def choose(hosts: Sequence[Host], *, min_nodes: int, want: Optional[int] = None,
            ) -> List[Host]:
     """The nodes a job runs on: ledgered ones out (unless ``include_bad``), the health gate's
     outliers out (with ``gate``), then the first ``want`` (all without)."""
-    chosen = skip_ledgered(hosts, min_nodes, include_bad, say)
+    chosen = skip_ledgered(hosts, min_nodes, include_bad, say,
+                           ssh_config=gate_options.get("ssh_config"))
     if gate:
         chosen = health_gate(chosen, min_nodes, say=say, **gate_options)
     return chosen[:want] if want else chosen

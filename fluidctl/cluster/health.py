@@ -13,9 +13,10 @@ How it stays comparable on nodes that share hardware (and fast):
   - the network is measured in rounds of disjoint pairs around a ring (node i sends to node
     i+1), every pair of a round at once; a node's figure is the best of its two pairs, so a
     slow neighbour does not make it look slow;
-  - a suspect is measured again (CPU, memory, disk: up to twice more, keeping its best;
-    network: against a healthy partner) and is named only if it stays slow: a busy moment is
-    not a bad node.
+  - a suspect is measured again (CPU, memory, disk: up to twice more, keeping its best, each
+    time right beside a peer that is not a suspect; network: against a healthy partner) and
+    is named only if it stays slow, and slower than the peer measured beside it: a busy
+    moment of shared hardware slows both alike, and is not a bad node.
 """
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ class NodeHealth:
     outliers: List[str] = field(default_factory=list)          # one line per low figure
     notes: List[str] = field(default_factory=list)             # what was skipped, and why
     reason: str = ""                                           # could not be measured
+    cleared: List[str] = field(default_factory=list)   # figures as good as a peer's beside it
 
     @property
     def ok(self) -> bool:
@@ -190,7 +192,7 @@ def compare(nodes: Sequence[NodeHealth], threshold: float = THRESHOLD) -> None:
             median = statistics.median(p.figures[key] for p in have if p is not node)
             node.medians[key] = median
             value = node.figures[key]
-            if median > 0 and value < threshold * median:
+            if median > 0 and value < threshold * median and key not in node.cleared:
                 node.outliers.append(f"{node.host}: {label} {show(key, value)}, "
                                      f"{ratio(value / median)}x the peers' median "
                                      f"{show(key, median).split(' ')[0]}")
@@ -199,8 +201,40 @@ def compare(nodes: Sequence[NodeHealth], threshold: float = THRESHOLD) -> None:
 def suspects(nodes: Sequence[NodeHealth], keys: Sequence[str],
              threshold: float = THRESHOLD) -> List[NodeHealth]:
     compare(nodes, threshold)
-    return [n for n in nodes if any(n.medians.get(k) and n.figures[k] < threshold * n.medians[k]
-                                    for k in keys if k in n.figures)]
+    return [n for n in nodes if _low(n, keys, threshold)]
+
+
+def _low(node: NodeHealth, keys: Sequence[str], threshold: float) -> List[str]:
+    return [k for k in keys if k in node.figures and k not in node.cleared
+            and node.medians.get(k) and node.figures[k] < threshold * node.medians[k]]
+
+
+def confirm_suspects(nodes: Sequence[NodeHealth], remeasure: Callable[[str, bool], dict],
+                     keys: Sequence[str], threshold: float = THRESHOLD,
+                     say: Optional[Callable[[str, str], None]] = None,
+                     rounds: int = CONFIRMATIONS) -> None:
+    """Measure each suspect again, up to ``rounds`` times, each time right beside a peer that
+    is not one: a busy moment of shared hardware slows both alike, so a suspect that then
+    measures at least ``threshold`` times that peer is cleared of the figure (a busy moment is
+    not a bad node); one that stays under it every time stays an outlier.
+    ``remeasure(host, keep)`` measures a node and returns the fresh figures; with ``keep`` the
+    node keeps its best. The peer's are not kept: its best of several would raise the median
+    every other node is compared with."""
+    for _ in range(rounds):
+        slow = suspects(nodes, keys, threshold)
+        if not slow:
+            return
+        peers = [n for n in nodes if n not in slow]
+        for i, node in enumerate(slow):
+            low = _low(node, keys, threshold)
+            if say:
+                say(node.host, "slow: measuring CPU, memory and disk again, beside a peer")
+            mine = remeasure(node.host, True) or {}
+            if not peers:
+                continue
+            theirs = remeasure(peers[i % len(peers)].host, False) or {}
+            node.cleared += [k for k in low if k in mine and theirs.get(k)
+                             and mine[k] >= threshold * theirs[k]]
 
 
 def ring_rounds(count: int) -> List[List[Tuple[int, int]]]:
@@ -253,18 +287,21 @@ class _Measure:
             self._fail(host, str(exc))
             return None
 
-    def cpu(self, host: str) -> None:
+    def cpu(self, host: str, keep: bool = True) -> dict:
+        """Measure (with ``keep``, the node keeps its best figures); this measurement's."""
         got = self.ask(host, {"op": "cpu", "seconds": CPU_SECONDS, "mem_seconds": MEM_SECONDS},
                        30)
-        if got:
+        if got and keep:
             self._keep(self.health[host], got,
                        {"gemm_gflops": "gemm_gflops", "mem_gbps": "mem_gbps"}, "CPU")
+        return got or {}
 
-    def disk(self, host: str, workdir: Optional[str]) -> None:
+    def disk(self, host: str, workdir: Optional[str], keep: bool = True) -> dict:
         node = self.health[host]
         got = self.ask(host, {"op": "disk", "dir": workdir, "mib": DISK_MIB}, 30)
-        if got:
+        if got and keep:
             self._keep(node, got, {"disk_free": "disk_free", "write_mbps": "write_mbps"}, "disk")
+        return got or {}
 
     @staticmethod
     def _keep(node: NodeHealth, got: dict, keys: Dict[str, str], what: str) -> None:
@@ -371,13 +408,11 @@ def measure(hosts: Sequence[Host], targets, *, python: Optional[str] = None,
             if name not in m.probes and not health[name].reason:
                 health[name].reason = f"the probe did not start within {2 * timeout + 5:g} s"
         m.names.sort(key=starting.index)            # the ring in hostfile order
-        for _ in range(CONFIRMATIONS):              # a busy moment is not a bad node
-            live = [health[n] for n in m.names]
-            slow = suspects(live, ("gemm_gflops", "mem_gbps", "write_mbps"), threshold)
-            for node in slow:
-                say(node.host, "slow: measuring CPU, memory and disk again")
-                m.cpu(node.host)
-                m.disk(node.host, workdirs.get(node.host))
+        # a busy moment is not a bad node: suspects are measured again, beside a peer
+        confirm_suspects([health[n] for n in m.names],
+                         lambda host, keep: {**m.cpu(host, keep),
+                                             **m.disk(host, workdirs.get(host), keep)},
+                         ("gemm_gflops", "mem_gbps", "write_mbps"), threshold, say)
         parallel(list(m.names), m.gpu)              # each node's own GPUs: at once
         names = list(m.names)
         for pairs in ring_rounds(len(names)):

@@ -27,7 +27,7 @@ def list_(as_json: bool = False) -> None:
     from fluidctl.tables import print_table
     print_table(f"bad-node ledger: {len(found)} node(s) left out of later jobs",
                 ("host", "why", "since", "left out until", "detail"),
-                [[e.host, e.why, _when(e.since), _when(e.until), e.detail] for e in found])
+                [[f"{e.host} ({e.node})" if e.node and e.node != e.host else e.host, e.why, _when(e.since), _when(e.until), e.detail] for e in found])
 
 
 def clear(host: Optional[str] = None) -> None:

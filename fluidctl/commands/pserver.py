@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from fluidctl.commands.numbers import seconds
+from fluidctl.runtime.pserver import MAX_FRAME_MB, MAX_TRAINERS
 
 
 @click.group(name="pserver", help="""Standalone parameter servers for pserver-mode jobs.
@@ -33,7 +34,7 @@ def pserver():
               type=click.IntRange(0, 64), default=0, show_default=True,
               help="Extra ports after those, e.g. --ports-num-for-sparse 1 (same protocol).")
 @click.option("--num-gradient-servers", "--num_gradient_servers", "--trainers", "trainers",
-              type=click.IntRange(1), default=None,
+              type=click.IntRange(1, MAX_TRAINERS), default=None,
               help="Number of trainers, e.g. --trainers 4 (default: PADDLE_TRAINERS_NUM or 1).")
 @click.option("--sync/--async", "sync", default=None,
               help="Synchronous SGD (a barrier per step; default) or asynchronous updates.")
@@ -48,7 +49,8 @@ def pserver():
 @click.option("--token-file", type=click.Path(dir_okay=False), default=None,
               help="File holding the job token trainers must present, e.g. --token-file "
                    "job.token (default: FLUIDCTL_JOB_TOKEN; --daemon generates one).")
-@click.option("--max-frame-mb", type=click.IntRange(1), default=1024, show_default=True,
+@click.option("--max-frame-mb", type=click.IntRange(1, MAX_FRAME_MB), default=1024,
+              show_default=True,
               help="Largest request accepted, in MiB, e.g. --max-frame-mb 256.")
 @click.option("--daemon", is_flag=True,
               help="Detach; log to the state directory, e.g. fluidctl pserver start --daemon.")

@@ -80,6 +80,7 @@ class Evidence:
     cpu: Optional[float] = None              # cores used while the stacks were taken
     count: Optional[int] = None              # collectives completed (fluidctl.runtime)
     running: Optional[float] = None          # share of state samples in R (running/runnable)
+    signalled: bool = False                  # sent the stack signal (which may end a C sleep)
 
     @property
     def busy(self) -> bool:
@@ -198,6 +199,13 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
     if dead and all(e.state == "exited" for e in evs):
         return Verdict(DEAD_PEER, "every rank has exited: the job is ending, not hung",
                        [], hung=False)
+    live = [e for e in evs if e not in dead]
+    if dead and not groups and live and all(places[e.rank] is not None and
+                                            places[e.rank].what == "busy" for e in live):
+        # nobody waits for the missing rank: the others compute (a job ending rank by rank)
+        return Verdict(DEAD_PEER, f"{rank_list([e.rank for e in dead])} ended while "
+                       f"{rank_list([e.rank for e in live])} compute and none waits for it: "
+                       "not a hang", [e.rank for e in dead], hung=False)
     if dead:
         words = {"T": "is stopped (SIGSTOP or a frozen cgroup)", "t": "is stopped by a debugger",
                  "Z": "has exited (a zombie)", "exited": "has exited"}
@@ -309,15 +317,46 @@ def _shape(frames: Optional[Sequence[Frame]]) -> Tuple:
     return tuple((f.func, f.file) for f in frames) + tuple(f.line for f in frames[1:])
 
 
-def still_busy(verdict: Verdict, first: Dict[int, Optional[List[Frame]]],
-               second: Dict[int, Optional[List[Frame]]]) -> Verdict:
-    """A slow-compute verdict checked against a second look at the stacks: a busy rank whose
-    stack moved meanwhile works its way forward (it imports, it starts up), so the job is not
-    hung (yet); one that stayed put is the slow rank."""
-    if verdict.kind != SLOW_COMPUTE or not verdict.hung:
+SECOND_LOOK = (DESYNC, SLOW_COMPUTE)      # verdicts about ranks outside collectives
+
+
+def second_look(verdict: Verdict, first: Sequence[Evidence], second: Sequence[Evidence]
+                ) -> Verdict:
+    """A desync or slow-compute verdict checked against a second look at every rank (one
+    sample of a rank's state can catch a computing rank paused or descheduled on a crowded
+    machine): the job is not hung when a collective completed between the looks, when the
+    second look finds every rank busy, or when a rank at fault moved (its
+    stack changed, or it ended by itself, not woken by the stack signal) or, for a desync,
+    computes in the second look. Otherwise the verdict stands."""
+    if not verdict.hung or verdict.kind not in SECOND_LOOK:
         return verdict
-    moved = [r for r in verdict.ranks if _shape(first.get(r)) != _shape(second.get(r))]
-    if not moved:
-        return verdict
-    return Verdict(SLOW_COMPUTE, f"{verdict.sentence}; but the stack of {rank_list(moved)} "
-                   "moved between two looks: not a hang", verdict.ranks, hung=False)
+    before = {e.rank: e for e in first}
+    after = {e.rank: e for e in second}
+
+    def not_hung(why: str) -> Verdict:
+        return Verdict(verdict.kind, f"{verdict.sentence}; but {why} between two looks: not "
+                       "a hang", verdict.ranks, hung=False)
+
+    counted = [r for r, e in after.items() if r in before and e.count is not None
+               and before[r].count is not None and e.count != before[r].count]
+    if counted:
+        return not_hung(f"{rank_list(counted)} completed a collective")
+    again = classify(second)
+    if again is not None and not again.hung and again.kind == SLOW_COMPUTE:
+        return not_hung(again.sentence)
+    moved, computing = [], []
+    for rank in verdict.ranks:
+        one, two = before.get(rank), after.get(rank)
+        if one is None or two is None:
+            continue
+        if two.state == "exited" and not (one.signalled or two.signalled):
+            moved.append(rank)              # it ended by itself: not hung
+        elif one.frames and two.frames and _shape(one.frames) != _shape(two.frames):
+            moved.append(rank)
+        elif verdict.kind == DESYNC and two.busy:
+            computing.append(rank)
+    if moved:
+        return not_hung(f"the stack of {rank_list(moved)} moved")
+    if computing:
+        return not_hung(f"{rank_list(computing)} computes{_cpu(after[computing[0]])}")
+    return verdict

@@ -148,9 +148,11 @@ def stopped(pid: int) -> Optional[str]:
     return None
 
 
-def faulthandler_dump(pid: int, stack_file: Path, timeout: float = 5.0) -> str:
+def faulthandler_dump(pid: int, stack_file: Path, timeout: float = 5.0,
+                      signalled=lambda: None) -> str:
     """Ask a rank that called ``fluidctl.runtime.init()`` to write its stacks (DUMP_SIGNAL)
-    into ``stack_file`` and return what it wrote."""
+    into ``stack_file`` and return what it wrote; ``signalled()`` is called once the signal
+    was delivered (it may wake the rank from a C sleep, and end it)."""
     if not stack_file.exists():
         raise DumpUnavailable("the rank did not call fluidctl.runtime.init(), so it has no "
                               "faulthandler dump signal (install py-spy: pip install "
@@ -161,6 +163,7 @@ def faulthandler_dump(pid: int, stack_file: Path, timeout: float = 5.0) -> str:
             os.kill(pid, DUMP_SIGNAL)
         except OSError as exc:
             raise DumpUnavailable(f"could not signal pid {pid}: {exc.strerror}") from None
+        signalled()
         deadline = time.monotonic() + timeout
         size, stable_since = before, None
         while time.monotonic() < deadline:      # faulthandler writes from the signal handler,

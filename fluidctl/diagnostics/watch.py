@@ -113,8 +113,9 @@ class StackDump:
     count: Dict[int, int] = field(default_factory=dict)        # rank -> collectives completed
     running: Dict[int, float] = field(default_factory=dict)    # rank -> share of samples in R
     collectives: Dict[int, list] = field(default_factory=dict)  # rank -> torch's last records
+    signalled: Dict[int, bool] = field(default_factory=dict)   # rank -> sent the stack signal
 
-    EVIDENCE = ("state", "cpu", "count", "running", "collectives")
+    EVIDENCE = ("state", "cpu", "count", "running", "collectives", "signalled")
 
     def merge(self, other: "StackDump") -> None:
         for name in ("texts", "frames", "why", "method") + self.EVIDENCE:
@@ -152,7 +153,7 @@ class StackDump:
         hosts = hosts or {}
         return [Evidence(rank, hosts.get(rank, ""), self.frames.get(rank), self.why.get(rank, ""),
                          self.state.get(rank, ""), self.cpu.get(rank), self.count.get(rank),
-                         self.running.get(rank))
+                         self.running.get(rank), bool(self.signalled.get(rank)))
                 for rank in sorted(set(self.frames) | set(self.why))]
 
     def verdict(self, hosts: Optional[Dict[int, str]] = None):
@@ -186,8 +187,11 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
             note = str(exc)
         if diag is None:
             return None, None, note
+        def signalled():                    # the signal may wake it (a C sleep) and end it
+            dump.signalled[t.rank] = True
         try:
-            return "faulthandler", stacks.faulthandler_dump(t.pid, diag.stack(t.rank)), note
+            return "faulthandler", stacks.faulthandler_dump(t.pid, diag.stack(t.rank),
+                                                            signalled=signalled), note
         except stacks.DumpUnavailable as exc:
             return None, None, f"{note}; faulthandler: {exc}"
 
@@ -239,9 +243,11 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
     elapsed = time.monotonic() - started
     for t in targets:
         first, now = before[t.rank], stacks.proc_state(t.pid)
-        if first is not None and now is None and dump.method.get(t.rank) == "faulthandler":
-            # our stack signal woke it (a sleep in C returns early) and it ended: its state
-            # when the hang was found is the evidence, not the exit the signal caused
+        if first is not None and now is None and dump.signalled.get(t.rank) \
+                and first[0] != "R":
+            # our stack signal woke it (a sleep in C returns early) and it ended, with or
+            # without its stack written: its state when the hang was found is the evidence,
+            # not the exit the signal caused (a rank that was running ended by itself)
             dump.state[t.rank] = first[0]
             continue
         if first is None or now is None:
@@ -439,6 +445,9 @@ class Diagnostics:
         """This job's (a LaunchConfig): its --hang-timeout, LOG_DIR and --log-tail."""
         return cls(hang_timeout=config.hang_timeout, log_root=config.layout.root,
                    tail_lines=config.log_tail, **kw)
+
+    def supervised_by(self, supervisor) -> None:
+        """The supervisor of the job (agent-based backends hand it to their launcher)."""
 
     def env(self) -> Dict[str, str]:
         """What the ranks need to report here (their checkpoint requests' environment is

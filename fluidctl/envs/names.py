@@ -90,6 +90,9 @@ CHECKPOINT_REQUEST = "FLUIDCTL_CHECKPOINT_REQUEST"
 CHECKPOINT_SIGNAL = "FLUIDCTL_CHECKPOINT_SIGNAL"
 CHECKPOINT_STATE = "FLUIDCTL_CHECKPOINT_STATE"  # where rank 0 records the last commit
 SLURM_RESTART_COUNT = "SLURM_RESTART_COUNT"     # read only: how often Slurm requeued the job
+# set by the batch script fluidctl submits: the launcher creates this file when it stopped the
+# job on a checkpoint request (exit 75); only then does the script requeue the job
+REQUEUE_FILE = "FLUIDCTL_REQUEUE_FILE"
 
 # --- NCCL (read only) -----------------------------------------------------------------------
 NCCL_MULTI_RANK_GPU = "NCCL_MULTI_RANK_GPU_ENABLE"  # "1": NCCL >= 2.30 lets ranks share a GPU

@@ -104,7 +104,7 @@ def _int(environ: Mapping[str, str], *names: str, default: int) -> int:
 # name: (default, whole number, unit): each must be a finite number above 0; nan or inf would
 # turn a deadline off (every comparison with nan is false) and 0 or less refuse every frame
 KNOBS = {HANDSHAKE_TIMEOUT: (10.0, False, "seconds"), DROP_LOG_INTERVAL: (10.0, False, "seconds"),
-         MAX_FRAME: (4 << 30, True, "bytes")}
+         MAX_FRAME: (4 << 30, True, "bytes"), TIMEOUT: (DEFAULT_TIMEOUT, False, "seconds")}
 
 
 def _knob(name: str, value: str):
@@ -228,7 +228,7 @@ def read(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
         backend=environ.get(DISTRI_BACKEND, "nccl" if gpu else "gloo"),
         restart_count=_int(environ, RESTART_COUNT, default=0),
         token=environ.get(JOB_TOKEN) or None,
-        timeout=float(environ.get(TIMEOUT) or DEFAULT_TIMEOUT),
+        timeout=knob(TIMEOUT, environ),
         under_mpi=under_mpi,
     )
 

@@ -95,7 +95,7 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
         sources=launcher.echo_sources(plan, config.tee, config.tee_ranks),
         report=run.failure_reporter(config.log_tail, layout.failure_json),
         on_hang=run.hang_reporter)
-    from fluidctl.launch.requests import RequestChannel
+    from fluidctl.launch.requests import REQUEUE_EXIT, RequestChannel, mark_requeue
     checkpoint = (RequestChannel(layout.root.resolve(), config.checkpoint_signal)
                   if owner else None)       # a submitted job's own fluidctl has its own
     if checkpoint is not None:              # the ranks it starts itself answer requests
@@ -111,6 +111,8 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
             watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config)))
     if owner:
         _checkpoint_failures(plan, result, launch_log)
+    if result.exit_code == REQUEUE_EXIT and result.failure is None:   # ours, not a rank's 75
+        mark_requeue(checkpoint.asked if checkpoint else "")
     return result
 
 

@@ -53,6 +53,18 @@ def last_commit(layout: paths.LogLayout) -> Optional[dict]:
     return record if isinstance(record, dict) else None
 
 
+def mark_requeue(why: str) -> None:
+    """Leave the batch script's requeue file (FLUIDCTL_REQUEUE_FILE, when fluidctl's own batch
+    script runs us): this launcher stopped the job on a checkpoint request. A rank's own exit
+    75 (EX_TEMPFAIL, which tools return) is a failure and leaves none: no endless requeue."""
+    path = os.environ.get(envs.REQUEUE_FILE)
+    if path:
+        try:
+            paths.write_atomic(Path(path), f"checkpointed on request: {why}\n", 0o644)
+        except OSError:
+            pass            # the script then ends the job with 75 instead of requeueing it
+
+
 class RequestChannel:
     """One job's requests, as its launcher sees them."""
 

@@ -141,6 +141,8 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
                              echo.say)
     supervisor = Supervisor(start, options, log=launch_log, say=echo.say,
                             before_restart=before_restart, sink=sink)
+    if diagnostics:
+        diagnostics.supervised_by(supervisor)   # an elastic launcher may change the world
     watch = (_Watch(supervisor, diagnostics, logs, launch_log, shown.on_hang, sink)
              if diagnostics else None)
     straggler_watch = commits = None
@@ -226,9 +228,11 @@ class _Watch:
         dump = self.d.stacks(handles)
         hosts = self.d.hosts(handles)
         verdict = dump.verdict(hosts) if kind == "hang" else None
-        if verdict is not None and verdict.kind == "slow compute" and verdict.hung:
-            from fluidctl.diagnostics.classify import still_busy   # a second look
-            verdict = still_busy(verdict, dump.frames, self.d.stacks(handles).frames)
+        if verdict is not None and verdict.hung:
+            from fluidctl.diagnostics.classify import SECOND_LOOK, second_look
+            if verdict.kind in SECOND_LOOK:     # ranks outside collectives: look again
+                again = self.d.stacks(self.supervisor.handles())
+                verdict = second_look(verdict, dump.evidence(hosts), again.evidence(hosts))
         first = [why] if why else []
         if verdict is not None:
             header = f"fluidctl: the job hung: {verdict.sentence}"

@@ -29,6 +29,7 @@ from fluidctl.agentproto import EndState, ProcessEnd
 from fluidctl.diagnostics.failures import Failure, FailureKind
 from fluidctl.launch.requests import REQUEUE_EXIT
 from fluidctl import telemetry
+from fluidctl.sigs import GRACE_PERIOD
 from fluidctl.telemetry import Restart
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ _STOPPED_CODES = frozenset(code for sig in (signal.SIGTERM, signal.SIGINT, signa
 
 @dataclass
 class RunOptions:
-    grace_period: float = 5.0
+    grace_period: float = GRACE_PERIOD
     max_restarts: int = 0
     checkpoint: Optional["RequestChannel"] = None   # the job's checkpoint requests
     request_at: Optional[float] = None      # time.time() of a request (a time limit near)
@@ -119,6 +120,8 @@ class Supervisor:
         self._kill_now = False
         self._killed_at_once = False
         self._abort: Optional[tuple] = None
+        self._regroup: Optional[str] = None         # why the world changes (a node rejoins)
+        self._regroups = 0                          # attempts that were world changes
         self._abort_lock = threading.Lock()
         self._closed = False
         self._ends: Dict[str, ProcessEnd] = {}
@@ -152,12 +155,17 @@ class Supervisor:
 
     def request(self, why: str) -> None:
         """Ask for a checkpoint from another thread (the time limit is near)."""
+        self._from_thread("_request", why)
+
+    def _from_thread(self, name: str, value) -> None:
+        """Set ``name`` to ``value`` unless set already, and wake the main loop (another
+        thread's request)."""
         with self._abort_lock:
-            if self._closed or self._request is not None:
+            if self._closed or getattr(self, name) is not None:
                 return
-            self._request = why
+            setattr(self, name, value)
             try:
-                os.write(self._wake_w, b"r")
+                os.write(self._wake_w, b"w")
             except OSError:
                 pass
 
@@ -172,6 +180,12 @@ class Supervisor:
                 os.write(self._wake_w, b"a")
             except OSError:
                 pass
+
+    def regroup(self, why: str) -> None:
+        """Start the next attempt in a new world, from another thread (an elastic job's node
+        rejoins): the running one is stopped as for a restart, without counting against
+        --max-restarts, which counts failures."""
+        self._from_thread("_regroup", why)
 
     def handles(self) -> List[Handle]:
         """The handles of the running attempt."""
@@ -245,6 +259,14 @@ class Supervisor:
                 self._stop(self._handles, first)
                 return self._result(128 + self._signal, signal=self._signal,
                                     attempts=attempt + 1)
+            if self._regroup is not None and failure is None:
+                why, self._regroup = self._regroup, None
+                self._stop(self._handles)
+                attempt += 1
+                self._regroups += 1
+                self.say(f"fluidctl: {why}: restarting the job in a new world (attempt "
+                         f"{attempt}; not a failure, --max-restarts is not used)")
+                continue
             self._stop(self._handles)
             if failure is None:
                 self.log(f"attempt {attempt}: all trainers finished")
@@ -257,12 +279,14 @@ class Supervisor:
                 return self._result(0, attempts=attempt + 1)
             self.log(f"attempt {attempt}: {failure.label} on {failure.host} failed: "
                      f"{failure.reason} (log {failure.log})")
-            if attempt >= self.options.max_restarts or failure.kind == FailureKind.CANCELLED:
+            if attempt - self._regroups >= self.options.max_restarts or \
+                    failure.kind == FailureKind.CANCELLED:
                 # a job cancelled from outside (scancel) is over: only failures restart
                 return self._result(failure.exit_code or 1, failure=failure,
                                     attempts=attempt + 1)
             attempt += 1
-            self.sink.emit(Restart(attempt=attempt, of=self.options.max_restarts,
+            self.sink.emit(Restart(attempt=attempt - self._regroups,    # rejoins are free
+                                   of=self.options.max_restarts,
                                    label=failure.label, host=failure.host,
                                    reason=failure.reason))
 
@@ -327,7 +351,7 @@ class Supervisor:
                 if not any(not h.service for h in live):
                     return None
                 if self._signal is not None or self._abort is not None or \
-                        self._request is not None:
+                        self._request is not None or self._regroup is not None:
                     return None
                 for key, _ in selector.select(timeout=1.0 if all_waitable else 0.05):
                     if key.fd == self._wake_r:
@@ -354,8 +378,11 @@ class Supervisor:
                      + ", ".join(h.label for h in stopped))
         live = self._wait_all(stopped, self.options.grace_period)
         if live:
-            self.log(f"grace period of {self.options.grace_period:g}s over: SIGKILL to "
-                     + ", ".join(h.label for h in live))
+            names = ", ".join(h.label for h in live)
+            self.log(f"grace period of {self.options.grace_period:g}s over: SIGKILL to {names}")
+            self.say(f"fluidctl: {names} still running after the "
+                     f"{self.options.grace_period:g}s grace period: SIGKILL (a checkpoint being "
+                     "written is lost; --grace-period gives more time)")
             for h in live:
                 h.kill()
             live = self._wait_all(live, KILL_WAIT)

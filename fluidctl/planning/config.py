@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 from fluidctl import envs
 from fluidctl.errors import UsageError
+from fluidctl.sigs import GRACE_PERIOD
 from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
 from fluidctl.planning import options as opts
 from fluidctl.planning.hosts import Host, load_hosts
@@ -49,7 +50,7 @@ class LaunchConfig:
     ssh_timeout: float = 10.0
     started_port: Optional[int] = None
     log_dir: str = DEFAULT_LOG_DIR
-    grace_period: float = 5.0
+    grace_period: float = GRACE_PERIOD
     max_restarts: int = 0
     checkpoint_signal: str = "TERM"             # forwarded to the ranks on a checkpoint request
     tee: str = "rank0"
@@ -94,7 +95,7 @@ class LaunchConfig:
                      token_file: Optional[str] = None, pserver_endpoints: Optional[str] = None,
                      pserver_hosts: Optional[str] = None, checkpoint_dir: Optional[str] = None,
                      checkpoint_every: Optional[int] = None, mode: str = "collective",
-                     pservers: Optional[int] = None, grace_period: float = 5.0,
+                     pservers: Optional[int] = None, grace_period: float = GRACE_PERIOD,
                      log_dir: str = DEFAULT_LOG_DIR, tee_ranks: Optional[str] = None,
                      hang_timeout: Optional[float] = None, **settings) -> "LaunchConfig":
         """Check the options of ``fluidctl train`` (a UsageError for the first mistake, before
@@ -107,6 +108,10 @@ class LaunchConfig:
         user_env = opts.read_env_file(env_file)
         user_env.update(opts.parse_env_pairs(env_pairs))
         user_env = {**opts.exported(exports), **user_env}
+        envs.check_knobs(user_env)          # --env FLUIDCTL_TIMEOUT=nan: refused here, once
+        if not str(log_dir).strip():       # Path("") would be the current directory
+            raise UsageError("--log-dir is empty", "pass a directory, e.g. --log-dir runs/exp3 "
+                             "(--log-dir . for the current directory)")
         layout = LogLayout(Path(log_dir))
         if layout.root.exists() and not layout.root.is_dir():
             raise UsageError(f"log dir {log_dir} is a file", "pass --log-dir with a directory path")

@@ -15,6 +15,8 @@ import os
 import signal
 from typing import Dict, Optional
 
+from fluidctl.sigs import GRACE_PERIOD
+
 PR_SET_PDEATHSIG = 1
 _libc = None
 
@@ -83,12 +85,16 @@ def preexec(signum: int = signal.SIGTERM):
 # make the launcher wait at the end for it to have started at all.
 # Group ids below 2 are refused: "kill -- -1" would mean every process we may signal; so is
 # the path "/"; a marker is letters, digits, "-" and "." only.
+# Every "~" is quoted ("\~"): an unquoted one in a case pattern or in "${line#~}" is a tilde
+# expansion to $HOME (or the passwd home when HOME is unset, in bash), so nothing would be
+# stripped and no pserver would get its SIGTERM. tests/e2e/test_lifeline.py runs the script
+# under dash and bash, with HOME set and unset.
 _WATCH_SH = r"""trap '' INT
 groups=
 soft=
 steps=
 mark=
-grace=5
+grace=30
 paths=
 while IFS= read -r line; do
   case $line in
@@ -97,8 +103,8 @@ while IFS= read -r line; do
     @*) grace=${line#@} ;;
     +*[!0-9]*|+) ;;
     +*) [ "${line#+}" -gt 1 ] && groups="$groups ${line#+}" ;;
-    ~*[!0-9]*|~) ;;
-    ~*) [ "${line#~}" -gt 1 ] && soft="$soft ${line#~}" ;;
+    \~*[!0-9]*|\~) ;;
+    \~*) [ "${line#\~}" -gt 1 ] && soft="$soft ${line#\~}" ;;
     =*[!A-Za-z0-9.-]*|=) ;;
     =*) mark=${line#=} ;;
     %*[!A-Za-z0-9_.\ -]*|%|%*\ *\ *) ;;
@@ -151,7 +157,7 @@ MARKER = "FLUIDCTL_JOB_MARKER"
 
 
 class Watchdog:
-    def __init__(self, grace: float = 5.0):
+    def __init__(self, grace: float = GRACE_PERIOD):
         import subprocess
         env = {k: v for k, v in os.environ.items() if k != MARKER}   # never its own target
         self._proc = subprocess.Popen(
@@ -195,7 +201,7 @@ class Watchdog:
 _current: Optional[Watchdog] = None
 
 
-def start_watchdog(grace: float = 5.0) -> Watchdog:
+def start_watchdog(grace: float = GRACE_PERIOD) -> Watchdog:
     """``grace``: how long pservers (services) get to checkpoint after SIGTERM if the
     launcher dies, before SIGKILL."""
     global _current

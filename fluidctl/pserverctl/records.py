@@ -34,7 +34,7 @@ def refuse_if_running(port: int) -> None:
 
 def load_record(path: Path) -> Optional[dict]:
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(paths.read_state_file(path))
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) and isinstance(record.get("pid"), int) else None

@@ -1,7 +1,7 @@
 """Verified checkpoints: every rank's part written, fsynced and hashed, committed all at once.
 
     ckpt = Checkpointer(ctx, "ckpt")
-    found = ckpt.load()                  # the newest complete checkpoint, or None
+    found = ckpt.load()                  # the newest sound checkpoint, None if none exists
     step = found.step + 1 if found else 0
     ...
     if ctx.checkpoint_requested():
@@ -21,7 +21,7 @@ one part and every rank loads it, at any world size.
 ``load`` tries committed checkpoints newest first; each rank reads and hashes the part it
 needs, and the ranks agree (a min-allreduce) to take a checkpoint only when every rank's part
 is sound. A part that is missing, truncated or whose digest differs is named on stderr and
-that checkpoint is skipped, never loaded.
+that checkpoint is skipped, never loaded; if every committed one is bad, ``load`` raises.
 """
 from __future__ import annotations
 
@@ -207,14 +207,17 @@ class Checkpointer:
         paths.write_atomic(staging / paths.CheckpointLayout.MANIFEST,
                            json.dumps(manifest, indent=1))
         _fsync_dir(staging)
+        trash = None
         if final.exists():            # the same step saved again (a resumed job)
-            os.replace(final, self.layout.trash(step))
+            trash = self.layout.trash(step)
+            os.replace(final, trash)
         os.replace(staging, final)
         _fsync_dir(self.layout.root)
         # older checkpoints go in the background (not a daemon: the interpreter waits for it
         # at exit); a removal cut short leaves an older one the loader names and skips
         import threading
-        self._pruner = threading.Thread(target=self._prune, name="fluidctl-checkpoint-prune")
+        self._pruner = threading.Thread(target=self._prune, args=(step, trash),
+                                        name="fluidctl-checkpoint-prune")
         self._pruner.start()
         if self.state is not None:
             stop = self.ctx._requests is not None and self.ctx.checkpoint_stop
@@ -231,16 +234,26 @@ class Checkpointer:
             self._pruner.join()
             self._pruner = None
 
-    def _prune(self) -> None:
-        for path in self.layout.leftovers():
-            shutil.rmtree(path, ignore_errors=True)
+    def _prune(self, committed: int, trash: Optional[Path]) -> None:
+        """Remove what is committed and older than the ``keep`` newest, and the commit this
+        save replaced; never a ``.partial-`` directory: another rank may already be writing
+        this job's next save into one, or another job its own (torch DCP and Orbax likewise
+        never delete uncommitted data the same save did not write). A save killed half-way
+        leaves its ``.partial-`` directory; saving that step again reuses it."""
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
         for step in self.layout.steps()[self.keep:]:
-            shutil.rmtree(self.layout.committed(step), ignore_errors=True)
+            if step < committed:
+                shutil.rmtree(self.layout.committed(step), ignore_errors=True)
 
     # --- load -----------------------------------------------------------------------------
-    def load(self) -> Optional[Loaded]:
-        """The newest checkpoint every rank can load whole, or None. Bad ones are named on
-        stderr and skipped; every rank takes the same one."""
+    def load(self, fresh_if_none_sound: bool = False) -> Optional[Loaded]:
+        """The newest checkpoint every rank can load whole; None when there is none at all.
+        Bad ones are named on stderr and skipped; every rank takes the same one. When
+        checkpoints are committed but none is sound, CheckpointError (on every rank) unless
+        ``fresh_if_none_sound``: starting at step 0 would quietly throw the training away and
+        write over them, and a resume that cannot resume is an error in torch DCP and Orbax
+        too (they raise on a checkpoint they cannot read)."""
         steps = self.layout.steps()
         if self._world > 1:        # the same candidates on every rank (rank 0's listing)
             import numpy
@@ -263,6 +276,11 @@ class Checkpointer:
                           "part is bad; skipped", file=sys.stderr, flush=True)
                 continue
             return found
+        if steps and not fresh_if_none_sound:
+            raise CheckpointError(
+                f"none of the {len(steps)} committed checkpoints in {self.layout.root} can be "
+                "loaded (each is named above); move them away to start from step 0, or call "
+                "load(fresh_if_none_sound=True)")
         return None
 
     def _try(self, step: int):

@@ -34,7 +34,12 @@ class SecretUnavailable(Exception):
 
 
 def _read(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    from fluidctl.paths import StateFileError, open_state_file
+    try:
+        fd = open_state_file(path)       # a regular file: a FIFO there would block open()
+    except StateFileError as exc:
+        raise SecretUnavailable(str(exc), "remove it to make a new one, or set "
+                                f"{envs.JOB_TOKEN}") from None
     try:
         info = os.fstat(fd)
         if info.st_uid != os.geteuid():

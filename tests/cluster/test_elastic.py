@@ -73,3 +73,27 @@ def test_fabric_agent_killed_the_spare_takes_its_place(netns_nodes, tmp_path):
     assert [(w.attempt, w.hosts) for w in worlds] == [(1, ("node1", "node3"))]
     launch = (tmp_path / "mylog" / "launch.log").read_text()
     assert all(launch.count(e.log_line()) == 1 for e in lost + worlds), launch
+
+
+def test_40_15_a_node_frozen_for_a_moment_rejoins_and_leaves_the_ledger(netns_nodes, tmp_path):
+    """A node frozen for 6 s is lost (the job goes on with 2 of MAX 3), then answers again:
+    it passes its probe, rejoins in a new world of 3 (not a failure: --max-restarts 1 is
+    left for one) and its ledger entry is lifted."""
+    import json
+    import subprocess
+    import sys
+    nodes = netns_nodes(3)
+    outcome = run_elastic(nodes, tmp_path, node_range="2:3", steps=80, pause=0.25,
+                          max_restarts=1, faults=[Fault(8, "freeze", ("node2",), heal_after=6)])
+    check(outcome, [3, 2])
+    out = outcome.out
+    assert "node node2 lost: " in out
+    assert "restart 1: new world of 2 trainer(s) on node1, node3" in out
+    assert "node node2 answers again and passed its probe: it rejoins" in out
+    assert "new world of 3 trainer(s) on node1, node3, node2" in out
+    assert outcome.worlds[-1] == 3, outcome.worlds
+    listed = subprocess.run([sys.executable, "-m", "fluidctl", "cluster", "ledger", "list",
+                             "--json"], capture_output=True, text=True, timeout=60,
+                            env={**__import__("os").environ,
+                                 "FLUIDCTL_STATE_DIR": str(tmp_path / "state")})
+    assert json.loads(listed.stdout) == [], listed.stdout

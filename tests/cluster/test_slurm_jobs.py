@@ -20,25 +20,30 @@ GOLDEN = """\
 #SBATCH --gpus-per-node=4
 #SBATCH --partition=gpu
 #SBATCH --time=01:30:00
-#SBATCH --account=proj 1
+#SBATCH --account="proj 1"
 #SBATCH --qos=high
 #SBATCH --constraint=a100&ib
 #SBATCH --exclude=gpu[003-004]
 #SBATCH --signal=B:USR1@120
 #SBATCH --requeue
-#SBATCH --output=/logs/my run/slurm-%j.out
+#SBATCH --output="/logs/my run/slurm-%j.out"
 #SBATCH --open-mode=append
 #SBATCH --chdir=/home/u/proj
 #SBATCH --mail-type=END
 
-rm -f '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode
+rm -f '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode.requeue
+export FLUIDCTL_REQUEUE_FILE='/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode.requeue
 trap 'kill -USR1 "$pid" 2>/dev/null' USR1
 /opt/py/bin/python -m fluidctl train --backend slurm --log-dir '/logs/my run/slurm-'"$SLURM_JOB_ID" train.py --lr '0.1 0.2' &
 pid=$!
 while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done
 wait "$pid"; code=$?
-if [ "$code" = 75 ] && scontrol requeue "$SLURM_JOB_ID"; then
-  exit 0
+if [ "$code" = 75 ] && [ -f '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode.requeue ]; then
+  if [ "${SLURM_RESTART_COUNT:-0}" -ge 100 ]; then
+    echo "fluidctl: requeued 100 times already: not requeued again" >&2
+  elif scontrol requeue "$SLURM_JOB_ID"; then
+    exit 0
+  fi
 fi
 echo "$code" > '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode.tmp && mv -f '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode.tmp '/logs/my run/slurm-'"$SLURM_JOB_ID".exitcode
 exit "$code"
@@ -59,6 +64,37 @@ def test_golden_sbatch_script():
     assert slurmctl.sbatch_script(spec) == GOLDEN
     # the script is valid bash
     subprocess.run(["bash", "-n"], input=GOLDEN, text=True, check=True)
+
+
+def _run_batch_script(tmp_path, body, restarts):
+    """The batch script run by bash with ``body`` as fluidctl's command, SLURM_RESTART_COUNT
+    ``restarts`` and an scontrol that logs its arguments: (exit code, scontrol's calls)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "scontrol.calls"
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    spec = slurmctl.SbatchSpec(job_name="j", nodes=1, ntasks_per_node=1,
+                               command=["sh", "-c", body], workdir=str(tmp_path),
+                               output=str(tmp_path / "out"),
+                               exit_file=str(tmp_path / "slurm-%j.exitcode"))
+    env = dict(__import__("os").environ, SLURM_JOB_ID="7", SLURM_RESTART_COUNT=str(restarts),
+               PATH=f"{bin_dir}:/usr/bin:/bin")
+    res = subprocess.run(["bash", "-c", slurmctl.sbatch_script(spec)], env=env, text=True,
+                         capture_output=True, timeout=60)
+    return res.returncode, calls.read_text().splitlines() if calls.exists() else [], res.stderr
+
+
+def test_40_3_only_fluidctls_checkpoint_stop_is_requeued_and_at_most_the_limit(tmp_path):
+    """Exit 75 requeues only with the requeue file fluidctl leaves after stopping the job on
+    a checkpoint request; and not once SLURM_RESTART_COUNT reached REQUEUE_LIMIT."""
+    ours = 'echo checkpointed > "$FLUIDCTL_REQUEUE_FILE"; exit 75'
+    assert _run_batch_script(tmp_path, ours, 0)[:2] == (0, ["requeue 7"])
+    (tmp_path / "scontrol.calls").unlink()
+    assert _run_batch_script(tmp_path, "exit 75", 0)[:2] == (75, [])      # the script's own
+    code, calls, err = _run_batch_script(tmp_path, ours, slurmctl.REQUEUE_LIMIT)
+    assert (code, calls) == (75, []) and "not requeued again" in err
+    assert (tmp_path / "slurm-7.exitcode").read_text() == "75\n"
 
 
 # --- against the real Slurm -----------------------------------------------------------------
@@ -164,3 +200,15 @@ def test_unknown_job_and_missing_slurm(tmp_path):
     assert res.returncode == 2
     assert res.stderr.startswith("error: Slurm's scontrol is not installed or not on PATH")
     assert len(res.stderr.splitlines()) == 1
+
+
+def test_40_3_a_scripts_own_exit_75_fails_the_job_without_requeue(slurm, tmp_path, monkeypatch):
+    """EX_TEMPFAIL from the script is not fluidctl's "checkpointed on request": the job ends
+    FAILED with 75 at once, never requeued (it used to be requeued for ever)."""
+    record = submit(slurm, tmp_path, monkeypatch, code=75)
+    exit_file = record.layout.job_exit(record.job_id)
+    wait_for(exit_file.exists, timeout=60, what="the batch script's exit file")
+    assert exit_file.read_text() == "75\n"
+    slurm.wait_gone(record.job_id)
+    st = slurmctl.state(record)
+    assert (st.state, st.exit_code) == ("FAILED", 75) and not st.restarts

@@ -12,7 +12,7 @@ import pytest
 
 from fluidctl import envs
 import pserverutil as local
-from launchutil import wait_for
+from launchutil import ROOT, wait_for
 
 TOKEN = "hardening-27-token"
 
@@ -232,24 +232,13 @@ def test_27_4_kill_9_of_the_launcher_ends_mpiruns_whole_tree(tmp_path):
 
 # --- 27.5: a hang found ends as a hang, whatever the stack signal does to the ranks ----------
 
-C_SLEEP_RANK = r'''
-import ctypes, sys
-import fluidctl.runtime as rt
-ctx = rt.init()
-print("rank", ctx.rank, "sleeping in C", flush=True)
-left = ctypes.CDLL(None).sleep(600)          # the stack signal ends it early
-print("rank", ctx.rank, "woke up with", left, "s left", flush=True)
-sys.exit(0)
-'''
-
-
 def test_27_5_hang_ends_as_a_hang_when_the_stack_signal_wakes_the_ranks(tmp_path):
-    (tmp_path / "rank.py").write_text(C_SLEEP_RANK)
     env = dict(os.environ, FLUIDCTL_PYSPY="")         # py-spy off: the faulthandler signal
     env.pop("CUDA_VISIBLE_DEVICES", None)
     proc = subprocess.run([sys.executable, "-m", "fluidctl", "train", "--nproc", "2",
                            "--hang-timeout", "2", "--log-dir", str(tmp_path / "log"),
-                           str(tmp_path / "rank.py")], cwd=tmp_path, env=env,
+                           str(ROOT / "tests" / "scripts" / "c_sleep_rank.py")],
+                          cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 124, (proc.returncode, proc.stdout, proc.stderr)
     assert "the job hung" in proc.stderr, proc.stderr

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 
 from fluidctl.procs import lifeline
 from launchutil import wait_for
@@ -59,12 +60,34 @@ def test_a_normal_end_kills_nothing(tmp_path):
         proc.wait()
 
 
-def _watchdog_logging(command, log, feed):
+def _watchdog_logging(command, log, feed, shell="/bin/sh", env=None):
     """The watchdog script with ``command`` (kill or rm) replaced by a logger writing its
     arguments to ``log``, fed ``feed`` then EOF (the launcher gone); the script's exit code."""
     script = f'{command}() {{ printf "%s\\n" "$*" >> "{log}"; }}\n' + lifeline._WATCH_SH
-    return subprocess.run(["/bin/sh", "-c", script], input=feed, text=True,
-                          timeout=10).returncode
+    return subprocess.run([shell, "-c", script], input=feed, text=True, env=env,
+                          timeout=30).returncode
+
+
+SHELLS = [s for s in ("/bin/dash", "/bin/bash") if os.path.exists(s)]
+
+
+@pytest.mark.parametrize("home", ["set", "unset"])
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_service_group_gets_sigterm_first_under_dash_and_bash(tmp_path, shell, home):
+    """'~PGID' registers a pserver's group as a service: SIGTERM before anything else, then
+    the grace period, then SIGKILL. '${line#~}' would tilde-expand '~' to $HOME (so nothing
+    is stripped and the group is never registered): tested with HOME set and unset, under
+    both shells that run /bin/sh in practice. Ids below 2 and junk are refused as for '+'."""
+    env = {k: v for k, v in os.environ.items() if k != "HOME"}
+    if home == "set":
+        env["HOME"] = str(tmp_path)
+    log = tmp_path / "killed"
+    feed = "@1\n~1\n~\n~x7\n~-5\n~4242\n+4343\n"
+    assert _watchdog_logging("kill", log, feed, shell, env) == 0
+    lines = log.read_text().splitlines()
+    assert lines[:2] == ["-s TERM -- -4242", "-s KILL -- -4343"], lines
+    assert lines[-1] == "-s KILL -- -4242", lines
+    assert not any(l.endswith(("-1", "-", "-x7", "--5")) for l in lines), lines
 
 
 def _fresh_python(code):

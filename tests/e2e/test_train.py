@@ -192,10 +192,12 @@ def test_ranks_ignoring_sigterm_are_killed_after_the_grace_period(tmp_path):
     wait_for(lambda: len(list(pid_dir.glob("*.pids"))) == 2, what="2 ranks ignoring SIGTERM")
     pids = read_pids(pid_dir, range(2))
     go.write_text("")
-    proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 9
     launch = (tmp_path / "mylog" / "launch.log").read_text()
     assert "grace period of 0.5s over: SIGKILL to trainer 1" in launch
+    # the console too (issue 40.14): a checkpoint being written was lost
+    assert "trainer 1 still running after the 0.5s grace period: SIGKILL" in out + err
     assert_all_gone(pids)
 
 

@@ -122,3 +122,52 @@ def test_the_request_environment_is_made_once_by_the_request_channel(tmp_path):
         assert launcher.diag_env() == {**diagnostics.env(), **channel.rank_env()}
     finally:
         diagnostics.close()
+
+
+def test_the_prune_leaves_every_save_in_progress_alone(tmp_path):
+    """After a commit, rank 0's prune removes only committed checkpoints older than the keep
+    newest: another rank's part of this job's next save, and another job's save in the same
+    directory (an older step), are still being written and stay."""
+    ck = checkpoint.Checkpointer(ctx(), tmp_path / "ck", keep=1)
+    layout = ck.layout
+    ck.save(1, {"w": np.zeros(4)})
+    ck.wait()
+    nxt = layout.part(layout.staging(3), 1)          # rank 1 already writing save 3
+    nxt.parent.mkdir()
+    nxt.write_bytes(b"x" * 16)
+    other = layout.part(layout.staging(0), 0)        # another job's save, an older step
+    other.parent.mkdir()
+    other.write_bytes(b"y" * 16)
+    ck.save(2, {"w": np.ones(4)})
+    ck.wait()
+    assert nxt.read_bytes() == b"x" * 16 and other.read_bytes() == b"y" * 16
+    assert layout.steps() == [2]                     # the older commit went
+
+
+def test_the_same_step_saved_again_replaces_the_old_commit_without_trash(tmp_path):
+    ck = checkpoint.Checkpointer(ctx(), tmp_path / "ck")
+    ck.save(4, {"w": np.zeros(2)})
+    ck.save(4, {"w": np.ones(2)})
+    ck.wait()
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-000000004"]
+    assert (ck.load().arrays["w"] == 1).all()
+
+
+def test_no_sound_checkpoint_among_committed_ones_is_an_error_not_step_0(tmp_path, capsys):
+    """keep=2 and both newest bad: load() raises, naming each and how to start afresh, rather
+    than returning None (the script would silently start at step 0 over them)."""
+    ck = checkpoint.Checkpointer(ctx(), tmp_path / "ck", keep=2)
+    for step in (1, 2, 3):
+        ck.save(step, {"w": np.full(100, float(step))})
+    ck.wait()
+    layout = ck.layout
+    for step in (2, 3):
+        part = layout.part(layout.committed(step), 0)
+        part.write_bytes(part.read_bytes()[:-8])
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        ck.load()
+    text = str(err.value)
+    assert "none of the 2 committed checkpoints" in text and str(layout.root) in text
+    assert "start from step 0" in text
+    assert "truncated" in capsys.readouterr().err
+    assert ck.load(fresh_if_none_sound=True) is None

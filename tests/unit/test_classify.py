@@ -98,14 +98,54 @@ def test_every_rank_busy_and_none_waiting_is_not_a_hang():
 
 
 def test_a_busy_rank_whose_stack_moves_is_not_stuck():
-    from fluidctl.diagnostics.classify import still_busy
+    from fluidctl.diagnostics.classify import second_look
     spin = [Frame("step", "/job/train.py", 12), Frame("<module>", "/job/train.py", 28)]
-    v = classify([waiting(0), Evidence(1, "n", spin, state="R", cpu=0.9, running=1.0)])
+    first = [waiting(0), Evidence(1, "n", spin, state="R", cpu=0.9, running=1.0)]
+    v = classify(first)
     next_line = [Frame("step", "/job/train.py", 13)] + spin[1:]
-    assert still_busy(v, {1: spin}, {1: next_line}).hung          # the same loop
+    again = [waiting(0), Evidence(1, "n", next_line, state="R", cpu=0.9, running=1.0)]
+    assert second_look(v, first, again).hung          # the same loop
     importing = [Frame("<module>", "/lib/numpy/core/__init__.py", 5)] + spin
-    later = still_busy(v, {1: spin}, {1: importing})
-    assert not later.hung and later.sentence.endswith("moved between two looks: not a hang")
+    later = second_look(v, first, [waiting(0), Evidence(1, "n", importing, state="R", cpu=0.9)])
+    assert not later.hung and later.sentence.endswith(
+        "the stack of rank 1 moved between two looks: not a hang")
+
+
+LOOP = [Frame("<module>", "/job/train.py", 40)]
+
+
+def test_40_8_a_rank_idle_in_one_look_and_computing_in_the_next_is_not_a_desync():
+    first = [Evidence(0, "n", LOOP, state="S", cpu=0.04, running=0.0),
+             Evidence(1, "n", LOOP, state="R", cpu=0.3, running=1.0)]
+    v = classify(first)
+    assert v.hung and v.kind in ("desync", "slow compute")
+    again = [Evidence(0, "n", LOOP, state="R", cpu=0.3, running=1.0),
+             Evidence(1, "n", LOOP, state="R", cpu=0.3, running=1.0)]
+    from fluidctl.diagnostics.classify import second_look
+    assert not second_look(v, first, again).hung
+
+
+def test_40_8_a_desync_seen_twice_stands_and_a_collective_completed_refutes_it():
+    from fluidctl.diagnostics.classify import second_look
+    idle = [Frame("sleep", "/job/train.py", 9), Frame("<module>", "/job/train.py", 40)]
+    first = [waiting(0), Evidence(1, "n", idle, state="S", cpu=0.0, running=0.0, count=3)]
+    v = classify(first)
+    assert v.kind == "desync" and v.hung
+    assert second_look(v, first, first).hung
+    moved_on = [waiting(0), Evidence(1, "n", idle, state="S", cpu=0.0, running=0.0, count=4)]
+    assert not second_look(v, first, moved_on).hung
+
+
+def test_40_8_ranks_the_stack_signal_woke_and_ended_do_not_refute_the_hang():
+    from fluidctl.diagnostics.classify import second_look
+    first = [Evidence(r, "n", LOOP, state="S", cpu=0.0, running=0.0, signalled=True)
+             for r in (0, 1)]
+    v = classify(first)
+    assert v.kind == "desync" and v.hung
+    ended = [Evidence(r, "n", None, "exited with code 0", state="exited") for r in (0, 1)]
+    assert second_look(v, first, ended).hung
+    unsignalled = [Evidence(r, "n", LOOP, state="S", cpu=0.0, running=0.0) for r in (0, 1)]
+    assert not second_look(classify(unsignalled), unsignalled, ended).hung
 
 
 def test_a_lost_node_is_frozen_or_cut_by_its_link_probe():
@@ -135,3 +175,11 @@ def test_ranks_importing_torch_are_busy_not_in_a_data_loader():
     assert "rank 0 in import at train.py:7" in v.sentence
     v = classify([waiting(0), Evidence(1, "node1", importing, state="R", cpu=0.9, running=1.0)])
     assert v.kind == "slow compute" and v.ranks == [1] and "(import at train.py:7" in v.sentence
+
+
+def test_40_8_a_rank_that_ended_while_the_others_compute_is_not_a_hang():
+    ended = Evidence(1, "n", None, "pid 7 has exited", state="exited")
+    computing = Evidence(0, "n", LOOP, state="R", cpu=0.2, running=1.0)
+    v = classify([computing, ended])
+    assert v.kind == "dead peer" and not v.hung, v
+    assert classify([waiting(0), ended]).hung           # one waits for it: a dead peer

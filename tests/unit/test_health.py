@@ -55,3 +55,47 @@ def test_ledgered_nodes_are_left_out_unless_included_and_too_few_is_one_line(tmp
         "--include-bad to use them, or forget them with fluidctl cluster ledger clear HOST)")
     ledger.record("node2", ledger.LOST, "gone", exclude_s=-1)   # expired: used again
     assert len(gate.choose(hosts, min_nodes=4, say=said.append)) == 4
+
+
+class _Busy:
+    """Scripted CPU/memory figures: node3 was measured in a busy moment and the machine stays
+    busy while it is measured again, so every node measured then (node3 and any peer beside
+    it) gives half its calm figure."""
+
+    def __init__(self, nodes):
+        self.nodes = {n.host: n for n in nodes}
+        self.calls = []
+
+    def __call__(self, host, keep):
+        self.calls.append((host, keep))
+        fresh = {"mem_gbps": 20.0 * 0.49}           # the busy moment, for whoever runs now
+        if keep:
+            node = self.nodes[host]
+            node.figures["mem_gbps"] = max(node.figures["mem_gbps"], fresh["mem_gbps"])
+        return fresh
+
+
+def test_40_13_a_node_as_fast_as_a_peer_measured_beside_it_is_no_outlier():
+    """Four identical nodes; node3's memory bandwidth measured 0.49x the median in a busy
+    moment that lasts through its re-measurements. Measured beside a peer, it is as fast as
+    the peer: a busy machine, not a bad node (it used to be named, and ledgered under
+    --health-gate)."""
+    nodes = [health.NodeHealth(f"node{k}", figures={"mem_gbps": 20.0}) for k in range(1, 5)]
+    nodes[2].figures["mem_gbps"] = 9.8
+    remeasure = _Busy(nodes)
+    health.confirm_suspects(nodes, remeasure, ("mem_gbps",), health.THRESHOLD)
+    health.compare(nodes)
+    assert all(n.ok for n in nodes), [n.outliers for n in nodes]
+    assert remeasure.calls[0] == ("node3", True)                    # kept: node3's best
+    assert remeasure.calls[1][0] != "node3" and remeasure.calls[1][1] is False  # the peer's not
+
+
+def test_40_13_a_node_slower_than_a_peer_beside_it_stays_an_outlier():
+    nodes = [health.NodeHealth(f"node{k}", figures={"mem_gbps": 20.0}) for k in range(1, 5)]
+    nodes[2].figures["mem_gbps"] = 2.0
+
+    def remeasure(host, keep):              # node3 really is slow; the peers are not
+        return {"mem_gbps": 2.0 if host == "node3" else 20.0}
+    health.confirm_suspects(nodes, remeasure, ("mem_gbps",), health.THRESHOLD)
+    health.compare(nodes)
+    assert [n.host for n in nodes if not n.ok] == ["node3"]

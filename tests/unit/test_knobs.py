@@ -62,3 +62,36 @@ def test_commands_refuse_them_before_starting_anything(capsys, monkeypatch, tmp_
     assert exit_.value.code == 2 and out == ""
     assert err.startswith("error: FLUIDCTL_HANDSHAKE_TIMEOUT='nan' is not a number")
     assert err.count("\n") == 1 and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "abc", "-1", "0"])
+def test_a_bad_fluidctl_timeout_is_refused_in_one_line_by_train_and_in_env(capsys, monkeypatch,
+                                                                            tmp_path, value):
+    """FLUIDCTL_TIMEOUT, from the launcher's environment or --env: one line, exit 2, before
+    anything starts (each rank used to die with a traceback)."""
+    script = tmp_path / "x.py"
+    script.write_text("")
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.chdir(run)
+    for given in ("environ", "--env"):
+        if given == "environ":
+            monkeypatch.setenv(envs.TIMEOUT, value)
+            argv = ["train", "--nproc", "1", str(script)]
+        else:
+            monkeypatch.delenv(envs.TIMEOUT)
+            argv = ["train", "--nproc", "1", "--env", f"{envs.TIMEOUT}={value}", str(script)]
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+        out, err = capsys.readouterr()
+        assert exit_.value.code == 2 and out == "", given
+        assert err.startswith(f"error: FLUIDCTL_TIMEOUT={value!r} is not a number of seconds "
+                              "above 0"), (given, err)
+        assert err.count("\n") == 1 and not list(run.iterdir())
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "abc", "-1", "0"])
+def test_inside_a_rank_a_bad_fluidctl_timeout_is_the_default_with_one_line(capsys, value):
+    environ = {envs.TIMEOUT: value}
+    assert envs.read(environ).timeout == envs.DEFAULT_TIMEOUT
+    assert capsys.readouterr().err.startswith(f"fluidctl: ignoring FLUIDCTL_TIMEOUT={value!r}")

@@ -2,6 +2,9 @@
 get a published copy, the copy itself, and that pages seen late (as through NFS) never make
 the straggler watcher name the wrong rank or kind."""
 import os
+from pathlib import Path
+
+import pytest
 
 from fluidctl.diagnostics import pages, progress
 from fluidctl.diagnostics import stragglers as st
@@ -137,3 +140,43 @@ def test_a_fork_never_publishes_its_parents_pages(tmp_path):
         assert (tmp_path / "steps.0").read_bytes() == bytes(64)
     finally:
         page.close()
+
+
+def _diag_dir_of_a_killed_process():
+    """A DiagDir made by a child that is then SIGKILLed (as an agent killed with -9): its
+    directory stays behind in /dev/shm."""
+    import signal
+    import subprocess
+    import sys
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import sys, time\n"
+                              "from fluidctl.paths import DiagDir\n"
+                              "print(DiagDir.create().root, flush=True)\n"
+                              "time.sleep(300)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        root = Path(child.stdout.readline().strip())
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    return root
+
+
+def test_39_13_a_later_diag_dir_sweeps_those_of_dead_processes():
+    import os
+    import shutil
+    if not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no writable /dev/shm")
+    dead = _diag_dir_of_a_killed_process()
+    assert dead.is_dir() and str(dead).startswith("/dev/shm/fluidctl_diag.")
+    alien = Path("/dev/shm") / f"fluidctl_diag.{os.getpid()}-no-owner"
+    alien.mkdir()                           # no owner record: not ours to judge, kept
+    mine = DiagDir.create()
+    try:
+        assert not dead.exists() and alien.is_dir() and mine.root.is_dir()
+        again = DiagDir.create()            # a live one's directory is never swept
+        assert mine.root.is_dir()
+        again.remove()
+    finally:
+        mine.remove()
+        shutil.rmtree(alien, ignore_errors=True)
+        shutil.rmtree(dead, ignore_errors=True)

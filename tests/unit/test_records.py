@@ -61,7 +61,7 @@ def test_node_share_survives_the_wire():
 def test_node_share_defaults_are_the_agents_old_ones():
     share = NodeShare.from_wire(json.dumps({"procs": [], "log_dir": "/l", "host": "n1",
                                             "attempt": 2}))
-    assert (share.attempt, share.max_restarts, share.grace, share.marker) == (2, 2, 5.0, "")
+    assert (share.attempt, share.max_restarts, share.grace, share.marker) == (2, 2, 30.0, "")
 
 
 @pytest.mark.parametrize("record, words", [

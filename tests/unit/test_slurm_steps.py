@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from fluidctl.backends.slurm import launcher as backend
+from fluidctl.backends.slurm import step as backend
 
 
 # --- pure ------------------------------------------------------------------------------------
@@ -112,3 +112,10 @@ def test_a_step_slurm_refuses_is_explained(tmp_path, reason, hint):
         f"Slurm refused to start the step in job 670842: {reason}")
     assert hint in failure.explanation
     assert backend.srun_failure("srun: error: something else\n", LogLayout(tmp_path)) is None
+
+
+def test_40_5_only_slurms_own_node_failure_is_node_evidence():
+    assert backend.node_failure("srun: error: node2: task 1: Exited with exit code 3\n"
+                                "srun: error: node1: task 0: Killed") is None
+    assert backend.node_failure("srun: error: Node failure on node2\nsrun: Job step aborted: "
+                                "Waiting up to 32 seconds for job step to finish.") == "node2"

@@ -140,3 +140,30 @@ def test_a_runtime_rank_keeps_its_own_times_over_marks(tmp_path):
     finally:
         recorder.close()
         stepmarks._failed, stepmarks._halt = False, type(stepmarks._halt)()
+
+
+@pytest.mark.parametrize("given, entries", [(":{u}", ["", "{u}"]), ("{u}::", ["{u}", "", ""]),
+                                            ("", []), (None, [])])
+def test_rank_env_keeps_empty_pythonpath_entries(tmp_path, given, entries):
+    """An empty PYTHONPATH entry is the current directory: PYTHONPATH=":$U" scripts import
+    from their working directory, under fluidctl as without it. An empty or unset PYTHONPATH
+    adds none (a trailing ':' would add the working directory)."""
+    u = str(tmp_path / "u")
+    env = {envs.DIAG_DIR: "/dev/shm/d"}
+    if given is not None:
+        env["PYTHONPATH"] = given.format(u=u)
+    got = inject.rank_env(env)["PYTHONPATH"].split(os.pathsep)
+    assert got == [inject.DIRECTORY] + [e.format(u=u) for e in entries]
+
+
+def test_a_rank_imports_from_its_working_directory_with_an_empty_pythonpath_entry(tmp_path):
+    work, scripts = tmp_path / "work", tmp_path / "scripts"
+    work.mkdir()
+    scripts.mkdir()
+    (work / "localmod.py").write_text("VALUE = 42\n")
+    (scripts / "main.py").write_text("import localmod\nprint(localmod.VALUE)\n")
+    env = inject.rank_env({**os.environ, envs.DIAG_DIR: str(tmp_path / "diag"),
+                           "PYTHONPATH": f":{tmp_path / 'u'}"})
+    res = subprocess.run([sys.executable, str(scripts / "main.py")], cwd=work, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout == "42\n", res.stderr

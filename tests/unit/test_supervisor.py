@@ -140,6 +140,25 @@ def test_ranks_ignoring_sigterm_are_killed_after_the_grace_period():
     assert "grace period of 0.05s over: SIGKILL to trainer 0" in log
 
 
+def test_the_console_says_when_ranks_were_sigkilled_after_the_grace_period():
+    """Not only launch.log: a rank that needed longer to checkpoint lost it, and the user
+    must see that on the console with the flag that gives it more time."""
+    stubborn = FakeHandle("trainer 0", obeys_term=False)
+    _, _, said, _ = supervise([[stubborn, FakeHandle("trainer 1", 9)]], grace=0.05)
+    line = [s for s in said if "SIGKILL" in s]
+    assert line and "trainer 0" in line[0] and "0.05s grace period" in line[0], said
+    assert "--grace-period" in line[0]
+
+
+def test_the_default_grace_period_is_30s_as_torchrun_and_kubernetes():
+    from fluidctl import trainargs
+    from fluidctl.agentproto import NodeShare
+    from fluidctl.planning.config import LaunchConfig
+    assert RunOptions().grace_period == LaunchConfig.grace_period == 30.0
+    assert NodeShare([], "/l", "n1").grace == 30.0
+    assert trainargs.TRAIN.parse(["s.py"])["grace_period"] == 30.0
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_stops_the_job_with_128_plus_n(sig):
     handles = [FakeHandle("trainer 0"), FakeHandle("trainer 1")]

@@ -43,9 +43,12 @@ class K8sOptions:
             raise UsageError("--backend k8s needs --image (the container image the pods run; "
                              "fluidctl and the script must be in it)",
                              "e.g. --image registry.example.com/team/train:1.0")
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", self.namespace or ""):
+        # an RFC 1123 label, as Kubernetes requires of a namespace: at most 63 characters
+        if len(self.namespace or "") > 63 or not re.fullmatch(
+                r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", self.namespace or ""):
             raise UsageError(f"--namespace {self.namespace!r} is not a Kubernetes namespace "
-                             "name", "use lower-case letters, digits and '-', e.g. "
+                             "name", "use up to 63 lower-case letters, digits and '-', "
+                             "starting and ending with a letter or digit, e.g. "
                              "--namespace ml-team")
 
 

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 from fluidctl import envs
 from fluidctl.backends.k8s import plan as kplan
+from fluidctl.sigs import GRACE_PERIOD
 from fluidctl.planning.plan import PSERVER, Plan
 
 PLAN_DIR = "/etc/fluidctl"
@@ -46,7 +47,7 @@ class Spec:
     def __init__(self, kind: str, name: str, namespace: str, image: str, python: str,
                  token: str, max_restarts: int = 0, gpus_per_pod: int = 0,
                  workdir: Optional[str] = None, mpirun: Sequence[str] = (),
-                 grace: float = 5.0):
+                 grace: float = GRACE_PERIOD):
         self.kind, self.name, self.namespace, self.image = kind, name, namespace, image
         self.python, self.token, self.max_restarts = python, token, max_restarts
         self.gpus_per_pod, self.workdir, self.mpirun = gpus_per_pod, workdir, list(mpirun)
@@ -70,7 +71,7 @@ def _meta(spec: Spec, name: str):
                           labels={**MANAGED, JOB_LABEL: spec.name})
 
 
-def shares(plan: Plan, grace: float = 5.0) -> List[dict]:
+def shares(plan: Plan, grace: float = GRACE_PERIOD) -> List[dict]:
     """Each node's processes as the NodeShare record its pod runs (the token left out)."""
     from fluidctl.agentproto import NodeShare
     out = []

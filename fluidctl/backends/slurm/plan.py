@@ -16,6 +16,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from fluidctl import envs
 from fluidctl.errors import UsageError
 from fluidctl.paths import LogLayout
+from fluidctl.sigs import GRACE_PERIOD
 from fluidctl.planning.devices import gpu_request
 
 
@@ -228,7 +229,7 @@ def inner_train_argv(config, log_dir: Path) -> List[str]:
             argv += [flag, pserver_args[pserver_args.index(flag) + 1]]
     for name, value in sorted(config.user_env.items()):
         argv += ["--env", f"{name}={value}"]
-    if config.grace_period != 5.0:
+    if config.grace_period != GRACE_PERIOD:
         argv += ["--grace-period", f"{config.grace_period:g}"]
     if config.checkpoint_signal != "TERM":
         argv += ["--checkpoint-signal", config.checkpoint_signal]

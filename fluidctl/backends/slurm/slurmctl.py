@@ -17,11 +17,11 @@ import shlex
 import shutil
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from fluidctl import paths
+from fluidctl import envs, paths
 from fluidctl.errors import REQUEUE_EXIT, FluidctlError, UsageError
 from fluidctl.backends.slurm.plan import SlurmOptions
 
@@ -73,10 +73,41 @@ class SbatchSpec:
     header: str = ""
 
 
+# At most this many requeues (SLURM_RESTART_COUNT, Slurm's own preemptions included): a week at
+# a 2-hour time limit is 84. A job that checkpoints on request and is requeued more often than
+# that is looping, and ends with 75.
+REQUEUE_LIMIT = 100
+
+
 def _job_path(template: str) -> str:
     """A path for the shell with %j replaced by the running job's id."""
     parts = template.split("%j")
     return '"$SLURM_JOB_ID"'.join(shlex.quote(p) if p else "" for p in parts)
+
+
+def _one_line(value: str, what: str) -> None:
+    """A line break would end the #SBATCH line and run the rest as a command of the script."""
+    if any(c in value for c in "\n\r\0"):
+        raise UsageError(f"{what} {value!r} holds a line break: one #SBATCH line cannot",
+                         f"pass {what} without line breaks")
+
+
+def _sbatch_word(value: str, what: str) -> str:
+    """``value`` as one word of an #SBATCH line: sbatch splits such a line at blanks, groups
+    with double quotes, takes a backslash as an escape and '#' outside quotes as a comment."""
+    _one_line(value, what)
+    if value and not any(c in value for c in " \t\"\\#'"):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _sbatch_arg(arg: str) -> str:
+    """A --slurm-arg as an #SBATCH line's words: ``--name=value`` gets its value quoted (a
+    comment with blanks stays one value); other forms (``-p gpu``) go as they are."""
+    _one_line(arg, "--slurm-arg")
+    name, eq, value = arg.partition("=")
+    return f"{name}={_sbatch_word(value, '--slurm-arg')}" if arg.startswith("--") and eq \
+        else arg
 
 
 def sbatch_script(spec: SbatchSpec) -> str:
@@ -97,17 +128,20 @@ def sbatch_script(spec: SbatchSpec) -> str:
         directives += [("signal", f"B:USR1@{warning}"), ("requeue", "")]
     directives += [("output", spec.output), ("open-mode", "append"),
                    ("chdir", spec.workdir)]
-    lines += [f"#SBATCH --{name}={value}" if value else f"#SBATCH --{name}"
-              for name, value in directives]
-    lines += [f"#SBATCH {arg}" for arg in spec.options.slurm_args]
+    lines += [f"#SBATCH --{name}={_sbatch_word(value, '--' + name)}" if value
+              else f"#SBATCH --{name}" for name, value in directives]
+    lines += [f"#SBATCH {_sbatch_arg(arg)}" for arg in spec.options.slurm_args]
     exit_file = _job_path(spec.exit_file)
+    requeue_file = _job_path(spec.exit_file + ".requeue")
     words = [shlex.quote(word) for word in spec.command]
     if "--log-dir" in spec.command:           # the job's own log dir: LOG_DIR/slurm-%j
         at = list(spec.command).index("--log-dir") + 1
         words[at] = _job_path(spec.command[at])
     lines += [
         "",
-        f"rm -f {exit_file}",      # a requeued run must not look ended by the last one's code
+        # a requeued run must not look ended by the last one's code, nor requeued by it
+        f"rm -f {exit_file} {requeue_file}",
+        f"export {envs.REQUEUE_FILE}={requeue_file}",
         # fluidctl runs in the background so that a USR1 (Slurm's warning signal,
         # scancel --batch --signal=USR1) reaches it now, not when it has ended: a request
         'trap \'kill -USR1 "$pid" 2>/dev/null\' USR1',
@@ -115,10 +149,15 @@ def sbatch_script(spec: SbatchSpec) -> str:
         "pid=$!",
         'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done',
         'wait "$pid"; code=$?',
-        # checkpointed on request: Slurm runs the job again (once eligible: slurmctld holds a
-        # requeued job for AuthInfo's cred_expire, 120 s by default)
-        f'if [ "$code" = {REQUEUE_EXIT} ] && scontrol requeue "$SLURM_JOB_ID"; then',
-        "  exit 0",
+        # checkpointed on request (fluidctl left the requeue file; a script's own 75 does
+        # not): Slurm runs the job again, once eligible (slurmctld holds a requeued job for
+        # AuthInfo's cred_expire, 120 s by default), at most REQUEUE_LIMIT times
+        f'if [ "$code" = {REQUEUE_EXIT} ] && [ -f {requeue_file} ]; then',
+        f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {REQUEUE_LIMIT} ]; then',
+        f'    echo "fluidctl: requeued {REQUEUE_LIMIT} times already: not requeued again" >&2',
+        '  elif scontrol requeue "$SLURM_JOB_ID"; then',
+        "    exit 0",
+        "  fi",
         "fi",
         f'echo "$code" > {exit_file}.tmp && mv -f {exit_file}.tmp {exit_file}',
         'exit "$code"',
@@ -167,14 +206,39 @@ class JobRecord:
 def load_record(job_id: str) -> JobRecord:
     path = paths.job_record(job_id)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(paths.read_state_file(path))
     except FileNotFoundError:
         raise UsageError(f"no job {job_id} was submitted by fluidctl (no {path})",
                          "'fluidctl job list' shows the recorded jobs") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read the record {path}: {exc}",
                          "remove it if it is damaged") from None
+    wrong = _record_shape(data)
+    if wrong:
+        raise UsageError(f"the record {path} is not a job record ({wrong})",
+                         "remove it if it is damaged")
     return JobRecord(**{k: v for k, v in data.items() if k in JobRecord.__dataclass_fields__})
+
+
+_SHAPES = {"str": (str,), "int": (int,), "float": (int, float), "Optional[int]": (int, type(None)),
+           "List[str]": (list,)}
+
+
+def _record_shape(data) -> str:
+    """What is wrong with the shape of a job record read from disk ("" when nothing): an
+    object with each field of its type, the fields without a default present."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    for name, spec in JobRecord.__dataclass_fields__.items():
+        if name not in data:
+            if spec.default is MISSING and spec.default_factory is MISSING:
+                return f"no {name!r}"
+            continue
+        kinds = _SHAPES.get(str(spec.type), (object,))
+        value = data[name]
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            return f"{name!r} is {type(value).__name__}"
+    return ""
 
 
 def list_records() -> List[JobRecord]:
@@ -185,6 +249,19 @@ def list_records() -> List[JobRecord]:
         except UsageError:
             continue
     return sorted(records, key=lambda r: r.submitted, reverse=True)
+
+
+def _refused(res) -> UsageError:
+    """sbatch's refusal in one line, with the options that can cause it: a directive sbatch
+    cannot parse comes from --slurm-arg, not from --partition."""
+    why = first_error_line(res.stderr + res.stdout)
+    if "directive" in why.lower():
+        return UsageError(f"sbatch refused the job: {why}",
+                          "check each --slurm-arg: one sbatch option per --slurm-arg, as "
+                          "--slurm-arg=--mail-type=END")
+    return UsageError(f"sbatch refused the job: {why}",
+                      "check --partition, --time, --account, --qos, --constraint and "
+                      "--slurm-arg; 'sinfo' lists partitions")
 
 
 def test_only(spec: SbatchSpec) -> None:
@@ -199,9 +276,7 @@ def test_only(spec: SbatchSpec) -> None:
         raise FluidctlError("sbatch --test-only did not answer within 60s",
                             "is slurmctld reachable? try 'scontrol ping'", exit_code=1) from None
     if res.returncode != 0:
-        raise UsageError(f"sbatch refused the job: {first_error_line(res.stderr + res.stdout)}",
-                         "check --partition, --time, --account, --qos, --constraint and "
-                         "--slurm-arg; 'sinfo' lists partitions")
+        raise _refused(res)
 
 
 def submit(spec: SbatchSpec, layout: paths.LogLayout, cluster: str = "") -> JobRecord:
@@ -213,10 +288,7 @@ def submit(spec: SbatchSpec, layout: paths.LogLayout, cluster: str = "") -> JobR
     try:
         res = client("sbatch", "--parsable", str(pending))
         if res.returncode != 0:
-            raise UsageError(f"sbatch refused the job: "
-                             f"{first_error_line(res.stderr + res.stdout)}",
-                             "check --partition, --time, --account, --qos, --constraint and "
-                             "--slurm-arg; 'sinfo' lists partitions")
+            raise _refused(res)
         job_id = res.stdout.strip().split(";")[0]
         if not job_id.isdigit():
             raise FluidctlError(f"sbatch answered {res.stdout.strip()!r}, not a job id",

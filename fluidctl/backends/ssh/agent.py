@@ -69,6 +69,7 @@ class RemoteAgent:
         self._record: Optional[Failure] = None
         self._tail = deque(maxlen=20)
         self._lost = ""
+        self.launcher_stopped = 0.0             # seconds the launcher was seen stopped
         self._lost_probe: Optional[str] = None  # probe_link's answer once the node is lost
         self.progress = 0                       # collectives completed on the node (beats)
         self.steps: dict = {}                   # the node's ranks' straggler sums (steps)
@@ -97,12 +98,25 @@ class RemoteAgent:
 
     def _watch_end(self) -> None:
         """Owns the pipe's write end (so it is never written after being closed). In an elastic
-        job it also watches the agent's heartbeats (``beat_timeout``)."""
+        job it also watches the agent's heartbeats (``beat_timeout``). A gap in this loop's
+        own clock longer than half of that means the launcher itself was stopped (Ctrl-Z, a
+        paused VM, a swapping login node): every node was silent to it at once, and none of
+        them is blamed; each gets a fresh ``beat_timeout`` to be heard again."""
+        woke = time.monotonic()
         while not self.channel.status_event.wait(WATCH_EVERY if self.beat_timeout else 0.5):
             transport = self.channel.get_transport()
             if self.channel.closed or transport is None or not transport.is_active():
                 break
-            silent = time.monotonic() - self.heard
+            now = time.monotonic()
+            stopped, woke = now - woke, now
+            if self.beat_timeout and stopped > self.beat_timeout / 2:
+                self.heard = max(self.heard, now)
+                self.launcher_stopped = stopped     # its agent missed our beats: it stops
+                self.launch_log(f"the launcher itself was stopped for {stopped:.1f}s (a gap in "
+                                f"its own clock): node {self.host}'s silence meanwhile is not "
+                                "counted against it")
+                continue
+            silent = now - self.heard
             if self.beat_timeout and silent > self.beat_timeout:
                 self.declare_lost(f"no heartbeat from its agent for {silent:.1f}s")
                 break
@@ -126,8 +140,8 @@ class RemoteAgent:
 
     def lost_reason(self) -> str:
         """Why this node counts as lost (empty when it does not): its connection or heartbeat
-        is gone, its agent was killed before it could report, or its ranks died of a signal
-        that kills nodes' work from outside (SIGKILL: the OOM killer, a dying node; SIGBUS)."""
+        is gone, or its agent was killed before it could report. How its ranks ended (an exit
+        code, SIGKILL from a user or the job's own OOM) is the job's, never the node's."""
         code = self.poll()
         if self._lost:
             return self._lost
@@ -135,8 +149,6 @@ class RemoteAgent:
             return ""
         if self._record is None:
             return "its agent was killed" if code in _KILLED else ""
-        if self._record.returncode in _KILLED:
-            return f"its ranks died ({self._record.label}: {self._record.reason})"
         return ""
 
     def beat(self) -> None:
@@ -351,7 +363,7 @@ class RemoteAgent:
             self._ended_r = -1
 
 
-# an agent's or a rank's end that means the node's work was killed from outside (-9 as sshd
+# an agent's end that means it was killed from outside (-9 as sshd
 # reports a signal, 137 as a shell does; SIGBUS: the hardware)
 _KILLED = frozenset((-int(signal.SIGKILL), 128 + int(signal.SIGKILL), -int(signal.SIGBUS),
                      128 + int(signal.SIGBUS)))

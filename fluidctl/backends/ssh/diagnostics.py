@@ -46,8 +46,12 @@ def probe_link(agent) -> str:
     its banner. Returns "frozen: <the
     evidence>" for a frozen node, the evidence for a cut one, "" where the probe cannot tell
     (a connection through a jump host or a proxy command)."""
+    return probe_target(getattr(agent.node, "target", None))
+
+
+def probe_target(target) -> str:
+    """``probe_link`` of an SSH target (ssh config's host, port, proxies)."""
     import socket
-    target = getattr(agent.node, "target", None)
     if target is None or target.proxy_jump or target.proxy_command:
         return ""
     address, port = target.hostname, int(target.port)
@@ -80,6 +84,9 @@ class AgentDiagnostics(Diagnostics):
     def __init__(self, launcher: "SSHLauncher", **kw):
         super().__init__(**kw)
         self.launcher = launcher
+
+    def supervised_by(self, supervisor) -> None:
+        self.launcher.supervisor = supervisor   # an elastic job's rejoining node regroups
 
     def agents(self) -> List[RemoteAgent]:
         return list(getattr(self.launcher, "running", []))

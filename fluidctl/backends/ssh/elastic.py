@@ -13,6 +13,10 @@ from fluidctl.planning.elastic import HostNodes
 from fluidctl.planning.hosts import Host
 from fluidctl.planning.plan import Plan
 from fluidctl.backends.ssh.agent import RemoteAgent, start_agents
+from fluidctl.backends.ssh.diagnostics import probe_target
+
+
+REJOIN_EVERY = 2.0          # how often an elastic job below MAX tries its lost nodes again
 
 
 class ElasticMembers:
@@ -29,6 +33,7 @@ class ElasticMembers:
         self.by_name = {h.name: h for h in pool}
         self.range = HostNodes.of(launcher.config).elastic
         self.lost: Dict[str, str] = {}          # host -> why, in this job
+        self.may_rejoin: set = set()            # lost ones that may come back (``_drop``)
         self.standby: Dict[str, RemoteAgent] = {}   # started, probed, waiting for a plan
         self._beats: Optional[threading.Event] = None
         self._agents: Dict[int, RemoteAgent] = {}   # every agent started: each gets beats
@@ -36,7 +41,7 @@ class ElasticMembers:
 
     def _excluded(self) -> Dict[str, object]:
         from fluidctl.cluster.ledger import excluded
-        return excluded([h.name for h in self.pool])
+        return excluded(self.pool)      # by each node's address, not its alias
 
     def _say(self, line: str) -> None:
         import sys
@@ -57,10 +62,16 @@ class ElasticMembers:
                              "cluster ledger clear HOST' lets a node back in")
         return [self.by_name[n] for n in names]
 
-    def _drop(self, host: str, why: str) -> None:
+    def _drop(self, host: str, why: str, silent: bool = True) -> None:
+        """``silent``: lost to silence (no heartbeat, no connection, no agent start), which a
+        frozen or cut-off node recovers from; such a node may rejoin (``_rejoin``), a node
+        whose agent was killed does not."""
         from fluidctl.cluster.ledger import LOST, record
         self.lost[host] = why
-        record(host, LOST, why, job=str(self.launcher.config.layout.root))
+        if silent:
+            self.may_rejoin.add(host)
+        record(self.by_name.get(host, host), LOST, why,
+               job=str(self.launcher.config.layout.root))
         standby = self.standby.pop(host, None)
         if standby is not None:
             standby.abandon()
@@ -68,6 +79,14 @@ class ElasticMembers:
         if node is not None:
             node.close()
         telemetry.emit(telemetry.NodeLost(host=host, why=why), otherwise=self._say)
+
+    def _drop_lost(self) -> None:
+        """Drop (and ledger) every running node that counts as lost: at a restart, and at the
+        job's end (a node lost on the last allowed attempt is ledgered too)."""
+        for agent in getattr(self.launcher, "running", []):
+            why = agent.lost_reason()
+            if why and agent.host not in self.lost:
+                self._drop(agent.host, why, silent=bool(agent._lost))
 
     def _start(self, hosts: Sequence[Host]):
         config, launcher = self.launcher.config, self.launcher
@@ -106,8 +125,11 @@ class ElasticMembers:
         agent = self.standby.get(name)
         if agent is None:
             return False
+        # a standby agent that missed the launcher's beats (the launcher was stopped) is
+        # stopping itself: a fresh one instead
         if agent.probe is not None and not agent.channel.closed \
-                and not agent.channel.exit_status_ready() and not agent._lost:
+                and not agent.channel.exit_status_ready() and not agent._lost \
+                and not agent.launcher_stopped:
             return True
         self.standby.pop(name).abandon()
         return False
@@ -116,10 +138,7 @@ class ElasticMembers:
         from fluidctl.errors import FluidctlError
         from fluidctl.planning.elastic import next_world
         launcher = self.launcher
-        for agent in getattr(launcher, "running", []):
-            why = agent.lost_reason()
-            if why and agent.host not in self.lost:
-                self._drop(agent.host, why)
+        self._drop_lost()
         while True:
             names = next_world([h.name for h in launcher.hosts], list(self.by_name), self.lost,
                                self._excluded(), self.range)
@@ -148,11 +167,46 @@ class ElasticMembers:
                        otherwise=self._say)
         return plan
 
+    def _rejoin(self, stop: threading.Event) -> None:
+        """While the world is below MAX, try the nodes lost to silence in this job every
+        REJOIN_EVERY seconds: one whose sshd answers again gets an agent, whose probe (the node's report)
+        is its health check; passed, it leaves the lost and the ledger and the supervisor
+        starts a new world with it."""
+        from fluidctl.cluster import ledger
+        from fluidctl.errors import FluidctlError
+        while not stop.wait(REJOIN_EVERY):
+            supervisor = getattr(self.launcher, "supervisor", None)
+            if supervisor is None or len(self.launcher.hosts) >= self.range.high:
+                continue
+            for name in [n for n in self.lost if n in self.may_rejoin]:
+                target = self.targets.get(name)
+                if target is None or not probe_target(target).startswith("its link is up"):
+                    continue            # still frozen, cut or down (or behind a proxy)
+                _, agents, failures = self._start([self.by_name[name]])
+                if failures or stop.is_set():
+                    for agent in agents:
+                        agent.abandon()
+                    continue
+                self.standby[name] = agents[0]
+                del self.lost[name]
+                self.may_rejoin.discard(name)
+                try:
+                    ledger.clear(ledger.identity(self.by_name[name]))
+                except FluidctlError:
+                    pass                # a damaged ledger: its warning was said
+                self._say(f"node {name} answers again and passed its probe: it rejoins in a "
+                          "new world (its ledger entry is lifted)")
+                supervisor.regroup(f"node {name} rejoined")
+                break
+
     def beat(self) -> None:
-        """Start the launcher's heartbeats to the running agents (once)."""
+        """Start the launcher's heartbeats to the running agents (once), and the watch for
+        lost nodes that come back (``_rejoin``)."""
         if self._beats is not None:
             return
         stop = self._beats = threading.Event()
+        threading.Thread(target=self._rejoin, args=(stop,), daemon=True,
+                         name="rejoin-lost-nodes").start()
 
         def beats():
             while not stop.wait(BEAT_EVERY):
@@ -168,7 +222,9 @@ class ElasticMembers:
         self._agents[id(agent)] = agent
 
     def stop(self) -> None:
-        """Stop beating; let every standby agent go."""
+        """Ledger the nodes lost on the last attempt; stop beating; let every standby agent
+        go."""
+        self._drop_lost()
         if self._beats is not None:
             self._beats.set()
         for agent in list(self.standby.values()):

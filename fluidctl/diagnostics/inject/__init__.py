@@ -25,7 +25,9 @@ def rank_env(env: Mapping[str, str]) -> Dict[str, str]:
     out = dict(env)
     if not wanted(out):
         return out
-    rest = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != DIRECTORY]
+    given = out.get("PYTHONPATH", "")
+    # an empty entry is the working directory, kept; an empty PYTHONPATH has no entry at all
+    rest = [p for p in given.split(os.pathsep) if p != DIRECTORY] if given else []
     out["PYTHONPATH"] = os.pathsep.join([DIRECTORY, *rest])
     if out.get(envs.STEP_HOOKS) != "backward":
         out.setdefault(envs.TORCH_FR_BUFFER_SIZE, FR_ENTRIES)

@@ -23,7 +23,8 @@ import sys
 from typing import Mapping, Optional, Sequence
 
 from fluidctl import envs
-from fluidctl.errors import FluidctlError, UsageError
+from fluidctl.errors import FluidctlError, UsageError, check_range
+from fluidctl.runtime.pserver import MAX_FRAME_MB, MAX_TRAINERS
 from fluidctl.runtime.pserver.checkpoint import CheckpointError
 from fluidctl.runtime.pserver.server import (DEFAULT_MAX_FRAME, DEFAULT_PORT, PServer,
                                              ServerConfig)
@@ -82,15 +83,14 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerC
         write_state=not args.no_state, log_file=args.log_file,
         exit_when_done=args.exit_when_done,
         watch_parent=environ.get(envs.TRAINING_ROLE) == envs.ROLE_PSERVER and not args.no_parent_watch)
-    for name, value, low in (("--port", cfg.port, 0), ("--ports-num", cfg.ports_num, 1),
-                             ("--ports-num-for-sparse", cfg.ports_num_for_sparse, 0),
-                             ("--trainers", cfg.trainers, 1),
-                             ("--checkpoint-every", cfg.checkpoint_every, 0),
-                             ("--max-frame-mb", args.max_frame_mb, 1),
-                             ("--pserver-id", cfg.pserver_id, 0)):
-        if value < low:
-            raise UsageError(f"{name} must be at least {low}, got {value}",
-                             f"e.g. {name} {max(low, 1)}")
+    for name, value, low, high in (
+            ("--port", cfg.port, 0, 65535), ("--ports-num", cfg.ports_num, 1, 64),
+            ("--ports-num-for-sparse", cfg.ports_num_for_sparse, 0, 64),
+            ("--trainers", cfg.trainers, 1, MAX_TRAINERS),
+            ("--checkpoint-every", cfg.checkpoint_every, 0, None),
+            ("--max-frame-mb", args.max_frame_mb, 1, MAX_FRAME_MB),
+            ("--pserver-id", cfg.pserver_id, 0, None)):
+        check_range(name, value, low, high, f"e.g. {name} {max(low, 1)}")
     if cfg.port + cfg.ports_num + cfg.ports_num_for_sparse > 65536:
         raise UsageError(f"port {cfg.port} plus its extra ports is past 65535",
                          "pass a lower --port")
