@@ -8,9 +8,10 @@ process times fluidctl's ``ctx.allreduce`` on a CuPy float32 array, then torch's
 ``dist.all_reduce`` on a CUDA tensor of the same size, alternating rounds so both see the same
 machine state. Prints median time per call, busbw = S / t * 2(n-1)/n (nccl-tests' definition;
 on one GPU algbw = S / t, labelled so) and fluidctl/torch (goal: >= 0.95x from 64 MiB). ``--peer none`` skips torch.
-fluidctl's figure includes what every call pays: the metadata agreement on the CPU transport
-and one host wait for completion (torch returns before the GPU is done; its timing loop syncs
-once per batch of calls).
+Both return once the call is queued on the current stream and both timing loops sync once per
+batch of calls; fluidctl's figure includes its metadata agreement (in full on a signature's
+first use, then a hash compared about every 50 ms). bench/gpu_overhead.py prints fluidctl's
+own Python per call without a GPU.
 """
 from __future__ import annotations
 

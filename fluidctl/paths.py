@@ -28,7 +28,13 @@ def open_state_file(path, flags: int = os.O_RDONLY) -> int:
     """A descriptor of ``path``, which must be a regular file: opened with O_NONBLOCK, so a
     FIFO or a device there cannot block open() (as OpenSSH opens key files), then checked
     with fstat. FileNotFoundError when absent; StateFileError when not a regular file."""
-    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        import errno
+        if exc.errno == errno.ENXIO:        # a FIFO with no reader, opened for writing
+            raise StateFileError(f"{path} is not a regular file (a FIFO or a device)") from None
+        raise
     try:
         import stat
         mode = os.fstat(fd).st_mode

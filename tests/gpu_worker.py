@@ -31,6 +31,12 @@ def outcome(call, *, timed=False, exit_on_error=True):
             sys.exit(1)
 
 
+def queued_then_synchronize(ctx, x):
+    """A GPU collective returns once queued; its failure comes at the next call or here."""
+    ctx.allreduce(x)
+    ctx.synchronize()
+
+
 def dtypes():
     out = ["float16", "float32", "float64", "int8", "uint8", "int32", "uint32", "int64",
            "uint64"]
@@ -240,14 +246,17 @@ def bf16_optimizer(ctx):
 
 
 def events(ctx):
-    """How many CUDA events, with and without timing, 5 collectives create."""
+    """How many CUDA events, with and without timing, 5 collectives (each waited for)
+    create once the pool holds one."""
     import cupy as cp
     from cupy import _double
     x = cp.ones(16, cp.float32)
-    ctx.allreduce(x)
+    ctx.allreduce(x)                   # the pool grows to what is in flight at most: one
+    ctx.synchronize()
     before = dict(_double.events_made)
     for _ in range(5):
         ctx.allreduce(x)
+        ctx.synchronize()
     result(**{k: _double.events_made[k] - before[k] for k in before})
 
 
@@ -262,6 +271,7 @@ def die(ctx):
     def three():
         for _ in range(3):
             ctx.allreduce(x)
+        ctx.synchronize()
     outcome(three, timed=True)
 
 
@@ -271,11 +281,12 @@ def die_in_kernel(ctx):
     import cupy as cp
     x = cp.ones(1 << 16, cp.float32)
     ctx.allreduce(x)
+    ctx.synchronize()                   # retired: the failure is #2's alone
     if ctx.rank == 1:
         def killed(*args):
             os.kill(os.getpid(), 9)
         ctx.comm.nccl.comm.allReduce = killed
-    outcome(lambda: ctx.allreduce(x), timed=True)
+    outcome(lambda: queued_then_synchronize(ctx, x), timed=True)
 
 
 def cuda_fault(ctx):
@@ -284,12 +295,13 @@ def cuda_fault(ctx):
     import cupy as cp
     x = cp.ones(16, cp.float32)
     ctx.allreduce(x)
+    ctx.synchronize()                   # retired: the failure is #2's alone
     if ctx.rank == 1:
         def faulted(*args):
             from cupy import _double
             _double.fault(700)
         ctx.comm.nccl.comm.allReduce = faulted
-    outcome(lambda: ctx.allreduce(x), timed=True)
+    outcome(lambda: queued_then_synchronize(ctx, x), timed=True)
 
 
 def nccl_status8(ctx):
@@ -297,6 +309,7 @@ def nccl_status8(ctx):
     import cupy as cp
     x = cp.ones(16, cp.float32)
     ctx.allreduce(x)
+    ctx.synchronize()                   # retired: the failure is #2's alone
     if ctx.rank == 1:
         comm = ctx.comm.nccl.comm
 
@@ -304,7 +317,7 @@ def nccl_status8(ctx):
             comm._error = 8                     # its kernel never ends, until abort()
             cp.cuda.stream_of(stream)._enqueue_async(comm._aborted.wait)
         comm.allReduce = timed_out
-    outcome(lambda: ctx.allreduce(x), timed=True)
+    outcome(lambda: queued_then_synchronize(ctx, x), timed=True)
 
 
 def stuck(ctx):
@@ -314,7 +327,7 @@ def stuck(ctx):
     if ctx.rank == 1:
         time.sleep(3 * TIMEOUT)
         return
-    outcome(lambda: ctx.allreduce(x), timed=True)
+    outcome(lambda: queued_then_synchronize(ctx, x), timed=True)
 
 
 def launch_error(ctx):
@@ -327,7 +340,7 @@ def launch_error(ctx):
         def bad(send, recv, count, dtype, op, stream):
             return real(send, recv, count, dtype, op, 12345)     # not a stream
         ctx.comm.nccl.comm.allReduce = bad
-    outcome(lambda: ctx.allreduce(x))
+    outcome(lambda: queued_then_synchronize(ctx, x))
 
 
 def wrong_device(ctx):
@@ -378,6 +391,165 @@ def slow_init(ctx, counts):
 def before_init_stuck():
     _wrap_constructor(lambda rank: time.sleep(4 * TIMEOUT) if rank == 1 else None)
 
+
+# --- queued work, the watchdog and the hash phase (issue 38) ------------------------------
+def _arrays(cp, which):
+    return {"A": cp.ones(4, cp.float32), "B": cp.ones(6, cp.float32),
+            "D": cp.ones(4, cp.float64), "C": cp.ones(5, cp.float32)}[which]
+
+
+def mismatch(ctx):
+    """argv: when (first | hashed), then rank 0's and rank 1's array (A, B, C: shapes 4, 6,
+    5 float32; D: 4 float64). 'hashed' first agrees on A and B on both ranks."""
+    import cupy as cp
+    when, mine = sys.argv[2], sys.argv[3 + ctx.rank]
+    # made first: the double orders host-side array work after queued work (drains it)
+    arrays = {k: _arrays(cp, k) for k in "ABCD"}
+
+    def calls():
+        if when == "hashed":
+            for _ in range(3):
+                for k in "ABD":
+                    ctx.allreduce(arrays[k])
+            ctx.synchronize()
+        ctx.allreduce(arrays[mine])
+        ctx.allreduce(arrays["A"])
+        if sys.argv[5:] == ["checkpoint"]:     # found where a checkpoint is agreed
+            if ctx.rank == 0:
+                with open(os.environ["FLUIDCTL_CHECKPOINT_REQUEST"], "w") as f:
+                    f.write("save\n")
+            while not ctx.checkpoint_requested():
+                pass
+            return
+        ctx.synchronize()
+    outcome(calls, timed=True, exit_on_error=False)
+    try:
+        ctx.allreduce(arrays["A"])
+        result(after=None)
+    except CollectiveError as exc:
+        result(after=str(exc))
+    _leave_together(ctx)
+
+
+def _leave_together(ctx):
+    """Rank 0 holds the store: no rank leaves before all have their answers."""
+    if ctx.store is not None:
+        ctx.store.barrier("scenario-end", ctx.world_size, 60)
+    os._exit(0)
+
+
+def _fault_on_stream(cp):
+    """Queue a kernel that hits an illegal address on the current stream (sticky)."""
+    stream = cp.cuda.get_current_stream()
+    try:
+        from cupy import _double
+        stream._enqueue_async(lambda: _double.fault(700))
+    except ImportError:                    # a real GPU: a real faulting kernel
+        cp.RawKernel('extern "C" __global__ void f() { *(volatile int*)16 = 1; }', "f")(
+            (1,), (1,), ())
+
+
+def _stall_stream(cp, seconds: float):
+    """Queue a kernel that keeps the current stream busy for ``seconds``."""
+    stream = cp.cuda.get_current_stream()
+    try:
+        from cupy import _double                                 # noqa: F401
+        done = __import__("threading").Event()
+        stream._enqueue_async(lambda: done.wait(seconds))
+    except ImportError:
+        rate = cp.cuda.Device().attributes["ClockRate"] * 1000      # kHz -> cycles/s
+        cp.RawKernel('extern "C" __global__ void s(long long n) { long long t = clock64(); '
+                     'while (clock64() - t < n) {} }', "s")((1,), (1,), (int(seconds * rate),))
+
+
+def sticky(ctx):
+    """Rank 1's stream faults just before an allreduce (queued on both): from the first call
+    that sees it (the allreduce itself on rank 1, or synchronize) every call, synchronize,
+    barrier and finalize raise the same error on every rank."""
+    import cupy as cp
+    x = cp.ones(16, cp.float32)
+    ctx.allreduce(x)
+    ctx.synchronize()
+    if ctx.rank == 1:
+        _fault_on_stream(cp)
+    errors = []
+    for call in (lambda: ctx.allreduce(x), ctx.synchronize, lambda: ctx.allreduce(x),
+                 ctx.barrier, rt.finalize):
+        try:
+            call()
+            errors.append(None)
+        except CollectiveError as exc:
+            errors.append(str(exc))
+    result(errors=errors)
+    _leave_together(ctx)
+
+
+def hang_in_flight(ctx):
+    """Rank 1's stream stalls before its second allreduce: with that work in flight every
+    rank gets the deadline error naming the collective."""
+    import cupy as cp
+    x = cp.ones(16, cp.float32)
+    ctx.allreduce(x)
+    ctx.synchronize()
+    if ctx.rank == 1:
+        _stall_stream(cp, TIMEOUT + 5)
+    queued = time.monotonic()
+    paced = sys.argv[2:] == ["paced"]          # a training loop: a call every 0.1 s for 20 s
+    for _ in range(200 if paced else 3):
+        ctx.allreduce(x)
+        if paced:
+            time.sleep(0.1)
+    queued = time.monotonic() - queued
+    outcome(ctx.synchronize, timed=True, exit_on_error=False)
+    result(queued_seconds=queued)
+    _leave_together(ctx)
+
+
+def backpressure(ctx):
+    """FLUIDCTL_GPU_INFLIGHT=2: rank 0 runs ahead of rank 1 (which starts late) and must wait
+    for its oldest work once two are queued; synchronize then sees every result."""
+    import cupy as cp
+    xs = [cp.ones(8, cp.float32) for _ in range(6)]
+    ctx.allreduce(xs[0])
+    ctx.synchronize()
+    work = ctx.comm.nccl.work
+    if ctx.rank == 1:
+        time.sleep(1.0)                    # the scenario: a late rank, not synchronisation
+    seen, slow = [], []
+    for x in xs:
+        start = time.monotonic()
+        ctx.allreduce(x)
+        slow.append(time.monotonic() - start)
+        seen.append(len(work.items))
+    ctx.synchronize()
+    result(inflight=seen, seconds=slow, after_sync=len(work.items),
+           ok=all(bool((x.get() == ctx.world_size ** (2 if i == 0 else 1)).all())
+                  for i, x in enumerate(xs)))
+    rt.finalize()
+    os._exit(0)
+
+
+def coalesced(ctx):
+    """Three collectives (one 'mean') in ``with ctx.coalesced():``: one NCCL group, one
+    completion event, the right values (the division after the group's NCCL work)."""
+    import cupy as cp
+    work = ctx.comm.nccl.work
+    xs = [cp.asarray(inputs(ctx.rank, "float32")) for _ in range(3)]
+    ctx.allreduce(xs[0])
+    ctx.synchronize()
+    pushed = []
+    real = work.push
+    work.push = lambda *a: (pushed.append(a[1:]), real(*a))
+    with ctx.coalesced():
+        ctx.allreduce(xs[1])
+        ctx.allreduce(xs[2], "mean")
+        inside = len(pushed)
+    ctx.synchronize()
+    total = sum(inputs(k, "float32") for k in range(ctx.world_size))
+    result(inside=inside, pushed=[list(p) for p in pushed],
+           ok=bool(np.allclose(xs[1].get(), total)
+                   and np.allclose(xs[2].get(), total / ctx.world_size)))
+    rt.finalize()
 
 def main():
     scenario = sys.argv[1]

@@ -109,10 +109,11 @@ def _entry(key: str, item) -> Entry:
 def _read(path) -> _Book:
     book = _Book()
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.loads(f.read() or "{}")
+        raw = json.loads(paths.read_state_file(path).decode("utf-8") or "{}")
     except FileNotFoundError:
         return book
+    except paths.StateFileError as exc:     # a FIFO or a device there must not hang a read
+        book.damaged = str(exc)
     except (OSError, ValueError) as exc:
         book.damaged = f"not readable JSON ({exc})"
     else:
@@ -147,9 +148,18 @@ def _write(path, book: _Book) -> None:
 def _locked():
     path = paths.bad_nodes_ledger()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(str(path) + ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock_path = str(path) + ".lock"
+    try:
+        fd = paths.open_state_file(lock_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    except paths.StateFileError as exc:
+        from fluidctl.errors import UsageError
+        raise UsageError(f"the bad-node ledger's lock: {exc}",
+                         f"remove it (rm {lock_path}); fluidctl makes a new one") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield path
+    finally:
+        os.close(fd)
 
 
 def record(host, why: str, detail: str, exclude_s: float = DEFAULT_EXCLUDE_S,

@@ -13,6 +13,7 @@ Standard library only, imported by the runtime (training processes) and by the l
 """
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import signal
@@ -46,6 +47,7 @@ class Reporter:
 
     def __init__(self, diag: DiagDir, rank: int):
         self.count = 0
+        self._ticks = itertools.count(1)
         self._map = map_shared(diag.progress(rank), _COUNTER.size)
         self._stack = open(diag.stack(rank), "ab", buffering=0)
         import faulthandler
@@ -58,8 +60,9 @@ class Reporter:
         signal.siginterrupt(DUMP_SIGNAL, False)
 
     def bump(self) -> None:
-        self.count += 1
-        _COUNTER.pack_into(self._map, 0, self.count)
+        # next() on a count is atomic: the GPU watchdog thread bumps beside the main thread
+        self.count = count = next(self._ticks)
+        _COUNTER.pack_into(self._map, 0, count)
 
     def close(self) -> None:
         import faulthandler

@@ -17,7 +17,7 @@ from fluidctl.envs.write import (  # noqa: F401
     refuse_shared_gpus, collective_env, pserver_env)
 from fluidctl.envs.read import (  # noqa: F401
     MAKE_TOKEN, read_token_file, torch_port_taken, DistEnv, _int, KNOBS, _knob, _default, knob,
-    check_knobs, gpu_of_local_rank, read, from_ompi, ssh_server_address)
+    check_knobs, gpu_of_local_rank, read, from_ompi, ssh_server_address, strict_collectives)
 from fluidctl.envs.slurm import (  # noqa: F401
     SLURM_PORT_LOW, SLURM_PORT_SPAN,
     in_slurm_step, expand_nodelist, parse_tasks_per_node, SlurmLayout, slurm_layout, slurm_ports,

@@ -13,7 +13,8 @@ from fluidctl.envs.names import (
     GLOBAL_RANK, GLOBAL_SIZE, GPUS, HANDSHAKE_TIMEOUT, JOB_TOKEN, LOCAL_RANK, LOCAL_SIZE, MASTER,
     MAX_FRAME, NNODES, OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE, OMPI_RANK, OMPI_SIZE,
     PSERVERS_IP_PORT_LIST, PSERVER_ID, RANK_IN_NODE, RESTART_COUNT, ROLE, ROLE_PSERVER,
-    ROLE_TRAINER, SELECTED_GPUS, SSH_CONNECTION, SYNC_MODE, TIMEOUT, TORCH_LOCAL_RANK,
+    ROLE_TRAINER, SELECTED_GPUS, SSH_CONNECTION, STRICT_COLLECTIVES, SYNC_MODE, TIMEOUT,
+    TORCH_LOCAL_RANK,
     TORCH_LOCAL_WORLD_SIZE, TORCH_MASTER_ADDR, TORCH_MASTER_PORT, TORCH_RANK, TORCH_WORLD_SIZE,
     TRAINERS_NUM, TRAINER_ENDPOINTS, TRAINER_ID, TRAINING_ROLE)
 from fluidctl.envs.slurm import from_slurm, in_slurm_step
@@ -253,3 +254,7 @@ def ssh_server_address(environ: Mapping[str, str]) -> str:
     are), from SSH_CONNECTION, else ''."""
     words = environ.get(SSH_CONNECTION, "").split()
     return words[2] if len(words) == 4 else ""
+
+
+def strict_collectives(environ: Mapping[str, str]) -> bool:
+    return environ.get(STRICT_COLLECTIVES, "").strip() == "1"

@@ -62,8 +62,10 @@ class Context:
     def _collective(self, name: str, *args):
         """One collective, counted for the hang watchdog and timed for the straggler report."""
         began = stragglers.clock()
-        out = getattr(self._need_comm(), name)(*args)
-        progress.bump()
+        comm = self._need_comm()
+        out = getattr(comm, name)(*args)
+        if comm.nccl is None or not args or not _on_gpu(args[0]):
+            progress.bump()           # GPU work is counted when it completes (gpuwork.py)
         stragglers.record(began)
         return out
 
@@ -89,6 +91,18 @@ class Context:
     def barrier(self) -> None:
         self._collective("barrier")
 
+    def synchronize(self) -> None:
+        """Wait for this rank's queued GPU collectives and compare the calls with the other
+        ranks; raises the CollectiveError of a collective that failed. A collective call:
+        every rank makes it. GPU collectives return once queued on the current stream (the
+        stream orders the work; this is the host's wait)."""
+        self._collective("synchronize")
+
+    def coalesced(self):
+        """``with ctx.coalesced():`` the GPU collectives inside run as one NCCL group with
+        one completion event (a no-op on CPU)."""
+        return self._need_comm().coalesced()
+
     # --- checkpoint requests (runtime/request.py) --------------------------------------------
     def _request_state(self):
         if self._requests is None:
@@ -103,7 +117,11 @@ class Context:
         then, about every 50 ms), one integer comparison otherwise.
         ``checkpoint_stop`` then says whether the job should end after saving."""
         requests = self._requests or self._request_state()
-        return requests.poll()
+        if requests.poll():
+            if self.comm is not None:
+                self.comm.verify()     # the GPU calls' hash, before anything is saved
+            return True
+        return False
 
     @property
     def checkpoint_stop(self) -> bool:
@@ -115,6 +133,16 @@ class Context:
     def close(self, wait: bool = True) -> None:
         """Release transports; with ``wait``, first meet the other ranks so that rank 0 does not
         take the store away from a rank that still needs it."""
+        error = None
+        nccl = self.comm.nccl if self.comm is not None else None
+        if nccl is not None and nccl.work.fault is not None:
+            from fluidctl.runtime.collective.meta import CollectiveError
+            error = CollectiveError(nccl.work.fault)      # the sticky fault, as every call
+        elif nccl is not None and not _broken(self.comm):
+            try:
+                self.comm.synchronize()       # the queued GPU work, and the calls' hash
+            except Exception as exc:          # raised below, once everything is released
+                error = exc
         if wait and self.store is not None and self.comm is not None and not _broken(self.comm):
             try:
                 self.store.barrier("finalize", self.world_size, min(self.timeout, 60.0))
@@ -128,6 +156,18 @@ class Context:
             self._server.wait_idle(min(self.timeout, 10.0))
             self._server.close()
         self.comm = self.store = self._server = None
+        if error is not None:
+            raise error
+
+
+def _on_gpu(x) -> bool:
+    global _is_cupy
+    if _is_cupy is None:
+        from fluidctl.runtime.collective import _is_cupy
+    return _is_cupy(x)
+
+
+_is_cupy = None           # collective._is_cupy, once the collectives are loaded
 
 
 def _broken(comm) -> bool:

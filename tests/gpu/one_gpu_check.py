@@ -154,8 +154,8 @@ def one_rank(tmp, scenario):
             return "FAIL", f"exit {res.returncode}\n{tail(res.stdout + res.stderr)}"
         out = rank_results_from_logs(log, 1)[0] or {}
         bad = out.get("errors") or ([] if out.get("ok", True) else [out])
-        if scenario == "host_waits" and not (out.get("caller") == 0 and out.get("total", 9) <= 1):
-            bad = [out]                                   # at most one wait, none on the caller
+        if scenario == "host_waits" and not (out.get("caller") == 0 and out.get("total") == 0):
+            bad = [out]                                   # 0 host waits of any kind
         return ("FAIL", json.dumps(out)) if bad else ("PASS", json.dumps(out)[:300])
     return step
 
@@ -178,6 +178,14 @@ def shared_ranks(tmp, argv, n=2, extra=None, timeout=240, until=None):
 def results_of(res):
     import rankspawn
     return rankspawn.results(res)
+
+
+def first_result(text: str):
+    """A rank's first RESULT line (scenarios that print more than one)."""
+    for line in text.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return None
 
 
 OPT_IN = {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
@@ -228,7 +236,7 @@ def main() -> int:
     rep.step("1 rank: every collective x dtype (bfloat16 too)", one_rank(tmp, "ops"))
     rep.step("1 rank: collectives from another thread / inside a non-blocking stream",
              one_rank(tmp, "thread_stream"))
-    rep.step("1 rank: one host wait per collective, none on the caller's stream",
+    rep.step("1 rank: 0 host waits of any kind per allreduce",
              one_rank(tmp, "host_waits"))
 
     # --- two ranks on one GPU --------------------------------------------------------
@@ -292,6 +300,52 @@ def main() -> int:
         return ("PASS" if ok else "FAIL"), f"{seconds:.2f} s (limit 2): {out.get('error')}"
     rep.step("2 ranks, 1 GPU, opt-in: a rank killed inside its NCCL call (seen within 2 s)",
              shared(["tests/gpu_worker.py", "die_in_kernel"], killed, until=[0], timeout=120))
+
+    # --- queued work, the watchdog, the hash phase (tests/e2e/test_gpu_queue.py's cases) --
+    def sticky(res):
+        sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+        from test_gpu_queue import sticky_errors_agree
+        outs = results_of(res)
+        try:
+            message = sticky_errors_agree(outs)
+        except (AssertionError, KeyError, StopIteration, TypeError) as exc:
+            return "FAIL", f"{exc!r}\n{tail(''.join(res.outputs))}"
+        ok = "cudaErrorIllegalAddress" in message or "illegal" in message
+        return ("PASS" if ok else "FAIL"), message[:300]
+    rep.step("2 ranks, 1 GPU, opt-in: a faulting kernel before a queued allreduce: every "
+             "rank's next call raises the same error", shared(["tests/gpu_worker.py", "sticky"],
+                                                              sticky, timeout=120))
+
+    def hang(res):
+        lines = [first_result(text) for text in res.outputs]
+        errors = {(l or {}).get("error") for l in lines}
+        message = next(iter(errors)) or ""
+        ok = len(errors) == 1 and re.search(r"collective #2\) did not finish within", message)
+        return ("PASS" if ok else "FAIL"), f"{message[:300]}\n{tail(''.join(res.outputs))}"
+    rep.step("2 ranks, 1 GPU, opt-in: a stalled stream with work in flight: the deadline names "
+             "collective #2", shared(["tests/gpu_worker.py", "hang_in_flight"], hang,
+                                     timeout=120))
+
+    def diverged(res):
+        lines = [first_result(text) for text in res.outputs]
+        errors = {(l or {}).get("error") for l in lines}
+        message = next(iter(errors)) or ""
+        ok = len(errors) == 1 and "diverged at collective #10: allreduce: shape mismatch" \
+            in message
+        return ("PASS" if ok else "FAIL"), f"{message[:300]}\n{tail(''.join(res.outputs))}"
+    rep.step("2 ranks, 1 GPU, opt-in: a shape mismatch after the hash phase is named",
+             shared(["tests/gpu_worker.py", "mismatch", "hashed", "A", "B"], diverged,
+                    timeout=120))
+
+    def backpressure(res):
+        outs = results_of(res)
+        out = outs[0] or {}
+        ok = res.ok() and out.get("ok") and max(out.get("inflight") or [9]) <= 1 \
+            and out.get("after_sync") == 0
+        return ("PASS" if ok else "FAIL"), json.dumps(out)[:300]
+    rep.step("2 ranks, 1 GPU, opt-in: a full in-flight queue waits for its oldest work",
+             shared(["tests/gpu_worker.py", "backpressure"], backpressure,
+                    extra={"FLUIDCTL_GPU_INFLIGHT": "2"}))
 
     def learns(res):
         text = "".join(res.outputs)

@@ -111,3 +111,55 @@ def test_a_pserver_trainer_on_a_gpu_that_is_not_there_gets_the_clear_error(gpus)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith(f"ERROR rank 0: cannot use GPU {missing} ("), \
         res.stdout + res.stderr
+
+
+# --- queued work (issue 38): what tests/e2e/test_gpu_queue.py checks on the double ---------
+def test_no_host_wait_per_allreduce(gpus, tmp_path):
+    res = fluidctl_train(tmp_path, "--gpus", "1", "tests/gpu_worker.py", "host_waits")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = rank_results(res)[0]
+    assert out["total"] == 0 and out["caller"] == 0 and out["ok"], out
+
+
+def _two_ranks(gpus, tmp_path, *argv, env=None):
+    if len(gpus) < 2:
+        pytest.skip(f"needs 2 GPUs, nvidia-smi lists {len(gpus)}")
+    return fluidctl_train(tmp_path, "--gpus", "2", "tests/gpu_worker.py", *argv,
+                          env={"FLUIDCTL_TIMEOUT": "10", **(env or {})}, timeout=200)
+
+
+def _first_results(res):
+    firsts = {}
+    for line in res.stdout.splitlines():
+        m = re.match(r"^\[trainer (\d+)\] RESULT (.*)$", line)
+        if m and int(m.group(1)) not in firsts:
+            firsts[int(m.group(1))] = json.loads(m.group(2))
+    return [firsts[r] for r in sorted(firsts)]
+
+
+def test_a_faulting_kernel_raises_on_every_ranks_next_call(gpus, tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+    from test_gpu_queue import sticky_errors_agree
+    res = _two_ranks(gpus, tmp_path, "sticky")
+    message = sticky_errors_agree(_first_results(res))
+    assert "illegal" in message.lower(), message
+
+
+def test_a_stalled_stream_is_reported_with_the_collectives_number(gpus, tmp_path):
+    res = _two_ranks(gpus, tmp_path, "hang_in_flight")
+    errors = {r["error"] for r in _first_results(res)}
+    assert len(errors) == 1 and "collective #2) did not finish within 10s" in errors.pop()
+
+
+def test_a_mismatch_after_the_hash_phase_is_named(gpus, tmp_path):
+    res = _two_ranks(gpus, tmp_path, "mismatch", "hashed", "A", "B")
+    errors = {r["error"] for r in _first_results(res)}
+    assert len(errors) == 1
+    assert "diverged at collective #10: allreduce: shape mismatch" in errors.pop()
+
+
+def test_a_full_queue_waits_for_its_oldest_work(gpus, tmp_path):
+    res = _two_ranks(gpus, tmp_path, "backpressure", env={"FLUIDCTL_GPU_INFLIGHT": "2"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = rank_results(res)[0]
+    assert max(out["inflight"]) <= 1 and out["after_sync"] == 0 and out["ok"], out

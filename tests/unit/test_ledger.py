@@ -1,5 +1,6 @@
 """The ledger of bad nodes (fluidctl/cluster/ledger.py)."""
 import json
+import os
 import time
 
 from fluidctl.cluster import ledger
@@ -143,3 +144,21 @@ def test_39_4_another_clusters_node_of_the_same_alias_is_not_left_out(tmp_path, 
         else:
             assert "bad-node ledger" not in res.stderr, res.stderr
             assert f"connection refused at {address}:1" in res.stderr, res.stderr
+
+
+def test_40_9_a_fifo_at_the_ledger_or_its_lock_hangs_nothing(tmp_path):
+    """A FIFO where the ledger is: a warning, read as empty (no open() that waits for a
+    writer); a FIFO where its lock is: one line naming it and how to fix it, exit 2."""
+    os.mkfifo(tmp_path / "bad-nodes.json")
+    res = fluidctl(tmp_path, "cluster", "ledger", "list")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert "is not a regular file (a FIFO)" in res.stderr
+    assert "the bad-node ledger is empty" in res.stdout
+    os.unlink(tmp_path / "bad-nodes.json")
+    lock = tmp_path / "bad-nodes.json.lock"
+    if lock.exists():
+        lock.unlink()
+    os.mkfifo(lock)
+    res = fluidctl(tmp_path, "cluster", "ledger", "clear")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1 and "bad-nodes.json.lock" in res.stderr, res.stderr

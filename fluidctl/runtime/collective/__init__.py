@@ -32,8 +32,16 @@ def problem_of(x) -> bool:
                 and (x.flags.c_contiguous or x.flags.f_contiguous))
 
 
+_CUPY_TYPES = {}                 # type -> is it a CuPy array type (one dict lookup per call)
+
+
 def _is_cupy(x) -> bool:
-    return type(x).__module__.split(".")[0] == "cupy"
+    t = type(x)
+    try:
+        return _CUPY_TYPES[t]
+    except KeyError:
+        found = _CUPY_TYPES[t] = t.__module__.split(".")[0] == "cupy"
+        return found
 
 
 class Communicator:
@@ -47,6 +55,7 @@ class Communicator:
         self._seq = 0
         self._op = "sum"
         self._records = {}
+        self._log = None                      # the GPU path's CallLog (agree.py), made on first use
         if mpi is not None:
             self.transport = "mpi"
         elif shm is not None and (ring is not None or world_size > shm.n):
@@ -79,11 +88,12 @@ class Communicator:
     def _run(self, buf, kind: str, op: str, shape, dtype, root: int = 0,
              zero_input: bool = False) -> None:
         """Allreduce ``buf`` in place after every rank agreed on the call's metadata."""
-        if not problem_of(buf) and meta.is_bfloat16(getattr(buf, "dtype", None)):
+        dt = getattr(buf, "dtype", None)
+        if dt is not None and dt.kind == "V" and meta.is_bfloat16(dt) and not problem_of(buf):
             return self._run_bfloat16(buf, kind, op, shape, root, zero_input)
         self._seq += 1
         flat, problem = self._flat(buf)
-        key = (kind, op, str(dtype), tuple(shape), root, problem)
+        key = (kind, op, dtype, shape, root, problem)
         rec = self._records.get(key)
         if rec is None:                         # building a record costs more than a 4 KiB copy
             if len(self._records) > 256:
@@ -140,12 +150,47 @@ class Communicator:
                     self.ring.close()        # let the other nodes hear about it now
                 raise
 
-    def agree(self, rec) -> None:
-        """Only the metadata agreement (the GPU path moves its data with NCCL): every rank
-        checks the same table and raises the same CollectiveError on a mismatch."""
-        self._seq += 1
-        rec[meta.SEQ] = self._seq
-        self._exchange(np.zeros(0, np.uint8), rec, "sum", False)
+    def gpu_call(self, key, rec, sig: int, full: bool = False) -> int:
+        """Only the metadata agreement (the GPU path moves its data with NCCL), in full on a
+        signature's first use, then by hash (agree.py); returns the call's number. Every
+        rank raises the same CollectiveError on a mismatch."""
+        log = self._log
+        if log is None:
+            log = self._log = self._call_log()
+        return log.call(key, rec, sig, full)
+
+    def _call_log(self):
+        import os
+        from fluidctl import envs
+        from fluidctl.runtime.collective.agree import CallLog
+        log = CallLog(self, envs.strict_collectives(os.environ))
+        if self.nccl is not None:     # compare before the queue of launched work can fill
+            log.max_every = max(1, min(log.max_every, self.nccl.work.depth // 2))
+        return log
+
+    def verify(self) -> None:
+        """Compare the GPU calls' hash on every rank now (barrier, synchronize, checkpoint)."""
+        if self._log is not None:
+            self._log.verify()
+
+    def synchronize(self) -> None:
+        """Wait for this rank's queued GPU collectives, raise their error if any failed, then
+        compare the calls' hash with the other ranks: a collective call, on every rank."""
+        try:
+            self.verify()            # first: a mismatch leaves NCCL work that never ends
+        except CollectiveError:
+            if self.nccl is not None:    # a rank whose NCCL call failed left: say why
+                self.nccl.synchronize()
+            raise
+        if self.nccl is not None:
+            self.nccl.synchronize()
+
+    def coalesced(self):
+        """``with comm.coalesced():`` the GPU collectives inside are one NCCL group."""
+        if self.nccl is not None:
+            return self.nccl.coalesced()
+        import contextlib
+        return contextlib.nullcontext()
 
     def _across(self, chunk, table, first: bool) -> None:
         """Hierarchical step on a node leader: agree metadata and reduce between nodes."""
@@ -207,6 +252,8 @@ class Communicator:
         return buf[self.rank * part:(self.rank + 1) * part]
 
     def barrier(self) -> None:
+        if self.nccl is not None:
+            self.synchronize()
         self._run(np.zeros(0, np.int8), "barrier", "sum", (0,), np.int8)
 
     # --- GPU -------------------------------------------------------------------------

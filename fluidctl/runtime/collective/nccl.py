@@ -15,21 +15,15 @@ Set-up (``setup``, called by ``init()`` on ranks with FLAGS_selected_gpus and ba
    bounded by the timeout; each rank publishes success or its NcclError, and any failure gives
    every rank the same CollectiveError.
 
-Each collective (``run``):
-
-- agrees on the metadata record (kind, op, dtype, shape, root, problems such as an array on
-  another device) over the CPU communicator that ``init()`` built anyway: no GPU round trip, and
-  the same CollectiveError on every rank for a mismatch;
-- runs the NCCL call on fluidctl's own non-blocking stream of the rank's device, after an event
-  recorded on the caller's current stream (so data produced there, blocking stream or not, is
-  ready), and makes the caller's stream wait for the result;
-- waits on the host once, for the call's completion event, polling ``check_async_error()`` to
-  the deadline (FLUIDCTL_TIMEOUT). On an error or the deadline it aborts the communicator,
-  publishes the first message through the store, and every rank raises that same
-  CollectiveError (naming same-node ranks whose process is gone).
+Each collective (``run``): agrees on its metadata over the CPU communicator (in full on a
+signature's first use, then by a rolling hash: agree.py), launches NCCL on the caller's current
+stream, records one pooled completion event and returns; gpuwork.py's watchdog retires the
+work and turns a fault, NCCL's async error, a dead same-node peer or the deadline into the same
+CollectiveError on every rank (the communicator aborted).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import sys
@@ -40,6 +34,8 @@ from typing import List, Optional
 import numpy as np
 
 from fluidctl.runtime.collective import meta
+from fluidctl.runtime.collective.agree import signature
+from fluidctl.runtime.collective.gpuwork import DEPTH, InFlight
 from fluidctl.runtime.collective.meta import CollectiveError
 
 ID_KEY = "nccl/unique_id"
@@ -48,7 +44,6 @@ INIT_ERROR = "nccl/init/error"        # the first error creating the communicato
 INIT_DONE = "nccl/init/done"          # a counter of ranks whose communicator is up
 INIT_ALL = "nccl/init/all"            # set by the last of them
 ID_BYTES = 128
-CUDA_NOT_READY = 600          # cudaErrorNotReady: what cudaEventQuery says of pending work
 _UNSIGNED_CHAR_MACHINES = ("aarch64", "arm64", "armv7l", "ppc64le", "ppc64", "s390x")
 
 
@@ -140,10 +135,13 @@ _NCCL_TYPE = {"e": "NCCL_FLOAT16", "f": "NCCL_FLOAT32", "d": "NCCL_FLOAT64", "b"
               "L": "NCCL_UINT64", "q": "NCCL_INT64", "Q": "NCCL_UINT64"}
 
 
+_NCCL_OPS = {"sum": "NCCL_SUM", "mean": "NCCL_SUM", "max": "NCCL_MAX", "min": "NCCL_MIN"}
+
+
 def dtype_code(dtype) -> int:
     """The metadata code of a CuPy array's dtype (negative for what NCCL cannot carry)."""
     dtype = np.dtype(dtype)
-    if dtype.name == "bfloat16":
+    if dtype.kind == "V" and meta.is_bfloat16(dtype):
         return meta.BFLOAT16
     if dtype.char in _NCCL_TYPE and dtype.isnative and (dtype.char not in "lL"
                                                         or dtype.itemsize == 8):
@@ -152,8 +150,9 @@ def dtype_code(dtype) -> int:
 
 
 def nccl_type(nccl, dtype) -> int:
+    """Called once per signature (run() caches it by the dtype object)."""
     dtype = np.dtype(dtype)
-    if dtype.name == "bfloat16":
+    if dtype.kind == "V" and meta.is_bfloat16(dtype):
         return nccl.NCCL_BFLOAT16
     return getattr(nccl, _NCCL_TYPE[dtype.char])
 
@@ -268,12 +267,12 @@ class NcclTransport:
         self.broken = False
         self.comm = None
         self._peers = self._local_peers()
-        with cupy.cuda.Device(device):
-            self.stream = cupy.cuda.Stream(non_blocking=True)
-            # two events for every collective, re-recorded each time (a wait captures the
-            # event's state when it is queued); no timing: cheaper to record and to wait on
-            self._ready = cupy.cuda.Event(disable_timing=True)
-            self._done = cupy.cuda.Event(disable_timing=True)
+        self._runtime_error = cupy.cuda.runtime.CUDARuntimeError
+        self._entries = {}            # signature -> what run() needs (see _entry)
+        self._group = None            # the calls of an open coalesced() block
+        from fluidctl import envs
+        depth = os.environ.get(envs.GPU_INFLIGHT, "").strip()
+        self.work = InFlight(self, int(depth) if depth.isdigit() else DEPTH)
         self._create()
 
     # --- set-up -------------------------------------------------------------------------
@@ -376,6 +375,7 @@ class NcclTransport:
                 "(nvidia-smi) and NCCL (NCCL_DEBUG=INFO)")
 
     def close(self) -> None:
+        self.work.close()
         comm, self.comm = self.comm, None
         if comm is not None:
             if self.broken:
@@ -385,128 +385,166 @@ class NcclTransport:
 
     # --- collectives --------------------------------------------------------------------
     def _problem(self, x) -> int:
-        if not x.flags.c_contiguous:
-            return meta.NOT_CONTIGUOUS
-        if x.device.id != self.device:
-            return meta.WRONG_DEVICE
-        return 0
+        """Why run() cannot use ``x``: not contiguous, else on another device."""
+        return meta.NOT_CONTIGUOUS if not x.flags.c_contiguous else meta.WRONG_DEVICE
 
-    def run(self, kind: str, x, op: str = "sum", root: int = 0):
-        if self.broken:
-            raise CollectiveError("the NCCL communicator is broken by an earlier error; "
-                                  "restart the job (fluidctl train --max-restarts)")
-        problem = self._problem(x)
+    def _entry(self, kind, x, op, root, problem):
+        """What a call's signature needs, built once: (record, signature hash, NCCL dtype, NCCL
+        op, divide by the world size, error to raise after agreeing)."""
         code = problem or dtype_code(x.dtype)
         rec = meta.record(0, kind, op, np.uint8, x.shape, root, 0)
         rec[meta.DTYPE] = code
         if code < 0 and not problem:
             meta.pack_name(rec, x.dtype)          # the others name what they cannot see
         rec[meta.NBYTES] = int(x.nbytes)
-        self.ctx.comm.agree(rec)                 # same CollectiveError everywhere on mismatch
-        seq = int(rec[meta.SEQ])
+        nccl = self.nccl
+        usable = code > 0 and op in _NCCL_OPS
+        dt = nccl_type(nccl, x.dtype) if usable else None
+        red = getattr(nccl, _NCCL_OPS[op]) if usable else None
+        divide = op == "mean" and (kind != "reduce" or self.rank == root)
+        error = None
         if kind == "reduce_scatter" and (x.ndim == 0 or x.shape[0] % self.n):
-            raise CollectiveError(f"reduce_scatter: shape {x.shape} cannot be split in "
-                                  f"{self.n} along its first dimension")
-        if kind == "barrier":
-            return x
-        cp, nccl = self.cupy, self.nccl
-        with cp.cuda.Device(self.device):
-            caller = cp.cuda.get_current_stream()
-            runtime_error = cp.cuda.runtime.CUDARuntimeError
+            error = (f"reduce_scatter: shape {x.shape} cannot be split in {self.n} along its "
+                     "first dimension")
+        return rec, signature(rec), dt, red, divide, error
+
+    def run(self, kind: str, x, op: str = "sum", root: int = 0):
+        work = self.work
+        key = (kind, op, x.dtype, x.shape, root)
+        if x.flags.c_contiguous and x.data.device_id == self.device:
+            entry = self._entries.get(key)
+            if entry is None:
+                if len(self._entries) > 1024:
+                    self._entries.clear()
+                entry = self._entries[key] = self._entry(kind, x, op, root, 0)
+            full = False
+        else:                                     # never launched: agreed in full, named
+            entry, full = self._entry(kind, x, op, root, self._problem(x)), True
+        rec, sig, dt, red, divide, error = entry
+        seq = self.ctx.comm.gpu_call(key, rec, sig, full)   # same CollectiveError everywhere
+        if work.fault is not None or self.broken:   # agreed first: the others' checks meet it
+            self._raise_broken()
+        if error is not None:
+            raise CollectiveError(error)
+        cp = self.cupy
+        runtime = cp.cuda.runtime
+        before = runtime.getDevice()
+        if before != self.device:                # the device is per thread: switch only if needed
+            runtime.setDevice(self.device)
+        try:
+            stream = cp.cuda.get_current_stream()
             try:             # after a sticky fault every CUDA call raises its error
-                self._ready.record(caller)
-                self.stream.wait_event(self._ready)
-                out = self._launch(kind, x, op, root)
-                done = self._done
-                done.record(self.stream)
-                caller.wait_event(done)
-            except runtime_error as exc:
+                out = self._launch(kind, x, dt, red, root, stream.ptr)
+                if self._group is not None:
+                    self._group.append((seq, kind, out if out is not None else x, divide))
+                    return out if out is not None else x
+                if divide:
+                    target = out if out is not None else x
+                    target /= target.dtype.type(self.n)
+                event = work.event()
+                event.record(stream)
+            except self._runtime_error as exc:
                 self._fail(self._fault_message(kind, seq, str(exc)))
-            self._wait(done, seq, kind)
-            if op == "mean" and (kind != "reduce" or self.rank == root):
-                target = out if out is not None else x
-                target /= target.dtype.type(self.n)
+            work.push(event, seq, kind)
+        finally:
+            if before != self.device:
+                runtime.setDevice(before)
         return out if out is not None else x
 
-    def _launch(self, kind, x, op, root):
-        cp, nccl = self.cupy, self.nccl
-        dt, count, ptr, s = nccl_type(nccl, x.dtype), x.size, x.data.ptr, self.stream.ptr
-        red = {"sum": nccl.NCCL_SUM, "mean": nccl.NCCL_SUM, "max": nccl.NCCL_MAX,
-               "min": nccl.NCCL_MIN}[op]
+    def _launch(self, kind, x, dt, red, root, s):
+        comm = self.comm
+        if comm is None:
+            self._raise_broken()
+        ptr, count = x.data.ptr, x.size
         try:
             if kind == "allreduce":
-                self.comm.allReduce(ptr, ptr, count, dt, red, s)
+                comm.allReduce(ptr, ptr, count, dt, red, s)
             elif kind == "reduce":
-                self.comm.reduce(ptr, ptr, count, dt, red, root, s)
+                comm.reduce(ptr, ptr, count, dt, red, root, s)
             elif kind == "broadcast":
-                self.comm.broadcast(ptr, ptr, count, dt, root, s)
+                comm.broadcast(ptr, ptr, count, dt, root, s)
             elif kind == "allgather":
-                with self.stream:
-                    out = cp.empty((self.n,) + tuple(x.shape), dtype=x.dtype)
-                self.comm.allGather(ptr, out.data.ptr, count, dt, s)
+                out = self.cupy.empty((self.n,) + tuple(x.shape), dtype=x.dtype)
+                comm.allGather(ptr, out.data.ptr, count, dt, s)
                 return out
             elif kind == "reduce_scatter":
-                with self.stream:
-                    out = cp.empty((x.shape[0] // self.n,) + tuple(x.shape[1:]), dtype=x.dtype)
-                self.comm.reduceScatter(ptr, out.data.ptr, out.size, dt, red, s)
+                out = self.cupy.empty((x.shape[0] // self.n,) + tuple(x.shape[1:]),
+                                      dtype=x.dtype)
+                comm.reduceScatter(ptr, out.data.ptr, out.size, dt, red, s)
                 return out
-        except self.cupy.cuda.runtime.CUDARuntimeError:
+        except self._runtime_error:
             raise                                # a CUDA fault: named by run()
         except Exception as exc:                 # NcclError raised at launch on this rank
             self._fail(f"NCCL {kind} failed on rank {self.rank}: {describe(exc)}")
         return None
 
-    def _wait(self, done, seq: int, kind: str) -> None:
-        """The one host wait of a collective: its completion event, to the deadline. Polls
-        the event (cudaEventQuery, ~1 us) yielding the CPU for the first 10 ms, so a short
-        collective is not slowed by the polling; NCCL's async error and the deadline are
-        looked at every millisecond, same-node peers' processes every 0.2 s (NCCL never
-        reports a same-node death: P2P/SHM post no proxy work, so the call would hang to the
-        deadline), errors other ranks posted every half second."""
-        if self._finished(done, seq, kind):
+    @contextlib.contextmanager
+    def coalesced(self):
+        """The collectives inside are one NCCL group (groupStart/groupEnd) and one completion
+        event; divisions for op='mean' are queued after the group."""
+        if self._group is not None:              # nested: the outer group holds them
+            yield
             return
-        start = time.monotonic()
-        deadline, spin_until = start + self.timeout, start + 0.01
-        next_check, next_look, next_peers = start, start + 0.5, start + 0.2
-        while not self._finished(done, seq, kind):
-            now = time.monotonic()
-            if now >= next_check:
-                next_check = now + 1e-3
-                try:
-                    self.comm.check_async_error()
-                except Exception as exc:
-                    self._fail(f"NCCL {kind} (collective #{seq}) failed on rank {self.rank}: "
-                               f"{describe(exc)}")
-                if now > next_peers:
-                    next_peers = now + 0.2
-                    if self._dead_peers():
-                        self._fail(f"NCCL {kind} (collective #{seq}) cannot finish")
-                if now > deadline:
-                    self._fail(f"NCCL {kind} (collective #{seq}) did not finish within "
-                               f"{self.timeout:g}s on rank {self.rank}")
-                if now > next_look:
-                    next_look = now + 0.5
-                    posted = self._posted()
-                    if posted:
-                        self._fail(posted, post=False)
-            time.sleep(0 if now < spin_until else 5e-4)
-
-    def _finished(self, event, seq: int, kind: str) -> bool:
-        """cudaEventQuery: 0 done, cudaErrorNotReady (600) not yet, anything else a CUDA
-        fault (``Event.done`` is False for both, so a sticky fault would spin to the
-        deadline): a fault ends the collective now, named."""
-        runtime = self.cupy.cuda.runtime
-        status = runtime.eventQuery(event.ptr)
-        if status == 0:
-            return True
-        if status == CUDA_NOT_READY:
-            return False
+        self.nccl.groupStart()
+        self._group = []
         try:
-            what = str(runtime.CUDARuntimeError(status))
+            yield
+        finally:
+            group, self._group = self._group, None
+            self.nccl.groupEnd()
+        if group:
+            self._end_group(group)
+
+    def _end_group(self, group) -> None:
+        cp = self.cupy
+        with cp.cuda.Device(self.device):
+            stream = cp.cuda.get_current_stream()
+            try:
+                for _, _, target, divide in group:
+                    if divide:
+                        target /= target.dtype.type(self.n)
+                event = self.work.event()
+                event.record(stream)
+            except self._runtime_error as exc:
+                self._fail(self._fault_message("group", group[-1][0], str(exc)))
+        seq, kind = group[-1][0], f"group of {len(group)} collectives ending with {group[-1][1]}"
+        self.work.push(event, seq, kind)
+
+    def synchronize(self) -> None:
+        """Wait (bounded by the watchdog) until every queued collective finished; raise the
+        sticky fault if one failed."""
+        if self.broken or self.work.fault is not None:
+            self._raise_broken()
+        self.work.wait(0)
+
+    def _raise_broken(self):
+        raise CollectiveError(self.work.fault or
+                              "the NCCL communicator is broken by an earlier error; restart the "
+                              "job (fluidctl train --max-restarts)")
+
+    def adopt_posted(self) -> str:
+        """Another rank's GPU work failed (a hash comparison said so): take the job's first
+        error, abort, and return it."""
+        if self.work.fault is not None:
+            return self.work.fault
+        return self.trip(self._posted() or "another rank's GPU collective failed", post=False)
+
+    def _status_text(self, status: int) -> str:
+        try:
+            return str(self._runtime_error(status))
         except Exception:
-            what = f"CUDA error {status}"
-        self._fail(self._fault_message(kind, seq, what))
-        return False
+            return f"CUDA error {status}"
+
+    def _async_error(self, kind: str, seq: int) -> Optional[str]:
+        comm = self.comm
+        if comm is None:
+            return None
+        try:
+            comm.check_async_error()
+        except Exception as exc:
+            return (f"NCCL {kind} (collective #{seq}) failed on rank {self.rank}: "
+                    f"{describe(exc)}")
+        return None
 
     def _fault_message(self, kind: str, seq: int, what: str) -> str:
         return (f"NCCL {kind} (collective #{seq}) on rank {self.rank}: CUDA fault on GPU "
@@ -530,8 +568,9 @@ class NcclTransport:
         return [f"rank {r} (pid {pid}, same node) died" for r, pid in self._peers
                 if not _pid_alive(pid)]
 
-    def _fail(self, message: str, post: bool = True):
-        """Abort the communicator and raise the job's first error, the same on every rank."""
+    def trip(self, message: str, post: bool = True) -> str:
+        """Make ``message`` the job's error (the first rank's wins, so every rank raises the
+        same one), abort the communicator and set the sticky fault. Any thread."""
         dead = self._dead_peers() if post else []
         if dead:
             message = f"{'; '.join(dead)}: {message}"
@@ -542,6 +581,7 @@ class NcclTransport:
                 message = self.store.get(ERROR_KEY, 5.0).decode()
             except Exception:
                 pass
+        message = self.work.trip(message + " (the communicator is aborted; restart the job)")
         self.broken = True
         comm, self.comm = self.comm, None
         if comm is not None:
@@ -549,4 +589,10 @@ class NcclTransport:
                 comm.abort()
             except Exception as exc:
                 print(f"fluidctl: rank {self.rank}: ncclCommAbort: {exc}", file=sys.stderr)
-        raise CollectiveError(message + " (the communicator is aborted; restart the job)")
+        return message
+
+    def _fail(self, message: str, post: bool = True):
+        """Abort the communicator and raise the job's first error, the same on every rank."""
+        if self.work.fault is not None:
+            raise CollectiveError(self.work.fault)
+        raise CollectiveError(self.trip(message, post))

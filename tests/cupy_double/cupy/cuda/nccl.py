@@ -424,11 +424,17 @@ class NcclCommunicator:
         header = struct.pack("!qiqiii", self._seq, _KINDS[kind], send_count, datatype, op, root)
         args = (int(send), int(recv), send_count * size if needs_send else 0, recv_count * size,
                 needs_recv)
-        s._enqueue_async(lambda: self._run(header, *args))
+        launch = (s, lambda: self._run(header, *args))
+        if getattr(_group, "depth", 0):           # inside groupStart/groupEnd: launched at
+            _group.pending.append(launch)         # the outermost groupEnd, as NCCL does
+        else:
+            s._enqueue_async(launch[1])
 
     def _run(self, header, send, recv, send_bytes, recv_bytes, needs_recv):
         if self._aborted.is_set():
             return
+        if _double.sticky:                    # the context is dead: this kernel never runs,
+            return                            # the peers' kernels wait for its part
         try:
             payload = _double.memory(send, send_bytes).tobytes()
             with self._io:
@@ -455,12 +461,25 @@ if _V14:
             self.split_share = split_share
 
 
+_group = threading.local()          # NCCL's group state is per thread
+
+
 def groupStart():
-    pass
+    # nccl.pyx: ncclGroupStart(); calls until the matching groupEnd are queued, not launched
+    _group.depth = getattr(_group, "depth", 0) + 1
+    if _group.depth == 1:
+        _group.pending = []
 
 
 def groupEnd():
-    pass
+    # ncclGroupEnd(): without a groupStart, ncclInvalidUsage (5); the outermost one launches
+    if not getattr(_group, "depth", 0):
+        raise NcclError(5)
+    _group.depth -= 1
+    if _group.depth == 0:
+        pending, _group.pending = _group.pending, []
+        for stream, fn in pending:
+            stream._enqueue_async(fn)
 
 
 if available:
