@@ -143,19 +143,33 @@ def _without_click(run, *args, **kwargs) -> None:
     sys.exit(0)
 
 
+def _usage_exit(exc) -> None:
+    import click
+    msg = exc.format_message().replace("\n", " ") + _command_suggestion(exc)
+    click.echo(f"error: {msg} ({_usage_hint(exc)})", err=True)
+    sys.exit(2)
+
+
 def _main(argv) -> None:
     import click
     try:
         code = _cli().main(args=argv, prog_name="fluidctl", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
-        # a bare group (`fluidctl`, `fluidctl job`): its help, intact, on stderr; exit 2, as
-        # click itself does in standalone mode
-        click.echo(exc.ctx.get_help(), err=True)
+        # bare `fluidctl`: its help, as --help prints it; a bare group (`fluidctl job`): its
+        # help, intact, on stderr; exit 2, as click itself does in standalone mode
+        root = exc.ctx.parent is None
+        click.echo(exc.ctx.get_help(), err=not root)
+        sys.exit(0 if root else 2)
+    except click.exceptions.NoSuchOption as exc:
+        from fluidctl.commands.peer_options import hint
+        name = "-np" if exc.option_name == "-n" and "-np" in argv else exc.option_name
+        said = hint(name)
+        if said is None:
+            _usage_exit(exc)
+        click.echo(f"error: {said}", err=True)
         sys.exit(2)
     except click.UsageError as exc:
-        msg = exc.format_message().replace("\n", " ") + _command_suggestion(exc)
-        click.echo(f"error: {msg} ({_usage_hint(exc)})", err=True)
-        sys.exit(2)
+        _usage_exit(exc)
     except click.ClickException as exc:  # e.g. click.BadParameter outside a context, FileError
         click.echo(f"error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code or 2)

@@ -2,9 +2,13 @@
 
 Ports for a job's endpoints are chosen without races.
 
-Free ports are taken by binding port 0 and *holding* the bound sockets until the processes that
+Free ports are taken by binding and *holding* the bound sockets until the processes that
 will use them have been started (``release()`` is called right after the spawn), so two
-fluidctl jobs starting at once cannot be handed the same port. ``--started-port P`` asks for
+fluidctl jobs starting at once cannot be handed the same port. They are chosen below the
+kernel's ephemeral range (net.ipv4.ip_local_port_range), where no outgoing connection of any
+program takes its local port: between the release and the rank's own bind (seconds, while it
+imports torch) a busy machine's outgoing connections would otherwise take ports of that range,
+and the rank's bind fails with EADDRINUSE. ``--started-port P`` asks for
 P, P+1, ...; a port there that something else holds is a usage error, found before anything runs.
 """
 from __future__ import annotations
@@ -30,6 +34,44 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+UNCLAIMED_LOW = 10000      # ports chosen from here up to the ephemeral range, and below the
+UNCLAIMED_HIGH = 20000     # ports Slurm steps derive from their job ids (envs.SLURM_PORT_LOW)
+UNCLAIMED_TRIES = 64       # random picks there before the kernel's own choice (port 0)
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bind_unclaimed(host: str) -> socket.socket:
+    """A socket bound to a free port below the ephemeral range (a random one: two jobs
+    starting at once rarely try the same), bound without SO_REUSEADDR so that a port another
+    reservation holds, or one in TIME_WAIT, is refused and another tried (SO_REUSEADDR is set
+    once bound: the rank that will use the port binds it before the release); the kernel's choice
+    (port 0) where that range is full or empty."""
+    import random
+    high = min(_ephemeral_low(), UNCLAIMED_HIGH)
+    if high - UNCLAIMED_LOW > UNCLAIMED_TRIES:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        for port in random.sample(range(UNCLAIMED_LOW, high), UNCLAIMED_TRIES):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.bind((host, port))
+                # now the job's own process may bind it while the reservation holds it (as
+                # with bind_socket); another reservation, binding without it, still may not
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                return sock
+            except OSError as exc:
+                sock.close()
+                if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                    raise
+    return bind_socket(host, 0)
+
+
 MAX_PORTS = 60000          # a host has 64511 unprivileged ports; a job needing more is a typo
 
 
@@ -46,7 +88,7 @@ class PortReservation:
             if started_port is None:
                 for _ in range(count):
                     try:
-                        self._socks.append(bind_socket(host, 0))
+                        self._socks.append(_bind_unclaimed(host))
                     except OSError as exc:
                         if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.EADDRINUSE):
                             raise

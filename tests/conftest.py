@@ -7,6 +7,7 @@ slurm.py, launchutil.py, rankspawn.py, scripts/, golden/): this file puts tests/
 A test that uses ``sshd_nodes``, ``slurm``/``slurm_cluster`` or ``openmpi`` is marked ``ssh``,
 ``slurm`` or ``mpi``, so ``python -m pytest -m "not slurm"`` leaves those out. Under
 pytest-xdist the known-long tests run first (tests/schedule.py), so the run ends on short ones."""
+import os
 import sys
 from pathlib import Path
 
@@ -26,6 +27,24 @@ TIER_MARKERS = {"sshd_nodes": "ssh", "slurm": "slurm", "slurm_cluster": "slurm",
 
 def pytest_configure(config):
     config.pluginmanager.register(LongestFirst(), "longest-first")   # tests/schedule.py
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_state(tmp_path_factory):
+    """Every test, and every fluidctl it starts, keeps its state (pid files, job records, the
+    bad-node ledger, the user secret) in a directory of this run: the user's ~/.fluidctl is never
+    read or written. Set in os.environ, so subprocesses inherit it."""
+    from fluidctl.paths import STATE_ENV
+    state = tmp_path_factory.mktemp("fluidctl-state")
+    saved = os.environ.get(STATE_ENV)
+    os.environ[STATE_ENV] = str(state)
+    try:
+        yield state
+    finally:
+        if saved is None:
+            os.environ.pop(STATE_ENV, None)
+        else:
+            os.environ[STATE_ENV] = saved
 
 
 def pytest_collection_modifyitems(config, items):

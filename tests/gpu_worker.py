@@ -372,9 +372,9 @@ def _count_store_requests():
     from fluidctl.runtime import store
     real, counts = store.StoreServer._handle, {"n": 0}
 
-    def handle(self, header, payload):
+    def handle(self, *request):
         counts["n"] += 1
-        return real(self, header, payload)
+        return real(self, *request)
     store.StoreServer._handle = handle
     return counts
 

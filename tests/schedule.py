@@ -18,6 +18,11 @@ import pytest
 
 LONGEST = (
     "tests/cluster/test_hundred_nodes.py::test_a_100_node_job_starts_and_finishes",
+    "tests/e2e/test_walk_failures.py::"
+    "test_torch_hang_without_pyspy_has_a_verdict_from_the_flight_recorder_and_one_hint",
+    "tests/e2e/test_walk_torchrun.py::test_a_runtime_script_runs_under_torchrun[None]",
+    "tests/e2e/test_walk_torchrun.py::"
+    "test_a_runtime_script_runs_under_torchrun[a-token-every-rank-was-given]",
     "tests/cluster/test_cluster_setup.py::test_setup_from_a_bare_venv[3.11]",
     "tests/cluster/test_slurm_preempt.py::test_time_limit_warning_checkpoints_and_requeues",
     "tests/cluster/test_slurm_backend.py::test_unmodified_torch_ddp_script_inside_allocation",

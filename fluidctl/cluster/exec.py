@@ -11,7 +11,7 @@ from fluidctl.remote.ssh import DEFAULT_TIMEOUT
 
 def run(command, hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT_TIMEOUT,
         accept_new_host_keys=False, remote_dir=None, venv=None) -> None:
-    """Run ``command`` (words, joined as ssh joins them) on every node, with the node's
+    """Run ``command`` (see ``command_line``) on every node, with the node's
     ``cluster setup`` venv first on PATH where it exists (so what setup installed is what the
     command finds); exit 1 naming each node where it failed or could not run."""
     from fluidctl.paths import NODE_VENV
@@ -36,7 +36,7 @@ def run(command, hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT
         connected = ssh.connect_all(hosts, targets, timeout=timeout, progress=waits.answered)
     failures = dict(connected.failures)
     try:
-        text = " ".join(command)
+        text = command_line(command)
         failures.update(_run_on(connected.nodes, {
             name: activate(text, venv or NODE_VENV, name) for name in connected.nodes},
             remote_dir, on_line))
@@ -44,6 +44,15 @@ def run(command, hostfile=None, hosts_arg=None, ssh_config=None, timeout=DEFAULT
         connected.close()
     if failures:
         raise node_failures("failed", ordered(failures, hosts), len(hosts), exit_code=1)
+
+
+def command_line(command) -> str:
+    """The shell line a node runs: one word is a shell line as typed (``-- 'df -h $HOME'``);
+    several are quoted one by one, so each reaches the program whole, as typed
+    (``-- python -c "import tqdm"``). ssh's own re-joining with spaces would split them."""
+    import shlex
+    words = list(command)
+    return words[0] if len(words) == 1 else shlex.join(words)
 
 
 def _run_on(nodes: dict, texts: dict, remote_dir, on_line) -> dict:

@@ -63,6 +63,8 @@ def check(deep=False, **params):
 
 @cluster.command(name="exec", help="""Run a command on every node at once; each output line is
 prefixed with its host. Exit 1 if the command failed (or could not run) on any node.
+One word after -- is a shell line, run as typed; several words reach the program one by one,
+each whole.
 
 \b
 Examples:

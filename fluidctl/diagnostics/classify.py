@@ -44,6 +44,8 @@ BUSY = 0.5          # CPU (cores) from which a rank counts as computing, not wai
 DEAD_PEER, PARTITION, DESYNC, MISMATCH = "dead peer", "partition", "desync", "mismatch"
 SLOW_DATA, SLOW_COMPUTE, STUCK = "slow data", "slow compute", "stuck"
 FROZEN = "frozen node"
+SSHD_GONE = "sshd gone"
+IDLE = "idle"           # every rank waits, none in a collective: on something outside the job
 
 # the collectives of fluidctl.runtime (Context/Communicator), torch.distributed, mpi4py, Paddle
 COLLECTIVES = frozenset("""
@@ -226,6 +228,10 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
             or (e.frames is None and "did not answer" in e.why)]
     if lost:
         hosts = list(dict.fromkeys(e.host or "?" for e in lost))
+        if all("Connection refused" in e.why for e in lost):     # their kernels answered
+            return Verdict(SSHD_GONE, f"{SSHD_GONE}: {rank_list([e.rank for e in lost])} on "
+                           f"{','.join(hosts)}: the node is up, its sshd refuses "
+                           f"({lost[0].why}){tail}", [e.rank for e in lost])
         return Verdict(PARTITION, f"{PARTITION}: {rank_list([e.rank for e in lost])} on "
                        f"{','.join(hosts)} cannot be reached ({lost[0].why}){tail}",
                        [e.rank for e in lost])
@@ -256,6 +262,9 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
                        f"({rank_list([e.rank for e in evs])}{_on(evs)}; rank {evs[0].rank} in "
                        f"{p.name} at {p.site}{_cpu(evs[0])}): not a hang",
                        [e.rank for e in evs], hung=False)
+    if not groups and len(others) == len(evs) and all(places[e.rank].what == "idle"
+                                                      for e in others):
+        return _every_rank_idles(evs, places)
     for kind, what in ((SLOW_DATA, "data"), (SLOW_COMPUTE, "busy"), (DESYNC, "idle")):
         hit = [e for e in others if places[e.rank].what == what]
         if not hit:
@@ -275,15 +284,38 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
     return None
 
 
+def _every_rank_idles(evs: Sequence[Evidence], places: Dict[int, "_Place"]) -> Verdict:
+    """No rank computes and none is in a collective: not a desync (there is no collective to
+    miss) but a job waiting on something else (a lock, a file, a service, a peer it polls)."""
+    at: Dict[Tuple[str, str], List[Evidence]] = {}
+    for e in evs:
+        at.setdefault((places[e.rank].name, places[e.rank].site), []).append(e)
+    if len(at) == 1:
+        (name, site), group = next(iter(at.items()))
+        said = f"every rank idles in {name} ({site}{_cpu(group[0])}{_on(group)})"
+    else:
+        said = "; ".join(f"{rank_list([e.rank for e in g])} "
+                         f"{'idle' if len(g) > 1 else 'idles'} in {name} ({site}{_on(g)})"
+                         for (name, site), g in at.items())
+    return Verdict(IDLE, f"{IDLE}: {said}: no rank computes and none is in a collective (it "
+                   "waits on something outside the collectives: a lock, a file, a service)",
+                   [e.rank for e in evs])
+
+
 # --- a node whose connection died ------------------------------------------------------------
 
 def lost_node(host: str, probe: str) -> Optional[Verdict]:
     """A node whose SSH connection died before any hang timeout, from the probe of its link
     (``backends.ssh.probe_link``: "frozen: ..." when a new TCP connection is accepted but
-    nothing answers, the failed connection when it is not): frozen node or partition; None
+    nothing answers, the failed connection when it is not): frozen node, sshd gone (refused:
+    the node's kernel answered) or partition (no answer at all); None
     when its sshd answers or the probe could not tell."""
     if probe.startswith("frozen: "):
         return Verdict(FROZEN, f"{FROZEN}: {host} is alive but silent: {probe[len('frozen: '):]}")
+    if probe.startswith("a new TCP connection") and "(Connection refused)" in probe:
+        return Verdict(SSHD_GONE, f"{SSHD_GONE}: {host} is up but refused a new connection "
+                       f"({probe}): its kernel answered, sshd is not listening (restart it, or "
+                       "check Port in the ssh config)")
     if probe.startswith("a new TCP connection") and "failed" in probe:
         return Verdict(PARTITION, f"{PARTITION}: {host} cannot be reached ({probe}): its link "
                        "is cut or the node is down")
@@ -317,17 +349,17 @@ def _shape(frames: Optional[Sequence[Frame]]) -> Tuple:
     return tuple((f.func, f.file) for f in frames) + tuple(f.line for f in frames[1:])
 
 
-SECOND_LOOK = (DESYNC, SLOW_COMPUTE)      # verdicts about ranks outside collectives
+SECOND_LOOK = (DESYNC, IDLE, SLOW_COMPUTE)    # verdicts about ranks outside collectives
 
 
 def second_look(verdict: Verdict, first: Sequence[Evidence], second: Sequence[Evidence]
                 ) -> Verdict:
-    """A desync or slow-compute verdict checked against a second look at every rank (one
+    """A desync, idle or slow-compute verdict checked against a second look at every rank (one
     sample of a rank's state can catch a computing rank paused or descheduled on a crowded
     machine): the job is not hung when a collective completed between the looks, when the
     second look finds every rank busy, or when a rank at fault moved (its
     stack changed, or it ended by itself, not woken by the stack signal) or, for a desync,
-    computes in the second look. Otherwise the verdict stands."""
+    (desync, idle) computes in the second look. Otherwise the verdict stands."""
     if not verdict.hung or verdict.kind not in SECOND_LOOK:
         return verdict
     before = {e.rank: e for e in first}
@@ -353,7 +385,7 @@ def second_look(verdict: Verdict, first: Sequence[Evidence], second: Sequence[Ev
             moved.append(rank)              # it ended by itself: not hung
         elif one.frames and two.frames and _shape(one.frames) != _shape(two.frames):
             moved.append(rank)
-        elif verdict.kind == DESYNC and two.busy:
+        elif verdict.kind in (DESYNC, IDLE) and two.busy:
             computing.append(rank)
     if moved:
         return not_hung(f"the stack of {rank_list(moved)} moved")

@@ -95,6 +95,38 @@ def _named(ranks: Sequence[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
 
 
+def verdict(records: Dict[int, List[dict]]):
+    """(class, sentence, ranks) from the records alone, for a hang without stacks (no py-spy,
+    no fluidctl.runtime): ranks in different collectives under one number (desync), ranks
+    behind the others' unfinished collective (desync), or every rank in the same unfinished
+    one (stuck); None when they show none of these."""
+    last = {r: recs[-1] for r, recs in records.items() if recs}
+    if len(last) < 2:
+        return None
+    calls: Dict[int, Dict[str, List[int]]] = {}
+    for rank, rec in sorted(last.items()):
+        calls.setdefault(rec["seq"], {}).setdefault(rec["op"] + _shape(rec), []).append(rank)
+    for seq, by_call in sorted(calls.items()):
+        if len(by_call) > 1:
+            said = "; ".join(f"{_named(r)} {'call' if len(r) > 1 else 'calls'} {call}"
+                             for call, r in by_call.items())
+            odd = min(by_call.values(), key=len)
+            return ("desync", f"desync: collective #{seq} differs between ranks: {said} "
+                    "(torch's collective records)", odd)
+    ahead = max(rec["seq"] for rec in last.values())
+    waiting = [r for r, rec in last.items() if rec["seq"] == ahead and not rec["done"]]
+    behind = sorted(r for r, rec in last.items() if rec["seq"] < ahead)
+    (call,) = calls[ahead]
+    if waiting and behind:
+        return ("desync", f"desync: {_named(behind)} never called collective #{ahead} "
+                f"({call}), which {_named(waiting)} {'wait' if len(waiting) > 1 else 'waits'} "
+                "in (torch's collective records)", behind)
+    if not behind and waiting and len(waiting) == len(last):
+        return ("stuck", f"stuck: every rank waits in collective #{ahead} ({call}) and none "
+                "is missing from it (torch's collective records)", waiting)
+    return None
+
+
 def lines(records: Dict[int, List[dict]]) -> List[str]:
     """What the hang report says of torch's records ([] without them): each rank's last
     collective, grouped, and what that shows."""

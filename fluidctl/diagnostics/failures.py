@@ -75,10 +75,12 @@ class FailureKind(str, Enum):
     SIGNAL = "signal"
     EXIT = "exit"
     HANG = "hang"
+    IDLE = "idle"               # every rank waits outside any collective (a lock, a service)
     DESYNC = "desync"           # ranks in different collectives (the runtime's agreement)
     MISMATCH = "mismatch"       # shapes, dtypes, ops or roots differ in one collective
     FROZEN = "frozen node"      # a node's SSH connection died; its link is up, nothing answers
     PARTITION = "partition"     # a node's SSH connection died and a new one is not accepted
+    SSHD_GONE = "sshd gone"     # ... and a new one is refused: the node is up, sshd is not
     REFUSED = "refused"         # Slurm refused to start the step
     CANCELLED = "cancelled"     # cancelled from outside (scancel): never restarted
 

@@ -154,9 +154,8 @@ def faulthandler_dump(pid: int, stack_file: Path, timeout: float = 5.0,
     into ``stack_file`` and return what it wrote; ``signalled()`` is called once the signal
     was delivered (it may wake the rank from a C sleep, and end it)."""
     if not stack_file.exists():
-        raise DumpUnavailable("the rank did not call fluidctl.runtime.init(), so it has no "
-                              "faulthandler dump signal (install py-spy: pip install "
-                              "'fluidctl[debug]')")
+        raise DumpUnavailable("it did not call fluidctl.runtime.init(): no faulthandler "
+                              "signal")
     try:
         before = stack_file.stat().st_size
         try:

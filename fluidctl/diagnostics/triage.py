@@ -286,6 +286,19 @@ def _compile_error(lines: Sequence[str]) -> Optional[PyException]:
     return None
 
 
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+
+
+def without_rank_prefixes(lines: Sequence[str]) -> List[str]:
+    """``lines`` without the ``[rank1]: `` that torch.distributed puts before every line a rank
+    prints once its process group is up (its uncaught tracebacks included)."""
+    return [_RANK_PREFIX.sub("", line, count=1) for line in lines]
+
+
+# python's own line for a script it cannot open (no traceback: it never started)
+_CANT_OPEN = re.compile(r"can't open file '[^']*': \[Errno \d+\] .*$")
+
+
 # --- one line --------------------------------------------------------------------------------
 
 @dataclass
@@ -300,6 +313,7 @@ def explain(returncode: int, tail: Sequence[str], *, pid: Optional[int] = None,
     """The failure in one line. ``oom``: the kernel's OOM records of this job's time;
     ``cgroup_oom_kills``: how much the job's memory cgroup's oom_kill counter rose;
     ``rank``: the failed process's rank, for the sentence."""
+    tail = without_rank_prefixes(tail)
     sig = signal_of(returncode)
     if sig == "SIGKILL":
         mine = [r for r in oom if pid is not None and r.pid == pid]
@@ -333,4 +347,9 @@ def explain(returncode: int, tail: Sequence[str], *, pid: Optional[int] = None,
         return Explanation(FailureKind.EXCEPTION, str(exc))
     if sig:
         return Explanation(FailureKind.SIGNAL, explain_signal(sig))
+    missing = next((m for m in map(_CANT_OPEN.search, reversed(tail)) if m), None)
+    if missing:
+        return Explanation(FailureKind.EXIT, f"python {missing.group(0)} (copy the script "
+                                             "there, or pass --remote-dir with the directory "
+                                             "that holds it)")
     return Explanation(FailureKind.EXIT, f"exit code {returncode} (no traceback in its log)")

@@ -158,10 +158,18 @@ class StackDump:
 
     def verdict(self, hosts: Optional[Dict[int, str]] = None):
         """The hang's class and sentence (``classify.Verdict``), or None."""
-        from fluidctl.diagnostics.classify import classify
-        return classify(self.evidence(hosts))
+        from fluidctl.diagnostics.classify import Verdict, classify
+        found = classify(self.evidence(hosts))
+        if found is None:
+            from fluidctl.diagnostics import collective_records as records
+            said = records.verdict(self.collectives)    # torch's records alone (no py-spy)
+            if said is not None:
+                return Verdict(*said)
+        return found
 
 
+PYSPY_HINT = ("a rank that does not use fluidctl.runtime has a stack only with py-spy: "
+              "pip install 'fluidctl[debug]'")
 STACKS_DEADLINE = 30.0      # the most one round of stacks takes: late ranks are named instead
 CPU_WINDOW = 0.5            # the least time over which a rank's CPU use is measured
 STATE_SAMPLES = 10          # samples of each rank's process state over that time
@@ -193,7 +201,7 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
             return "faulthandler", stacks.faulthandler_dump(t.pid, diag.stack(t.rank),
                                                             signalled=signalled), note
         except stacks.DumpUnavailable as exc:
-            return None, None, f"{note}; faulthandler: {exc}"
+            return None, None, f"{note}\n{exc}"        # said once / per rank, below
 
     if not targets:
         dump.notes.append("no rank of this job can be reached for its stack (the mpi and slurm "
@@ -222,7 +230,10 @@ def take_stacks(targets: Sequence[Target], diag: Optional[DiagDir],
             if note and method and note not in dump.notes:
                 dump.notes.append(note)
             if text is None:
-                dump.why[t.rank], dump.frames[t.rank] = note or "no stack", None
+                once, _, mine = (note or "no stack").rpartition("\n")
+                if once and PYSPY_HINT not in dump.notes:
+                    dump.notes.append(PYSPY_HINT)       # one install hint, not one per rank
+                dump.why[t.rank], dump.frames[t.rank] = mine, None
                 continue
             dump.texts[t.rank], dump.method[t.rank] = text, method
             parse = stacks.parse_pyspy if method == "py-spy" else stacks.parse_faulthandler

@@ -65,6 +65,8 @@ PSERVER_ID = "PADDLE_PSERVER_ID"
 K8S_NODE_BASE = "FLUIDCTL_K8S_NODE_BASE"  # a Kubernetes pod's first node in the plan (render)
 K8S_NODE_INDEX = "FLUIDCTL_K8S_INDEX"     # its index in its replica set (downward API)
 JOB_TOKEN = "FLUIDCTL_JOB_TOKEN"        # per-job secret for HMAC authentication on the wire
+# the token --dry-run prints in place of the real one: a pod given it refuses to start
+MASKED_TOKEN = "masked-by-fluidctl-dry-run"
 SYNC_MODE = "FLUIDCTL_SYNC_MODE"        # "sync" | "async" (parameter-server mode)
 TIMEOUT = "FLUIDCTL_TIMEOUT"            # seconds a collective or rendezvous may wait
 LOG_DIR = "FLUIDCTL_LOG_DIR"

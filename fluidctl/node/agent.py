@@ -177,8 +177,11 @@ def _check_scripts(procs, host: str) -> None:
     for p in procs:
         if p.role != "trainer" or not p.argv:
             continue
-        script = p.argv[2] if p.argv[1:2] == ["-u"] and len(p.argv) > 2 else p.argv[0]
-        if "/" not in script or os.path.exists(script):
+        python = p.argv[1:2] == ["-u"] and len(p.argv) > 2
+        script = p.argv[2] if python else p.argv[0]
+        # a program without '/' is looked up on PATH; a script given to python is a path
+        if (not python and "/" not in script) or script.startswith("-") \
+                or os.path.exists(script):
             continue
         raise UsageError(f"SCRIPT {script} does not exist on {host} (in {os.getcwd()})",
                          "copy it there, e.g. fluidctl cluster sync --hostfile HOSTS ., or "

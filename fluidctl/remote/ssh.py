@@ -59,6 +59,18 @@ class ConnectionLost(Exception):
 NODE_LOST = (ConnectionLost, EOFError, OSError, paramiko.SSHException)
 
 
+def _closed_by_peer(exc: BaseException) -> bool:
+    """paramiko's "Error reading SSH protocol banner" raised while handling an EOF or a reset:
+    the server accepted and hung up at once (what OpenSSH calls "Connection closed by remote
+    host"), not a server that stayed silent until the deadline."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, (EOFError, ConnectionResetError, BrokenPipeError)):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def describe_connect_error(exc: BaseException, target: SSHTarget, timeout: float,
                            timeout_option: str = "--timeout") -> str:
     """One sentence per failure a user meets, saying what to check; ``timeout_option`` is the
@@ -84,6 +96,9 @@ def describe_connect_error(exc: BaseException, target: SSHTarget, timeout: float
         return (f"no answer from {where} within {timeout:g}s (is the node up and the address "
                 f"right?{slow})")
     text = str(exc) or type(exc).__name__
+    if _closed_by_peer(exc):
+        return (f"connection closed by remote host {where} before the SSH handshake (is that "
+                "port sshd's? sshd's MaxStartups, hosts.allow/deny or a firewall close it too)")
     if any(word in text.lower() for word in ("banner", "no existing session", "negotiation")):
         return (f"no SSH handshake with {where} within {timeout:g}s (is sshd listening on that "
                 f"port?{slow})")
@@ -520,7 +535,8 @@ def connect_all(hosts: Sequence[Host], targets: Mapping[str, SSHTarget],
             found = host.name, None, str(exc)
         if progress:
             progress(host.name, f"connected ({time.monotonic() - started:.1f} s)"
-                     if found[2] is None else f"cannot connect: {found[2]}")
+                     if found[2] is None else
+                     f"cannot connect ({time.monotonic() - started:.1f} s)")   # why: at the end
         return found
     connected = parallel(list(hosts), one)
     nodes, failures = {}, {}

@@ -194,6 +194,10 @@ def init(timeout: Optional[float] = None, transport: str = "auto",
         if env.world_size > 1:
             from fluidctl.runtime.collective import bootstrap
             from fluidctl.runtime.usersecret import SecretUnavailable
+            from fluidctl.runtime.collective import torchrun
+            if torchrun.started_by_torchrun(os.environ if environ is None else environ):
+                ctx.env = env = torchrun.adopt(env, os.environ if environ is None else environ,
+                                               ctx.timeout)
             try:
                 ctx.env = env = bootstrap.with_token(env, environ)
             except SecretUnavailable as exc:       # one line on every rank, no traceback

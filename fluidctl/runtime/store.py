@@ -3,136 +3,32 @@
 Ranks use it once at start-up (who is where, shared-memory names, the NCCL unique id) and for
 slow-path barriers. Values are bytes; ``get``/``wait`` block on the server until the keys exist
 or the caller's timeout runs out, and the error then names the keys (hence the ranks) that never
-appeared. Every connection goes through ``wire`` (frames + HMAC handshake with the job token,
-run by ``wire.Acceptor``: bounded, deadline-limited, no thread until the peer has authenticated);
-a peer that sends garbage or the wrong token loses its connection and the server keeps serving.
+appeared. A barrier is one counter request per rank and ``join`` exchanges the ranks' records
+(each gets its node's share, computed once by the server): no request grows with the world
+(``storeserver``). Every connection goes through ``wire`` (frames + HMAC handshake with the
+job token, run by ``wire.Acceptor``: bounded, deadline-limited, no thread until the peer has
+authenticated); a peer that sends garbage or the wrong token loses its connection and the
+server keeps serving.
 There is no store without a token.
 """
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 import time
-from typing import Dict, Iterable, List, Optional
+from typing import Iterable, List, Optional
 
 from fluidctl.runtime import wire
-
-log = logging.getLogger("fluidctl.store")
-
-MAX_VALUE = 64 << 20        # store values are small: addresses, ids, metadata
+from fluidctl.runtime.storeserver import MAX_VALUE, StoreServer  # noqa: F401 (the API)
 
 
 class StoreTimeout(TimeoutError):
-    """Keys did not appear in time; ``missing`` lists them."""
+    """Keys did not appear in time; ``missing`` lists them (the first few of ``total``)."""
 
-    def __init__(self, message: str, missing: List[str]):
+    def __init__(self, message: str, missing: List, total: Optional[int] = None):
         super().__init__(message)
         self.missing = missing
-
-
-class StoreServer:
-    """Serve the store on ``host:port`` from daemon threads (one per authenticated connection)."""
-
-    def __init__(self, host: str, port: int, token: Optional[str]):
-        if not token:
-            raise ValueError("the rendezvous store needs a job token (FLUIDCTL_JOB_TOKEN)")
-        self.token = token
-        self._data: Dict[str, bytes] = {}
-        self._cond = threading.Condition()
-        self._closed = False
-        self._active = 0
-        self._drop_log = wire.DropLog(log, "store: dropping", prefix="store: ")
-        self._sock = listen(host, port)
-        self.port = self._sock.getsockname()[1]
-        self._acceptor = wire.Acceptor([self._sock], token, self._on_peer, self._on_drop,
-                                       name="fluidctl-store").start()
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until no client is connected (others have read their answers), up to timeout."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._active and time.monotonic() < deadline:
-                self._cond.wait(max(0.0, min(0.5, deadline - time.monotonic())))
-            return not self._active
-
-    def close(self) -> None:
-        self._closed = True
-        with self._cond:
-            self._cond.notify_all()
-        self._acceptor.close()
-        self._drop_log.close()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
-
-    def _on_drop(self, addr, why: str) -> None:
-        self._drop_log(f"{addr[0]}:{addr[1]}", why)     # rate-limited
-
-    def _on_peer(self, conn: socket.socket, addr) -> None:
-        with self._cond:
-            self._active += 1
-        threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
-                         name=f"fluidctl-store-{addr[1]}").start()
-
-    def _serve(self, conn: socket.socket, addr) -> None:
-        try:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            while not self._closed:
-                try:
-                    header, payload = wire.recv_frame(conn, max_payload=MAX_VALUE)
-                except wire.PeerClosed:
-                    return
-                try:
-                    reply, value = self._handle(header, payload)
-                except (TypeError, ValueError, OverflowError) as exc:
-                    reply, value = {"ok": False, "error": f"bad request: {exc}"}, None
-                wire.send_frame(conn, reply, [value] if value else [])
-        except (OSError, wire.WireError) as exc:
-            self._drop_log(f"{addr[0]}:{addr[1]}", exc)
-        finally:
-            conn.close()
-            with self._cond:
-                self._active -= 1
-                self._cond.notify_all()
-
-    def _handle(self, header: dict, payload: memoryview):
-        op, key = header.get("op"), header.get("key")
-        if op == "set" and isinstance(key, str):
-            with self._cond:
-                self._data[key] = bytes(payload)
-                self._cond.notify_all()
-            return {"ok": True}, None
-        if op == "add" and isinstance(key, str) and isinstance(header.get("n"), int):
-            with self._cond:
-                value = int(self._data.get(key, b"0")) + header["n"]
-                self._data[key] = str(value).encode()
-                self._cond.notify_all()
-            return {"ok": True, "value": value}, None
-        if op == "wait" and isinstance(header.get("keys"), list):
-            keys = [k for k in header["keys"] if isinstance(k, str)]
-            timeout = float(header.get("timeout") or 0)
-            deadline = time.monotonic() + timeout
-            with self._cond:
-                while True:
-                    missing = [k for k in keys if k not in self._data]
-                    left = deadline - time.monotonic()
-                    if not missing or left <= 0 or self._closed:
-                        break
-                    self._cond.wait(min(left, 1.0))
-            if missing:
-                return {"ok": False, "missing": missing}, None
-            if header.get("fetch"):
-                values = [self._data[k] for k in keys]
-                return {"ok": True, "sizes": [len(v) for v in values]}, b"".join(values)
-            return {"ok": True}, None
-        if op == "delete" and isinstance(key, str):
-            with self._cond:
-                existed = self._data.pop(key, None) is not None
-            return {"ok": True, "existed": existed}, None
-        return {"ok": False, "error": f"bad request {op!r}"}, None
+        self.total = len(missing) if total is None else total
 
 
 def listen(host: str, port: int, fallback_to_any: bool = True) -> socket.socket:
@@ -144,7 +40,7 @@ def listen(host: str, port: int, fallback_to_any: bool = True) -> socket.socket:
         if not fallback_to_any or host in ("", "0.0.0.0"):
             raise
         sock = bind_socket("", port)   # the master name may not be a local address (NAT, alias)
-    sock.listen(256)
+    sock.listen(max(4096, socket.SOMAXCONN))   # a node's or a job's connect storm
     return sock
 
 
@@ -215,6 +111,21 @@ class StoreClient:
             pos += size
         return out
 
+    def wait_any(self, keys: Iterable[str], timeout: float) -> dict:
+        """Block on the server until one of ``keys`` exists (or ``timeout``); {key: value} of
+        those present, empty when none appeared in time."""
+        keys = list(keys)
+        reply, value = self._call({"op": "wait", "keys": keys, "timeout": timeout,
+                                   "fetch": True, "any": True}, io_timeout=timeout)
+        if not reply.get("ok"):
+            return {}
+        out, pos = {}, 0
+        for key, size, present in zip(keys, reply["sizes"], reply["present"]):
+            if present:
+                out[key] = bytes(value[pos:pos + size])
+            pos += size
+        return out
+
     def _wait(self, keys: List[str], timeout: Optional[float], fetch: bool):
         timeout = self.timeout if timeout is None else timeout
         reply, value = self._call({"op": "wait", "keys": keys, "timeout": timeout,
@@ -225,17 +136,60 @@ class StoreClient:
                                f"{', '.join(missing[:8])}", missing)
         return reply, value
 
+    def join(self, group: str, world: int, records: List[dict],
+             timeout: Optional[float] = None, read: bool = False) -> List[dict]:
+        """Send this member's rank records ({rank, ep, node, pid}) and block until the whole
+        world has joined; return the view of each node the records are on
+        (``rendezvous.Layout.view``). A timeout's ``missing`` names the absent ranks.
+        ``read``: only read the views of a finished layout (records: just {"rank"})."""
+        timeout = self.timeout if timeout is None else timeout
+        reply, _ = self._call({"op": "join", "key": group, "n": int(world), "records": records,
+                               "timeout": timeout, "read": read}, io_timeout=timeout)
+        if not reply.get("ok"):
+            if "error" in reply:
+                raise ValueError(f"rank {self.rank}: the store refused the join: "
+                                 f"{reply['error']}")
+            raise StoreTimeout(_absent(self.rank, reply, "join", timeout), reply["missing"],
+                               reply.get("missing_count"))
+        return reply["views"]
+
+    def absent(self, name: str, n: int):
+        """(the first few ranks that have not reached barrier ``name``, how many in all),
+        without arriving there."""
+        reply, _ = self._call({"op": "barrier", "key": name, "rank": self.rank, "n": int(n),
+                               "peek": True})
+        if reply.get("ok"):
+            return [], 0
+        if "error" in reply:
+            raise ValueError(f"rank {self.rank}: barrier '{name}': {reply['error']}")
+        return reply["missing"], reply.get("missing_count", len(reply["missing"]))
+
     def barrier(self, name: str, ranks, timeout: Optional[float] = None,
                 describe=lambda r: f"rank {r}") -> None:
-        """Every rank of ``ranks`` (a list, or a world size) sets ``name/<rank>`` and waits for
-        all; the error names the ranks that did not come."""
-        ranks = range(ranks) if isinstance(ranks, int) else ranks
-        self.set(f"{name}/{self.rank}", b"1")
-        try:
-            self.wait([f"{name}/{r}" for r in ranks], timeout)
-        except StoreTimeout as exc:
-            ranks = [int(k.rpartition("/")[2]) for k in exc.missing]
-            raise StoreTimeout(
-                f"rank {self.rank}: {', '.join(describe(r) for r in ranks)} did not reach "
-                f"'{name}' within {self.timeout if timeout is None else timeout:g}s "
-                "(did it crash or start late? check its log)", exc.missing) from None
+        """Every rank of ``ranks`` (a list, or a world size) arrives and waits for all: one
+        counter request, whatever the size; the error names the ranks that did not come."""
+        timeout = self.timeout if timeout is None else timeout
+        header = {"op": "barrier", "key": name, "rank": self.rank, "timeout": timeout}
+        if isinstance(ranks, int):
+            header["n"] = ranks
+        else:
+            header["ranks"] = list(ranks)
+            header["n"] = len(header["ranks"])
+        reply, _ = self._call(header, io_timeout=timeout)
+        if reply.get("ok"):
+            return
+        if "error" in reply:
+            raise ValueError(f"rank {self.rank}: barrier '{name}': {reply['error']}")
+        named = ", ".join(describe(r) for r in reply["missing"])
+        more = reply.get("missing_count", 0) - len(reply["missing"])
+        raise StoreTimeout(
+            f"rank {self.rank}: {named}{f' and {more} more' if more > 0 else ''} did not reach "
+            f"'{name}' within {timeout:g}s (did it crash or start late? check its log)",
+            reply["missing"], reply.get("missing_count"))
+
+
+def _absent(rank: int, reply: dict, what: str, timeout: float) -> str:
+    missing = reply["missing"]
+    more = reply.get("missing_count", 0) - len(missing)
+    return (f"rank {rank}: rank(s) {', '.join(map(str, missing))}"
+            f"{f' and {more} more' if more > 0 else ''} did not {what} within {timeout:g}s")

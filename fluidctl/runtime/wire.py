@@ -47,6 +47,7 @@ DROP_LOG_FIRST = 5                                     # drops logged one by one
 PREAUTH_MAX_HEADER = 256                               # an auth reply is ~90 bytes of msgpack
 MAX_PENDING = 128                                      # unauthenticated connections per server
 MAX_PENDING_PER_PEER = 8                               # ... and per peer address
+ACCEPT_BITE = 1024                                     # connections accepted per wake-up
 _NONCE = 32
 
 
@@ -109,23 +110,40 @@ def recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
-def recv_header(sock: socket.socket, max_payload: int = MAX_PAYLOAD) -> Tuple[dict, int]:
-    """Read prefix and header; return (header, payload_len). The payload is still unread."""
-    magic, version, _flags, head_len, payload_len = PREFIX.unpack(recv_exact(sock, PREFIX.size))
+def pack_frame(header: dict, payload: bytes = b"") -> bytes:
+    """One whole frame as bytes (for event-loop servers that queue their replies)."""
+    head = msgpack.packb(header, use_bin_type=True)
+    return PREFIX.pack(MAGIC, VERSION, 0, len(head), len(payload)) + head + payload
+
+
+def parse_prefix(prefix, max_header: int = MAX_HEADER,
+                 max_payload: int = MAX_PAYLOAD) -> Tuple[int, int]:
+    """Check a frame's 16-byte prefix against the limits; return (header_len, payload_len)."""
+    magic, version, _flags, head_len, payload_len = PREFIX.unpack(prefix)
     if magic != MAGIC:
         raise WireError(f"not a fluidctl frame (magic {bytes(magic)!r})")
     if version != VERSION:
         raise WireError(f"wire version {version}, this side speaks {VERSION} "
                         "(run the same fluidctl version everywhere)")
-    if head_len > MAX_HEADER or payload_len > max_payload:
+    if head_len > max_header or payload_len > max_payload:
         raise WireError(f"frame too large (header {head_len} B, payload {payload_len} B)")
+    return head_len, payload_len
+
+
+def parse_header(head) -> dict:
     try:
-        header = msgpack.unpackb(recv_exact(sock, head_len), raw=False)
+        header = msgpack.unpackb(head, raw=False)
     except (ValueError, msgpack.UnpackException) as exc:
         raise WireError(f"undecodable frame header: {exc}") from None
     if not isinstance(header, dict):
         raise WireError("frame header is not a map")
-    return header, payload_len
+    return header
+
+
+def recv_header(sock: socket.socket, max_payload: int = MAX_PAYLOAD) -> Tuple[dict, int]:
+    """Read prefix and header; return (header, payload_len). The payload is still unread."""
+    head_len, payload_len = parse_prefix(recv_exact(sock, PREFIX.size), MAX_HEADER, max_payload)
+    return parse_header(recv_exact(sock, head_len)), payload_len
 
 
 def recv_frame(sock: socket.socket, max_payload: int = MAX_PAYLOAD) -> Tuple[dict, memoryview]:
@@ -431,8 +449,11 @@ class Acceptor:
     def _run(self) -> None:
         try:
             while not self._closed:
+                # _pending is in arrival order, hence deadline order: the first entry is the
+                # next to expire (no scan over every pending handshake per event)
                 now = time.monotonic()
-                timeout = min((p.deadline for p in self._pending.values()), default=now + 1.0)
+                first = next(iter(self._pending.values()), None)
+                timeout = first.deadline if first is not None else now + 1.0
                 for key, events in self._sel.select(max(0.0, timeout - now)):
                     if key.data is None:
                         self._wake_r.recv(64)
@@ -441,8 +462,11 @@ class Acceptor:
                     else:
                         self._advance(key.data, events)
                 now = time.monotonic()
-                for p in [p for p in self._pending.values() if p.deadline <= now]:
-                    self._fail(p, "did not authenticate in time")
+                while self._pending:
+                    first = next(iter(self._pending.values()))
+                    if first.deadline > now:
+                        break
+                    self._fail(first, "did not authenticate in time")
         finally:
             for p in list(self._pending.values()):
                 self._forget(p)
@@ -459,7 +483,7 @@ class Acceptor:
         self._fail(victim, f"evicted: {self.max_pending} unauthenticated connections pending")
 
     def _accept(self, listener: socket.socket) -> None:
-        for _ in range(64):                          # drain the backlog in bounded bites
+        for _ in range(ACCEPT_BITE):                 # drain the backlog in bounded bites
             try:
                 sock, addr = listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -478,9 +502,18 @@ class Acceptor:
                 self._evict()
             sock.setblocking(False)
             p = _Pending(sock, addr, time.monotonic() + self.handshake_timeout)
+            try:                                     # the hello fits an empty socket buffer
+                p.out = p.out[sock.send(p.out):]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as exc:
+                sock.close()
+                self.on_drop(addr, str(exc))
+                continue
             self._pending[sock.fileno()] = p
             self._per_peer[host] = self._per_peer.get(host, 0) + 1
-            self._sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, p)
+            self._sel.register(sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if p.out
+                                                             else 0), p)
 
     def _forget(self, p: _Pending) -> None:
         if self._pending.pop(p.sock.fileno(), None) is None:

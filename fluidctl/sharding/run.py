@@ -104,7 +104,8 @@ def _verify(directory: str, quiet: bool) -> None:
                          "pass the -o directory of fluidctl shard-data")
     problems = verify_dir(directory)
     if problems:
-        raise FluidctlError(f"{len(problems)} shard(s) differ from {directory}/manifest.json: "
+        raise FluidctlError(f"{len(problems)} shard(s) differ from "
+                            f"{os.path.join(directory, 'manifest.json')}: "
                             + "; ".join(problems),
                             "copy them again or re-run fluidctl shard-data", exit_code=1)
     if not quiet:

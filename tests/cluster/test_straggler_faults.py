@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fluidctl.paths import DiagDir
-from launchutil import default_sigint, fluidctl, start_fluidctl, wait_for
+from launchutil import default_sigint, fluidctl, start_fluidctl, torch_exit_ok, wait_for
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 STRAGGLE = str(SCRIPTS / "straggle.py")
@@ -58,7 +58,7 @@ def run_with_fault(tmp_path, args, rank0_log, fault, script=(), start=None, repo
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=30)
     assert report().exists(), out + err
-    assert proc.returncode == 0, out + err
+    assert torch_exit_ok(proc.returncode, out + err), out + err
     return {**json.loads(report().read_text()), "step_seen": seen}, at, out + err
 
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from launchutil import ROOT, start_fluidctl
+from launchutil import ROOT, start_fluidctl, torch_exit_ok
 from troubleutil import TROUBLE, classified_after, line_of
 
 TORCH_HANG = ROOT / "tests" / "scripts" / "torch_hang.py"
@@ -124,9 +124,18 @@ def test_torch_collectives_count_as_progress_without_pyspy(tmp_path):
     longer than the timeout still makes progress, through its step marks (the Flight
     Recorder's collective numbers in its steps page), and is no hang."""
     pytest.importorskip("torch")
-    done = run_all(tmp_path, TORCH_HANG, (), 2, envs={"quiet": ("quiet", {"FLUIDCTL_PYSPY": ""})})
-    code, err, log = done["quiet"]
-    assert code == 0 and "hung" not in err, err
+    from pace import hang_timeout
+    # silent for longer than the timeout, which outlasts torch's start-up here and now (a
+    # 3 s timeout ran out while a crowded machine was still importing torch: no marks yet)
+    timeout = hang_timeout(TIMEOUT)
+    proc = start_fluidctl("train", "--nproc", 2, "--hang-timeout", timeout, "--log-dir",
+                          tmp_path / "quiet", TORCH_HANG, "quiet", timeout + 3, cwd=tmp_path,
+                          env={"FLUIDCTL_PYSPY": ""})
+    try:
+        _, err = proc.communicate(timeout=300 + 3 * timeout)
+    finally:
+        proc.kill()
+    assert torch_exit_ok(proc.returncode, err) and "hung" not in err, err
 
 
 def first_failure(log):

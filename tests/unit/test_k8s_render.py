@@ -73,7 +73,7 @@ def test_the_config_map_is_the_plan_every_backend_prints(capsys, tmp_path, monke
     assert code == 0, err
     docs = list(yaml.safe_load_all(out))
     assert [d["kind"] for d in docs] == ["Secret", "ConfigMap", "JobSet"]
-    assert docs[0]["stringData"] == {"token": "***"}                # masked by default
+    assert docs[0]["stringData"] == {"token": envs.MASKED_TOKEN}    # masked by default
     shares = json.loads(docs[1]["data"]["plan.json"])["nodes"]
     in_pods = [p for share in shares for p in share["procs"]]
     for proc, printed in zip(in_pods, plan["procs"]):

@@ -43,10 +43,13 @@ def test_get_blocks_until_another_client_sets(server):
 
 
 def test_barrier_timeout_names_the_absent_ranks(server):
-    a = client(server, 0)
-    client(server, 2).set("start/2", b"1")
+    a, c = client(server, 0), client(server, 2)
+    with pytest.raises(StoreTimeout) as early:       # rank 2 came, and stays counted
+        c.barrier("start", 4, timeout=0.1)
+    assert early.value.missing == [0, 1, 3]
     with pytest.raises(StoreTimeout) as err:
         a.barrier("start", 4, timeout=0.3, describe=lambda r: f"rank {r} (host{r}:1)")
+    assert err.value.missing == [1, 3]
     message = str(err.value)
     assert "rank 1 (host1:1), rank 3 (host3:1) did not reach 'start' within 0.3s" in message
     assert "rank 2" not in message

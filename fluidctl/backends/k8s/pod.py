@@ -54,6 +54,10 @@ def my_share(path: str, environ):
                          "use the same fluidctl in the image as the one that rendered the job") \
             from None
     token = environ.get(envs.JOB_TOKEN, "")
+    if token == envs.MASKED_TOKEN:
+        raise UsageError("the job token is --dry-run's placeholder, not a secret",
+                         "render the job with --dry-run --show-secrets, or start it with "
+                         "fluidctl train --backend k8s")
     for p in procs:
         if token:
             p.env[envs.JOB_TOKEN] = token

@@ -244,12 +244,14 @@ def jobset(spec: Spec, trainers: int, pservers: int) -> dict:
 
 
 def masked(objects: Sequence[dict]) -> List[dict]:
-    """The objects with the Secret's token shown as ``***`` (what --dry-run prints unless
-    --show-secrets: plans get pasted into issues)."""
+    """The objects with the Secret's token replaced by ``envs.MASKED_TOKEN`` (what --dry-run
+    prints unless --show-secrets: plans get pasted into issues). Applied as it is, the job's
+    pods refuse that token in one line (node/pod.py) instead of keying every connection with
+    a public string."""
     out = []
     for obj in objects:
         if obj.get("kind") == "Secret":
-            obj = {**obj, "stringData": {k: "***" for k in obj.get("stringData", {})}}
+            obj = {**obj, "stringData": {k: envs.MASKED_TOKEN for k in obj.get("stringData", {})}}
         out.append(obj)
     return out
 

@@ -162,8 +162,8 @@ def checkpoint(job_id: str, stop: bool = False, **_) -> None:
                          f"{job_id}' shows its state")
     path = requests.ask(record.run_layout, requests.STOP if stop else requests.SAVE,
                         "fluidctl job checkpoint")
-    then = "then stop and be requeued" if stop else "and go on"
-    print(f"asked job {job_id} for a checkpoint ({path}): every rank saves at the same step "
+    then = ", then stops and is requeued" if stop else " and goes on"
+    print(f"asked job {job_id} for a checkpoint ({path}): every rank saves at the same step"
           f"{then}; 'fluidctl job status {job_id}' shows the last committed step", flush=True)
 
 

@@ -2,8 +2,10 @@
 
 1. Rank 0 serves the store at PADDLE_MASTER (under bare mpirun: on a port it picks and
    broadcasts with mpi4py); every rank connects.
-2. Each rank publishes its endpoint, node and pid; everyone reads everyone's (the error names
-   the ranks, and their endpoints, that never showed up).
+2. Each rank joins with its endpoint, node and pid (one request); the store lays the world out
+   once and answers each rank with its node's share: its node's ranks, the node count, the ring
+   neighbours between nodes. No rank reads N records (the error names the ranks, and their
+   endpoints, that never showed up).
 3. Ranks are grouped by node: the host of their endpoint (so 127.0.0.1 and 127.0.0.2 are two
    "nodes" on one machine, which is how the ring and hierarchical paths are tested), or the
    hostname when no endpoints were given.
@@ -14,31 +16,14 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
-from typing import List, Optional
-
-import msgpack
+from typing import Optional
 
 from fluidctl import envs
 from fluidctl.runtime.collective import Communicator, CollectiveError
+from fluidctl.runtime.rendezvous import NodeView
 from fluidctl.runtime.store import StoreClient, StoreServer, StoreTimeout
 
 TRANSPORTS = ("auto", "shm", "ring", "hierarchical", "mpi")
-
-
-@dataclass
-class Layout:
-    """Who is where, as every rank learnt it from the store."""
-    endpoints: List[str]
-    nodes: List[str]                      # node key per rank
-    pids: List[int]
-    node_order: List[str] = field(default_factory=list)
-
-    def local_ranks(self, rank: int) -> List[int]:
-        return [r for r, node in enumerate(self.nodes) if node == self.nodes[rank]]
-
-    def leaders(self) -> List[int]:
-        return [self.nodes.index(node) for node in self.node_order]
 
 
 def _mpi_master(env: envs.DistEnv) -> str:
@@ -91,7 +76,7 @@ def connect_store(env: envs.DistEnv, timeout: float):
     if env.rank == 0:
         host, port = envs.split_endpoint(master)
         try:
-            server = StoreServer(host, port, env.token)
+            server = StoreServer(host, port, env.token, members=env.world_size)
         except OSError as exc:
             raise CollectiveError(f"rank 0 cannot serve the rendezvous store on {master} "
                                   f"({exc.strerror}; pick a free port for {envs.MASTER})") from None
@@ -103,42 +88,46 @@ TORCH_PORT_KEY = "torch/master_port"
 
 
 def _free_port() -> int:
-    """A port free on every address of this host (torch's TCPStore binds all of them)."""
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
+    """A port free on every address of this host (torch's TCPStore binds all of them), below
+    the ephemeral range (fluidctl/net.py)."""
+    from fluidctl.net import free_port
+    return free_port("")
+
+
+LAYOUT_GROUP = "layout"
+
+
+def join_layout(store: StoreClient, world: int, rank: int, timeout: float,
+                record: Optional[dict] = None) -> NodeView:
+    """This rank's node view (``record`` on the first call; later calls read it again)."""
+    return NodeView(store.join(LAYOUT_GROUP, world, [record or {"rank": rank}], timeout,
+                               read=record is None)[0])
 
 
 def _publish(env, store: StoreClient, endpoint: str, node: str, timeout: float,
-             environ=None) -> Layout:
-    """Publish this rank's endpoint, node and pid; read everyone's. Rank 0 also publishes a
-    free port for torch.distributed (see ``envs.torch_port_taken``), which every rank whose
-    MASTER_PORT is the store's own puts into its environment before a script's
+             environ=None) -> NodeView:
+    """Join with this rank's endpoint, node and pid; get back its node's view. Rank 0 also
+    publishes a free port for torch.distributed (see ``envs.torch_port_taken``), which every
+    rank whose MASTER_PORT is the store's own puts into its environment before a script's
     ``dist.init_process_group`` reads it."""
     if env.rank == 0:
         store.set(TORCH_PORT_KEY, str(_free_port()).encode())
-    store.set(f"rank/{env.rank}", msgpack.packb({"ep": endpoint, "node": node,
-                                                 "pid": os.getpid()}))
-    keys = [f"rank/{r}" for r in range(env.world_size)]
     handover = environ is not None and envs.torch_port_taken(environ, env.master)
     try:
-        values = store.multi_get(keys + ([TORCH_PORT_KEY] if handover else []), timeout)
+        view = join_layout(store, env.world_size, env.rank, timeout,
+                           {"rank": env.rank, "ep": endpoint, "node": node, "pid": os.getpid()})
         if handover:
-            environ[envs.TORCH_MASTER_PORT] = values.pop().decode()
-        infos = [msgpack.unpackb(v) for v in values]
+            environ[envs.TORCH_MASTER_PORT] = store.get(TORCH_PORT_KEY, timeout).decode()
     except StoreTimeout as exc:
-        ranks = sorted(int(k.split("/")[1]) for k in exc.missing)
+        ranks = [int(k) for k in exc.missing]
         where = [f"rank {r}" + (f" ({env.trainer_endpoints[r]})"
                                 if r < len(env.trainer_endpoints) else "") for r in ranks]
-        raise CollectiveError(f"rank {env.rank}: {', '.join(where)} did not join within "
+        more = exc.total - len(ranks)
+        raise CollectiveError(f"rank {env.rank}: {', '.join(where)}"
+                              f"{f' and {more} more' if more > 0 else ''} did not join within "
                               f"{timeout:g}s (not started, crashed, or a different "
                               f"{envs.MASTER}? check its log)") from None
-    layout = Layout([i["ep"] for i in infos], [i["node"] for i in infos],
-                    [i["pid"] for i in infos])
-    for node in layout.nodes:
-        if node not in layout.node_order:
-            layout.node_order.append(node)
-    return layout
+    return view
 
 
 def build(env: envs.DistEnv, store: StoreClient, timeout: float, transport: str = "auto",
@@ -159,19 +148,17 @@ def build(env: envs.DistEnv, store: StoreClient, timeout: float, transport: str 
         node = f"{node}#{rank}"          # pretend every rank is a node of its own
     try:
         layout = _publish(env, store, endpoint, node, timeout, environ)
-        local = layout.local_ranks(rank)
-        leaders = layout.leaders()
-        if transport == "shm" and len(leaders) > 1:
+        local = layout.local
+        if transport == "shm" and layout.n_nodes > 1:
             raise CollectiveError(f"transport 'shm' needs every rank on one node, but ranks are "
-                                  f"on {len(leaders)} nodes")
+                                  f"on {layout.n_nodes} nodes")
         shm = ring = None
-        if (len(leaders) == 1 or transport == "hierarchical"
-                or any(len(layout.local_ranks(r)) > 1 for r in leaders)):
-            shm = _open_shm(env, store, layout, local, timeout)
-        if len(leaders) > 1 and rank in leaders:
+        if layout.n_nodes == 1 or transport == "hierarchical" or layout.max_local > 1:
+            shm = _open_shm(env, store, layout, timeout)
+        if layout.n_nodes > 1 and rank == layout.leader:
             from fluidctl.runtime.collective.ring import Ring
-            members = [(r, layout.endpoints[r]) for r in leaders]
-            ring = Ring(members, leaders.index(rank), listener, env.token, timeout)
+            members, index = layout.ring_members()
+            ring = Ring(members, index, listener, env.token, timeout)
             listener = None
     finally:
         if listener is not None:
@@ -217,11 +204,11 @@ def _listen_own(env, store: StoreClient, needed: bool):
     return listener, f"{host}:{listener.getsockname()[1]}"
 
 
-def _open_shm(env, store: StoreClient, layout: Layout, local: List[int], timeout: float):
+def _open_shm(env, store: StoreClient, layout: NodeView, timeout: float):
     """Leader creates, all map, a store barrier among the node's ranks, then all unlink."""
     from fluidctl.runtime.collective.shm import ShmGroup
-    rank = env.rank
-    node_id = layout.node_order.index(layout.nodes[rank])
+    rank, local = env.rank, layout.local
+    node_id = layout.node_index
     key = f"shm/{node_id}"
     path: Optional[str] = None
     try:

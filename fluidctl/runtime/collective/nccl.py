@@ -43,6 +43,9 @@ ERROR_KEY = "nccl/error"
 INIT_ERROR = "nccl/init/error"        # the first error creating the communicator (all raise it)
 INIT_DONE = "nccl/init/done"          # a counter of ranks whose communicator is up
 INIT_ALL = "nccl/init/all"            # set by the last of them
+INIT_REPORTED = "nccl/init/reported"  # a barrier each rank arrives at once its init ended
+MAX_NAMED_RANKS = 16                  # ranks named one by one in a set-up error
+INIT_SLICE = 0.5                      # seconds a parked wait lasts between pid/deadline checks
 ID_BYTES = 128
 _UNSIGNED_CHAR_MACHINES = ("aarch64", "arm64", "armv7l", "ppc64le", "ppc64", "s390x")
 
@@ -230,26 +233,50 @@ def _verdict(table: List[dict]) -> Optional[str]:
     if all(s == "nocupy" for s in states):
         return "cpu"
     bad = [f"rank {r}: {t['detail']}" for r, t in enumerate(table) if t["status"] != "ok"]
+    if len(bad) > MAX_NAMED_RANKS:
+        bad[MAX_NAMED_RANKS:] = [f"and {len(bad) - MAX_NAMED_RANKS} more ranks"]
     return ("GPU set-up failed, so no rank starts NCCL: " + "; ".join(bad) +
             " (every GPU rank needs CuPy with NCCL and a usable device: "
             "pip install 'fluidctl[gpu]')")
 
 
+PROBE_CHUNK = 256          # probes rank 0 reads per request (a request stays small)
+VERDICT_KEY = "gpu/verdict"
+
+
+def _agree(store, rank: int, world: int, probe: dict, timeout: float) -> Optional[str]:
+    """Every rank posts its probe; rank 0 alone reads them (in bounded chunks), judges once
+    and posts the verdict, which every other rank reads: O(N) in all, not N x N."""
+    import msgpack
+    from fluidctl.runtime.store import StoreTimeout
+    store.set(f"gpu/probe/{rank}", msgpack.packb(probe))
+    if rank != 0:
+        posted = msgpack.unpackb(store.get(VERDICT_KEY, timeout + 10.0))   # rank 0 judges first
+        if "timeout" in posted:
+            raise StoreTimeout(posted["timeout"], posted["missing"])
+        return posted["verdict"]
+    table = []
+    try:
+        for lo in range(0, world, PROBE_CHUNK):
+            table += [msgpack.unpackb(v) for v in store.multi_get(
+                [f"gpu/probe/{r}" for r in range(lo, min(world, lo + PROBE_CHUNK))], timeout)]
+    except StoreTimeout as exc:
+        store.set(VERDICT_KEY, msgpack.packb({"timeout": str(exc), "missing": exc.missing}))
+        raise
+    verdict = _verdict(table)
+    store.set(VERDICT_KEY, msgpack.packb({"verdict": verdict}))
+    return verdict
+
+
 def setup(ctx, gpu: int):
     """Bring a GPU rank up (see the module docstring). Returns the NcclTransport, or None when
     the job runs on CPU because no rank has CuPy."""
-    import msgpack
     store, rank, world = ctx.store, ctx.rank, ctx.world_size
     status, detail, cupy = _probe(gpu, need_nccl=True)
-    if store is None:                                     # a world of one
-        table = [{"status": status, "detail": detail}]
-    else:
-        store.set(f"gpu/probe/{rank}", msgpack.packb(
-            {"status": status, "detail": detail,
-             **(_place(cupy, gpu) if status == "ok" else {})}))
-        table = [msgpack.unpackb(v) for v in store.multi_get(
-            [f"gpu/probe/{r}" for r in range(world)], ctx.timeout)]
-    verdict = _verdict(table)
+    probe = {"status": status, "detail": detail,
+             **(_place(cupy, gpu) if status == "ok" and store is not None else {})}
+    verdict = _verdict([probe]) if store is None else _agree(store, rank, world, probe,
+                                                             ctx.timeout)
     if verdict == "cpu":
         return None
     if verdict:
@@ -280,17 +307,15 @@ class NcclTransport:
         """(rank, pid) of the other ranks on this node, to name the one that died."""
         if self.store is None:
             return []
-        import msgpack
+        from fluidctl.runtime.collective.bootstrap import join_layout
         try:
-            infos = [msgpack.unpackb(v) for v in self.store.multi_get(
-                [f"rank/{r}" for r in range(self.n)], 5.0)]
+            view = join_layout(self.store, self.n, self.rank, 5.0)
         except Exception:
             return []
         from fluidctl.runtime.collective.shm import _pid_alive
-        mine = infos[self.rank].get("node")
         # only pids this process can see (ranks in another pid namespace are not watched)
-        return [(r, i["pid"]) for r, i in enumerate(infos)
-                if r != self.rank and i.get("node") == mine and _pid_alive(i["pid"])]
+        return [(r, pid) for r, pid in view.pids.items()
+                if r != self.rank and _pid_alive(pid)]
 
     def _create(self) -> None:
         nccl, store = self.nccl, self.store
@@ -318,47 +343,69 @@ class NcclTransport:
                 raise CollectiveError(self._init_message({0: box.get("error", "timed out")}))
             self.comm = box["comm"]
             return
+        self._wait_init(worker, box)
+
+    def _wait_init(self, worker: threading.Thread, box: dict) -> None:
+        """Wait for every rank's communicator, or the first error, on the server: the worker
+        thread reports this rank's outcome over the store connection, while this thread parks
+        a wait for INIT_ALL or INIT_ERROR on a second connection (one request per slice, which
+        the server answers the moment either key appears); between slices it checks the node's
+        other ranks' pids and the deadline."""
         from fluidctl.runtime.collective.shm import _pid_alive
+        from fluidctl.runtime.store import StoreClient
         deadline = time.monotonic() + self.timeout
-        reported = False
-        while True:               # two store requests per rank per 50 ms, whatever the world
-            if worker.is_alive():
-                worker.join(0.05)
-            else:
-                time.sleep(0.05)          # (join returns at once: the loop would spin)
-            if not worker.is_alive() and not reported:
-                store.set(f"nccl/init/{self.rank}", b"1")   # read only at the deadline
+        store = self.store
+
+        def report():
+            worker.join()
+            try:
                 if "error" in box:
                     self._post_init_error({self.rank: box["error"]})
                 elif store.add(INIT_DONE, 1) == self.n:
                     store.set(INIT_ALL, b"1")
-                reported = True
-            for r, pid in self._peers:      # a same-node rank that died: tell every rank
-                if not _pid_alive(pid):
-                    self._post_init_error({r: f"its process (pid {pid}, same node as rank "
-                                              f"{self.rank}) died"})
-            posted = self._get_now(INIT_ERROR)
-            if posted is None and time.monotonic() > deadline:
-                missing = [r for r in range(self.n) if self._get_now(f"nccl/init/{r}") is None]
-                posted = self._post_message(
-                    f"creating the NCCL communicator did not finish within {self.timeout:g}s: "
-                    f"rank(s) {', '.join(map(str, missing)) or '?'} still in ncclCommInitRank "
-                    "(a rank did not start, or NCCL cannot connect the nodes: set "
-                    "NCCL_DEBUG=INFO and NCCL_SOCKET_IFNAME)")
-            if posted is not None:
-                if "comm" in box:
-                    box["comm"].abort()
-                raise CollectiveError(posted)
-            if reported and "comm" in box and self._get_now(INIT_ALL) is not None:
-                self.comm = box["comm"]
-                return
+                self._arrive(INIT_REPORTED)
+            except (OSError, TimeoutError):
+                pass                               # the waiting thread sees the store's end
 
-    def _get_now(self, key: str) -> Optional[str]:
+        reporter = threading.Thread(target=report, daemon=True, name="fluidctl-nccl-report")
+        reporter.start()
+        waiter = StoreClient(store.endpoint, self.ctx.env.token, self.timeout, rank=self.rank)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                got = waiter.wait_any([INIT_ERROR, INIT_ALL], max(0.0, min(INIT_SLICE, left)))
+                posted = got[INIT_ERROR].decode() if INIT_ERROR in got else None
+                for r, pid in self._peers:      # a same-node rank that died: tell every rank
+                    if posted is None and not _pid_alive(pid):
+                        posted = self._post_init_error({r: f"its process (pid {pid}, same node "
+                                                           f"as rank {self.rank}) died"})
+                if posted is None and INIT_ALL not in got and time.monotonic() >= deadline:
+                    missing, total = store.absent(INIT_REPORTED, self.n)
+                    named = ", ".join(map(str, missing)) + (
+                        f" and {total - len(missing)} more" if total > len(missing) else "")
+                    posted = self._post_message(
+                        f"creating the NCCL communicator did not finish within {self.timeout:g}s: "
+                        f"rank(s) {named or '?'} still in ncclCommInitRank "
+                        "(a rank did not start, or NCCL cannot connect the nodes: set "
+                        "NCCL_DEBUG=INFO and NCCL_SOCKET_IFNAME)")
+                if posted is not None:
+                    if "comm" in box:
+                        box["comm"].abort()
+                    raise CollectiveError(posted)
+                if INIT_ALL in got:
+                    reporter.join(self.timeout)    # INIT_ALL: every worker has reported
+                    self.comm = box["comm"]
+                    return
+        finally:
+            waiter.close()
+
+    def _arrive(self, name: str) -> None:
+        """Count this rank in at ``name`` without waiting for the others."""
         from fluidctl.runtime.store import StoreTimeout
         try:
-            return self.store.get(key, 0).decode()
+            self.store.barrier(name, self.n, 0)
         except StoreTimeout:
-            return None
+            pass
 
     def _post_init_error(self, errors) -> str:
         return self._post_message(self._init_message(errors))

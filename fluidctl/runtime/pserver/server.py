@@ -363,7 +363,8 @@ class PServer:
                     _try_send(sock, {"op": P.ERROR, "msg": msg})
                     return
         except wire.PeerClosed:
-            log.info("%s disconnected (trainer %s)", peer, conn.trainer)
+            if conn.trainer is not None:    # not a probe, not a trainer that said it left
+                log.info("%s disconnected (trainer %s, without leaving)", peer, conn.trainer)
         except ShuttingDown:
             pass
         except wire.WireError as exc:
