@@ -19,7 +19,7 @@ import time
 from typing import Iterable, List, Optional
 
 from fluidctl.runtime import wire
-from fluidctl.runtime.storeserver import MAX_VALUE, StoreServer  # noqa: F401 (the API)
+from fluidctl.runtime.storeserver import MAX_VALUE, StoreServer, listen  # noqa: F401 (the API)
 
 
 class StoreTimeout(TimeoutError):
@@ -29,19 +29,6 @@ class StoreTimeout(TimeoutError):
         super().__init__(message)
         self.missing = missing
         self.total = len(missing) if total is None else total
-
-
-def listen(host: str, port: int, fallback_to_any: bool = True) -> socket.socket:
-    """A listening TCP socket on host:port (port 0: any free port)."""
-    from fluidctl.net import bind_socket
-    try:
-        sock = bind_socket(host, port)
-    except OSError:
-        if not fallback_to_any or host in ("", "0.0.0.0"):
-            raise
-        sock = bind_socket("", port)   # the master name may not be a local address (NAT, alias)
-    sock.listen(max(4096, socket.SOMAXCONN))   # a node's or a job's connect storm
-    return sock
 
 
 class StoreClient:

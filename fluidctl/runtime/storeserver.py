@@ -43,6 +43,18 @@ def raise_nofile() -> int:
     return soft
 
 
+def listen(host: str, port: int, fallback_to_any: bool = True) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: any free port)."""
+    from fluidctl.net import bind_socket
+    try:
+        sock = bind_socket(host, port)
+    except OSError:
+        if not fallback_to_any or host in ("", "0.0.0.0"):
+            raise
+        sock = bind_socket("", port)   # the master name may not be a local address (NAT, alias)
+    sock.listen(max(4096, socket.SOMAXCONN))   # a node's or a job's connect storm
+    return sock
+
 class _Conn:
     __slots__ = ("sock", "addr", "inbuf", "out", "parked")
 
@@ -92,7 +104,6 @@ class StoreServer:
     def __init__(self, host: str, port: int, token: Optional[str], members: int = 0):
         if not token:
             raise ValueError("the rendezvous store needs a job token (FLUIDCTL_JOB_TOKEN)")
-        from fluidctl.runtime.store import listen
         raise_nofile()
         self.token = token
         self._data: Dict[str, bytes] = {}
