@@ -36,7 +36,7 @@ def main():
         noop.write_text("pass\n")
         fluid = [sys.executable, "-m", "fluidctl", "train", "--hostfile", str(hosts),
                  "--ssh-config", str(nodes.config), "--tee", "none"]
-        from fluidctl.backends import mpi
+        from fluidctl.backends.mpi import launcher as mpi
         mpirun = mpi.command([sys.executable, str(noop)], 4, hosts=_hosts(hosts),
                              hostfile=str(hosts), ssh_config=str(nodes.config))
         runners = {

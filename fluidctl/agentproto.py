@@ -1,5 +1,5 @@
-"""The node agent's line protocol, both ends: the launcher (``backends/ssh.py``) and the agent
-on each node (``node/agent.py``). One line each way; an agent line is MARK, a tag, "|", text.
+"""The node agent's line protocol, both ends: the launcher (``backends/ssh/agent.py``) and the
+agent on each node (``node/agent.py``). One line each way; an agent line is MARK, a tag, "|", text.
 
 Its own module, standard library only, so the agent can answer its first line (the probe)
 before it imports the supervisor, the planner and the diagnostics it needs later: the launcher
@@ -24,7 +24,8 @@ DUMP_COMMAND = "dump"       # a line the launcher writes to the agent's stdin
 BEAT_COMMAND = "beat"       # the launcher's heartbeat on the agent's stdin (elastic jobs)
 STOP_COMMAND = "stop"       # stop the node's processes, as SIGTERM to the agent does
 # "checkpoint SIGNAL": a checkpoint request (stop after it): the agent creates its node's request
-# file (FLUIDCTL_CHECKPOINT_REQUEST of its ranks), then sends SIGNAL to its ranks
+# file (FLUIDCTL_CHECKPOINT_REQUEST of its ranks), then sends SIGNAL to its ranks;
+# "checkpoint save": checkpoint and go on (fluidctl job checkpoint): the file alone, no signal
 CHECKPOINT_COMMAND = "checkpoint"
 # Elastic jobs (--nodes MIN:MAX): both ends beat every BEAT_EVERY seconds, each from its own
 # thread (a node at 100% CPU still beats); BEAT_MISSES beats missed in a row and the other end

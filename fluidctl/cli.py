@@ -118,8 +118,8 @@ def main(argv=None) -> None:
         from fluidctl.node.worker import run
         _without_click(run, args[1], args[2:])
     try:
-        from fluidctl import fastargs
-        fast = fastargs.parse(args)
+        from fluidctl import fastargs, trainargs
+        fast = fastargs.parse(args, {**fastargs.COMMANDS, ("train",): trainargs.TRAIN})
         if fast is not None:
             _without_click(fast[0], **fast[1])
         _main(args)

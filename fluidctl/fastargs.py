@@ -21,7 +21,6 @@ import os
 import sys
 
 from fluidctl.digest import DEFAULT as DEFAULT_DIGEST
-from fluidctl.sigs import GRACE_PERIOD
 
 FLAG, VALUE, MULTI = "flag", "value", "multi"
 
@@ -32,11 +31,12 @@ class Refused(Exception):
 
 class Type:
     """A value's converter here (raising Refused where click might refuse it) and the click
-    type that stands for it, made on demand by ``click_type(click)``: click is not imported
-    here."""
+    type that stands for it, made on demand by ``click_type(click)`` (and, where click checks
+    the value in a callback, ``click_callback(click)``): click is not imported here."""
 
-    def __init__(self, convert, click_type=None):
+    def __init__(self, convert, click_type=None, click_callback=None):
         self.convert, self._click_type = convert, click_type
+        self._click_callback = click_callback
 
     def __call__(self, value: str):
         return self.convert(value)
@@ -44,6 +44,10 @@ class Type:
     def click_type(self, click):
         """The click type (None: click's default, a string)."""
         return self._click_type(click) if self._click_type else None
+
+    def click_callback(self, click):
+        """The click callback that checks the value (None: none)."""
+        return self._click_callback(click) if self._click_callback else None
 
 
 def _text(value: str) -> str:
@@ -108,6 +112,38 @@ def int_at_least(low: int, high: int = None) -> Type:
     return Type(convert, lambda click: click.IntRange(min=low, max=high))
 
 
+def count_at_least(low: int, flag: str) -> Type:
+    """click's INT checked by a callback: below ``low`` is "Invalid value for 'FLAG': must be
+    >= LOW, got N"."""
+    def convert(value: str) -> int:
+        number = _integer(value)
+        if number < low:
+            raise Refused(value)
+        return number
+
+    def click_callback(click):
+        def check(ctx, param, value):
+            if value is not None and value < low:
+                raise click.BadParameter(f"must be >= {low}, got {value}", param_hint=flag)
+            return value
+        return check
+    return Type(convert, lambda click: int, click_callback)
+
+
+def int_between(low: int, high: int, hint: str) -> Type:
+    """clicktypes.Number(int, low, high, hint): out of range is click's one line."""
+    def convert(value: str) -> int:
+        number = _integer(value)
+        if not low <= number <= high:
+            raise Refused(value)
+        return number
+
+    def click_type(click):
+        from fluidctl.clicktypes import Number
+        return Number(int, low, high, hint)
+    return Type(convert, click_type)
+
+
 def _number(value: str) -> float:
     """click's FLOAT (leading '-' left to click)."""
     try:
@@ -127,9 +163,11 @@ NUMBER = Type(_number, lambda click: float)
 DIRECTORY = Type(_directory_path, lambda click: click.Path(file_okay=False))
 
 
-def float_between(low: float, high: float, example: str, above: bool = False) -> Type:
+def float_between(low: float, high: float, example: str, above: bool = False,
+                  hint: str = None) -> Type:
     """clicktypes.seconds(low, high): a finite number from low (or above it) to high;
-    nan, inf and what is out of range go to click, which words the one-line error."""
+    nan, inf and what is out of range go to click, which words the one-line error (``hint``:
+    its fix; default "e.g. EXAMPLE")."""
     def convert(value: str) -> float:
         try:
             number = float(value)
@@ -140,8 +178,9 @@ def float_between(low: float, high: float, example: str, above: bool = False) ->
         return number
 
     def click_type(click):
-        from fluidctl.clicktypes import seconds
-        return seconds(low, high, example, above=above)
+        from fluidctl.clicktypes import Number
+        return Number(float, low, high, hint or f"e.g. {example}", above=above,
+                      unit=" of seconds")
     return Type(convert, click_type)
 
 
@@ -149,16 +188,19 @@ class Option:
     """One option: its names, destination, kind (FLAG, VALUE or MULTI: repeatable, a tuple),
     value type, default, help, and how click shows it (metavar, show_default). A FLAG sets
     ``flag_value`` (``--sync/--async``: two options, one destination); ``envvar`` is read, as
-    click reads it, when the option is absent."""
+    click reads it, when the option is absent (``show_envvar``: --help names it); a
+    ``hidden`` one is parsed and not shown."""
     __slots__ = ("names", "dest", "kind", "type", "default", "help", "metavar", "show_default",
-                 "flag_value", "envvar")
+                 "flag_value", "envvar", "show_envvar", "hidden")
 
     def __init__(self, names, dest, kind=VALUE, type=TEXT, default=None, help="",
-                 metavar=None, show_default=False, flag_value=True, envvar=None):
+                 metavar=None, show_default=False, flag_value=True, envvar=None,
+                 show_envvar=False, hidden=False):
         self.names, self.dest, self.kind, self.type = tuple(names), dest, kind, type
         self.default = (default or False if kind == FLAG else () if kind == MULTI else default)
         self.help, self.metavar, self.show_default = help, metavar, show_default
-        self.flag_value, self.envvar = flag_value, envvar
+        self.flag_value, self.envvar, self.show_envvar = flag_value, envvar, show_envvar
+        self.hidden = hidden
 
 
 class Argument:
@@ -343,91 +385,28 @@ SHARD_DATA = Command("fluidctl.sharding.run:run", (
 
 
 
-def _backend_names():
-    from fluidctl import backends
-    return backends.names()
+class Later:
+    """A table built on first use by ``build()`` (train's, in fluidctl/trainargs.py, reads the
+    backends' declarations, which import this module)."""
+
+    def __init__(self, build):
+        self.build, self.table = build, None
+
+    def __getattr__(self, name):
+        if self.table is None:
+            self.table = self.build()
+        return getattr(self.table, name)
 
 
-def _k8s_kinds():
-    from fluidctl.planning.k8s import KINDS
-    return KINDS
+COMMANDS = {("cluster", "sync"): CLUSTER_SYNC, ("shard-data",): SHARD_DATA}
 
 
-def _tee_choices():
-    from fluidctl.planning.config import TEE_CHOICES
-    return TEE_CHOICES
-
-
-# ``fluidctl train``'s plain forms: how to parse them, not their help, which is declared with
-# the click command (commands/train.py); tests/test_fastargs.py holds this table to it.
-TRAIN = Command("fluidctl.launch.train:run", (
-    Option(["--nproc", "--nproc-per-node", "--nproc_per_node"], "nproc", type=int_at_least(1)),
-    Option(["--gpus"], "gpus"),
-    Option(["--mode"], "mode", type=choice(("collective", "pserver")), default="collective"),
-    Option(["--pservers"], "pservers", type=int_at_least(1)),
-    Option(["--pserver-endpoints"], "pserver_endpoints"),
-    Option(["--token-file"], "token_file"),
-    Option(["--sync"], "sync", FLAG, default=True),
-    Option(["--async"], "sync", FLAG, default=True, flag_value=False),
-    Option(["--checkpoint-dir"], "checkpoint_dir", type=DIRECTORY),
-    Option(["--checkpoint-every"], "checkpoint_every", type=int_at_least(1)),
-    Option(["--hostfile"], "hostfile"),
-    Option(["--hosts"], "hosts_arg"),
-    Option(["--backend"], "backend", type=choice(_backend_names)),
-    Option(["--nodes", "--nnodes"], "nodes"),          # N or MIN:MAX: planning/elastic.py
-    Option(["--partition"], "partition"),
-    Option(["--time"], "time_limit"),
-    Option(["--account"], "account"),
-    Option(["--qos"], "qos"),
-    Option(["--constraint"], "constraint"),
-    Option(["--exclude"], "exclude"),
-    Option(["--slurm-arg"], "slurm_args", MULTI),
-    Option(["--mpirun-arg"], "mpirun_args", MULTI),
-    Option(["--job-name"], "job_name"),
-    Option(["--detach"], "detach", FLAG),
-    Option(["--kind"], "kind", type=choice(_k8s_kinds)),
-    Option(["--image"], "image"),
-    Option(["--namespace"], "namespace"),
-    Option(["--apply"], "apply", FLAG),
-    Option(["--checkpoint-warning"], "checkpoint_warning", type=int_at_least(1)),
-    Option(["--ssh-config"], "ssh_config"),
-    Option(["--accept-new-host-keys"], "accept_new_host_keys", FLAG),
-    Option(["--remote-dir"], "remote_dir"),
-    Option(["--python"], "python"),
-    Option(["--venv"], "venv", envvar="FLUIDCTL_VENV"),
-    Option(["--export"], "exports", MULTI),
-    Option(["--pserver-hosts"], "pserver_hosts"),
-    Option(["--include-bad"], "include_bad", FLAG),
-    Option(["--health-gate"], "health_gate", FLAG),
-    Option(["--ssh-timeout"], "ssh_timeout", type=float_between(0.1, 86400, "--ssh-timeout 30"),
-           default=SSH_TIMEOUT),
-    Option(["--started-port"], "started_port", type=int_at_least(1, 65535)),
-    Option(["--log-dir"], "log_dir", default="mylog"),
-    Option(["--env"], "env_pairs", MULTI),
-    Option(["--env-file"], "env_file"),
-    Option(["--grace-period"], "grace_period", type=float_between(0, 86400, "--grace-period 10"),
-           default=GRACE_PERIOD),
-    Option(["--checkpoint-signal"], "checkpoint_signal", default="TERM"),
-    Option(["--max-restarts"], "max_restarts", type=int_at_least(0), default=0),
-    Option(["--tee"], "tee", type=choice(_tee_choices), default="rank0"),
-    Option(["--tee-ranks"], "tee_ranks"),
-    Option(["--hang-timeout"], "hang_timeout",
-           type=float_between(0, 30 * 86400, "--hang-timeout 300", above=True),
-           envvar="FLUIDCTL_HANG_TIMEOUT"),
-    Option(["--log-tail"], "log_tail", type=int_at_least(0), default=20),
-    Option(["--node-rank", "--node_rank"], "node_rank"),
-    Option(["--dry-run"], "dry_run", FLAG),
-    Option(["--json"], "as_json", FLAG),
-    Option(["--show-secrets"], "show_secrets", FLAG),
-), Argument("script", required=True), rest="script_args")
-
-COMMANDS = {("cluster", "sync"): CLUSTER_SYNC, ("shard-data",): SHARD_DATA, ("train",): TRAIN}
-
-
-def parse(args):
-    """(the command's ``run``, its keyword arguments), or None: click's turn."""
+def parse(args, commands=None):
+    """(the command's ``run``, its keyword arguments), or None: click's turn. ``commands``:
+    the tables (default ``COMMANDS``; cli.py adds train's, fluidctl/trainargs.py)."""
+    commands = COMMANDS if commands is None else commands
     for words in (tuple(args[:2]), tuple(args[:1])):
-        command = COMMANDS.get(words)
+        command = commands.get(words)
         if command is not None:
             break
     else:

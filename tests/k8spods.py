@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, NamedTuple
 
-from fluidctl.k8s.render import COMPLETION_INDEX, REPLICA_INDEX
+from fluidctl.backends.k8s.render import COMPLETION_INDEX, REPLICA_INDEX
 
 
 class Pod(NamedTuple):

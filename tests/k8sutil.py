@@ -15,9 +15,9 @@ from typing import List, Tuple
 
 import kubernetes_validate
 
-from fluidctl.backends.k8s import K8sLauncher
+from fluidctl.backends.k8s.launcher import K8sLauncher
 from fluidctl.planning.config import LaunchConfig
-from fluidctl.planning.k8s import K8sOptions
+from fluidctl.backends.k8s.plan import K8sOptions
 
 K8S_VERSION = "1.35.0"
 
@@ -27,7 +27,7 @@ def render(script: str, kind: str, nodes: int = 2, **settings) -> Tuple[object, 
     opts = K8sOptions(kind=kind, image=settings.pop("image", "registry.example/train:1"),
                       namespace=settings.pop("namespace", "ml"), nodes=nodes,
                       name=settings.pop("name", None))
-    config = LaunchConfig(script=script, backend="k8s", k8s=opts,
+    config = LaunchConfig(script=script, backend="k8s", backend_options=opts,
                           token=settings.pop("token", "t0ken"), **settings)
     launcher = K8sLauncher()
     plan = launcher.prepare(config)

@@ -58,6 +58,8 @@ LONGEST = (
     "tests/cluster/test_straggler_faults.py::"
     "test_sleeping_data_loader_under_mpirun_with_published_pages[torch]",
     "tests/e2e/test_hang_classes.py::test_torch_collectives_count_as_progress_without_pyspy",
+    "tests/cluster/test_job_checkpoint_ssh.py::test_save_reaches_every_node_and_the_job_goes_on",
+    "tests/e2e/test_job_checkpoint_local.py::test_save_and_go_on",
     "tests/e2e/test_hang_under_load.py::"
     "test_40_8_a_compute_bound_job_beside_cpu_hogs_is_never_stopped",
     "tests/e2e/test_hang_under_load.py::"

@@ -5,7 +5,7 @@ local process, a remote node's agent, mpirun, a Slurm step).
 A backend starts, watches and stops processes and moves files; it never decides ranks, ports,
 devices or environment: it gathers facts (GPUs, free ports, addresses) and lets
 ``fluidctl.planning.plan`` decide. Adding a backend is one module with a Launcher class and
-one line in ``fluidctl.backends.LAUNCHERS``::
+one package whose ``Backend`` names it (``fluidctl.backends``)::
 
     class SlurmLauncher(BaseLauncher):
         name = "slurm"
@@ -61,8 +61,13 @@ class Handle(Protocol):
 
 class Launcher(Protocol):
     """One backend. Used as: ``plan = prepare(config)``; then (unless --dry-run) for each
-    attempt ``start(plan, attempt)``; always ``close()`` at the end."""
+    attempt ``start(plan, attempt)``, or ``submit(plan, config)`` once for a launcher that
+    ``submits``; always ``close()`` at the end."""
     name: str           # the --backend value
+    dry_run_table: bool     # --dry-run prints the plan's table (False: ``describe`` alone)
+    submits: bool           # the cluster runs the job: ``submit`` instead of supervision
+    request_at: Optional[float]     # after prepare: time.time() to ask for a checkpoint (a
+                                    # time limit near), None for none
 
     def prepare(self, config: "LaunchConfig") -> "Plan":
         """Check what this backend needs (hosts, mpirun, connections), gather the facts the
@@ -90,8 +95,18 @@ class Launcher(Protocol):
     def diagnostics(self, config: "LaunchConfig") -> "Diagnostics":
         """The job's diagnostics (stacks, progress, triage) as this backend gets them."""
 
-    def describe(self, plan: "Plan") -> str:
-        """Text --dry-run prints after the plan table ("" for none)."""
+    def describe(self, plan: "Plan", show_secrets: bool = False) -> str:
+        """Text --dry-run prints after the plan table ("" for none); ``show_secrets``: with
+        the job token unmasked (--show-secrets)."""
+
+    def submit(self, plan: "Plan", config: "LaunchConfig") -> int:
+        """Hand the plan to the cluster that runs it (a launcher that ``submits``); the
+        command's exit code."""
+
+    def relay_checkpoint(self, kind: str) -> None:
+        """Pass a running job's checkpoint request (``save``: checkpoint and go on, written
+        by ``fluidctl job checkpoint`` into the launcher's request file) on to the ranks that
+        do not read that file (a node agent's ranks read their node's own)."""
 
     @property
     def owns_log_dir(self) -> bool:
@@ -157,6 +172,9 @@ class BaseLauncher:
     """Defaults for a Launcher: logs and echo come from the plan's processes; ``log`` is
     fluidctl's launch.log (lines are kept until the log dir exists)."""
     name = ""
+    dry_run_table = True
+    submits = False
+    request_at: Optional[float] = None
     request_env: Dict[str, str] = {}    # the checkpoint request's, set by launch/execute.py
 
     def __init__(self, log: Optional[Callable[[str], None]] = None):
@@ -200,9 +218,16 @@ class BaseLauncher:
         d = getattr(self, "_diagnostics", None)
         return {**(d.env() if d is not None else {}), **self.request_env}
 
-    def describe(self, plan: "Plan") -> str:
+    def describe(self, plan: "Plan", show_secrets: bool = False) -> str:
         """Text --dry-run prints after the plan (e.g. the batch script Slurm would get)."""
         return ""
+
+    def submit(self, plan: "Plan", config: "LaunchConfig") -> int:
+        raise NotImplementedError(f"--backend {self.name} runs its jobs itself (submits is "
+                                  "False)")
+
+    def relay_checkpoint(self, kind: str) -> None:
+        """Nothing to pass on: the ranks this launcher starts read its request file."""
 
     @property
     def owns_log_dir(self) -> bool:

@@ -8,15 +8,24 @@ import click
 from fluidctl import fastargs
 
 
-def option(declared: fastargs.Option):
-    """The click.option decorator for one table option."""
+def option(declared: fastargs.Option, off: fastargs.Option = None):
+    """The click.option decorator for one table option (``off``: the flag that sets its
+    destination to False, shown with it: ``--sync/--async``)."""
     kwargs = {"help": declared.help}
+    names = declared.names
     if declared.kind == fastargs.FLAG:
-        kwargs["is_flag"] = True
+        if off is None:
+            kwargs["is_flag"] = True
+        else:
+            names = (f"{declared.names[0]}/{off.names[0]}",)
+            kwargs["default"] = declared.default
     else:
         click_type = declared.type.click_type(click)
         if click_type is not None:
             kwargs["type"] = click_type
+        callback = declared.type.click_callback(click)
+        if callback is not None:
+            kwargs["callback"] = callback
         if declared.kind == fastargs.MULTI:
             kwargs["multiple"] = True
         elif declared.default is not None:
@@ -25,7 +34,13 @@ def option(declared: fastargs.Option):
         kwargs["metavar"] = declared.metavar
     if declared.show_default:
         kwargs["show_default"] = True
-    return click.option(*declared.names, declared.dest, **kwargs)
+    if declared.envvar:
+        kwargs["envvar"] = declared.envvar
+        if declared.show_envvar:
+            kwargs["show_envvar"] = True
+    if declared.hidden:
+        kwargs["hidden"] = True
+    return click.option(*names, declared.dest, **kwargs)
 
 
 def argument(declared: fastargs.Argument):
@@ -44,10 +59,20 @@ def argument(declared: fastargs.Argument):
 
 
 def options(declared):
-    """One decorator for several table options, shown in the table's order."""
+    """One decorator for several table options, shown in the table's order; a flag followed
+    by its opposite (same destination, flag_value False) is one click option."""
+    declared = tuple(declared)
+    pairs = []
+    for one in declared:
+        if (pairs and one.kind == fastargs.FLAG and one.flag_value is False
+                and pairs[-1][0].dest == one.dest):
+            pairs[-1] = (pairs[-1][0], one)
+        else:
+            pairs.append((one, None))
+
     def apply(fn):
-        for one in reversed(tuple(declared)):
-            fn = option(one)(fn)
+        for one, off in reversed(pairs):
+            fn = option(one, off)(fn)
         return fn
     return apply
 

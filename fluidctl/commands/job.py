@@ -1,10 +1,23 @@
 """``fluidctl job list | status | logs | checkpoint | cancel``: options and help only; the work is
-``fluidctl.jobs.submitted`` (the Slurm jobs ``fluidctl train --backend slurm`` submitted from
-this machine, read without sacct).
+the job verbs of the backend whose job it is (``fluidctl.backends.owner_of(JOB_ID)``: its
+package's ``jobs.py``; e.g. the Slurm jobs ``fluidctl train --backend slurm`` submitted from this
+machine, read without sacct, or the Kubernetes jobs named KIND/NAME).
 """
 from __future__ import annotations
 
 import click
+
+
+def _verb(job_id: str, verb: str):
+    """One verb of ``job_id``'s backend; one line when that backend has no such verb."""
+    from fluidctl import backends
+    from fluidctl.errors import UsageError
+    owner = backends.owner_of(job_id)
+    fn = getattr(owner.verbs(), verb, None)
+    if fn is None:
+        raise UsageError(f"fluidctl job {verb} does not know {owner.title} jobs",
+                         f"use the tools of --backend {owner.name}")
+    return fn
 
 
 @click.group(help="""Slurm jobs submitted with 'fluidctl train --backend slurm' (from a login
@@ -37,11 +50,8 @@ def list_jobs(as_json, k8s, namespace):
     Example:
       fluidctl job list --json | jq '.[] | select(.state == "RUNNING") | .job_id'
     """
-    if k8s:
-        from fluidctl.jobs import kube
-        return kube.list_jobs(namespace, as_json)
-    from fluidctl.jobs.submitted import list_jobs as run
-    run(as_json)
+    from fluidctl import backends
+    backends.backend("k8s" if k8s else "slurm").verbs().list_jobs(as_json, namespace=namespace)
 
 
 @job.command("status")
@@ -59,11 +69,7 @@ def status(job_id, as_json, namespace):
     Example:
       fluidctl job status 1234
     """
-    if "/" in job_id:
-        from fluidctl.jobs import kube
-        return kube.status(job_id, namespace, as_json)
-    from fluidctl.jobs.submitted import status as run
-    run(job_id, as_json)
+    _verb(job_id, "status")(job_id, as_json=as_json, namespace=namespace)
 
 
 @job.command("logs")
@@ -85,28 +91,27 @@ def logs(job_id, rank, batch, follow, namespace):
       fluidctl job logs 1234
       fluidctl job logs 1234 -f --rank 3
     """
-    if "/" in job_id:
-        from fluidctl.jobs import kube
-        return kube.logs(job_id, namespace, rank, follow)
-    from fluidctl.jobs.submitted import logs as run
-    run(job_id, rank, batch, follow)
+    _verb(job_id, "logs")(job_id, rank=rank, batch=batch, follow=follow, namespace=namespace)
 
 
 @job.command("checkpoint")
 @click.argument("job_id")
 @click.option("--stop", is_flag=True,
-              help="End the job after the checkpoint; it is requeued and resumes from it.")
+              help="End the job after the checkpoint; it is requeued (Slurm), or exits 75, "
+                   "and resumes from it when run again.")
 def checkpoint(job_id, stop):
     """Ask a running job for a checkpoint: every rank that calls
-    ctx.checkpoint_requested() saves at the same step (fluidctl.runtime.checkpoint).
+    ctx.checkpoint_requested() saves at the same step (fluidctl.runtime.checkpoint) and goes
+    on. JOB_ID: a Slurm job's id, or the --log-dir of a job fluidctl runs from this machine
+    (local, ssh, fabric, mpi).
 
     \b
     Examples:
       fluidctl job checkpoint 1234
       fluidctl job checkpoint 1234 --stop
+      fluidctl job checkpoint mylog
     """
-    from fluidctl.jobs.submitted import checkpoint as run
-    run(job_id, stop)
+    _verb(job_id, "checkpoint")(job_id, stop=stop)
 
 
 @job.command("cancel")
@@ -120,8 +125,4 @@ def cancel(job_id, namespace):
     Example:
       fluidctl job cancel 1234
     """
-    if "/" in job_id:
-        from fluidctl.jobs import kube
-        return kube.cancel(job_id, namespace)
-    from fluidctl.jobs.submitted import cancel as run
-    run(job_id)
+    _verb(job_id, "cancel")(job_id, namespace=namespace)

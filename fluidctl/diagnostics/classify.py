@@ -306,8 +306,8 @@ def _every_rank_idles(evs: Sequence[Evidence], places: Dict[int, "_Place"]) -> V
 
 def lost_node(host: str, probe: str) -> Optional[Verdict]:
     """A node whose SSH connection died before any hang timeout, from the probe of its link
-    (``backends.ssh.probe_link``: "frozen: ..." when a new TCP connection is accepted but
-    nothing answers, the failed connection when it is not): frozen node, sshd gone (refused:
+    (``backends.ssh.diagnostics.probe_link``: "frozen: ..." when a new TCP connection is
+    accepted but nothing answers, the failed connection when it is not): frozen node, sshd gone (refused:
     the node's kernel answered) or partition (no answer at all); None
     when its sshd answers or the probe could not tell."""
     if probe.startswith("frozen: "):

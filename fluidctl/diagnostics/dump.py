@@ -24,7 +24,7 @@ def _dump_dirs(root: Path):
     return {p for p in root.glob("dump-*") if (p / "summary.txt").exists()}
 
 
-def _launcher_pid(layout: LogLayout, log_dir: str) -> int:
+def launcher_pid(layout: LogLayout, log_dir: str) -> int:
     """The pid of the job's launcher, which must run on this machine."""
     import json
     try:
@@ -43,21 +43,29 @@ def _launcher_pid(layout: LogLayout, log_dir: str) -> int:
     return pid
 
 
-def run(log_dir: str = DEFAULT_LOG_DIR, timeout: float = 60.0) -> None:
-    """Ask the launcher of the job in ``log_dir`` for every rank's stack; print the summary
-    once it is written (exit 1 if none comes within ``timeout`` seconds)."""
-    layout = LogLayout(Path(log_dir))
-    pid = _launcher_pid(layout, log_dir)
-    before = _dump_dirs(layout.root)
+def signal_launcher(layout: LogLayout, log_dir: str, sig: int, command: str) -> int:
+    """Send ``sig`` (0: none, a check) to the running launcher of the job in ``log_dir``;
+    its pid. One line when there is none or it is not ours to signal."""
+    pid = launcher_pid(layout, log_dir)
     try:
         os.kill(pid, 0)
-        os.kill(pid, DUMP_REQUEST)
+        if sig:
+            os.kill(pid, sig)
     except ProcessLookupError:
         raise UsageError(f"the job in {log_dir} is not running any more (launcher pid {pid} "
                          "is gone)", "start it again, or look at its logs") from None
     except PermissionError:
         raise UsageError(f"may not signal the job's launcher (pid {pid})",
-                         "run fluidctl dump as the user who started the job") from None
+                         f"run {command} as the user who started the job") from None
+    return pid
+
+
+def run(log_dir: str = DEFAULT_LOG_DIR, timeout: float = 60.0) -> None:
+    """Ask the launcher of the job in ``log_dir`` for every rank's stack; print the summary
+    once it is written (exit 1 if none comes within ``timeout`` seconds)."""
+    layout = LogLayout(Path(log_dir))
+    before = _dump_dirs(layout.root)
+    signal_launcher(layout, log_dir, DUMP_REQUEST, "fluidctl dump")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         new = _dump_dirs(layout.root) - before

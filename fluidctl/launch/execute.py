@@ -33,13 +33,12 @@ def launch(config: "LaunchConfig", launcher_name: Optional[str] = None, *,
         plan = launcher.prepare(config)
         config.check_tee_ranks(len(plan.trainers))
         if dry_run:
-            if as_json or getattr(launcher, "dry_run_table", True):
+            if as_json or launcher.dry_run_table:
                 print_plan(plan, as_json, show_secrets)
             if not as_json:      # --show-secrets: the k8s YAML with its Secret's token
-                print(launcher.describe(plan, True) if show_secrets else launcher.describe(plan),
-                      end="")
+                print(launcher.describe(plan, show_secrets), end="")
             return 0
-        if getattr(launcher, "submits", False):     # the cluster runs it (k8s)
+        if launcher.submits:        # the cluster runs it (k8s)
             return launcher.submit(plan, config)
         return execute(plan, launcher, config, launch_log).exit_code
     finally:
@@ -101,16 +100,28 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
                   if owner else None)       # a submitted job's own fluidctl has its own
     if checkpoint is not None:              # the ranks it starts itself answer requests
         launcher.request_env = checkpoint.rank_env()
-    result = run.run_supervised(
-        lambda attempt: launcher.start(plan, attempt), logs=logs, launch_log=launch_log,
-        options=RunOptions(config.grace_period, config.max_restarts, checkpoint,
-                           getattr(launcher, "request_at", None)), shown=shown,
-        watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config)))
+    from fluidctl.launch.relay import RequestRelay
+    relay = (RequestRelay(checkpoint.layout.checkpoint_request, launcher.relay_checkpoint)
+             if checkpoint is not None else _NoRelay())
+    with relay:         # fluidctl job checkpoint's "save", to the nodes with their own file
+        result = run.run_supervised(
+            lambda attempt: launcher.start(plan, attempt), logs=logs, launch_log=launch_log,
+            options=RunOptions(config.grace_period, config.max_restarts, checkpoint,
+                               launcher.request_at), shown=shown,
+            watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config)))
     if owner:
         _checkpoint_failures(plan, result, launch_log)
     if result.exit_code == REQUEUE_EXIT and result.failure is None:   # ours, not a rank's 75
         mark_requeue(checkpoint.asked if checkpoint else "")
     return result
+
+
+class _NoRelay:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
 
 
 def _checkpoint_failures(plan: Plan, result: RunResult, launch_log: LaunchLog) -> None:

@@ -1,5 +1,5 @@
 """The node agent: the per-node supervisor that the SSH and Fabric backends
-(``fluidctl.backends.ssh``, which also holds the line protocol) start on each remote
+(``fluidctl.backends.ssh``; the line protocol is ``fluidctl.agentproto``) start on each remote
 node as ``python -m fluidctl.node.agent --ports N`` (users never type it; no click, so it
 starts fast).
 
@@ -235,6 +235,13 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
     def checkpoint(name: str) -> None:
         from fluidctl import paths
         from fluidctl.sigs import by_name
+        if name == "save":          # checkpoint and go on: the ranks read the file
+            launch_log(f"checkpoint requested by the launcher: {request} (save and go on)")
+            try:
+                paths.write_atomic(request, f"save launcher {time.time():.3f}\n", 0o644)
+            except OSError as exc:
+                launch_log(f"could not write {request}: {exc}")
+            return
         try:
             sig = by_name(name)
         except ValueError:

@@ -1,5 +1,5 @@
-"""The node half of the rendezvous doctor (``fluidctl.backends.doctor``): the checks a node agent
-runs on its node before any rank starts. Standard library, psutil and fluidctl.net only."""
+"""The node half of the rendezvous doctor (``fluidctl.backends.ssh.doctor``): the checks a node
+agent runs on its node before any rank starts. Standard library, psutil and fluidctl.net only."""
 from __future__ import annotations
 
 import errno

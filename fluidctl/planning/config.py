@@ -11,22 +11,17 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 from fluidctl import envs
+from fluidctl.errors import UsageError
 from fluidctl.sigs import GRACE_PERIOD
-from fluidctl.errors import UsageError, check_range
 from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
 from fluidctl.planning import options as opts
-from fluidctl.planning.elastic import NodeRange
 from fluidctl.planning.hosts import Host, load_hosts
 from fluidctl.planning.plan import JobSpec, Node
-from fluidctl.planning.k8s import K8sOptions
-from fluidctl.planning.slurm import SlurmOptions
 
 TEE_CHOICES = ("rank0", "all", "none")
-HANG_TIMEOUT_MAX = 30 * 86400       # --hang-timeout: above 0, up to 30 days
-HANG_HINT = "give seconds, e.g. --hang-timeout 600, or leave it out"
 
 
 @dataclass(frozen=True)
@@ -58,14 +53,13 @@ class LaunchConfig:
     grace_period: float = GRACE_PERIOD
     max_restarts: int = 0
     checkpoint_signal: str = "TERM"             # forwarded to the ranks on a checkpoint request
-    elastic: Optional[NodeRange] = None         # --nodes MIN:MAX (ssh, fabric); None: fixed
     tee: str = "rank0"
     tee_ranks: Optional[Tuple[int, ...]] = None     # --tee-ranks: echo these trainers only
     hang_timeout: Optional[float] = None            # --hang-timeout seconds (None: off)
     log_tail: int = 20
-    slurm: SlurmOptions = SlurmOptions()        # --backend slurm's own options
-    k8s: K8sOptions = K8sOptions()              # --backend k8s's own options
-    mpirun_args: Tuple[str, ...] = ()           # --mpirun-arg: passed to mpirun as they are
+    # the backend's own options and its meaning of --nodes, parsed by it (its package's
+    # options.py ``configure``): SlurmOptions, K8sOptions, a HostNodes ...; None: none given
+    backend_options: Any = None
     include_bad: bool = False                   # --include-bad: use nodes in the bad-node ledger
 
     @property
@@ -103,17 +97,13 @@ class LaunchConfig:
                      checkpoint_every: Optional[int] = None, mode: str = "collective",
                      pservers: Optional[int] = None, grace_period: float = GRACE_PERIOD,
                      log_dir: str = DEFAULT_LOG_DIR, tee_ranks: Optional[str] = None,
-                     hang_timeout: Optional[float] = None, mpirun_args: Iterable[str] = (),
-                     **settings) -> "LaunchConfig":
+                     hang_timeout: Optional[float] = None, **settings) -> "LaunchConfig":
         """Check the options of ``fluidctl train`` (a UsageError for the first mistake, before
-        anything is started or written) and freeze them; ``settings`` are taken as they are."""
-        check_range("--grace-period", grace_period, 0, 86400, "e.g. --grace-period 10",
-                         unit=" of seconds")
+        anything is started or written) and freeze them; ``settings`` are taken as they are.
+        Each value's type and range were checked where it was parsed (fluidctl/trainargs.py,
+        the one declaration); what is checked here is what one option says about another."""
         if "checkpoint_signal" in settings:
             settings["checkpoint_signal"] = checkpoint_signal(settings["checkpoint_signal"])
-        if "ssh_timeout" in settings:
-            check_range("--ssh-timeout", settings["ssh_timeout"], 0.1, 86400,
-                             "e.g. --ssh-timeout 30", unit=" of seconds")
         script_path = opts.check_script(script)
         user_env = opts.read_env_file(env_file)
         user_env.update(opts.parse_env_pairs(env_pairs))
@@ -131,23 +121,12 @@ class LaunchConfig:
         if pservers and pserver_endpoints:
             raise UsageError("--pservers and --pserver-endpoints both given",
                              "start pservers here (--pservers N) or use running ones, not both")
-        backend = backend or ("ssh" if hostfile or hosts_arg else "local")
-        if hang_timeout is not None:
-            check_range("--hang-timeout", hang_timeout, 0, HANG_TIMEOUT_MAX, HANG_HINT,
-                             above=True, unit=" of seconds")
+        backend = backend or cls.backend
         ranks = parse_ranks(tee_ranks)
         if ranks is not None and settings.get("tee", "rank0") != "rank0":
             raise UsageError(f"--tee {settings['tee']} and --tee-ranks both given",
                              "--tee-ranks echoes only the ranks it names, instead of --tee: "
                              "give one of them")
-        if backend == "mpi" and ranks is not None:
-            raise UsageError("--tee-ranks needs fluidctl's own supervision of every rank "
-                             "(mpirun forwards the remote ranks' output as one stream)",
-                             "use --tee all, or --backend local, ssh, fabric or slurm")
-        mpirun_args = tuple(mpirun_args or ())
-        if mpirun_args and backend != "mpi":
-            raise UsageError(f"--mpirun-arg {mpirun_args[0]} is for --backend mpi",
-                             "add --backend mpi, or drop --mpirun-arg")
         endpoints = split_endpoints(pserver_endpoints)
         token = job_token(token_file)
         hosts = tuple(load_hosts(hostfile, hosts_arg)) if hostfile or hosts_arg else ()
@@ -158,8 +137,7 @@ class LaunchConfig:
                                 if h.strip()),
             pserver_args=tuple(pserver_args(checkpoint_dir, checkpoint_every)),
             token=token, user_env=MappingProxyType(user_env), grace_period=grace_period,
-            log_dir=log_dir, tee_ranks=ranks, hang_timeout=hang_timeout,
-            mpirun_args=mpirun_args, **settings)
+            log_dir=log_dir, tee_ranks=ranks, hang_timeout=hang_timeout, **settings)
 
     def check_tee_ranks(self, trainers: int) -> None:
         """--tee-ranks names ranks the planned job has."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fluidctl.backends import mpi
+from fluidctl.backends.mpi import launcher as mpi
 from fluidctl.planning.hosts import parse_hosts_arg
 from launchutil import ROOT, fluidctl
 
@@ -164,8 +164,8 @@ def test_mpirun_arg_is_passed_and_rank_stderr_stays_on_stderr(tmp_path):
     both = (tmp_path / "mylog" / "workerlog.0").read_text()
     assert "out 0 42" in both and "warning from 0" in both     # the log keeps both streams
     bad = fluidctl("train", "--nproc", 2, "--mpirun-arg=--oversubscribe", script, cwd=tmp_path)
-    assert bad.returncode == 2 and bad.stderr.startswith("error: --mpirun-arg --oversubscribe "
-                                                         "is for --backend mpi"), bad.stderr
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --mpirun-arg is an MPI "
+                                                         "option (add --backend mpi)"), bad.stderr
 
 
 PI_FROM_STDIN = """
@@ -194,7 +194,7 @@ def test_standard_input_reaches_rank_0(tmp_path):
 SPAWN = """
 import sys
 from mpi4py import MPI
-from fluidctl.backends.mpi import local_slots
+from fluidctl.backends.mpi.launcher import local_slots
 if sys.argv[1:] == ["child"]:
     parent = MPI.Comm.Get_parent()
     parent.send(MPI.COMM_WORLD.Get_rank() + 100, dest=0)

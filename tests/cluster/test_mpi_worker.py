@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fluidctl.backends import mpi
+from fluidctl.backends.mpi import launcher as mpi
 from fluidctl.planning.hosts import parse_hosts_arg
 
 MPIRUN = mpi.find_mpirun()

@@ -166,7 +166,7 @@ def test_uneven_nodes_get_their_own_local_size_and_node_rank(tmp_path, sshd_node
 
 # --- OpenMPI -----------------------------------------------------------------------------------
 
-mpi = pytest.importorskip("fluidctl.backends.mpi")
+mpi = pytest.importorskip("fluidctl.backends.mpi.launcher")
 needs_mpi = pytest.mark.usefixtures("openmpi")      # skipped without mpirun, marked mpi
 
 

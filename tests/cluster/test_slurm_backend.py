@@ -304,7 +304,7 @@ def test_bad_input(slurm, tmp_path):
         (slurm.allocate(2, 2), ["--backend", "slurm", "--nproc", 8, "--log-dir",
                                 tmp_path / "cpus", script],
          "8 rank(s) per node need 8 CPU(s), but allocation"),
-        ({}, ["--nodes", 2, script], "are Slurm options"),
+        ({}, ["--nodes", 2, script], "the job runs on this machine alone"),
         # issue 25.5: not ignored inside a CPU-only allocation
         (one, ["--backend", "slurm", "--gpus", 1, script],
          "--gpus 1 but allocation %s has no GPUs" % one["SLURM_JOB_ID"]),

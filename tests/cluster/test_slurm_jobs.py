@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 from fluidctl import paths
-from fluidctl.backends import slurmctl
-from fluidctl.planning.slurm import SlurmOptions
+from fluidctl.backends.slurm import slurmctl
+from fluidctl.backends.slurm.plan import SlurmOptions
 
 from launchutil import wait_for
 

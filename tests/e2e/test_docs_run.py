@@ -18,6 +18,8 @@ BIN = str(Path(sys.executable).parent)     # `fluidctl` and `python3` as a reade
 
 # Python blocks not run here, and why.
 PYTHON_NOT_RUN = {
+    "docs/architecture.md": "the files of a backend package (\"Adding a backend\"), which "
+                            "tests/e2e/test_backend_entry_point.py installs and runs",
     "docs/pserver.md": "a training loop over the user's own `data` and `model`, against "
                        "running pservers (tests/e2e/test_pserver_e2e.py runs the client)",
     "docs/multi-node.md": "MPI's own initialisation, for scripts run under mpirun "

@@ -399,7 +399,7 @@ def test_setup_cfg_pairs_cupy_and_nccl_per_cuda_major():
 # --- 12: each node gets its own interface ---------------------------------------------------
 def test_each_node_gets_its_own_socket_interface():
     from types import SimpleNamespace as NS
-    from fluidctl.backends.ssh import SSHLauncher
+    from fluidctl.backends.ssh.launcher import SSHLauncher
     a = {"lo": [["127.0.0.1", "255.0.0.0"]], "eth0": [["10.0.0.5", "255.255.255.0"]]}
     b = {"lo": [["127.0.0.1", "255.0.0.0"]], "ens5": [["10.0.0.6", "255.255.255.0"]]}
     procs = [NS(node=i, env={}) for i in (0, 0, 1, 1, 2)]

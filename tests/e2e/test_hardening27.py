@@ -220,7 +220,7 @@ def test_27_4_kill_9_of_the_launcher_ends_a_ranks_setsid_child(tmp_path):
                                       "the ranks and their setsid children")
 
 
-@pytest.mark.skipif(not __import__("fluidctl.backends.mpi", fromlist=["available"]).available(),
+@pytest.mark.skipif(not __import__("fluidctl.backends.mpi.launcher", fromlist=["available"]).available(),
                     reason="no Open MPI mpirun")
 def test_27_4_kill_9_of_the_launcher_ends_mpiruns_whole_tree(tmp_path):
     (tmp_path / "rank.py").write_text(SETSID_RANK)

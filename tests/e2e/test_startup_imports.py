@@ -42,8 +42,9 @@ def test_a_clean_local_launch_skips_what_only_failures_need(tmp_path):
 
 
 @pytest.mark.parametrize("module, absent", [
-    ("fluidctl.node.agent", ("fluidctl.backends.ssh", "fluidctl.diagnostics.watch",
-                               "fluidctl.planning.plan", "paramiko", "psutil")),
+    ("fluidctl.node.agent", ("fluidctl.backends.ssh.agent", "fluidctl.backends.ssh.launcher",
+                             "fluidctl.diagnostics.watch", "fluidctl.planning.plan", "paramiko",
+                             "psutil")),
 ])
 def test_the_node_agent_answers_its_probe_light(tmp_path, module, absent):
     mods = imported([], tmp_path, code=f"import {module}")

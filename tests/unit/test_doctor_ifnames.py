@@ -2,7 +2,7 @@
 
 
 def test_node_interface_from_recorded_probes():
-    from fluidctl.backends import doctor
+    from fluidctl.backends.ssh import doctor
     a = {"lo": [["127.0.0.1", "255.0.0.0"]], "eth0": [["10.0.0.5", "255.255.255.0"]]}
     b = {"lo": [["127.0.0.1", "255.0.0.0"]], "ens3": [["10.0.0.6", "255.255.255.0"]]}
     assert doctor.node_interface("10.0.0.5", a) == "eth0"

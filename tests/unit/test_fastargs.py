@@ -6,8 +6,10 @@ import click
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from fluidctl import fastargs
+from fluidctl import fastargs, trainargs
 from fluidctl.cli import _cli
+
+COMMANDS = {**fastargs.COMMANDS, ("train",): trainargs.TRAIN}
 
 
 def click_command(path):
@@ -35,15 +37,15 @@ def click_params(path, argv):
 MINIMAL = {("train",): ["x.py"]}
 
 
-@pytest.mark.parametrize("path", list(fastargs.COMMANDS))
+@pytest.mark.parametrize("path", list(COMMANDS))
 def test_the_table_is_the_click_command_s(path, paths, monkeypatch):
     """Each table and its click command have the same options and no other, each with its
     kind, destination, environment variable, help (where the table declares it: the quick
     commands' click options are built from it) and default."""
-    for option in fastargs.COMMANDS[path].declared:
+    for option in COMMANDS[path].declared:
         if option.envvar:
             monkeypatch.delenv(option.envvar, raising=False)
-    table = fastargs.COMMANDS[path]
+    table = COMMANDS[path]
     command = click_command(path)
     minimal = MINIMAL.get(path, [])
     absent = click_params(path, minimal)        # every value when nothing is given
@@ -111,7 +113,7 @@ def test_the_plain_forms_are_parsed_here_and_as_click_does(paths):
         ["--hosts", "a", "--hosts", "b", "."],
     ]
     for argv in plain:
-        parsed = fastargs.COMMANDS[SYNC].parse(argv)
+        parsed = COMMANDS[SYNC].parse(argv)
         assert parsed is not None, argv
         assert parsed == click_params(SYNC, argv), argv
 
@@ -124,7 +126,7 @@ def test_the_plain_forms_are_parsed_here_and_as_click_does(paths):
 ])
 def test_anything_else_is_left_to_click(paths, argv):
     """Left to click: its help, and its own wording of every mistake."""
-    assert fastargs.COMMANDS[SYNC].parse(argv) is None
+    assert COMMANDS[SYNC].parse(argv) is None
 
 
 WORDS = {
@@ -160,7 +162,7 @@ def test_no_argv_is_read_otherwise_than_click_reads_it(paths, path, data):
     values, click accepts the same argv and gives the same values."""
     argv = data.draw(st.lists(st.sampled_from(WORDS[path]), max_size=9 if path == ("train",)
                               else 7))
-    parsed = fastargs.COMMANDS[path].parse(argv)
+    parsed = COMMANDS[path].parse(argv)
     if parsed is not None:
         assert same(parsed, click_params(path, argv)), argv
 
@@ -170,11 +172,11 @@ def test_shard_data_s_plain_forms_are_parsed_here(paths):
                  ["a.txt", "b.txt", "-n", "2", "-o", "out", "--equalize", "pad", "-q",
                   "--checksum=sha256", "--shuffle", "--seed", "7"],
                  ["--verify", "shards/"]):
-        parsed = fastargs.COMMANDS[("shard-data",)].parse(argv)
+        parsed = COMMANDS[("shard-data",)].parse(argv)
         assert parsed is not None, argv
         assert parsed == click_params(("shard-data",), argv), argv
     for argv in (["-qn", "2"], ["-n4"], ["--by", "bytes"], ["--help"], ["-n", "-2"]):
-        assert fastargs.COMMANDS[("shard-data",)].parse(argv) is None, argv
+        assert COMMANDS[("shard-data",)].parse(argv) is None, argv
 
 
 def test_version_is_printed_as_click_prints_it(capsys):
@@ -200,14 +202,14 @@ def test_train_s_plain_forms_are_parsed_here(paths):
                  ["--hosts", "a:2,b:2", "--backend", "slurm", "--nodes", "2", "--partition",
                   "gpu", "--export", "NCCL_*", "--env", "A=1", "--tee", "all",
                   "--hang-timeout", "600", "--dry-run", "--json", "t.py", "--", "-x"]):
-        parsed = fastargs.COMMANDS[TRAIN].parse(argv)
+        parsed = COMMANDS[TRAIN].parse(argv)
         assert parsed is not None, argv
         assert parsed == click_params(TRAIN, argv), argv
     for argv in ([], ["--help"], ["-h"], ["--nproc", "0", "t.py"], ["--", "t.py"],
                  ["--backend", "nomad", "t.py"], ["--checkpoint-dir", "hosts.txt", "t.py"],
                  ["--log-tail", "-1", "t.py"], ["--sync=yes", "t.py"], ["-"],
                  ["--slurm-arg=--mail-type=END", "t.py"]):       # a value like an option
-        assert fastargs.COMMANDS[TRAIN].parse(argv) is None, argv
+        assert COMMANDS[TRAIN].parse(argv) is None, argv
 
 
 @pytest.mark.parametrize("venv, hang", [("/opt/env", "600"), ("", ""), ("-v", "abc"),
@@ -218,7 +220,7 @@ def test_train_reads_the_environment_as_click_does(paths, monkeypatch, venv, han
     monkeypatch.setenv("FLUIDCTL_VENV", venv)
     monkeypatch.setenv("FLUIDCTL_HANG_TIMEOUT", hang)
     for argv in (["t.py"], ["--venv", "/given", "--hang-timeout", "5", "t.py"]):
-        parsed = fastargs.COMMANDS[TRAIN].parse(argv)
+        parsed = COMMANDS[TRAIN].parse(argv)
         if parsed is not None:
             assert same(parsed, click_params(TRAIN, argv)), argv
         else:

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from fluidctl.errors import UsageError
-from fluidctl.planning.k8s import K8sOptions
+from fluidctl.backends.k8s.plan import K8sOptions
 
 
 @pytest.mark.parametrize("namespace", ["a" * 64, "a" * 80, "-ml", "ml-", "ML", ""])

@@ -234,7 +234,7 @@ def test_job_logs_follow_a_pod_through_a_quiet_spell_until_the_job_ends(
     spell it asks the job's state and opens the stream again, and the lines the server sends
     again are not printed twice (their timestamps order as times, not as strings: .5 < .50001);
     the job's end ends it with the job's exit code."""
-    from fluidctl.k8s import api
+    from fluidctl.backends.k8s import api
     monkeypatch.setattr(api, "QUIET", 0.3)
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli(capsys, "train", "--backend", "k8s", "--kind", "pytorchjob",

@@ -2,7 +2,7 @@
 mpirun names as the first to fail (recorded reports)."""
 import pytest
 
-from fluidctl.backends import mpi
+from fluidctl.backends.mpi import launcher as mpi
 from fluidctl.planning.hosts import parse_hosts_arg
 
 
@@ -62,5 +62,5 @@ def test_master_port_never_repeats_a_rank_endpoint(monkeypatch):
     ("rank 0 ready\n", None),
 ])
 def test_the_rank_mpirun_names_as_the_first_to_fail(report, found):
-    from fluidctl.backends.mpi import first_failed_rank
+    from fluidctl.backends.mpi.launcher import first_failed_rank
     assert first_failed_rank(report) == found

@@ -106,7 +106,7 @@ def test_every_backend_prints_the_same_keys():
 def test_a_launch_command_s_cwd_is_in_the_json_only_when_the_plan_sets_it():
     """The ssh backend sets each node agent's directory (--remote-dir, '{host}' expanded);
     the other backends' records are unchanged."""
-    from fluidctl.backends.ssh import node_dir
+    from fluidctl.backends.ssh.agent import node_dir
     assert node_dir("/scratch/{host}/job", "n2") == "/scratch/n2/job"
     assert LaunchCommand("n1", ["a"]).to_json() == {"host": "n1", "argv": ["a"]}
     assert LaunchCommand("n1", ["a"], cwd="/w/n1").to_json() == {

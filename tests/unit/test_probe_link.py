@@ -1,11 +1,11 @@
-"""probe_link (backends/ssh.py), which tells a frozen node from a cut one once its agent went
+"""probe_link (backends/ssh/diagnostics.py), which tells a frozen node from a cut one once its agent went
 silent, against real sockets on this machine: a listener that never speaks (a frozen node's
 kernel accepts for its stopped sshd), one that sends a banner, and a closed port."""
 import socket
 import threading
 from types import SimpleNamespace
 
-from fluidctl.backends import ssh
+from fluidctl.backends.ssh import diagnostics as ssh
 
 
 def agent_for(port, **target):

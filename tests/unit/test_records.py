@@ -173,7 +173,7 @@ def test_failure_kind_reads_as_its_word():
 def test_a_malformed_agent_record_is_logged_not_raised_in_the_reader():
     from collections import deque
     from fluidctl.agentproto import MARK
-    from fluidctl.backends.ssh import RemoteAgent
+    from fluidctl.backends.ssh.agent import RemoteAgent
     agent = RemoteAgent.__new__(RemoteAgent)          # no connection: only its line parser
     said = []
     agent.host, agent.launch_log, agent.copies = "n1", said.append, {}

@@ -1,5 +1,5 @@
 """scontrol's output parsed from recorded text."""
-from fluidctl.backends import slurmctl
+from fluidctl.backends.slurm import slurmctl
 
 
 def test_scontrol_parsing():

@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from fluidctl.backends import slurm as backend
+from fluidctl.backends.slurm import step as backend
 
 
 # --- pure ------------------------------------------------------------------------------------
@@ -69,7 +69,7 @@ def test_gpus_beyond_the_allocation_s_are_refused_before_srun(gpus, message):
     are what such an allocation has); more, or an id past the last, is one line, since the
     extra ranks would otherwise start and each fail on a device that is not there."""
     from fluidctl.errors import UsageError
-    from fluidctl.planning import slurm as slurmplan
+    from fluidctl.backends.slurm import plan as slurmplan
     alloc = slurmplan.allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[1-2]",
                                  "SLURM_GPUS_ON_NODE": "4"})
     if message is None:

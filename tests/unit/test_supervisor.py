@@ -151,12 +151,12 @@ def test_the_console_says_when_ranks_were_sigkilled_after_the_grace_period():
 
 
 def test_the_default_grace_period_is_30s_as_torchrun_and_kubernetes():
-    from fluidctl import fastargs
+    from fluidctl import trainargs
     from fluidctl.agentproto import NodeShare
     from fluidctl.planning.config import LaunchConfig
     assert RunOptions().grace_period == LaunchConfig.grace_period == 30.0
     assert NodeShare([], "/l", "n1").grace == 30.0
-    assert fastargs.COMMANDS[("train",)].parse(["s.py"])["grace_period"] == 30.0
+    assert trainargs.TRAIN.parse(["s.py"])["grace_period"] == 30.0
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])

@@ -39,7 +39,7 @@ def test_a_server_that_closes_at_once_is_closed_by_remote_host_not_a_timeout(tmp
 
 
 def test_a_refused_probe_is_a_node_up_with_sshd_gone_not_a_partition():
-    from fluidctl.backends import ssh
+    from fluidctl.backends.ssh import diagnostics as ssh
     from fluidctl.diagnostics.classify import lost_node
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
@@ -58,7 +58,7 @@ def test_a_dry_runs_masked_secret_is_refused_by_the_pod_in_one_line(capsys, tmp_
     """`--dry-run` hides the job token; the YAML it prints must not start a job keyed by a
     public string: its pods refuse the placeholder with one line."""
     import yaml
-    from fluidctl.node import pod
+    from fluidctl.backends.k8s import pod
     from launchutil import BEHAVE
     from test_cli_inprocess import run_cli
     monkeypatch.chdir(tmp_path)

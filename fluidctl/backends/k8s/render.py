@@ -7,7 +7,7 @@ What every pod gets:
 - the job token in a Secret ``NAME-token``, read through ``secretKeyRef`` (never in a pod spec);
 - the plan itself, token removed, in a ConfigMap ``NAME-plan`` (``plan.json``: each node's
   processes as ``fluidctl.agentproto.NodeShare`` records, the ones the SSH agents get), mounted
-  at ``/etc/fluidctl``; the container runs ``python3 -m fluidctl.node.pod``, which finds its
+  at ``/etc/fluidctl``; the container runs ``python3 -m fluidctl.backends.k8s.pod``, which finds its
   node from FLUIDCTL_K8S_NODE_BASE + FLUIDCTL_K8S_INDEX (the pod's replica index, from the
   downward API), puts the token back and starts that node's processes with the environment the
   plan gave them: the same PADDLE_* and torch variables every backend gives.
@@ -20,8 +20,8 @@ import json
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl import envs
+from fluidctl.backends.k8s import plan as kplan
 from fluidctl.sigs import GRACE_PERIOD
-from fluidctl.planning import k8s as kplan
 from fluidctl.planning.plan import PSERVER, Plan
 
 PLAN_DIR = "/etc/fluidctl"
@@ -133,7 +133,7 @@ def pod_template(spec: Spec, command: List[str], env: List, *, gpus: int = 0,
 
 
 def pod_command(spec: Spec) -> List[str]:
-    return [spec.python, "-m", "fluidctl.node.pod", f"{PLAN_DIR}/{PLAN_FILE}"]
+    return [spec.python, "-m", "fluidctl.backends.k8s.pod", f"{PLAN_DIR}/{PLAN_FILE}"]
 
 
 def node_env(base: int, index_field: Optional[str]) -> List:

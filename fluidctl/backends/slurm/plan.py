@@ -9,7 +9,7 @@ node and log of each process are what Slurm and the worker will give it.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
@@ -262,3 +262,25 @@ def plan_slurm(job, nodes: Sequence[str], ntasks_per_node: int, pservers: int,
         procs.append(ProcSpec(TRAINER, rank, local, node, nodes[node], "", [], list(rank_argv),
                               dict(env), str(layout.worker(rank))))
     return Plan(job, procs, "", [], list(pserver_eps), "slurm", list(commands))
+
+
+def configure(config, values: dict):
+    """``config`` with its ``SlurmOptions``; the allocation, not a hostfile, gives the nodes."""
+    from fluidctl.planning.elastic import node_count
+    nodes = node_count(values.pop("nodes", None), "slurm")
+    if config.gpus == "all":
+        raise UsageError("--gpus all is not known with --backend slurm",
+                         "give a count per node, e.g. --gpus 4")
+    if values.get("health_gate"):
+        raise UsageError("--health-gate measures the nodes of --hostfile/--hosts over SSH; "
+                         "under Slurm the allocation chooses them",
+                         "drop --health-gate (run fluidctl cluster check --deep on the "
+                         "allocation's nodes), or pass --exclude")
+    options = SlurmOptions(
+        nodes=nodes, partition=values.pop("partition", None), time=values.pop("time_limit", None),
+        account=values.pop("account", None), qos=values.pop("qos", None),
+        constraint=values.pop("constraint", None), exclude=values.pop("exclude", None),
+        slurm_args=tuple(values.pop("slurm_args", None) or ()),
+        detach=bool(values.pop("detach", False)), job_name=values.pop("job_name", None),
+        checkpoint_warning=values.pop("checkpoint_warning", None))
+    return replace(config, backend_options=options)

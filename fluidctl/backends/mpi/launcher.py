@@ -287,7 +287,8 @@ class MPILauncher(BaseLauncher):
         self.argv = command(rank_argv, len(plan.procs), hosts=self.hosts, hostfile=hostfile,
                             env_names=names, ssh_config=config.ssh_config,
                             oversubscribe=True if not self.hosts else None,
-                            extra=user_mpirun_args(config.mpirun_args))
+                            extra=user_mpirun_args(config.backend_options.mpirun_args
+                                                        if config.backend_options else ()))
         self.world = len(plan.procs)
         plan.commands = [planner.LaunchCommand("127.0.0.1", self.argv)]
         return plan

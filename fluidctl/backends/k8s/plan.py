@@ -10,7 +10,7 @@ the pservers are pods of their own (a separate replica set), after the trainer p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional
 
 from fluidctl.errors import UsageError
@@ -91,3 +91,13 @@ def pserver_pods(kind: str, name: str, count: int, namespace: str) -> List[str]:
                          "use --kind paddlejob (pservers as its Master replicas) or --kind "
                          "jobset (a pserver replicated job)")
     return [pod_address(kind, name, PSERVER_SET[kind], i, namespace) for i in range(count)]
+
+
+def configure(config, values: dict):
+    from fluidctl.planning.elastic import node_count
+    nodes = node_count(values.pop("nodes", None), "k8s", "a count of pods")
+    options = K8sOptions(kind=values.pop("kind", None), image=values.pop("image", None),
+                         namespace=values.pop("namespace", None) or "default",
+                         nodes=nodes or 1, name=values.pop("job_name", None),
+                         apply=bool(values.pop("apply", False)))
+    return replace(config, backend_options=options)

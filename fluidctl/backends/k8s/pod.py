@@ -1,5 +1,5 @@
-"""The entry of every pod of a Kubernetes job (``python3 -m fluidctl.node.pod PLAN.json``, the
-container command ``fluidctl.k8s.render`` writes; users never type it).
+"""The entry of every pod of a Kubernetes job (``python3 -m fluidctl.backends.k8s.pod
+PLAN.json``, the container command ``render.py`` writes; users never type it).
 
 The ConfigMap holds the plan: one ``NodeShare`` record per pod (``fluidctl.agentproto``, as the
 SSH agents get theirs), without the token. This pod's node is FLUIDCTL_K8S_NODE_BASE +
@@ -100,7 +100,7 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if len(argv) != 1:
-            raise UsageError("usage: python -m fluidctl.node.pod PLAN.json", NOT_BY_HAND)
+            raise UsageError("usage: python -m fluidctl.backends.k8s.pod PLAN.json", NOT_BY_HAND)
         sys.exit(run_pod(argv[0]))
     except UsageError as exc:
         print(exc.one_line(), file=sys.stderr)

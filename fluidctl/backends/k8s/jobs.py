@@ -1,16 +1,22 @@
-"""``fluidctl job list|status|logs|cancel`` for the Kubernetes jobs fluidctl submitted
-(``KIND/NAME``, e.g. ``pytorchjob/bert``), through the API (``fluidctl.k8s.api``)."""
+"""The k8s backend's job verbs: ``fluidctl job list|status|logs|cancel`` for the Kubernetes
+jobs fluidctl submitted (``KIND/NAME``, e.g. ``pytorchjob/bert``), through the API
+(``fluidctl.backends.k8s.api``)."""
 from __future__ import annotations
 
 import json
 import sys
 
-from fluidctl.k8s import api
+from fluidctl.backends.k8s import api
 
 FAILED = ("Failed",)
 
 
-def list_jobs(namespace, as_json: bool = False) -> None:
+def owns(job_id: str) -> bool:
+    """A KIND/NAME (``api.parse_job_id`` says what is wrong with a bad one)."""
+    return "/" in job_id
+
+
+def list_jobs(as_json: bool = False, namespace=None, **_) -> None:
     rows = api.list_jobs(namespace)
     if as_json:
         print(json.dumps(rows, indent=1), flush=True)
@@ -20,7 +26,7 @@ def list_jobs(namespace, as_json: bool = False) -> None:
                 [(r["job_id"], r["namespace"], r["state"]) for r in rows])
 
 
-def status(job_id: str, namespace: str, as_json: bool = False) -> None:
+def status(job_id: str, as_json: bool = False, namespace: str = "default", **_) -> None:
     """The job's state (its last true condition); exit 1 for a failed job."""
     state = api.status(job_id, namespace)
     if as_json:
@@ -30,9 +36,11 @@ def status(job_id: str, namespace: str, as_json: bool = False) -> None:
     sys.exit(1 if state in FAILED else 0)
 
 
-def logs(job_id: str, namespace: str, pod: int, follow: bool = False) -> None:
-    """Print the ``pod``-th pod's log; ``follow``: as it grows, until the job ends, then exit
+def logs(job_id: str, rank: int = 0, follow: bool = False, namespace: str = "default",
+         **_) -> None:
+    """Print the ``rank``-th pod's log; ``follow``: as it grows, until the job ends, then exit
     0 (Succeeded) or 1 (Failed); Ctrl-C: 130, after saying the job keeps running."""
+    pod = rank
     if not follow:
         sys.stdout.write(api.logs(job_id, namespace, pod))
         return
@@ -51,6 +59,6 @@ def logs(job_id: str, namespace: str, pod: int, follow: bool = False) -> None:
     sys.exit(1 if state in FAILED else 0)
 
 
-def cancel(job_id: str, namespace: str) -> None:
+def cancel(job_id: str, namespace: str = "default", **_) -> None:
     api.cancel(job_id, namespace)
     print(f"cancelled {job_id} in {namespace}")

@@ -23,7 +23,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 from fluidctl import envs, paths
 from fluidctl.errors import REQUEUE_EXIT, FluidctlError, UsageError
-from fluidctl.planning.slurm import SlurmOptions
+from fluidctl.backends.slurm.plan import SlurmOptions
 
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")

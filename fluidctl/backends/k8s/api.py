@@ -10,8 +10,8 @@ import os
 from typing import List, Optional, Sequence, Tuple
 
 from fluidctl.errors import UsageError
-from fluidctl.k8s.render import API, JOB_LABEL, MANAGED
-from fluidctl.planning.k8s import KINDS
+from fluidctl.backends.k8s.render import API, JOB_LABEL, MANAGED
+from fluidctl.backends.k8s.plan import KINDS
 
 TIMEOUT = 30.0              # seconds for each API call
 

@@ -1,10 +1,10 @@
 """``--backend k8s``: the job as a PyTorchJob, MPIJob, PaddleJob or JobSet (docs/kubernetes.md).
 
 ``prepare`` plans as every backend does (``make_plan``, or ``plan_mpi`` for an MPIJob) with one
-node per pod, addressed by the name the operator gives that pod (``fluidctl.planning.k8s``);
-``fluidctl.k8s.render`` turns the plan into the objects. ``--dry-run`` prints them as YAML (and
-``--dry-run --json`` the plan); ``--apply`` submits them through the ``kubernetes`` client
-(``fluidctl.k8s.api``) and returns: the cluster runs the job, ``fluidctl job`` follows it.
+node per pod, addressed by the name the operator gives that pod (``plan.py``); ``render.py``
+turns the plan into the objects. ``--dry-run`` prints them as YAML (and ``--dry-run --json``
+the plan); ``--apply`` submits them through the ``kubernetes`` client (``api.py``) and
+returns: the cluster runs the job, ``fluidctl job`` follows it (``jobs.py``).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import List
 from fluidctl import envs
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.errors import UsageError
-from fluidctl.planning import k8s as kplan
+from fluidctl.backends.k8s import plan as kplan
 
 MPI_HOSTFILE = "/etc/mpi/hostfile"      # where Kubeflow's MPIJob puts the Workers' names
 # what renders each kind: the kubernetes client always, and the kind's own models
@@ -51,6 +51,11 @@ def gpu_count(gpus) -> int:
     return int(gpus)
 
 
+def k8s_options(config) -> "kplan.K8sOptions":
+    """``--backend k8s``'s parsed options (its options.py ``configure``), or none given."""
+    return config.backend_options or kplan.K8sOptions()
+
+
 class K8sLauncher(BaseLauncher):
     name = "k8s"
     dry_run_table = False           # --dry-run prints the YAML alone: pipe it to kubectl
@@ -58,7 +63,7 @@ class K8sLauncher(BaseLauncher):
 
     def prepare(self, config):
         from fluidctl.planning import plan as planner
-        opts = config.k8s
+        opts = k8s_options(config)
         opts.check()
         check_libraries(opts.kind)
         gpus = gpu_count(config.gpus)
@@ -90,7 +95,7 @@ class K8sLauncher(BaseLauncher):
                               max_restarts=config.max_restarts, gpus_per_pod=gpus,
                               workdir=config.remote_dir, grace=config.grace_period)
         if opts.kind == kplan.MPIJOB:
-            from fluidctl.backends import mpi
+            from fluidctl.backends.mpi import launcher as mpi
             rank_argv = mpi.worker_argv(script, config.script_args, python)
             plan = planner.plan_mpi(job, rank_argv, backend=self.name)
             for proc in plan.procs:         # in the pod's working directory, not this one
@@ -102,7 +107,7 @@ class K8sLauncher(BaseLauncher):
             argv = mpi.command(rank_argv, len(plan.procs), hostfile=MPI_HOSTFILE,
                                env_names=sorted(env), mpirun="mpirun", prefix="",
                                as_root=True, oversubscribe=False,   # images run as root
-                               extra=mpi.user_mpirun_args(config.mpirun_args))
+                               extra=[])
             plan.commands = [planner.LaunchCommand(pods[0].split(".")[0] + "-launcher", argv)]
             self.spec_args["mpirun"] = argv
             return plan
@@ -111,26 +116,26 @@ class K8sLauncher(BaseLauncher):
         return planner.make_plan(job, ports, backend=self.name)
 
     def objects(self, plan) -> List[dict]:
-        from fluidctl.k8s import render
+        from fluidctl.backends.k8s import render
         return render.render(render.Spec(**self.spec_args), plan)
 
     def describe(self, plan, show_secrets: bool = False) -> str:
         """The objects as YAML, the token masked unless ``show_secrets``."""
-        from fluidctl.k8s import render
+        from fluidctl.backends.k8s import render
         objects = self.objects(plan)
         return render.to_yaml(objects if show_secrets else render.masked(objects))
 
     def submit(self, plan, config) -> int:
         """--apply: create the objects through the API (a kubeconfig is needed); without
         --apply, say how to get the YAML or submit it."""
-        if not config.k8s.apply:
+        if not k8s_options(config).apply:
             raise UsageError("--backend k8s renders the job for a cluster; it does not run "
                              "it here", "add --dry-run to print the YAML, or --apply to "
                              "submit it with your kubeconfig")
-        from fluidctl.k8s import api
-        created = api.apply(self.objects(plan), config.k8s.namespace)
+        from fluidctl.backends.k8s import api
+        created = api.apply(self.objects(plan), k8s_options(config).namespace)
         kind = self.spec_args["kind"]
-        print(f"submitted {kind} {config.k8s.namespace}/{self.spec_args['name']} "
+        print(f"submitted {kind} {k8s_options(config).namespace}/{self.spec_args['name']} "
               f"({', '.join(created)}); follow it: fluidctl job status "
               f"{kind}/{self.spec_args['name']}", file=sys.stderr, flush=True)
         return 0

@@ -2,7 +2,7 @@
 this machine (records under ``fluidctl.paths.jobs_dir()``).
 
 Works without Slurm's accounting database (sacct): state comes from squeue, scontrol show job
-and the exit-code file the batch script leaves (``fluidctl.backends.slurmctl``).
+and the exit-code file the batch script leaves (``fluidctl.backends.slurm.slurmctl``).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import sys
 import time
 
-from fluidctl.backends import slurmctl
+from fluidctl.backends.slurm import slurmctl
 from fluidctl.errors import UsageError
 from fluidctl.launch import requests
 
@@ -43,7 +43,12 @@ def _console():
     return console()
 
 
-def list_jobs(as_json: bool = False) -> None:
+def owns(job_id: str) -> bool:
+    """A Slurm job id (a KIND/NAME is a Kubernetes job's)."""
+    return "/" not in job_id
+
+
+def list_jobs(as_json: bool = False, **_) -> None:
     """Every recorded job, newest first, with its state now: a table, or JSON."""
     records = slurmctl.list_records()
     found = slurmctl.states(records) if records else {}
@@ -65,7 +70,7 @@ def list_jobs(as_json: bool = False) -> None:
                   row["log_dir"]) for row in rows])
 
 
-def status(job_id: str, as_json: bool = False) -> None:
+def status(job_id: str, as_json: bool = False, **_) -> None:
     """One job's state; exit 1 for a job that failed or was cancelled (also once Slurm has
     forgotten it: fluidctl records how it ended)."""
     record = slurmctl.load_record(job_id)
@@ -100,7 +105,7 @@ def _why(record: slurmctl.JobRecord, st: slurmctl.JobState) -> str:
     of its follower said), from the logs the job left."""
     if not st.failed or st.state == "CANCELLED":
         return ""
-    from fluidctl.backends.slurm import submitted_failure
+    from fluidctl.backends.slurm.launcher import submitted_failure
     failure = submitted_failure(record, st.state, st.exit_code)
     if failure.label.startswith("slurm job"):
         return failure.explanation or failure.detail
@@ -118,7 +123,7 @@ def _why(record: slurmctl.JobRecord, st: slurmctl.JobState) -> str:
     return why + f" (log {failure.log})"
 
 
-def logs(job_id: str, rank: int = 0, batch: bool = False, follow: bool = False) -> None:
+def logs(job_id: str, rank: int = 0, batch: bool = False, follow: bool = False, **_) -> None:
     """Print a rank's log (or the batch script's output); ``follow``: until the job ends, then
     exit with its exit code (130 on Ctrl-C, after saying how to follow it again)."""
     record = slurmctl.load_record(job_id)
@@ -146,7 +151,7 @@ def logs(job_id: str, rank: int = 0, batch: bool = False, follow: bool = False) 
     sys.exit(st.exit_code or 0)
 
 
-def checkpoint(job_id: str, stop: bool = False) -> None:
+def checkpoint(job_id: str, stop: bool = False, **_) -> None:
     """Ask a running job's ranks for a checkpoint (the request file they poll, in the job's
     log dir); with ``stop`` they end after it and the job is requeued."""
     record = slurmctl.load_record(job_id)
@@ -162,7 +167,7 @@ def checkpoint(job_id: str, stop: bool = False) -> None:
           f"{then}; 'fluidctl job status {job_id}' shows the last committed step", flush=True)
 
 
-def cancel(job_id: str) -> None:
+def cancel(job_id: str, **_) -> None:
     """scancel the job, unless it already ended."""
     record = slurmctl.load_record(job_id)
     st = slurmctl.state(record)
