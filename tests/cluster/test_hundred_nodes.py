@@ -67,9 +67,15 @@ def started(logs: Path, attempt: str) -> int:
 
 def test_a_100_node_job_starts_and_finishes(tmp_path, hundred):
     (tmp_path / "job.py").write_text(SCRIPT)
-    res = fluidctl("train", "--hostfile", hundred.hostfile(slots=1), "--ssh-config",
-                   hundred.config, "--ssh-timeout", 240, "job.py", str(tmp_path / "job.py"),
-                   cwd=tmp_path, timeout=600)
+    argv = ("train", "--hostfile", hundred.hostfile(slots=1), "--ssh-config", hundred.config,
+            "--ssh-timeout", 240, "job.py", str(tmp_path / "job.py"))
+    res = fluidctl(*argv, cwd=tmp_path, timeout=600)
+    if res.returncode == 2 and re.search(r"port \S+ \(trainer \d+'s endpoint\) is in use",
+                                         res.stderr):
+        # the rendezvous check found a port that another test's process (a torch store on
+        # 0.0.0.0) took after this job reserved it: nothing was started; as a user would, run
+        # it again (200 ports of one host in a suite that binds wildcard ports beside it)
+        res = fluidctl(*argv, cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "cannot reach the master" not in res.stdout + res.stderr
     assert started(tmp_path / "mylog", "0") == NODES
