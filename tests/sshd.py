@@ -172,6 +172,22 @@ class SSHNodes:
                 continue
         return pids
 
+    def agent_pids(self, alias: str) -> List[int]:
+        """Pids of the fluidctl node agents this node's own sshd started (another test's job on
+        the same loopback address has agents under another sshd)."""
+        try:
+            children = psutil.Process(self.nodes[alias].proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        found = []
+        for child in children:
+            try:
+                if "fluidctl.node.agent" in " ".join(child.cmdline()):
+                    found.append(child.pid)
+            except psutil.NoSuchProcess:
+                pass
+        return found
+
     def stop(self) -> None:
         for node in self.nodes.values():
             try:

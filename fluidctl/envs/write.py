@@ -94,6 +94,19 @@ def refuse_shared_gpus(where: str, devices: Sequence[str], physical: Sequence[st
         seen[gpu] = local
 
 
+def _finish(env: Dict[str, str], threads: int, user_env: Mapping[str, str],
+            token: Optional[str]) -> Dict[str, str]:
+    """What every role's environment ends with: CPU_NUM/OMP_NUM_THREADS unless the user (or
+    this environment) set them, the job token, then the user's own variables over all."""
+    for name in (CPU_NUM, OMP_NUM_THREADS):
+        if name not in user_env and name not in os.environ:
+            env[name] = str(threads)
+    if token:
+        env[JOB_TOKEN] = token
+    env.update(user_env)
+    return env
+
+
 def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: int, nnodes: int,
                    endpoints: Sequence[str], master: str, node_rank: Optional[int] = None,
                    gpus_on_node: Sequence[str] = (),
@@ -141,14 +154,7 @@ def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: i
                                  world_device_list(world_device_ids or [gpus_on_node]))
         if CUDA_DEVICE_ORDER not in os.environ:
             env[CUDA_DEVICE_ORDER] = "PCI_BUS_ID"
-    threads = str(threads_per_process(cores, local_size))
-    for name in (CPU_NUM, OMP_NUM_THREADS):
-        if name not in user_env and name not in os.environ:
-            env[name] = threads
-    if token:
-        env[JOB_TOKEN] = token
-    env.update(user_env)
-    return env
+    return _finish(env, threads_per_process(cores, local_size), user_env, token)
 
 
 def pserver_env(*, role: str, index: int, trainers: int, pserver_endpoints: Sequence[str],
@@ -186,11 +192,4 @@ def pserver_env(*, role: str, index: int, trainers: int, pserver_endpoints: Sequ
     else:
         env[PSERVER_ID] = str(index)
         env[CURRENT_ENDPOINT] = own
-    threads = str(threads_per_process(cores, procs_on_node))
-    for name in (CPU_NUM, OMP_NUM_THREADS):
-        if name not in user_env and name not in os.environ:
-            env[name] = threads
-    if token:
-        env[JOB_TOKEN] = token
-    env.update(user_env)
-    return env
+    return _finish(env, threads_per_process(cores, procs_on_node), user_env, token)

@@ -65,24 +65,6 @@ def test_40_5_sigkilled_ranks_ledger_no_node_and_rerun_on_the_same_nodes(sshd_no
     assert "restart 1: new world of 2 trainer(s) on node1, node2" in said
 
 
-def agent_of(sshd_nodes, alias: str) -> int:
-    """The pid of the node agent under this test's own sshd for ``alias`` (the loopback nodes
-    run their processes on this machine, and another test's job may have an agent on the same
-    address)."""
-    import psutil
-    try:
-        children = psutil.Process(sshd_nodes.nodes[alias].proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return 0
-    for proc in children:
-        try:
-            if "fluidctl.node.agent" in " ".join(proc.cmdline()):
-                return proc.pid
-        except psutil.NoSuchProcess:
-            continue
-    return 0
-
-
 def test_40_12_a_node_lost_on_the_last_allowed_attempt_is_ledgered(sshd_nodes, tmp_path):
     out, state = tmp_path / "out", tmp_path / "state"
     out.mkdir()
@@ -93,8 +75,8 @@ def test_40_12_a_node_lost_on_the_last_allowed_attempt_is_ledgered(sshd_nodes, t
     try:
         wait_for(lambda: proc.poll() is not None or all(
             (out / f"beat.{r}").exists() for r in (0, 1)), 60, "both ranks working")
-        agent = wait_for(lambda: agent_of(sshd_nodes, "node2"), 10, "node2's agent")
-        os.kill(agent, signal.SIGKILL)
+        agent = wait_for(lambda: sshd_nodes.agent_pids("node2"), 10, "node2's agent")
+        os.kill(agent[0], signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

@@ -10,7 +10,6 @@ import re
 import signal
 from pathlib import Path
 
-import psutil
 import pytest
 
 from launchutil import fluidctl, start_fluidctl, wait_for
@@ -40,21 +39,6 @@ def hundred(tmp_path):
     nodes.stop()
 
 
-def agent_pids(nodes, alias):
-    try:
-        children = psutil.Process(nodes.nodes[alias].proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-    found = []
-    for child in children:
-        try:
-            if "fluidctl.node.agent" in " ".join(child.cmdline()):
-                found.append(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return found
-
-
 def started(logs: Path, attempt: str) -> int:
     count = 0
     for log in logs.glob("h*/workerlog.*"):
@@ -80,7 +64,7 @@ def test_a_100_node_job_starts_and_finishes(tmp_path, hundred):
     assert "cannot reach the master" not in res.stdout + res.stderr
     assert started(tmp_path / "mylog", "0") == NODES
     for alias in hundred.aliases:
-        assert agent_pids(hundred, alias) == [], f"an agent outlived the job on {alias}"
+        assert hundred.agent_pids(alias) == [], f"an agent outlived the job on {alias}"
 
 
 @pytest.mark.skip(reason="an elastic 100-node job on one 2-core host misses the 3-s heartbeat "
@@ -98,7 +82,7 @@ def test_a_100_node_job_starts_and_a_lost_node_gives_a_world_of_99(tmp_path, hun
                  "every rank of world 0 to start")
         assert proc.poll() is None, proc.communicate()
         victim = "h57"
-        pids = agent_pids(hundred, victim)
+        pids = hundred.agent_pids(victim)
         assert pids, "no agent on the victim node"
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
@@ -113,4 +97,4 @@ def test_a_100_node_job_starts_and_a_lost_node_gives_a_world_of_99(tmp_path, hun
     assert re.search(r"restart 1: new world of 99 trainer\(s\)", out + err), out[-3000:]
     assert started(logs, "1") == NODES - 1
     for alias in hundred.aliases:
-        assert agent_pids(hundred, alias) == [], f"an agent outlived the job on {alias}"
+        assert hundred.agent_pids(alias) == [], f"an agent outlived the job on {alias}"
