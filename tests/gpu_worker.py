@@ -139,6 +139,34 @@ def thread_stream(ctx):
     result(errors=errors)
 
 
+def stream_order(ctx):
+    """Two collectives on two streams while the first stream is still busy on rank 1: NCCL
+    runs one communicator's kernels in the order they were issued, whatever their streams
+    (enqueue.cc: the launch stream waits on the communicator's deviceStream), so both finish
+    with the right numbers on every rank. (Double only: the busy stream is a gated kernel.)"""
+    import cupy as cp
+    from cupy import _double
+    want = sum(inputs(k, "float32") for k in range(ctx.world_size))
+    gate = threading.Event()
+    with cp.cuda.Device(ctx.device_id):
+        a, b = cp.cuda.Stream(), cp.cuda.Stream()
+        with a:
+            x = cp.asarray(inputs(ctx.rank, "float32"))
+        with b:
+            y = cp.asarray(inputs(ctx.rank, "float32"))
+        if ctx.rank == 1:
+            a._enqueue_async(gate.wait)          # a long kernel still running on stream a
+        with a:
+            ctx.allreduce(x)
+        with b:
+            ctx.allreduce(y)
+        threading.Timer(0.3, gate.set).start()   # the kernel ends later, on its own
+        ctx.synchronize()
+        right = np.array_equal(x.get(stream=a), want) and np.array_equal(y.get(stream=b), want)
+    assert _double is not None
+    result(errors=[] if right else ["cross-stream allreduces gave wrong numbers"])
+
+
 def handshake(ctx):
     import cupy
     comm = ctx.comm.nccl.comm if ctx.comm.nccl is not None else None

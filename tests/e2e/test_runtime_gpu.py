@@ -79,6 +79,15 @@ def test_collectives_from_another_thread_and_inside_a_non_blocking_stream(tmp_pa
     assert [r["errors"] for r in results(res)] == [[], []]
 
 
+def test_collectives_on_two_streams_run_in_the_order_they_were_issued(tmp_path):
+    """NCCL orders one communicator's collectives by issue, across streams: a later call on an
+    idle stream does not overtake an earlier one on a busy stream (were it to, the ranks would
+    wait on different collectives and hang)."""
+    res = gpu_ranks(2, tmp_path, ["stream_order"], extra={"FLUIDCTL_TIMEOUT": "10"}, timeout=60)
+    assert res.ok(), res
+    assert [r["errors"] for r in results(res)] == [[], []]
+
+
 def test_no_host_wait_per_collective(tmp_path):
     """8, 38: a collective is queued on the caller's stream with one completion event that
     the watchdog polls: the host waits for nothing (the old code synced the caller's stream

@@ -313,6 +313,8 @@ class NcclCommunicator:
         self._error = 0
         self._aborted = threading.Event()
         self._io = threading.Lock()
+        self._issued = threading.Event()         # the last call issued has finished
+        self._issued.set()
 
     def __del__(self):
         self.destroy()
@@ -424,11 +426,26 @@ class NcclCommunicator:
         header = struct.pack("!qiqiii", self._seq, _KINDS[kind], send_count, datatype, op, root)
         args = (int(send), int(recv), send_count * size if needs_send else 0, recv_count * size,
                 needs_recv)
-        launch = (s, lambda: self._run(header, *args))
+        launch = (s, self._in_issue_order(lambda: self._run(header, *args)))
         if getattr(_group, "depth", 0):           # inside groupStart/groupEnd: launched at
             _group.pending.append(launch)         # the outermost groupEnd, as NCCL does
         else:
             s._enqueue_async(launch[1])
+
+    def _in_issue_order(self, run):
+        """NCCL runs one communicator's kernels in the order they were issued, whatever the
+        streams (enqueue.cc: the launch stream waits on the communicator's ``deviceStream``,
+        which then waits on it): each call's work first waits for the previous call's."""
+        before, finished = self._issued, threading.Event()
+        self._issued = finished
+
+        def ordered():
+            try:
+                before.wait()
+                run()
+            finally:
+                finished.set()
+        return ordered
 
     def _run(self, header, send, recv, send_bytes, recv_bytes, needs_recv):
         if self._aborted.is_set():
