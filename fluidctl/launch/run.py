@@ -47,8 +47,12 @@ def hang_reporter(lines: List[str], where: Optional[Path]) -> None:
 
 
 def restart_header(attempt: int, max_restarts: int) -> str:
-    return (f"===== fluidctl: restart {attempt} of {max_restarts}, "
-            f"{time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
+    """The line each log gets when the job starts again. ``attempt`` counts world changes
+    (an elastic node rejoining) too, which --max-restarts does not count: past it the line
+    says so, never "restart 2 of 1"."""
+    what = (f"restart {attempt} of {max_restarts}" if attempt <= max_restarts else
+            f"attempt {attempt} (a new world; --max-restarts {max_restarts} counts failures)")
+    return f"===== fluidctl: {what}, {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n"
 
 
 def fresh_logs(paths: Sequence[str]) -> None:

@@ -210,3 +210,13 @@ def test_ends_name_the_failure_and_the_stopped():
     ends = {e.label: describe_end(e) for e in result.ends}
     assert ends == {"trainer 0": "failed: exit code 3",
                     "trainer 1": "still running; stopped by fluidctl (signal SIGTERM)"}
+
+
+def test_a_restart_header_past_max_restarts_says_it_is_a_new_world():
+    """An elastic job's rejoins are attempts that --max-restarts does not count: the log line
+    never reads "restart 2 of 1"."""
+    from fluidctl.launch.run import restart_header
+    assert "restart 1 of 1," in restart_header(1, 1)
+    line = restart_header(2, 1)
+    assert "of 1," not in line
+    assert "attempt 2 (a new world; --max-restarts 1 counts failures)" in line
