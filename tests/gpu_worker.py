@@ -167,6 +167,36 @@ def stream_order(ctx):
     result(errors=[] if right else ["cross-stream allreduces gave wrong numbers"])
 
 
+def graph_capture(ctx):
+    """An allreduce captured in a CUDA graph (stream capture), the graph launched 3 times: the
+    agreement runs once, at capture time; nothing is queried or waited on during the capture
+    (illegal there: it would end it) and each launch really reduces."""
+    import cupy as cp
+    base = inputs(ctx.rank, "float32") / (ctx.rank + 1)
+    world = sum(range(1, ctx.world_size + 1))
+    errors = []
+    with cp.cuda.Device(ctx.device_id):
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            x = cp.asarray(inputs(ctx.rank, "float32"))
+            s.synchronize()
+            s.begin_capture()
+            try:
+                ctx.allreduce(x)
+            finally:
+                g = s.end_capture()
+            for launch in range(3):
+                g.launch(stream=s)
+            ctx.synchronize()
+            s.synchronize()
+            got = x.get(stream=s)
+    want = base * world * ctx.world_size ** 2       # sum, then twice the sum of equal values
+    if not np.array_equal(got, want):
+        errors.append(f"replayed allreduce gave {got.ravel()[:3]}, want {want.ravel()[:3]}")
+    ctx.allreduce(np.ones(2))                        # the job goes on after the graph
+    result(errors=errors)
+
+
 def handshake(ctx):
     import cupy
     comm = ctx.comm.nccl.comm if ctx.comm.nccl is not None else None

@@ -88,6 +88,16 @@ def test_collectives_on_two_streams_run_in_the_order_they_were_issued(tmp_path):
     assert [r["errors"] for r in results(res)] == [[], []]
 
 
+def test_a_collective_captured_in_a_cuda_graph_is_checked_once_and_replayed(tmp_path):
+    """38: under stream capture the checks happen at capture time and no completion event is
+    queued for the watchdog (querying an event recorded in a capture is cudaErrorCapturedEvent);
+    each launch of the graph reduces anew."""
+    res = gpu_ranks(2, tmp_path, ["graph_capture"], extra={"FLUIDCTL_TIMEOUT": "10"},
+                    timeout=60)
+    assert res.ok(), res
+    assert [r["errors"] for r in results(res)] == [[], []]
+
+
 def test_no_host_wait_per_collective(tmp_path):
     """8, 38: a collective is queued on the caller's stream with one completion event that
     the watchdog polls: the host waits for nothing (the old code synced the caller's stream

@@ -25,6 +25,7 @@ GPU of one host ("Duplicate GPU detected", ncclInvalidUsage), unless NCCL >= 2.3
 NCCL_MULTI_RANK_GPU_ENABLE=1. The physical GPU is the CUDA_VISIBLE_DEVICES entry of the
 communicator's device. CUPY_DOUBLE_NCCL_VERSION sets get_version() (default 23203: 2.32.3).
 """
+import functools
 import os
 import platform
 import socket
@@ -275,6 +276,17 @@ def _id_bytes(commId):
     return bytes(out)
 
 
+class _Replay:
+    """An NCCL call recorded by a stream capture: each launch of the graph issues it anew (its
+    own collective number, in issue order with the communicator's other calls)."""
+
+    def __init__(self, issue):
+        self.replay = issue
+
+    def __call__(self):
+        raise AssertionError("a captured NCCL call runs through Graph.launch")
+
+
 _KINDS = {"allReduce": 0, "reduce": 1, "broadcast": 2, "allGather": 3, "reduceScatter": 4}
 
 
@@ -417,6 +429,15 @@ class NcclCommunicator:
         if bad_pointer:
             s._enqueue_async(lambda: _double.fault(700))
             return
+        issue = functools.partial(self._issue, kind, send, recv, send_count, recv_count,
+                                  datatype, op, root, needs_send, needs_recv, size)
+        if s._captured is not None:               # stream capture: issued at each launch
+            s._captured.append(_Replay(issue))
+            return
+        issue(s)
+
+    def _issue(self, kind, send, recv, send_count, recv_count, datatype, op, root, needs_send,
+               needs_recv, size, s):
         if needs_send and send_count:
             _double.used(int(send), s)            # NCCL reads on its stream: ordered?
         s._tick += 1
