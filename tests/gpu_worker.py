@@ -283,12 +283,21 @@ def optimizer(ctx):
               "b": cp.asarray(np.zeros(3, np.float64))}
     opt = rt.DistributedOptimizer(params, optimizer=rt.optim.Momentum(lr=0.1),
                                   strategy=rt.DistributeStrategy(reduce_strategy=strategy))
+    pushed = []                      # completion events queued per step (GPU: the watchdog's)
+    work = ctx.comm.nccl.work if ctx.comm.nccl is not None else None
+    if work is not None:
+        real = work.push
+        work.push = lambda *a: (pushed.append(a[1:]), real(*a))
+    per_step = []
     for step in range(3):
         grads = {"w": cp.asarray(np.full((8, 3), ctx.rank + step, np.float32)),
                  "b": cp.asarray(np.full(3, 2.0 * ctx.rank, np.float64))}
+        before = len(pushed)
         opt.step(grads)
+        per_step.append(len(pushed) - before)
     result(w=host(params["w"]).tolist(), b=host(params["b"]).tolist(),
-           types=[type(p).__module__.split(".")[0] for p in params.values()])
+           types=[type(p).__module__.split(".")[0] for p in params.values()],
+           events_per_step=per_step)
 
 
 def bf16_optimizer(ctx):

@@ -134,6 +134,9 @@ def test_distributed_optimizer_on_cupy_parameters_matches_cpu(strategy, tmp_path
     assert cpu.ok(), cpu
     g, c = results(gpu), results(cpu)
     assert g[0]["types"] == ["cupy", "cupy"] and c[0]["types"] == ["numpy", "numpy"]
+    # two buckets (float32, float64): one NCCL group per step, and for Reduce one more for
+    # the owners' broadcast of the new values
+    assert g[0]["events_per_step"] == [1 if strategy == "AllReduce" else 2] * 3
     for r in range(2):
         np.testing.assert_allclose(g[r]["w"], c[r]["w"], rtol=1e-6)
         np.testing.assert_allclose(g[r]["b"], c[r]["b"], rtol=1e-12)
