@@ -29,19 +29,27 @@ def locate(job: str) -> LogLayout:
             raise UsageError(f"{job} holds no job's logs (no launch.log, events.jsonl or "
                              "failure.json)", "give the --log-dir the job was started with")
         return layout
-    from fluidctl import backends       # as `fluidctl job` finds a job by its id
-    try:
-        owner = backends.owner_of(job)
-    except UsageError:
-        owner = None
+    owner = None
+    if not _path_like(job):
+        from fluidctl import backends       # as `fluidctl job` finds a job by its id
+        try:
+            owner = backends.owner_of(job)
+        except UsageError:
+            pass
     if owner is not None and owner.name == "slurm" and job.isdigit():
         return _slurm(job)
     if owner is not None and owner.name == "k8s":
-        raise UsageError(f"{job} is a Kubernetes job: its logs are in its pods, not in a log "
-                         "dir here", f"use 'fluidctl job logs {job}'")
+        raise UsageError(f"no log dir {job} (and a Kubernetes job KIND/NAME keeps its logs "
+                         "in its pods)", f"give the job's --log-dir, or for a Kubernetes job "
+                         f"use 'fluidctl job logs {job}'")
     raise UsageError(f"no job {job!r}: no such log dir, nor a Slurm job id",
                      "give the job's --log-dir (e.g. mylog) or a Slurm job id from "
                      "'fluidctl job list'")
+
+
+def _path_like(job: str) -> bool:
+    """A path, not a job's name: Kubernetes jobs are KIND/NAME, Slurm's a number."""
+    return job.startswith(("/", ".", "~")) or job.count("/") > 1
 
 
 def _slurm(job_id: str) -> LogLayout:

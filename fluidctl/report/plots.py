@@ -60,6 +60,13 @@ def _clock(facts: Facts):
     return (lambda t: t - start), label
 
 
+def _span(facts: Facts) -> Tuple[float, float]:
+    """Every plot's x range: the job's first to its last thing seen (seconds since start)."""
+    times = [m.time for m in facts.marks] + [r["t"] for r in facts.history]
+    start = facts.start or 0.0
+    return 0.0, max([1.0] + [t - start for t in times]) * 1.02
+
+
 def _attempt_spans(facts: Facts, end: float) -> List[Tuple[int, float, float, str]]:
     """(attempt, began, ended, how it ended) from the attempt/end marks."""
     spans, open_at = [], {}
@@ -95,6 +102,7 @@ def timeline(facts: Facts):
     ax.set_yticks(range(len(names)), names)
     ax.set_ylim(len(names) - 0.5, -0.5)
     ax.set_xlabel(label)
+    ax.set_xlim(*_span(facts))
     ax.set_title("timeline")
     return fig
 
@@ -123,26 +131,30 @@ def step_times(facts: Facts):
     _, label = _clock(facts)
     fig = Figure(figsize=(10, 6), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
-    for ax, column, title in ((top, 1, "time per collective, waiting included (ms)"),
-                              (bottom, 2, "own time per collective: compute and data (ms)")):
+    for ax, column, name, title in (
+            (top, 1, "step", "time per collective, waiting included (ms)"),
+            (bottom, 2, "own", "own time per collective: compute and data (ms)")):
         series = _series(facts, column)
-        _lines(ax, series, _series(facts, 2))
+        _lines(ax, series, _series(facts, 2), name)
         ax.set_ylabel("ms")
         ax.set_title(title)
         for m in facts.marks:
             if m.kind in ("restart", "world", "preempt"):
                 ax.axvline(m.time - (facts.start or 0.0), color="#d62728", lw=0.8, ls="--")
     bottom.set_xlabel(label)
+    bottom.set_xlim(*_span(facts))
     return fig
 
 
-def _lines(ax, series, own) -> None:
+def _lines(ax, series, own, name: str) -> None:
+    """One line per rank (its SVG group's id: NAME-rank-RANK), or, for many ranks, the
+    spread of all and a line for each of the slowest."""
     ranks = sorted(series)
     if len(ranks) <= ALL_LINES:
         for rank in ranks:
             xs, ys = series[rank]
             ax.plot(xs, ys, lw=1, marker="." if len(xs) < 3 else None, label=f"rank {rank}",
-                    gid=f"rank-{rank}")
+                    gid=f"{name}-rank-{rank}")
         if ranks:
             ax.legend(fontsize=7, ncol=max(1, math.ceil(len(ranks) / 12)), loc="upper left")
         return
@@ -158,7 +170,7 @@ def _lines(ax, series, own) -> None:
                     label="ranks p10-p90")
     ax.plot(xs, [p[1] for p in pct], color="#555555", lw=1, label="median")
     for rank in slowest:
-        ax.plot(*series[rank], lw=1, label=f"rank {rank}", gid=f"rank-{rank}")
+        ax.plot(*series[rank], lw=1, label=f"rank {rank}", gid=f"{name}-rank-{rank}")
     ax.legend(fontsize=7, loc="upper left")
 
 
@@ -194,6 +206,7 @@ def heat_map(facts: Facts):
     ticks = list(range(rows.shape[0]))[:: max(1, rows.shape[0] // 16)]
     ax.set_yticks(ticks, [str(ranks[int(t * step)]) for t in ticks])
     ax.set_ylim(rows.shape[0] - 0.5, -0.5)
+    ax.set_xlim(*_span(facts))
     ax.set_ylabel("rank" if step == 1 else f"rank (bands of {step:.0f}, the slowest shown)")
     ax.set_xlabel(label)
     return fig
@@ -219,6 +232,7 @@ def all_figures(facts: Facts) -> List[Tuple[str, str, object]]:
             ("heat-map", "Straggler heat map", heat_map(facts))]
 
 
-def close(figures) -> Optional[None]:
+def close(figures) -> None:
+    """Free the figures' artists (no pyplot: nothing else holds them)."""
     for _, _, fig in figures:
         fig.clear()
