@@ -20,7 +20,7 @@ from launchutil import fluidctl
 
 from fluidctl.telemetry.steptimes import read_history
 
-JOB = str(Path(__file__).parent.parent / "scripts" / "report_job.py")
+JOB = str(Path(__file__).parent.parent / "scripts" / "telemetry_job.py")
 RANKS = 4
 # anything that would make a browser fetch: a URL in src/href/..., in CSS, an import, a script
 FETCHES = re.compile(r"""(?:\b(?:src|href|action|poster|srcset|data)\s*=\s*["']?\s*"""
@@ -47,7 +47,8 @@ def finished_job(tmp_path):
     release = tmp_path / "release"
     argv = [sys.executable, "-m", "fluidctl", "train", "--nproc", str(RANKS),
             "--max-restarts", "1", JOB, str(tmp_path / "ckpt"), str(log / "stragglers.json"),
-            str(release)]
+            "--slow", "2", "--fail", "3", "--again", "--release", str(release),
+            "--min-steps", "40"]
     proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
