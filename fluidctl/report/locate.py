@@ -1,5 +1,6 @@
-"""Which log dir ``fluidctl report JOB`` reads: JOB as ``fluidctl job`` names jobs (a Slurm job
-id submitted from here: its own LOG_DIR/slurm-JOBID), or a log dir path (a local, ssh, fabric
+"""Which log dir ``fluidctl report JOB`` reads: JOB as ``fluidctl job`` names jobs (its
+backend's ``log_dir`` verb: a Slurm job id submitted from here has LOG_DIR/slurm-JOBID), or a
+log dir path (a local, ssh, fabric
 or mpi job's --log-dir, or any directory a launcher wrote)."""
 from __future__ import annotations
 
@@ -29,34 +30,33 @@ def locate(job: str) -> LogLayout:
             raise UsageError(f"{job} holds no job's logs (no launch.log, events.jsonl or "
                              "failure.json)", "give the --log-dir the job was started with")
         return layout
-    owner = None
-    if not _path_like(job):
+    if _job_name(job):
         from fluidctl import backends       # as `fluidctl job` finds a job by its id
         try:
             owner = backends.owner_of(job)
         except UsageError:
-            pass
-    if owner is not None and owner.name == "slurm" and job.isdigit():
-        return _slurm(job)
-    if owner is not None and owner.name == "k8s":
-        raise UsageError(f"no log dir {job} (and a Kubernetes job KIND/NAME keeps its logs "
-                         "in its pods)", f"give the job's --log-dir, or for a Kubernetes job "
-                         f"use 'fluidctl job logs {job}'")
+            owner = None
+        log_dir = getattr(owner.verbs(), "log_dir", None) if owner is not None else None
+        if log_dir is not None:
+            return _of_record(job, LogLayout(Path(log_dir(job))))
+        if owner is not None and "/" in job:
+            raise UsageError(f"no log dir {job}, and fluidctl report cannot read "
+                             f"{owner.title} jobs (their logs are not in a log dir here)",
+                             f"give the job's --log-dir, or use 'fluidctl job logs {job}'")
     raise UsageError(f"no job {job!r}: no such log dir, nor a Slurm job id",
                      "give the job's --log-dir (e.g. mylog) or a Slurm job id from "
                      "'fluidctl job list'")
 
 
-def _path_like(job: str) -> bool:
-    """A path, not a job's name: Kubernetes jobs are KIND/NAME, Slurm's a number."""
-    return job.startswith(("/", ".", "~")) or job.count("/") > 1
+def _job_name(job: str) -> bool:
+    """A job's name (a number, KIND/NAME), not a path: a missing log dir is said as such."""
+    return job.isdigit() or (job.count("/") == 1 and not job.startswith(("/", ".", "~"))
+                             and not job.endswith("/"))
 
 
-def _slurm(job_id: str) -> LogLayout:
-    """A Slurm job fluidctl submitted from here: its run dir, from the job's record."""
-    from fluidctl.backends.slurm import slurmctl
-    layout = slurmctl.load_record(job_id).run_layout
+def _of_record(job_id: str, layout: LogLayout) -> LogLayout:
+    """A submitted job's own log dir, once it has started writing there."""
     if not has_job(layout):
-        raise UsageError(f"Slurm job {job_id} has left no logs yet in {layout.root}",
+        raise UsageError(f"job {job_id} has left no logs yet in {layout.root}",
                          f"wait until it starts ('fluidctl job status {job_id}')")
     return layout
