@@ -30,12 +30,13 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 EVERY = 1.0                 # seconds per record to begin with
 MAX_RECORDS = 1024          # records kept for a small job ...
-MIN_RECORDS = 64            # ... and at least this many for the largest
-NUMBERS = 2_000_000         # rank-records kept at most (ranks x records)
+MIN_RECORDS = 16            # ... and at least this many for the largest
+NUMBERS = 262_144           # rank entries kept (ranks x records; ~22 bytes each) beyond that
 
 
 def capacity(ranks: int) -> int:
-    """Records kept for a job of ``ranks`` ranks: the file stays under ~NUMBERS rank entries."""
+    """Records kept for a job of ``ranks`` ranks: the file holds about NUMBERS rank entries at
+    most (6 MB), more only where MIN_RECORDS needs more (above 16,384 ranks)."""
     return max(MIN_RECORDS, min(MAX_RECORDS, NUMBERS // max(1, ranks)))
 
 

@@ -40,9 +40,11 @@ def _wait_for(condition, timeout: float, what: str, proc=None):
     raise AssertionError(f"no {what} within {timeout}s")
 
 
-@pytest.fixture
-def finished_job(tmp_path):
-    """The job run to its end, with a report made while it ran: (log dir, that report)."""
+@pytest.fixture(scope="module")
+def finished_job(tmp_path_factory):
+    """The job run to its end (once for this module's tests), with a report made while it
+    ran: (log dir, that report, the job's console)."""
+    tmp_path = tmp_path_factory.mktemp("report-job")
     log = tmp_path / "mylog"
     release = tmp_path / "release"
     argv = [sys.executable, "-m", "fluidctl", "train", "--nproc", str(RANKS),
