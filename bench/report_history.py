@@ -42,8 +42,8 @@ def one(ranks: int, hours: float) -> None:
     from fluidctl.report.make import make
     began = time.monotonic()
     page = make(str(where))
-    print(f"  fluidctl report: {time.monotonic() - began:.1f} s, {page.stat().st_size / 1e3:.0f} kB",
-          flush=True)
+    print(f"  fluidctl report: {time.monotonic() - began:.1f} s, "
+          f"{page.stat().st_size / 1e3:.0f} kB", flush=True)
 
 
 def main() -> None:

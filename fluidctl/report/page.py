@@ -56,7 +56,8 @@ def _state(facts: Facts) -> str:
     if facts.running:
         return '<span class="run">running (the report shows the job so far)</span>'
     if facts.exit_code is None:
-        return '<span class="run">no end recorded (still running, or its launcher was killed)</span>'
+        return ('<span class="run">no end recorded (still running, or its launcher was '
+                "killed)</span>")
     cls = "ok" if facts.exit_code == 0 else "bad"
     return f'<span class="{cls}">ended with exit code {facts.exit_code}</span>'
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from fluidctl.errors import UsageError
 from fluidctl.report.facts import Facts
@@ -202,6 +202,7 @@ def heat_map(facts: Facts):
     mesh = ax.pcolormesh(edges, np.arange(rows.shape[0] + 1) - 0.5, rows, cmap=cmap,
                          rasterized=True, shading="flat")
     fig.colorbar(mesh, ax=ax, label="ms")
+    ax.grid(False)
     step = len(ranks) / rows.shape[0]
     ticks = list(range(rows.shape[0]))[:: max(1, rows.shape[0] // 16)]
     ax.set_yticks(ticks, [str(ranks[int(t * step)]) for t in ticks])

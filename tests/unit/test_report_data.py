@@ -192,3 +192,14 @@ def test_a_slurm_job_id_is_found_through_its_record(tmp_path, monkeypatch):
         locate("999")
     with pytest.raises(UsageError, match="cannot read Kubernetes jobs"):
         locate("pytorchjob/bert")
+
+
+def test_without_matplotlib_the_report_says_what_to_install(tmp_path, monkeypatch):
+    import sys
+    from fluidctl.report.make import make
+    layout = _log_dir(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)       # as if not installed
+    with pytest.raises(UsageError, match="needs matplotlib") as raised:
+        make(str(layout.root))
+    assert "fluidctl[report]" in raised.value.one_line()
+    assert not (layout.root / "report.html").exists()
