@@ -17,7 +17,8 @@ for a straggler, short for the ones who wait for it); DATA_MS, its data loader's
 Bounded: at most ``capacity(ranks)`` records (fewer for larger jobs). When full, neighbours are
 merged in pairs (weighted by N) and the interval doubles, so a week-long job keeps its whole
 span at a coarser grain; the file is then rewritten whole (``write_atomic``), else appended.
-The first line is the header ``{"every": SECONDS, "capacity": N}``.
+The first line is the header ``{"every": SECONDS, "capacity": N}``. A job run again in the
+same log dir (a requeued one) goes on with the file, as with ``events.jsonl``.
 
 Standard library only; never raises into the watcher (a write that fails stops the history).
 """
@@ -95,7 +96,13 @@ class StepHistory:
 
     def __init__(self, path: Path, every: float = EVERY, clock=time.time):
         self.path, self.every, self.clock = Path(path), every, clock
-        self.records: List[dict] = []
+        # a job run again in the same log dir (a requeued one) goes on with the history, as
+        # events.jsonl does: its records and the grain they were merged to
+        self.records: List[dict] = read_history(self.path)
+        from fluidctl.telemetry.sink import read_records
+        header = read_records(self.path, lambda r: "every" in r)[:1]
+        if self.records and header and isinstance(header[0]["every"], (int, float)):
+            self.every = max(every, float(header[0]["every"]))
         self.base: Dict[int, object] = {}           # rank -> its Sample at the bucket's start
         self.began: Optional[float] = None
         self.cap = MAX_RECORDS
@@ -129,7 +136,7 @@ class StepHistory:
                 self.records = self._halved(self.records)
                 self.every *= 2
                 self._rewrite()
-            elif len(self.records) == 1:
+            elif len(self.records) == 1 or not self.path.exists():
                 self._rewrite()
             else:
                 with open(self.path, "a", encoding="utf-8") as f:

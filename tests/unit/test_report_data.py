@@ -203,3 +203,15 @@ def test_without_matplotlib_the_report_says_what_to_install(tmp_path, monkeypatc
         make(str(layout.root))
     assert "fluidctl[report]" in raised.value.one_line()
     assert not (layout.root / "report.html").exists()
+
+
+def test_a_job_run_again_in_the_log_dir_goes_on_with_its_history(tmp_path):
+    clock, path = Clock(), tmp_path / "steptimes.jsonl"
+    for run in range(2):                 # a requeued job: a new launcher, the same LOG_DIR
+        history = StepHistory(path, every=1.0, clock=clock)
+        history({0: sums(0, 0, 0)})
+        for i in range(1, 4):
+            clock.now += 1.0
+            history({0: sums(10 * i, 10 * i, 10 * i)})
+    records = read_history(path)
+    assert len(records) == 6 and [r["t"] for r in records] == sorted(r["t"] for r in records)
