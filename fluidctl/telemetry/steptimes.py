@@ -111,6 +111,12 @@ class StepHistory:
     def __call__(self, now: Mapping[int, object]) -> None:
         if self.failed or not now:
             return
+        try:
+            self._take(now)
+        except Exception:       # noqa: BLE001 - the history must never stop the watcher
+            self.failed = True
+
+    def _take(self, now: Mapping[int, object]) -> None:
         when = self.clock()
         if self.began is None:
             self.base, self.began = dict(now), when
@@ -130,19 +136,16 @@ class StepHistory:
             self._keep(record)
 
     def _keep(self, record: dict) -> None:
-        try:
-            self.records.append(record)
-            if len(self.records) > self.cap:
-                self.records = self._halved(self.records)
-                self.every *= 2
-                self._rewrite()
-            elif len(self.records) == 1 or not self.path.exists():
-                self._rewrite()
-            else:
-                with open(self.path, "a", encoding="utf-8") as f:
-                    f.write(_line(record))
-        except OSError:             # the log dir went away: the job goes on without
-            self.failed = True
+        self.records.append(record)
+        if len(self.records) > self.cap:
+            self.records = self._halved(self.records)
+            self.every *= 2
+            self._rewrite()
+        elif len(self.records) == 1 or not self.path.exists():
+            self._rewrite()
+        else:                   # an OSError (the log dir went away) ends the history
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(_line(record))
 
     @staticmethod
     def _halved(records: Sequence[dict]) -> List[dict]:

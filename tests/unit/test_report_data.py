@@ -215,3 +215,18 @@ def test_a_job_run_again_in_the_log_dir_goes_on_with_its_history(tmp_path):
             history({0: sums(10 * i, 10 * i, 10 * i)})
     records = read_history(path)
     assert len(records) == 6 and [r["t"] for r in records] == sorted(r["t"] for r in records)
+
+
+def test_a_history_that_cannot_be_written_stops_quietly(tmp_path):
+    """The straggler watcher calls it: nothing it meets may raise into the watcher."""
+    clock = Clock()
+    history = StepHistory(tmp_path / "gone" / "steptimes.jsonl", clock=clock)
+    history({0: sums(0, 0, 0)})
+    clock.now += 2
+    history({0: sums(10, 10, 10)})
+    assert history.failed
+    odd = StepHistory(tmp_path / "steptimes.jsonl", clock=clock)
+    odd({0: sums(0, 0, 0)})
+    clock.now += 2
+    odd({0: "not a sample"})
+    assert odd.failed
