@@ -230,3 +230,17 @@ def test_a_history_that_cannot_be_written_stops_quietly(tmp_path):
     clock.now += 2
     odd({0: "not a sample"})
     assert odd.failed
+
+
+def test_a_hang_shows_its_verdict_and_its_stack_summary(tmp_path):
+    layout = _log_dir(tmp_path)
+    layout.failure_json.write_text(json.dumps({
+        "exit_code": 1, "first_failure": None, "processes": [],
+        "hang": {"why": "no progress for 30s", "sentence": "rank 1 is dead; the others wait",
+                 "summary": ["rank 0: in allreduce"]}}))
+    where = layout.root / "hang-20260102-100009"
+    where.mkdir()
+    (where / "summary.txt").write_text("hang after 30s\n  rank 0: allreduce (wait.py:12)\n")
+    html = page.render(facts.read(layout), {})
+    assert 'id="hang">hang: rank 1 is dead; the others wait<' in html
+    assert "hang-20260102-100009/summary.txt" in html and "allreduce (wait.py:12)" in html
