@@ -123,6 +123,11 @@ def _why(record: slurmctl.JobRecord, st: slurmctl.JobState) -> str:
     return why + f" (log {failure.log})"
 
 
+def log_dir(job_id: str) -> str:
+    """The job's own log dir (LOG_DIR/slurm-JOBID), for ``fluidctl report``."""
+    return str(slurmctl.load_record(job_id).run_layout.root)
+
+
 def logs(job_id: str, rank: int = 0, batch: bool = False, follow: bool = False, **_) -> None:
     """Print a rank's log (or the batch script's output); ``follow``: until the job ends, then
     exit with its exit code (130 on Ctrl-C, after saying how to follow it again)."""
