@@ -257,6 +257,13 @@ class _Watch:
         let the job end by itself meanwhile: ``settle`` turns that end into the hang it was.
         Never raises (the watchdog thread must not die with a traceback)."""
         from fluidctl.diagnostics import watch as diagnose
+        ranks = [h for h in self.supervisor.handles() if getattr(h, "rank", None) is not None]
+        if ranks and all(h.poll() is not None for h in ranks):
+            # every rank ended by itself before anyone looked (a busy machine ran the
+            # watchdog late): the job is over, not hung; the supervisor reports the ends
+            self.launch_log(f"hang watchdog: {self._why()}, but every rank had already "
+                            "ended: not a hang")
+            return
         self._hung_at.set()
         why = self._why()
         header, first, verdict = "fluidctl: the job hung", [], None

@@ -220,3 +220,38 @@ def test_a_restart_header_past_max_restarts_says_it_is_a_new_world():
     line = restart_header(2, 1)
     assert "of 1," not in line
     assert "attempt 2 (a new world; --max-restarts 1 counts failures)" in line
+
+
+def test_a_hang_found_after_every_rank_ended_is_no_hang(tmp_path):
+    """A busy machine can run the hang watchdog after the ranks finished (no log growth, no
+    collective for the timeout: they were done): no hang report, no abort, the ends stand."""
+    from fluidctl import telemetry
+    from fluidctl.diagnostics.watch import Diagnostics
+    from fluidctl.launch.run import _Watch
+
+    class Ended:
+        def __init__(self, rank):
+            self.rank, self.pid, self.host, self.label = rank, 1, "127.0.0.1", f"trainer {rank}"
+
+        def poll(self):
+            return 0
+
+    class Sup:
+        aborted = None
+
+        def handles(self):
+            return [Ended(0), Ended(1)]
+
+        def abort(self, code, why):
+            self.aborted = (code, why)
+
+    said, hangs = [], []
+    diag = Diagnostics(hang_timeout=1, log_root=tmp_path)
+    try:
+        watch = _Watch(Sup(), diag, [], said.append, lambda *a: hangs.append(a),
+                       telemetry.Sink())
+        watch._hung()
+        assert watch.supervisor.aborted is None and hangs == []
+        assert any("every rank had already ended: not a hang" in s for s in said), said
+    finally:
+        diag.close()
