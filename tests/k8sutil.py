@@ -27,7 +27,9 @@ def render(script: str, kind: str, nodes: int = 2, **settings) -> Tuple[object, 
     """(the plan, the objects) of ``fluidctl train --backend k8s --kind KIND``."""
     opts = K8sOptions(kind=kind, image=settings.pop("image", "registry.example/train:1"),
                       namespace=settings.pop("namespace", "ml"), nodes=nodes,
-                      name=settings.pop("name", None))
+                      name=settings.pop("name", None),
+                      api_version=settings.pop("api_version", None),
+                      restart=settings.pop("restart", "group"))
     config = LaunchConfig(script=script, backend="k8s", backend_options=opts,
                           token=settings.pop("token", "t0ken"), **settings)
     launcher = K8sLauncher()

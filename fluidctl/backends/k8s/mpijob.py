@@ -19,14 +19,10 @@ SSH_DIR = "/root/.ssh"              # the images run as root (mpirun --allow-run
 SSHD = ["/usr/sbin/sshd", "-De"]
 
 
-def mpijob(spec, plan: Plan) -> dict:
-    from fluidctl.backends.k8s import render as r
-    launcher = r.to_dict(r.pod_template(spec, list(spec.mpirun), r.mpi_env(plan),
-                                        plan_volume=False))
-    worker = r.to_dict(r.pod_template(spec, list(SSHD), [], gpus=spec.gpus_per_pod,
-                                      plan_volume=False))
-    return {"apiVersion": kplan.MPI_V2, "kind": "MPIJob",
-            "metadata": r.to_dict(r._meta(spec, spec.name)),
+def mpijob(spec, plan: Plan, meta: dict, launcher: dict, worker: dict) -> dict:
+    """The MPIJob of ``plan``, its Launcher's and Workers' pod templates made by
+    ``render.pod_template`` (mpirun's command; ``SSHD``)."""
+    return {"apiVersion": kplan.MPI_V2, "kind": "MPIJob", "metadata": meta,
             "spec": {"slotsPerWorker": plan.job.nodes[0].nproc,
                      "sshAuthMountPath": SSH_DIR,
                      "mpiImplementation": "OpenMPI",

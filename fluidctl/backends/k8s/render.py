@@ -20,7 +20,7 @@ import json
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl import envs
-from fluidctl.backends.k8s import plan as kplan
+from fluidctl.backends.k8s import mpijob as mpi_v2, plan as kplan, trainjob
 from fluidctl.sigs import GRACE_PERIOD
 from fluidctl.planning.plan import PSERVER, Plan
 
@@ -40,9 +40,8 @@ API = {kplan.PYTORCHJOB: ("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
        kplan.MPIJOB: (kplan.MPI_V2, "MPIJob", "mpijobs"),
        kplan.PADDLEJOB: ("kubeflow.org/v1", "PaddleJob", "paddlejobs"),
        kplan.JOBSET: ("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets"),
-       kplan.TRAINJOB: ("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs")}
-# the other custom resources fluidctl creates: a TrainJob's TrainingRuntime
-RUNTIME = ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime", "trainingruntimes")
+       kplan.TRAINJOB: trainjob.API}
+RUNTIME = trainjob.RUNTIME      # the other custom resource fluidctl creates: a TrainJob's
 
 
 class Spec:
@@ -153,8 +152,7 @@ def render(spec: Spec, plan: Plan) -> List[dict]:
     from fluidctl.backends.k8s import layout
     objects = [to_dict(secret(spec))]
     if spec.kind == kplan.MPIJOB:
-        from fluidctl.backends.k8s import mpijob as v2
-        job = v2.mpijob(spec, plan) if spec.api_version == kplan.MPI_V2 \
+        job = mpijob_v2(spec, plan) if spec.api_version == kplan.MPI_V2 \
             else to_dict(mpijob(spec, plan))
         return refuse_oversized(objects + [job])
     objects.append(to_dict(config_map(spec, plan)))
@@ -163,8 +161,8 @@ def render(spec: Spec, plan: Plan) -> List[dict]:
     if spec.kind == kplan.JOBSET:
         objects.append(jobset(spec, trainers, pservers))
     elif spec.kind == kplan.TRAINJOB:
-        from fluidctl.backends.k8s import trainjob
-        objects += trainjob.objects(spec, jobset_spec(spec, trainers, pservers), trainers)
+        objects += trainjob.objects(spec.name, to_dict(_meta(spec, spec.name)),
+                                    jobset_spec(spec, trainers, pservers), trainers)
     else:
         objects.append(to_dict(kubeflow_job(spec, trainers, pservers)))
     return refuse_oversized(objects)
@@ -246,6 +244,15 @@ def backoff_limit(spec: Spec, pods: int) -> int:
     break; each pod entry then exits) and each pod restarts, so a restart of the job costs
     one per pod."""
     return spec.max_restarts * (pods if spec.restart == kplan.GROUP else 1)
+
+
+def mpijob_v2(spec: Spec, plan: Plan) -> dict:
+    """MPIJob v2beta1 (``mpijob.py``): mpirun in the Launcher, sshd in the Workers."""
+    launcher = pod_template(spec, list(spec.mpirun), mpi_env(plan), plan_volume=False)
+    worker = pod_template(spec, list(mpi_v2.SSHD), [], gpus=spec.gpus_per_pod,
+                          plan_volume=False)
+    return mpi_v2.mpijob(spec, plan, to_dict(_meta(spec, spec.name)), to_dict(launcher),
+                         to_dict(worker))
 
 
 def mpi_env(plan: Plan) -> List:

@@ -18,22 +18,24 @@ from fluidctl.backends.k8s import plan as kplan
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 
 
-def objects(spec, jobset_spec: dict, trainers: int) -> List[dict]:
+API = ("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs")
+RUNTIME = ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime", "trainingruntimes")
+
+
+def objects(name: str, meta: dict, jobset_spec: dict, trainers: int) -> List[dict]:
     """[the TrainingRuntime, the TrainJob], checked through the Trainer API's models."""
     from kubeflow_trainer_api import models as tr
-    from fluidctl.backends.k8s import render as r
     for rjob in jobset_spec["replicatedJobs"]:
         if rjob["name"] == kplan.TRAINER_SET[kplan.TRAINJOB]:
             rjob["template"].setdefault("metadata", {}).setdefault("labels", {})[ANCESTOR] = \
                 "trainer"
-    api_version, kind, _ = r.API[kplan.TRAINJOB]
-    meta = r.to_dict(r._meta(spec, spec.name))
-    runtime = {"apiVersion": r.RUNTIME[0], "kind": r.RUNTIME[1], "metadata": meta,
+    api_version, kind, _ = API
+    runtime = {"apiVersion": RUNTIME[0], "kind": RUNTIME[1], "metadata": meta,
                "spec": {"mlPolicy": {"numNodes": trainers},
                         "template": {"spec": jobset_spec}}}
     job = {"apiVersion": api_version, "kind": kind, "metadata": meta,
            "spec": {"runtimeRef": {"apiGroup": api_version.split("/")[0],
-                                   "kind": r.RUNTIME[1], "name": spec.name},
+                                   "kind": RUNTIME[1], "name": name},
                     "trainer": {"numNodes": trainers}}}
     return [tr.TrainerV1alpha1TrainingRuntime.from_dict(runtime).to_dict(),
             tr.TrainerV1alpha1TrainJob.from_dict(job).to_dict()]
