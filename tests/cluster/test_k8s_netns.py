@@ -32,7 +32,9 @@ def run_pods(objects, nodes, workdir, timeout=90, meanwhile=None, torch_exit=Fal
     """Run the pods to the end; ``meanwhile()`` (the reference run here) runs while they do.
     Returns (the pods' results, what ``meanwhile`` returned)."""
     run = PodRun(objects, nodes, workdir)
-    if objects[-1]["kind"] == "MPIJob":
+    if objects[-1]["apiVersion"] == "kubeflow.org/v2beta1":
+        run.mpi_operator_v2(sys.prefix)
+    elif objects[-1]["kind"] == "MPIJob":
         run.mpi_operator(sys.prefix)
     try:
         run.start()
@@ -81,14 +83,18 @@ def local_weights(tmp_path_factory):
     return dict(np.load(work / "w.npz"))
 
 
-@pytest.mark.parametrize("kind", ["pytorchjob", "paddlejob", "jobset", "mpijob"])
+KINDS = [("pytorchjob", None), ("paddlejob", None), ("jobset", None), ("trainjob", None),
+         ("mpijob", "v2beta1"), ("mpijob", "v1")]
+
+
+@pytest.mark.parametrize("kind,version", KINDS, ids=[k + (f"-{v}" if v else "") for k, v in KINDS])
 def test_runtime_script_gives_the_same_weights_as_fluidctl_train(netns_nodes, tmp_path,
-                                                                  monkeypatch, kind,
+                                                                  monkeypatch, kind, version,
                                                                   local_weights):
     import numpy as np
     nodes = netns_nodes(3 if kind == "mpijob" else 2, sftp=False)
     script = TEMPLATES / "train_nccl2.py"
-    work, objects = rendered(tmp_path, monkeypatch, script, kind, 2,
+    work, objects = rendered(tmp_path, monkeypatch, script, kind, 2, api_version=version,
                              script_args=tuple(RUNTIME_ARGS))
     results, _ = run_pods(objects, nodes, work)
     logs = "".join(out for _, out in results.values())
