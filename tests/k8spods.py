@@ -157,32 +157,79 @@ class PodRun:
     def start(self) -> None:
         self.write_hosts()
         for pod in self.pods:
-            (container,) = pod.template["spec"]["containers"]
-            mounts = self._volumes(pod)
-            argv = []
-            for arg in container["command"]:
-                arg = self.files.get(arg, arg)
-                for path, where in mounts.items():
-                    if arg.startswith(path + "/"):
-                        arg = where + arg[len(path):]
-                argv.append(arg)
-            if argv[0] == "python3":                    # the image's entry: this checkout's
-                argv[0] = sys.executable
-            if argv == ["/usr/sbin/sshd", "-De"] and self.sshd:     # the image's sshd
-                argv = list(self.sshd)
-            env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
-                   "LANG": "C.UTF-8", **container_env(container, self.objects, pod),
-                   **self.extra_env.get(pod.name, {})}
-            log = open(self.workdir / f"{pod.name}.out", "wb")
-            node = self.where[pod.name]
-            # the pod's own hostname (UTS namespace), as the kubelet sets it
-            self.procs[pod.name] = subprocess.Popen(
-                ["ip", "netns", "exec", node.netns, "unshare", "--uts", "--", "sh", "-c",
-                 'hostname "$0" && exec "$@"', pod.name, "env", "-i",
-                 *[f"{k}={v}" for k, v in env.items()], *argv],
-                cwd=container.get("workingDir") or self.workdir, stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            log.close()
+            self.start_pod(pod)
+
+    def start_pod(self, pod: Pod) -> None:
+        """Start (or start again, as a restarted pod) the pod's container; its output is
+        appended to WORKDIR/POD.out."""
+        (container,) = pod.template["spec"]["containers"]
+        mounts = self._volumes(pod)
+        argv = []
+        for arg in container["command"]:
+            arg = self.files.get(arg, arg)
+            for path, where in mounts.items():
+                if arg.startswith(path + "/"):
+                    arg = where + arg[len(path):]
+            argv.append(arg)
+        if argv[0] == "python3":                    # the image's entry: this checkout's
+            argv[0] = sys.executable
+        if argv == ["/usr/sbin/sshd", "-De"] and self.sshd:     # the image's sshd
+            argv = list(self.sshd)
+        env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+               "LANG": "C.UTF-8", **container_env(container, self.objects, pod),
+               **self.extra_env.get(pod.name, {})}
+        log = open(self.workdir / f"{pod.name}.out", "ab")
+        node = self.where[pod.name]
+        # the pod's own hostname (UTS namespace), as the kubelet sets it
+        self.procs[pod.name] = subprocess.Popen(
+            ["ip", "netns", "exec", node.netns, "unshare", "--uts", "--", "sh", "-c",
+             'hostname "$0" && exec "$@"', pod.name, "env", "-i",
+             *[f"{k}={v}" for k, v in env.items()], *argv],
+            cwd=container.get("workingDir") or self.workdir, stdout=log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+
+    def restart_after(self, victim: str, timeout: float = 60) -> str:
+        """What the operator does once pod ``victim`` died, as the rendered policies say:
+        JobSet (a TrainJob's too) with failurePolicy.maxRestarts and Jobs that may not
+        replace a pod (backoffLimit 0) recreates every pod; an MPIJob's Worker is restarted
+        by the kubelet (restartPolicy), and its Launcher, whose mpirun fails with the Worker,
+        by the Launcher's Job (runPolicy.backoffLimit). Returns what restarted: "group"."""
+        job = _as_jobset(self.objects)
+        if job["kind"] == "JobSet":
+            spec = job["spec"]
+            assert spec["failurePolicy"]["maxRestarts"] >= 1, spec["failurePolicy"]
+            assert all(r["template"]["spec"]["backoffLimit"] == 0
+                       for r in spec["replicatedJobs"]), "a Job would replace the pod alone"
+            for pod in self.pods:
+                self.kill_pod(pod.name)
+            for pod in self.pods:
+                self.start_pod(pod)
+            return "group"
+        assert job["kind"] == "MPIJob", job["kind"]
+        sets = job["spec"]["mpiReplicaSpecs"]
+        assert sets["Worker"]["restartPolicy"] in ("OnFailure", "Always")
+        self.start_pod(next(p for p in self.pods if p.name == victim))
+        launcher = next(p for p in self.pods if p.decides)
+        code = self.procs[launcher.name].wait(timeout)
+        assert code != 0 and job["spec"]["runPolicy"]["backoffLimit"] >= 1, code
+        self.start_pod(launcher)
+        return "group"
+
+    def kill_pod(self, name: str) -> None:
+        """The pod dies: SIGKILL to its container and every process under it."""
+        import psutil
+        try:
+            top = psutil.Process(self.procs[name].pid)
+            every = [top, *top.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for proc in every:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.procs[name].wait(10)
 
     def wait(self, timeout: float, grace: float = 10) -> Dict[str, tuple]:
         """Wait for the pods whose success decides the job, then stop the others with SIGTERM
@@ -270,9 +317,7 @@ class PodRun:
             "OPAL_PREFIX": sys_prefix}
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(5)
+        for name in self.procs:
+            self.kill_pod(name)
         for etc in self.etc:
             shutil.rmtree(etc, ignore_errors=True)
