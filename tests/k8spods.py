@@ -206,6 +206,8 @@ class PodRun:
             for pod in self.pods:
                 self.start_pod(pod)
             return "group"
+        if job["kind"] in ("PyTorchJob", "PaddleJob"):
+            return self._kubelet_restarts(job, victim, timeout)
         assert job["kind"] == "MPIJob", job["kind"]
         sets = job["spec"]["mpiReplicaSpecs"]
         assert sets["Worker"]["restartPolicy"] in ("OnFailure", "Always")
@@ -215,6 +217,27 @@ class PodRun:
         assert code != 0 and job["spec"]["runPolicy"]["backoffLimit"] >= 1, code
         self.start_pod(launcher)
         return "group"
+
+    def _kubelet_restarts(self, job: dict, victim: str, timeout: float) -> str:
+        """The training operator: each pod's container restarts in place when it fails
+        (restartPolicy OnFailure), the victim's at once; "group" when every other pod's
+        container failed too (its ranks lost their peer, its pod entry exited), "pod" when
+        only the victim restarted."""
+        key = next(k for k in job["spec"] if k.endswith("ReplicaSpecs"))
+        assert {s["restartPolicy"] for s in job["spec"][key].values()} == {"OnFailure"}
+        self.start_pod(next(p for p in self.pods if p.name == victim))
+        failed = []
+        for pod in self.pods:
+            if pod.name == victim:
+                continue
+            try:
+                code = self.procs[pod.name].wait(timeout)
+            except subprocess.TimeoutExpired:
+                continue
+            if code != 0:
+                failed.append(pod)
+                self.start_pod(pod)
+        return "group" if len(failed) == len(self.pods) - 1 else "pod"
 
     def kill_pod(self, name: str) -> None:
         """The pod dies: SIGKILL to its container and every process under it."""

@@ -52,6 +52,8 @@ LONGEST = (
     "test_a_pod_killed_mid_job_restarts_the_group_which_resumes_from_its_checkpoint[mpijob-v2beta1]",
     "tests/cluster/test_k8s_netns.py::"
     "test_a_pod_killed_mid_job_restarts_the_group_which_resumes_from_its_checkpoint[trainjob-None]",
+    "tests/cluster/test_k8s_netns.py::"
+    "test_a_pod_killed_mid_job_restarts_the_group_which_resumes_from_its_checkpoint[pytorchjob-None]",
     "tests/cluster/test_diagnose_cluster.py::test_hang_under_mpirun_over_two_ssh_nodes",
     "tests/cluster/test_health_gate.py::test_deep_check_names_a_throttled_cpu_and_a_capped_link",
     "tests/cluster/test_slurm_resize.py::test_world_size_4_3_4_across_checkpoint_stops",

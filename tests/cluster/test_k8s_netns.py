@@ -160,11 +160,14 @@ def _saved_step(work, rank: int) -> int:
         return 0
 
 
-@pytest.mark.parametrize("kind,version", [("trainjob", None), ("mpijob", "v2beta1")])
+@pytest.mark.parametrize("kind,version", [("trainjob", None), ("mpijob", "v2beta1"),
+                                          ("pytorchjob", None)])
 def test_a_pod_killed_mid_job_restarts_the_group_which_resumes_from_its_checkpoint(
         netns_nodes, tmp_path, monkeypatch, kind, version):
-    """The whole group restarts (JobSet's failurePolicy; mpirun's Launcher retried) and every
-    rank goes on from the checkpoint: the result is the one of a run without a failure."""
+    """The whole group restarts (JobSet's failurePolicy; mpirun's Launcher retried; under the
+    training operator, every other pod's entry exits when its ranks lose their peer, and the
+    kubelet restarts each) and every rank goes on from the checkpoint: the result is the one of
+    a run without a failure."""
     import time
     nodes = netns_nodes(3 if kind == "mpijob" else 2, sftp=False)
     work, objects = rendered(tmp_path, monkeypatch, SCRIPTS / "k8s_resume.py", kind, 2,
