@@ -15,6 +15,7 @@ import crdschema
 from k8sutil import K8S_VERSION, pod_templates, render, validate
 from launchutil import BEHAVE
 from test_cli_inprocess import run_cli
+from test_k8s_render import FakeAPIServer, api_server  # noqa: F401 (the fixture)
 
 K8S = ["train", "--backend", "k8s", "--image", "img:1", "--dry-run"]
 
@@ -182,3 +183,36 @@ def test_kubernetes_validate_refuses_a_broken_core_object(kind):
     broken = {**obj, "dataz": {}}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def test_apply_status_and_cancel_of_a_trainjob_and_a_v1_mpijob(capsys, tmp_path, monkeypatch,
+                                                              api_server):
+    """--apply creates the TrainingRuntime before the TrainJob and cancel deletes it too; a
+    job read as ``mpijob/NAME`` is found where the cluster serves v1 only (v2beta1: 404)."""
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "--backend", "k8s", "--image", "img:1", "--namespace", "ml", "--apply"]
+    code, _, err = run_cli(capsys, *base, "--kind", "trainjob", BEHAVE)
+    assert code == 0, err
+    assert [s[1] for s in api_server.seen] == [
+        "/api/v1/namespaces/ml/secrets", "/api/v1/namespaces/ml/configmaps",
+        "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainingruntimes",
+        "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs"]
+    code, out, err = run_cli(capsys, "job", "status", "trainjob/behave", "--namespace", "ml")
+    assert (code, out) == (0, "job trainjob/behave in ml: Running\n"), err
+    code, out, err = run_cli(capsys, "job", "cancel", "trainjob/behave", "--namespace", "ml")
+    assert code == 0, err
+    assert [s[1] for s in api_server.seen if s[0] == "DELETE"] == [
+        "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs/behave",
+        "/api/v1/namespaces/ml/secrets/behave-token",
+        "/api/v1/namespaces/ml/configmaps/behave-plan",
+        "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainingruntimes/behave"]
+    api_server.seen.clear()
+    code, _, err = run_cli(capsys, *base, "--kind", "mpijob", "--api-version", "v1",
+                           "--job-name", "pi", BEHAVE)
+    assert code == 0, err
+    assert api_server.seen[-1][1] == "/apis/kubeflow.org/v1/namespaces/ml/mpijobs"
+    code, out, err = run_cli(capsys, "job", "status", "mpijob/pi", "--namespace", "ml")
+    assert (code, out) == (0, "job mpijob/pi in ml: Running\n"), err
+    gets = [s[1] for s in api_server.seen if s[0] == "GET"]
+    assert gets == ["/apis/kubeflow.org/v2beta1/namespaces/ml/mpijobs/pi",
+                    "/apis/kubeflow.org/v1/namespaces/ml/mpijobs/pi"]
