@@ -128,6 +128,7 @@ class PodRun:
         aliases = list(nodes.nodes)
         assert len(aliases) >= len(self.pods), "one namespace node per pod"
         self.where = {pod.name: nodes.node(a) for pod, a in zip(self.pods, aliases)}
+        self.nodes_alias = {pod.name: a for pod, a in zip(self.pods, aliases)}
 
     def write_hosts(self) -> None:
         """Every namespace resolves every pod's names to that pod's address (ip netns exec
@@ -240,16 +241,26 @@ class PodRun:
         return "group" if len(failed) == len(self.pods) - 1 else "pod"
 
     def kill_pod(self, name: str) -> None:
-        """The pod dies: SIGKILL to its container and every process under it."""
+        """The pod dies: SIGKILL to its container and every process it started, also those
+        that left its process tree (a daemon mpirun started over SSH): every process of the
+        pod's network namespace but the namespace node's own sshd and its sessions."""
         import psutil
+        node = self.where[name]
+        keep = set()
+        try:
+            own = psutil.Process(node.proc.pid)
+            keep = {own.pid, *(c.pid for c in own.children(recursive=True))}
+        except (psutil.NoSuchProcess, AttributeError):
+            pass
+        pids = set(self.nodes.pids(self.nodes_alias[name])) - keep
         try:
             top = psutil.Process(self.procs[name].pid)
-            every = [top, *top.children(recursive=True)]
+            pids |= {top.pid, *(c.pid for c in top.children(recursive=True))}
         except psutil.NoSuchProcess:
-            return
-        for proc in every:
+            pass
+        for pid in pids:
             try:
-                proc.kill()
+                psutil.Process(pid).kill()
             except psutil.NoSuchProcess:
                 pass
         self.procs[name].wait(10)

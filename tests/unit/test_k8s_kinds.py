@@ -40,7 +40,8 @@ def test_mpijob_is_v2beta1_with_sshd_workers_unless_v1_is_asked(version, served)
     (worker,) = sets["Worker"]["template"]["spec"]["containers"]
     (launch,) = sets["Launcher"]["template"]["spec"]["containers"]
     assert sets["Worker"]["replicas"] == 3 and job["spec"]["slotsPerWorker"] == 2
-    assert launch["command"][0] == "mpirun" and "/etc/mpi/hostfile" in launch["command"]
+    assert launch["command"][:4] == ["python3", "-m", "fluidctl.backends.k8s.mpilaunch", "mpirun"]
+    assert "/etc/mpi/hostfile" in launch["command"]
     assert worker["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
     if served.endswith("v2beta1"):
         assert worker["command"] == ["/usr/sbin/sshd", "-De"]
@@ -216,3 +217,14 @@ def test_apply_status_and_cancel_of_a_trainjob_and_a_v1_mpijob(capsys, tmp_path,
     gets = [s[1] for s in api_server.seen if s[0] == "GET"]
     assert gets == ["/apis/kubeflow.org/v2beta1/namespaces/ml/mpijobs/pi",
                     "/apis/kubeflow.org/v1/namespaces/ml/mpijobs/pi"]
+
+
+@pytest.mark.parametrize("says,code,expected", [
+    ("PRTE has lost communication with a remote daemon.", 0, 1),   # prterun's false success
+    ("all ranks done", 0, 0), ("rank 1 failed", 3, 3)])
+def test_the_launcher_entry_fails_when_mpirun_lost_a_worker_yet_exited_0(says, code, expected):
+    import io
+    from fluidctl.backends.k8s.mpilaunch import run
+    out = io.BytesIO()
+    assert run(["sh", "-c", f"echo '{says}'; exit {code}"], out) == expected
+    assert out.getvalue().decode().startswith(says + "\n")

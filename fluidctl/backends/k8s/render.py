@@ -215,7 +215,8 @@ def kubeflow_job(spec: Spec, trainers: int, pservers: int):
 
 
 def mpijob(spec: Spec, plan: Plan):
-    """MPIJob ``kubeflow.org/v1`` (``--api-version v1``): the Launcher runs the plan's mpirun (every rank is ``fluidctl worker``, which
+    """MPIJob ``kubeflow.org/v1`` (``--api-version v1``): the Launcher runs the plan's mpirun
+    (``launcher_command``; every rank is ``fluidctl worker``, which
     writes the contract from OMPI_*, as under ``--backend mpi``) over the operator's hostfile;
     the Workers only host the ranks (``sleep infinity`` until mpirun starts them)."""
     from kubeflow.training import models as kf
@@ -224,7 +225,7 @@ def mpijob(spec: Spec, plan: Plan):
     workers = len(plan.job.nodes)
     launcher = kf.KubeflowOrgV1ReplicaSpec(
         replicas=1, restart_policy=_restart(spec),
-        template=pod_template(spec, list(spec.mpirun), launcher_env, plan_volume=False))
+        template=pod_template(spec, launcher_command(spec), launcher_env, plan_volume=False))
     worker = kf.KubeflowOrgV1ReplicaSpec(
         replicas=workers, restart_policy=_restart(spec),
         template=pod_template(spec, ["sleep", "infinity"], [], gpus=spec.gpus_per_pod,
@@ -248,11 +249,16 @@ def backoff_limit(spec: Spec, pods: int) -> int:
 
 def mpijob_v2(spec: Spec, plan: Plan) -> dict:
     """MPIJob v2beta1 (``mpijob.py``): mpirun in the Launcher, sshd in the Workers."""
-    launcher = pod_template(spec, list(spec.mpirun), mpi_env(plan), plan_volume=False)
+    launcher = pod_template(spec, launcher_command(spec), mpi_env(plan), plan_volume=False)
     worker = pod_template(spec, list(mpi_v2.SSHD), [], gpus=spec.gpus_per_pod,
                           plan_volume=False)
     return mpi_v2.mpijob(spec, plan, to_dict(_meta(spec, spec.name)), to_dict(launcher),
                          to_dict(worker))
+
+
+def launcher_command(spec: Spec) -> List[str]:
+    """The plan's mpirun, under the entry that makes its exit status true (``mpilaunch.py``)."""
+    return [spec.python, "-m", "fluidctl.backends.k8s.mpilaunch", *spec.mpirun]
 
 
 def mpi_env(plan: Plan) -> List:
