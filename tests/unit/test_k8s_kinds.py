@@ -228,3 +228,15 @@ def test_the_launcher_entry_fails_when_mpirun_lost_a_worker_yet_exited_0(says, c
     out = io.BytesIO()
     assert run(["sh", "-c", f"echo '{says}'; exit {code}"], out) == expected
     assert out.getvalue().decode().startswith(says + "\n")
+
+
+def test_a_trainjob_in_pserver_mode_has_its_pservers_beside_the_trainer_step():
+    plan, objects = render(BEHAVE, "trainjob", nodes=2, mode="pserver", pservers=2)
+    validate(objects)
+    runtime = objects[2]
+    rjobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert [(r["name"], r["template"]["spec"]["completions"]) for r in rjobs] == [
+        ("node", 2), ("pserver", 2)]
+    assert "metadata" not in rjobs[1]["template"]      # not the Trainer's trainer step
+    assert plan.pserver_endpoints == ["behave-pserver-0-0.behave.ml:6170",
+                                      "behave-pserver-0-1.behave.ml:6170"]
