@@ -162,7 +162,7 @@ def _saved_step(work, rank: int) -> int:
 
 @pytest.mark.parametrize("kind,version", [("trainjob", None), ("mpijob", "v2beta1"),
                                           ("pytorchjob", None)])
-def test_a_pod_killed_mid_job_restarts_the_group_which_resumes_from_its_checkpoint(
+def test_a_killed_pod_restarts_the_group_which_resumes_from_its_checkpoint(
         netns_nodes, tmp_path, monkeypatch, kind, version):
     """The whole group restarts (JobSet's failurePolicy; mpirun's Launcher retried; under the
     training operator, every other pod's entry exits when its ranks lose their peer, and the

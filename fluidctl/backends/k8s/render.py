@@ -149,7 +149,6 @@ def _restart(spec: Spec) -> str:
 def render(spec: Spec, plan: Plan) -> List[dict]:
     """Every object of the job, in the order to create them (Secret, ConfigMap, the job);
     a UsageError when one would pass the API server's limit on an object."""
-    from fluidctl.backends.k8s import layout
     objects = [to_dict(secret(spec))]
     if spec.kind == kplan.MPIJOB:
         job = mpijob_v2(spec, plan) if spec.api_version == kplan.MPI_V2 \
