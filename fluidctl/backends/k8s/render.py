@@ -1,16 +1,18 @@
 """A Plan as Kubernetes objects, built with the ecosystem's own models: the ``kubernetes``
 client's for the core objects (Secret, ConfigMap, pod templates), the Kubeflow training SDK's
-(``kubeflow-training``) for PyTorchJob, MPIJob and PaddleJob, and the Kubeflow Trainer API's
-JobSet models (``kubeflow-trainer-api``, pydantic: checked as they are built) for JobSet.
+(``kubeflow-training``) for PyTorchJob, MPIJob v1 and PaddleJob, and the Kubeflow Trainer API's
+models (``kubeflow-trainer-api``, pydantic: checked as they are built) for JobSet, TrainJob and
+TrainingRuntime (``trainjob.py``); MPIJob v2beta1 (``mpijob.py``) is plain data. Every pod
+template is made by ``pod_template``.
 
 What every pod gets:
 - the job token in a Secret ``NAME-token``, read through ``secretKeyRef`` (never in a pod spec);
-- the plan itself, token removed, in a ConfigMap ``NAME-plan`` (``plan.json``: each node's
-  processes as ``fluidctl.agentproto.NodeShare`` records, the ones the SSH agents get), mounted
-  at ``/etc/fluidctl``; the container runs ``python3 -m fluidctl.backends.k8s.pod``, which finds its
-  node from FLUIDCTL_K8S_NODE_BASE + FLUIDCTL_K8S_INDEX (the pod's replica index, from the
-  downward API), puts the token back and starts that node's processes with the environment the
-  plan gave them: the same PADDLE_* and torch variables every backend gives.
+- the plan's layout, token removed, in a ConfigMap ``NAME-plan`` (``plan.json``, O(nodes):
+  ``layout.py``), mounted at ``/etc/fluidctl``; the container runs ``python3 -m
+  fluidctl.backends.k8s.pod``, which finds its node from FLUIDCTL_K8S_NODE_BASE +
+  FLUIDCTL_K8S_INDEX (the pod's replica index, from the downward API), derives that node's
+  processes from the layout, puts the token back and starts them with the environment the plan
+  gives them: the same PADDLE_* and torch variables every backend gives.
 MPIJob is the exception: mpirun in the Launcher pod starts every rank as ``fluidctl worker``
 (as ``--backend mpi`` does), so its pod gets the plan's one exported environment directly.
 """
@@ -41,7 +43,7 @@ API = {kplan.PYTORCHJOB: ("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
        kplan.PADDLEJOB: ("kubeflow.org/v1", "PaddleJob", "paddlejobs"),
        kplan.JOBSET: ("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets"),
        kplan.TRAINJOB: trainjob.API}
-RUNTIME = trainjob.RUNTIME      # the other custom resource fluidctl creates: a TrainJob's
+RUNTIME = trainjob.RUNTIME      # a TrainJob's TrainingRuntime, also created by fluidctl
 
 
 class Spec:
