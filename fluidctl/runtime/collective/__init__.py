@@ -51,15 +51,16 @@ _NATIVE_OPS = {"sum": 0, "mean": 0, "max": 2, "min": 3}     # the reduction, as 
 class _SmallCall:
     """An allreduce signature on the native path: its metadata record (kept alive here, its
     address handed to C) and the numbers the C code takes."""
-    __slots__ = ("rec", "addr", "code", "op", "mean", "world")
+    __slots__ = ("rec", "addr", "code", "op", "mean", "world", "piece")
 
-    def __init__(self, x, op: str, world: int = 0):
+    def __init__(self, x, op: str, world: int, piece: int):
         self.rec = meta.record(0, "allreduce", op, x.dtype, x.shape)
         self.addr = self.rec.ctypes.data
         self.code = ord(x.dtype.char)
         self.op = _NATIVE_OPS[op]
         self.mean = op == "mean"
         self.world = x.dtype.type(world)
+        self.piece = piece
 
 
 class Communicator:
@@ -231,8 +232,10 @@ class Communicator:
         dt = x.dtype
         ok = (dt.kind in "fiub" and dt.char in _NATIVE_CHARS and dt.isnative
               and op in _NATIVE_OPS and (op != "mean" or dt.kind == "f")
-              and x.nbytes <= self.shm.small_limit(dt.itemsize))
-        call = self._smalls[key] = _SmallCall(x, op, self.world_size) if ok else None
+              and x.nbytes < self.shm.native_limit())
+        call = self._smalls[key] = (_SmallCall(x, op, self.world_size,
+                                               self.shm.piece_bytes(dt.itemsize))
+                                    if ok else None)
         return call
 
     # --- the API ---------------------------------------------------------------------
@@ -245,7 +248,7 @@ class Communicator:
                 call = self._small_call(x, op)
             if call is not None:
                 self._seq = seq = self._seq + 1
-                if small(x, call.addr, seq, call.code, call.op, False):
+                if small(x, call.addr, seq, call.code, call.op, False, call.piece):
                     if call.mean:
                         x /= call.world
                     return x

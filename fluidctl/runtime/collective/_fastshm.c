@@ -197,84 +197,106 @@ static void bounds(int n, int64_t count, int64_t *cut) {
     for (int i = 0; i <= n; i++) cut[i] = i * per < count ? i * per : count;
 }
 
-/* step(group, array, record_address, seq, piece, code, op, zero, stage, slice_ns)
-   -> status * 4 + stage. Stage 0 starts a call; SLOW returns the stage to resume at.
-   FALLBACK (nothing was touched): the array is not a writable contiguous buffer. */
+/* publish piece c's parts for the others (into this rank's ring slot), then count IN */
+static void copy_in(group_t *g, const uint8_t *data, int64_t total, int64_t isz,
+                    int64_t piece, int64_t base, int64_t c, int zero) {
+    int64_t cut[MAX_LOCAL + 1];
+    int64_t size = total - c * piece < piece ? total - c * piece : piece;
+    uint8_t *mine = g->slots + g->index * g->chunk + ((base + c) % RING) * g->room;
+    const uint8_t *part = data + c * piece;
+    bounds(g->n, size / isz, cut);
+    for (int j = 0; j < g->n; j++) {
+        if (j == g->index) continue;
+        int64_t lo = cut[j] * isz, hi = cut[j + 1] * isz;
+        if (zero) memset(mine + lo, 0, hi - lo);
+        else memcpy(mine + lo, part + lo, hi - lo);
+    }
+    post(g, IN, base + c + 1);
+}
+
+/* step(group, array, record_address, seq, base, code, op, zero, resume, slice_ns, piece)
+   -> status | resume << 3. Runs ShmGroup._pipelined: pieces of `piece` bytes, numbered from
+   `base`. `resume` 0 starts a call; after SLOW, pass back the `resume` it returned (piece
+   index * 4 + stage). FALLBACK (nothing was touched): not a writable contiguous buffer. */
 static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "fastshm.step takes 10 arguments");
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "fastshm.step takes 11 arguments");
         return NULL;
     }
     group_t *g = PyCapsule_GetPointer(args[0], "fastshm");
     if (!g) return NULL;
     const int64_t *rec = (const int64_t *)(uintptr_t)PyLong_AsUnsignedLongLong(args[2]);
-    int64_t seq = PyLong_AsLongLong(args[3]), piece = PyLong_AsLongLong(args[4]);
+    int64_t seq = PyLong_AsLongLong(args[3]), base = PyLong_AsLongLong(args[4]);
     long code = PyLong_AsLong(args[5]), op = PyLong_AsLong(args[6]);
     int zero = PyObject_IsTrue(args[7]);
-    long stage = PyLong_AsLong(args[8]);
-    int64_t slice_ns = PyLong_AsLongLong(args[9]);
+    long resume = PyLong_AsLong(args[8]);
+    int64_t slice_ns = PyLong_AsLongLong(args[9]), piece = PyLong_AsLongLong(args[10]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[1], &view, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS) < 0) {
         PyErr_Clear();
-        return PyLong_FromLong(FALLBACK * 4);
+        return PyLong_FromLong(FALLBACK);
     }
     int64_t isz = view.itemsize > 0 ? view.itemsize : 1;
     int64_t total = view.len;
     uint8_t *data = view.buf;
     int n = g->n, me = g->index, rc = 0;
-    if (!supported((char)code) || total > g->room || total % isz) {
+    if (!supported((char)code) || piece > g->room || piece < isz || piece % isz || total % isz) {
         PyBuffer_Release(&view);
-        return PyLong_FromLong(FALLBACK * 4);
+        return PyLong_FromLong(FALLBACK);
     }
-    int64_t cut[MAX_LOCAL + 1];
-    bounds(n, total / isz, cut);
-    for (int i = 0; i <= n; i++) cut[i] *= isz;
-    int64_t at = (piece % RING) * g->room;
-    uint8_t *mine = g->slots + me * g->chunk + at;
-    uint8_t *result = g->slots + n * g->chunk + at;
+    int64_t count = total ? (total + piece - 1) / piece : 1;
+    int64_t c = resume >> 2;
+    int stage = (int)(resume & 3);
     int64_t *table = g->tables + (seq % 2) * g->world * RECORD;
+    int64_t cut[MAX_LOCAL + 1];
     if (stage == 0) {
         int64_t *row = table + g->ranks[me] * RECORD;
         memcpy(row, rec, RECORD * 8);
         row[0] = seq;
-        for (int j = 0; j < n; j++) {
-            if (j == me) continue;
-            if (zero) memset(mine + cut[j], 0, cut[j + 1] - cut[j]);
-            else memcpy(mine + cut[j], data + cut[j], cut[j + 1] - cut[j]);
-        }
-        post(g, IN, piece + 1);
+        copy_in(g, data, total, isz, piece, base, 0, zero);
         stage = 1;
     }
-    if (stage == 1) {
-        if ((rc = wait_for(g, IN, piece + 1, slice_ns))) goto out;
-        const int64_t *first = table + g->ranks[0] * RECORD;
-        for (int j = 1; j < n; j++)
-            if (memcmp(first, table + g->ranks[j] * RECORD, RECORD * 8)) { rc = MISMATCH; goto out; }
-        uint8_t *own = data + cut[me];
-        int64_t len = cut[me + 1] - cut[me], count = len / isz;
-        int empty = zero;
-        for (int j = 0; j < n; j++) {
-            if (j == me) continue;
-            uint8_t *peer = g->slots + j * g->chunk + at + cut[me];
-            if (empty) { memcpy(own, peer, len); empty = 0; }
-            else reduce((char)code, (int)op, own, peer, count);
+    while (c < count) {
+        int64_t gp = base + c, at = (gp % RING) * g->room;
+        uint8_t *part = data + c * piece;
+        int64_t size = total - c * piece < piece ? total - c * piece : piece;
+        bounds(n, size / isz, cut);
+        for (int i = 0; i <= n; i++) cut[i] *= isz;
+        uint8_t *result = g->slots + n * g->chunk + at;
+        if (stage == 1) {
+            if ((rc = wait_for(g, IN, gp + 1, slice_ns))) break;
+            if (c == 0) {
+                const int64_t *first = table + g->ranks[0] * RECORD;
+                for (int j = 1; j < n && !rc; j++)
+                    if (memcmp(first, table + g->ranks[j] * RECORD, RECORD * 8)) rc = MISMATCH;
+                if (rc) break;
+            }
+            uint8_t *own = part + cut[me];
+            int64_t len = cut[me + 1] - cut[me];
+            int empty = zero;
+            for (int j = 0; j < n; j++) {
+                if (j == me) continue;
+                uint8_t *peer = g->slots + j * g->chunk + at + cut[me];
+                if (empty) { memcpy(own, peer, len); empty = 0; }
+                else reduce((char)code, (int)op, own, peer, len / isz);
+            }
+            if (empty) memset(own, 0, len);
+            memcpy(result + cut[me], own, len);
+            post(g, RED, gp + 1);
+            if (c + 1 < count) copy_in(g, data, total, isz, piece, base, c + 1, zero);
+            stage = 2;
         }
-        if (empty) memset(own, 0, len);
-        memcpy(result + cut[me], own, len);
-        post(g, RED, piece + 1);
-        stage = 2;
-    }
-    if (stage == 2) {
-        if ((rc = wait_for(g, RED, piece + 1, slice_ns))) goto out;
+        if ((rc = wait_for(g, RED, gp + 1, slice_ns))) break;
         for (int j = 0; j < n; j++)
-            if (j != me) memcpy(data + cut[j], result + cut[j], cut[j + 1] - cut[j]);
-        post(g, OUT, piece + 1);
-        stage = 0;
+            if (j != me) memcpy(part + cut[j], result + cut[j], cut[j + 1] - cut[j]);
+        post(g, OUT, gp + 1);
+        c++;
+        stage = 1;
     }
-out:
     PyBuffer_Release(&view);
-    return PyLong_FromLong(rc * 4 + stage);
+    if (!rc) return PyLong_FromLong(DONE);
+    return PyLong_FromLong(rc | (long)((c << 2) | stage) << 3);
 }
 
 /* wait(group, word, target, slice_ns) -> 0 | SLOW | ABORTED: the Python path's waiter */

@@ -484,37 +484,43 @@ class ShmGroup:
             first = False
 
     # --- one piece in the native module ------------------------------------------------
-    def small_limit(self, itemsize: int) -> int:
-        """The largest message (bytes) the pipelined path sends as one piece."""
+    def piece_bytes(self, itemsize: int) -> int:
+        """The pipelined path's piece for items of ``itemsize`` bytes."""
         return max(itemsize, min(PIECE * max(1, self.n - 1), self._piece_room)
                    // itemsize * itemsize)
 
-    def small(self, x, rec_addr: int, seq: int, code: int, op: int, zero: bool) -> bool:
-        """The pipelined path for a message of one piece, run by _fastshm.c with the same
-        slots, counters and metadata table. ``rec_addr``: this call's record (its SEQ is
-        ``seq``); ``code``: the dtype's char as a number; ``op``: meta.OPS' index of the
-        reduction. False, with nothing done, when ``x`` is not a writable contiguous array."""
+    def native_limit(self) -> int:
+        """Messages below this many bytes take the pipelined path (native when built)."""
+        return DIRECT_MIN if self._direct is not False else 1 << 62
+
+    def small(self, x, rec_addr: int, seq: int, code: int, op: int, zero: bool,
+              piece: int) -> bool:
+        """The pipelined path run by _fastshm.c with the same slots, counters and metadata
+        table. ``rec_addr``: this call's record (its SEQ is ``seq``); ``code``: the dtype's
+        char as a number; ``op``: meta.OPS' index of the reduction; ``piece``: piece_bytes().
+        False, with nothing done, when ``x`` is not a writable contiguous array."""
         if self.broken:
             raise CollectiveError(f"the communicator is broken by an earlier error: {self.broken}")
         if self._direct is None:
             self._direct = self._probe_direct()
         g = self._piece
-        status = self._step(self._native, x, rec_addr, seq, g, code, op, zero, 0, SLICE_NS)
+        status = self._step(self._native, x, rec_addr, seq, g, code, op, zero, 0, SLICE_NS,
+                            piece)
         if status == 0:
-            self._piece = g + 1
+            self._piece = g + max(1, -(-x.nbytes // piece))
             return True
-        return self._small_slow(x, rec_addr, seq, g, code, op, zero, status)
+        return self._small_slow(x, rec_addr, seq, g, code, op, zero, piece, status)
 
-    def _small_slow(self, x, rec_addr, seq, g, code, op, zero, status) -> bool:
+    def _small_slow(self, x, rec_addr, seq, g, code, op, zero, piece, status) -> bool:
         """A native step that did not finish at once: wait on with the liveness checks,
         explain a metadata mismatch as the Python path does, or hand the call back."""
         start = time.perf_counter()
         while True:
-            outcome, stage = status >> 2, status & 3
+            outcome, resume = status & 7, status >> 3
             if outcome == _fastshm_FALLBACK:
                 return False
             if outcome == shmwait.REACHED:
-                self._piece = g + 1
+                self._piece = g + max(1, -(-x.nbytes // piece))
                 return True
             if outcome == _fastshm_MISMATCH:
                 table = self.tables[seq % 2]
@@ -522,9 +528,10 @@ class ShmGroup:
                 self._ctl[self._mine + RED] = self._ctl[self._mine + OUT] = self._piece = g + 1
                 raise CollectiveError(problem or "the ranks' collective calls differ")
             self._stop_if_aborted()
-            self._check_peers(IN if stage == 1 else RED, g + 1, time.perf_counter() - start)
-            status = self._step(self._native, x, rec_addr, seq, g, code, op, zero, stage,
-                                SLICE_NS)
+            at = g + (resume >> 2) + 1                  # the piece it waits for
+            self._check_peers(IN if resume & 3 == 1 else RED, at, time.perf_counter() - start)
+            status = self._step(self._native, x, rec_addr, seq, g, code, op, zero, resume,
+                                SLICE_NS, piece)
 
     def _bounds(self, count: int) -> List[int]:
         """Element offsets of each local rank's slice, cut at whole cache lines."""
