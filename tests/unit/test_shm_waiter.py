@@ -47,6 +47,34 @@ def test_a_post_wakes_the_sleeper_at_once(pair):
     assert 0.25 < waited < 2.0, waited
 
 
+def voluntary_switches(tid: int) -> int:
+    with open(f"/proc/self/task/{tid}/status") as f:
+        return int(next(line for line in f if line.startswith("voluntary_ctxt_switches"))
+                   .split()[1])
+
+
+def test_a_native_waiter_sleeps_until_the_post(pair):
+    """Asleep on the futex for the whole second, not polling: a couple of voluntary context
+    switches (a waiter that looked again every 20 ms would make about 50)."""
+    a, b = pair
+    if a._native is None:
+        pytest.skip("the ctypes waiter looks again every 2 ms by design")
+    got = {}
+
+    def waiter():
+        tid = threading.get_native_id()
+        before = voluntary_switches(tid)
+        got["status"] = a._waiter.wait(shm.IN, 1, 10.0)
+        got["switches"] = voluntary_switches(tid) - before
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(1.0)               # the waiter has nothing to wait on but the post below
+    b._post(shm.IN, 1)
+    t.join(5)
+    assert got["status"] == shmwait.REACHED
+    assert got["switches"] < 20, got
+
+
 def test_a_wait_returns_at_its_slice_without_a_post(pair):
     a, _ = pair
     began = time.perf_counter()

@@ -9,8 +9,10 @@ time slice their peer needs. Every wait returns at least every ``slice`` seconds
 on an abort, so the caller can check liveness and its deadline.
 
 The native module (_fastshm.c) does this with atomic instructions. Without it (it could not be
-built, or FLUIDCTL_SHM_NATIVE=0) the same protocol runs through ctypes' syscall(SYS_futex);
-plain stores there may, rarely, miss a wake-up, which a short futex timeout bounds.
+built, or FLUIDCTL_SHM_NATIVE=0) the same protocol runs through ctypes' syscall(SYS_futex)
+with plain loads and stores: a poster there always calls FUTEX_WAKE (the kernel then orders
+its doorbell store against any waiter's check, so no sleeper is missed), and a waiter there
+looks again every MISSED_WAKE_BOUND (a poster may not see its SLEEP word in time).
 """
 from __future__ import annotations
 
@@ -68,11 +70,8 @@ class Waiter:
         if self._mod is not None:
             self._mod.post(self.group, word, value)
             return
-        ctl = self.ctl
-        ctl[self.mine + word] = value
-        self.bell[0] = (self.bell[0] + 1) & 0xFFFFFFFF
-        if self._futex is not None and any(ctl[j * self.words + SLEEP] for j in self.others):
-            self._futex(self._addr, _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+        self.ctl[self.mine + word] = value
+        self.ring()
 
     def ring(self) -> None:
         """Wake the peers that sleep (they look at the abort word)."""
@@ -80,7 +79,8 @@ class Waiter:
             self._mod.ring(self.group)
             return
         self.bell[0] = (self.bell[0] + 1) & 0xFFFFFFFF
-        if self._futex is not None:
+        if self._futex is not None:       # always: without atomics, the SLEEP words could be
+            # read before this rank's stores are seen; the syscall orders them (see above)
             self._futex(self._addr, _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
 
     def wait(self, word: int, target: int, slice_: float) -> int:
