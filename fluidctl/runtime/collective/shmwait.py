@@ -27,6 +27,8 @@ from fluidctl import envs
 SLEEP = 8                       # a rank's control-line word: 1 while it sleeps on the doorbell
 REACHED, SLOW, ABORTED = 0, 1, 3     # a wait's outcomes (as _fastshm's)
 MISSED_WAKE_BOUND = 2e-3        # ctypes path: longest sleep before looking again
+PYTHON_SPIN = 100e-6            # ctypes path: a step of the Python protocol takes ~10-30 us, and
+                                # a futex wake-up 150-400 us on a small virtual machine
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "ppc64le": 221, "s390x": 238}
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 
@@ -99,7 +101,7 @@ class Waiter:
 
     def _wait_ctypes(self, word: int, target: int, slice_: float) -> int:
         start = time.perf_counter()
-        end_spin = start + self.spin
+        end_spin = start + (PYTHON_SPIN if self.spin else 0.0)
         while self._reached(word, target) is False:
             if time.perf_counter() > end_spin:
                 break
