@@ -85,7 +85,7 @@ class Communicator:
             self.transport = "ring"
         else:
             self.transport = "single"
-        # one node, the native module built: small allreduces skip the Python path
+        # one node, the native module built: allreduces below DIRECT_MIN skip the Python path
         self._small = shm.small if self.transport == "shm" and shm._native is not None else None
         self._smalls = {}                     # (dtype, shape, op) -> _SmallCall or None
 
@@ -225,7 +225,8 @@ class Communicator:
 
     def _small_call(self, x, op: str):
         """What the native path needs for allreduces like ``x`` with ``op``, or None when
-        they take the Python path (a dtype or op it lacks, a message over one piece)."""
+        they take the Python path (a dtype or op the C code lacks, a message that the direct
+        path moves)."""
         key = (x.dtype, x.shape, op)
         if len(self._smalls) > 256:
             self._smalls.clear()
