@@ -83,6 +83,7 @@ HANG_TIMEOUT = "FLUIDCTL_HANG_TIMEOUT"  # default of fluidctl train --hang-timeo
 PYSPY = "FLUIDCTL_PYSPY"                # py-spy to use for stack dumps; empty: never py-spy
 SHM_DIRECT = "FLUIDCTL_SHM_DIRECT"      # "0": never read peers' memory (process_vm_readv)
 SHM_NATIVE = "FLUIDCTL_SHM_NATIVE"      # "0": same-node collectives in Python, not the native module
+PURE_WHEEL = "FLUIDCTL_PURE_WHEEL"      # "1" while building: no native module (setup.py)
 WORKER_ECHO = "FLUIDCTL_WORKER_ECHO"    # "0": fluidctl worker writes its log only, not stdout
 HANDSHAKE_TIMEOUT = "FLUIDCTL_HANDSHAKE_TIMEOUT"  # seconds a new peer has to authenticate (10)
 DROP_LOG_INTERVAL = "FLUIDCTL_DROP_LOG_INTERVAL"  # seconds per summary of dropped peers (10)
