@@ -16,6 +16,7 @@ from typing import List, Tuple
 import kubernetes_validate
 
 from fluidctl.backends.k8s.launcher import K8sLauncher
+from fluidctl.backends.k8s.podspec import pod_templates  # noqa: F401 (the tests' too)
 from fluidctl.planning.config import LaunchConfig
 from fluidctl.backends.k8s.plan import K8sOptions
 
@@ -32,20 +33,6 @@ def render(script: str, kind: str, nodes: int = 2, **settings) -> Tuple[object, 
     launcher = K8sLauncher()
     plan = launcher.prepare(config)
     return plan, launcher.objects(plan)
-
-
-def pod_templates(obj, found=None) -> List[dict]:
-    """Every pod template in an object (a dict holding ``spec.containers``)."""
-    found = [] if found is None else found
-    if isinstance(obj, dict):
-        if isinstance(obj.get("spec"), dict) and "containers" in obj["spec"]:
-            found.append(obj)
-        for value in obj.values():
-            pod_templates(value, found)
-    elif isinstance(obj, list):
-        for value in obj:
-            pod_templates(value, found)
-    return found
 
 
 def _round_trip_kubeflow(obj: dict) -> dict:

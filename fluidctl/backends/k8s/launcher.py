@@ -90,6 +90,8 @@ class K8sLauncher(BaseLauncher):
         job.python = python
         job.cores = nproc       # the pods' cores are unknown here: one thread per process
                                 # (CPU_NUM, OMP_NUM_THREADS) unless --env sets them
+        from fluidctl.backends.k8s import podspec
+        self.pod = opts.pod or podspec.parse({}, config, **kplan.pod_kind(opts.kind))
         self.spec_args = dict(kind=opts.kind, name=name, namespace=opts.namespace,
                               image=opts.image, python=python, token=config.token,
                               max_restarts=config.max_restarts, gpus_per_pod=gpus,
@@ -116,8 +118,8 @@ class K8sLauncher(BaseLauncher):
         return planner.make_plan(job, ports, backend=self.name)
 
     def objects(self, plan) -> List[dict]:
-        from fluidctl.backends.k8s import render
-        return render.render(render.Spec(**self.spec_args), plan)
+        from fluidctl.backends.k8s import podspec, render
+        return podspec.apply(render.render(render.Spec(**self.spec_args), plan), self.pod)
 
     def describe(self, plan, show_secrets: bool = False) -> str:
         """The objects as YAML, the token masked unless ``show_secrets``."""

@@ -11,9 +11,12 @@ the pservers are pods of their own (a separate replica set), after the trainer p
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from fluidctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from fluidctl.backends.k8s.podspec import PodOptions
 
 PYTORCHJOB, MPIJOB, PADDLEJOB, JOBSET = "pytorchjob", "mpijob", "paddlejob", "jobset"
 KINDS = (PYTORCHJOB, MPIJOB, PADDLEJOB, JOBSET)
@@ -33,6 +36,7 @@ class K8sOptions:
     nodes: int = 1                      # pods that run trainers
     name: Optional[str] = None          # --job-name
     apply: bool = False
+    pod: Optional["PodOptions"] = None  # the pod and job fields (podspec.py)
 
     def check(self) -> None:
         import re
@@ -93,11 +97,19 @@ def pserver_pods(kind: str, name: str, count: int, namespace: str) -> List[str]:
     return [pod_address(kind, name, PSERVER_SET[kind], i, namespace) for i in range(count)]
 
 
+def pod_kind(kind: Optional[str]) -> dict:
+    """What the pod options need to know of the kind (podspec.parse)."""
+    return {"gang": kind != JOBSET, "supervised": kind != MPIJOB}
+
+
 def configure(config, values: dict):
     from fluidctl.planning.elastic import node_count
+    from fluidctl.backends.k8s import podspec
     nodes = node_count(values.pop("nodes", None), "k8s", "a count of pods")
-    options = K8sOptions(kind=values.pop("kind", None), image=values.pop("image", None),
+    kind = values.pop("kind", None)
+    options = K8sOptions(kind=kind, image=values.pop("image", None),
                          namespace=values.pop("namespace", None) or "default",
                          nodes=nodes or 1, name=values.pop("job_name", None),
-                         apply=bool(values.pop("apply", False)))
+                         apply=bool(values.pop("apply", False)),
+                         pod=podspec.parse(values, config, **pod_kind(kind)))
     return replace(config, backend_options=options)
