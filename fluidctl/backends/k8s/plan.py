@@ -97,6 +97,25 @@ def pserver_pods(kind: str, name: str, count: int, namespace: str) -> List[str]:
     return [pod_address(kind, name, PSERVER_SET[kind], i, namespace) for i in range(count)]
 
 
+def refuse_unsupervised(config) -> None:
+    """What the console of ``fluidctl train`` means has no counterpart in a pod: each pod's
+    log (``kubectl logs``, ``fluidctl job logs --rank N``) is all of its processes' output,
+    prefixed, and its failure report shows 20 lines."""
+    from fluidctl.planning.config import LaunchConfig
+    where = "each pod's log holds all of its processes' output (fluidctl job logs --rank N)"
+    if config.tee == "none" or config.tee_ranks is not None:
+        flag = "--tee none" if config.tee == "none" else "--tee-ranks"
+        raise UsageError(f"{flag} chooses what fluidctl echoes here, and {where}",
+                         f"drop {flag}")
+    if config.log_tail != LaunchConfig.log_tail:
+        raise UsageError("--log-tail sizes the failure report printed here, and a pod's "
+                         "report is in its log (its last 20 lines)", "drop --log-tail")
+    if config.pserver_hosts:
+        raise UsageError("--pserver-hosts names hosts, and the pservers of a Kubernetes job "
+                         "are pods of their own", "drop --pserver-hosts; --pservers N sets "
+                         "how many")
+
+
 def pod_kind(kind: Optional[str]) -> dict:
     """What the pod options need to know of the kind (podspec.parse)."""
     return {"gang": kind != JOBSET, "supervised": kind != MPIJOB}
@@ -105,7 +124,11 @@ def pod_kind(kind: Optional[str]) -> dict:
 def configure(config, values: dict):
     from fluidctl.planning.elastic import node_count
     from fluidctl.backends.k8s import podspec
+    from fluidctl.planning.nodeopts import refuse_without_nodes
     nodes = node_count(values.pop("nodes", None), "k8s", "a count of pods")
+    refuse_without_nodes(config, bool(values.get("include_bad")), "Kubernetes places the pods",
+                         keep=("--remote-dir",))       # the containers' workingDir
+    refuse_unsupervised(config)
     kind = values.pop("kind", None)
     options = K8sOptions(kind=kind, image=values.pop("image", None),
                          namespace=values.pop("namespace", None) or "default",
