@@ -1,260 +1,30 @@
 """Every option of ``fluidctl train`` (trainargs.py declares them all, the backends' own
-included) against every backend that plans here without a cluster: each is honoured, seen in
-what the backend makes of it, or refused in one line with exit 2. Nothing is silently dropped
-(issue 42).
-
-Where it is seen:
-- ``plan``: the ``--dry-run --json`` plan (local, mpi), or the rendered objects (k8s);
-- ``run``: what the supervision of a job run from here is given (the RunOptions, the echoed
-  logs, the diagnostics): the job is planned and its logs made ready for real, and
-  ``run_supervised`` is recorded instead of starting processes.
-
-ssh and fabric plan from their nodes' agents, and slurm from sbatch: their walk is
-tests/cluster/test_every_option_nodes.py (real sshd nodes) and tests/cluster/test_slurm_*.
-"""
-import json
-import os
-from types import SimpleNamespace
-
+included) against the backends that plan without a cluster (local, mpi, k8s): each is honoured,
+seen in what the backend makes of it, or refused in one line with exit 2; nothing is silently
+dropped (issue 42). The table and the walk: tests/optionwalk.py; ssh and fabric:
+tests/cluster/test_every_option_nodes.py. Slurm is not walked: its plan needs sbatch (a
+controller), and most options go on to the batch script's own fluidctl."""
 import pytest
-import yaml
 
-from fluidctl import trainargs
-from launchutil import BEHAVE
-from test_cli_inprocess import run_cli
-
-HOSTS = ["--hosts", "127.0.0.1,127.0.0.2"]
-BACKENDS = {
-    "local": ["--backend", "local", "--nproc", 2],
-    "mpi": ["--backend", "mpi", *HOSTS, "--nproc", 2],
-    "k8s": ["--backend", "k8s", "--kind", "paddlejob", "--image", "img:1", "--nodes", 2,
-            "--nproc", 2],
-}
-SEEN_BY_THE_WALK = ("--dry-run", "--json", "--backend")     # how the walk itself runs
-
-
-def refused(*words):
-    return ("refused", words)
-
-
-def procs(obs):
-    """Every process's record: the plan's, or the k8s pods' (the ConfigMap's plan)."""
-    if obs.plan is not None:
-        return obs.plan["procs"]
-    maps = [o for o in obs.objects if o["kind"] == "ConfigMap"]
-    return [p for m in maps for n in json.loads(m["data"]["plan.json"])["nodes"]
-            for p in n["procs"]]
-
-
-def envs_of(obs):
-    return [p["env"] for p in procs(obs)]
-
-
-def argvs(obs):
-    return [p["argv"] for p in procs(obs)]
-
-
-def pods(obs):
-    from k8sutil import pod_templates
-    return pod_templates(obs.objects[-1])
-
-
-def pod_env(obs, name):
-    return {e.get("value") for t in pods(obs) for e in t["spec"]["containers"][0]["env"]
-            if e["name"] == name}
-
-
-def pserver_argv(obs):
-    return [a for argv in argvs(obs) for a in argv]
-
-
-# option -> (its argv after the option, {backend: a check of what was seen, or refused(...)};
-# "*" for every backend not named). A check gets the observation: .plan, .objects, .run
-NO_NODES = refused("is for jobs on --hostfile/--hosts nodes")
-PSERVER_ONLY = refused("need --mode pserver")
-WALK = {
-    "--nproc": (["3"], {"*": lambda o: len(envs_of(o)) in (3, 6)}),
-    "--gpus": (["2"], {"local": refused("no GPUs found"),
-                       "mpi": lambda o: {e["FLUIDCTL_GPUS"] for e in envs_of(o)} == {"2"},
-                       "k8s": lambda o: {t["spec"]["containers"][0]["resources"]["limits"][
-                           "nvidia.com/gpu"] for t in pods(o)} == {"2"}}),
-    "--mode": (["pserver"], {"mpi": refused("runs collective jobs only"),
-                             "*": lambda o: any(e.get("TRAINING_ROLE") == "PSERVER"
-                                                for e in envs_of(o))}),
-    "--pservers": (["2"], {"*": PSERVER_ONLY}),
-    "--pserver-endpoints": (["10.0.0.1:7164"], {"*": PSERVER_ONLY}),
-    "--token-file": (["tok"], {"*": lambda o: o.token == "from-the-file"}),
-    "--sync": ([], {"*": lambda o: True}),          # the default, given again
-    "--async": ([], {"*": PSERVER_ONLY}),
-    "--checkpoint-dir": (["ck"], {"*": PSERVER_ONLY}),
-    "--checkpoint-every": (["7"], {"*": PSERVER_ONLY}),
-    "--hostfile": (["hosts"], {"local": refused("--backend local"),
-                               "k8s": refused("Kubernetes places the pods"),
-                               "mpi": lambda o: [n["address"] for n in o.plan["nodes"]]
-                               == ["127.0.0.8"]}),
-    "--hosts": (["127.0.0.9"], {"local": refused("--backend local"),
-                                "k8s": refused("Kubernetes places the pods"),
-                                "mpi": lambda o: o.plan["nodes"][0]["address"] == "127.0.0.9"}),
-    "--nodes": (["1"], {"local": lambda o: len(o.plan["nodes"]) == 1,
-                        "mpi": lambda o: len(o.plan["nodes"]) == 1,
-                        "k8s": lambda o: len(pods(o)) == 1}),
-    "--job-name": (["jn"], {"k8s": lambda o: o.objects[-1]["metadata"]["name"] == "jn",
-                            "*": refused("--job-name is not an option of --backend")}),
-    "--ssh-config": (["ssh.cfg"], {"mpi": lambda o: any(
-        "ssh.cfg" in " ".join(c["argv"]) for c in o.plan.get("commands", [])),
-        "*": NO_NODES}),
-    "--accept-new-host-keys": ([], {"mpi": lambda o: any(
-        "StrictHostKeyChecking=accept-new" in " ".join(c["argv"])
-        for c in o.plan.get("commands", [])), "*": NO_NODES}),
-    "--remote-dir": (["/rd"], {"k8s": lambda o: {t["spec"]["containers"][0]["workingDir"]
-                                                 for t in pods(o)} == {"/rd"},
-                               "mpi": refused("--remote-dir is not passed to mpirun"),
-                               "*": NO_NODES}),
-    "--python": (["/py/python3"], {"*": lambda o: any(a[0] == "/py/python3" or
-                                                      "/py/python3" in a for a in argvs(o))}),
-    "--venv": (["/venvx"], {"mpi": lambda o: any("/venvx" in " ".join(c["argv"])
-                                                 for c in o.plan.get("commands", [])),
-                            "*": NO_NODES}),
-    "--export": (["WALK_EXPORTED"], {"*": lambda o: all(e.get("WALK_EXPORTED") == "yes"
-                                                        for e in envs_of(o))}),
-    "--pserver-hosts": (["127.0.0.1"], {"*": PSERVER_ONLY}),
-    "--include-bad": ([], {"mpi": lambda o: True, "*": NO_NODES}),
-    # with nodes the gate measures them when the job starts (tests/cluster/test_health_gate.py)
-    "--health-gate": ([], {"mpi": lambda o: True, "local": refused("--health-gate"),
-                           "k8s": refused("--health-gate")}),
-    "--ssh-timeout": (["33"], {"*": NO_NODES, "mpi": lambda o: any(
-        "ConnectTimeout=33" in " ".join(c["argv"]) for c in o.plan.get("commands", []))}),
-    "--started-port": (["7000"], {"*": lambda o: any(
-        v.endswith(":7000") for e in envs_of(o) for v in e.values()),
-        "mpi": refused("--started-port")}),
-    "--log-dir": (["ld"], {"*": lambda o: all(p["log"].startswith("ld/") for p in procs(o))}),
-    "--env": (["WALK_ENV=1"], {"*": lambda o: all(e.get("WALK_ENV") == "1"
-                                                  for e in envs_of(o))}),
-    "--env-file": (["walk.env"], {"*": lambda o: all(e.get("WALK_FILE") == "2"
-                                                     for e in envs_of(o))}),
-    "--grace-period": (["17"], {"k8s": lambda o: {t["spec"]["terminationGracePeriodSeconds"]
-                                                  for t in pods(o)} == {27},
-                                "*": lambda o: o.run["options"].grace_period == 17}),
-    "--checkpoint-signal": (["USR1"], {"k8s": lambda o: pod_env(o, "FLUIDCTL_CHECKPOINT_SIGNAL")
-                                       == {"USR1"},
-                                       "*": lambda o: o.run["options"].checkpoint.signal_name
-                                       == "USR1"}),
-    "--max-restarts": (["3"], {"k8s": lambda o: o.objects[-1]["spec"]["runPolicy"][
-        "backoffLimit"] == 3, "*": lambda o: o.run["options"].max_restarts == 3}),
-    "--tee": (["none"], {"k8s": refused("--tee"),
-                         "*": lambda o: o.run["shown"].sources == []}),
-    "--tee-ranks": (["1"], {"k8s": refused("--tee-ranks"), "mpi": refused("--tee-ranks"),
-                            "*": lambda o: [os.path.basename(p) for p, *_ in
-                                            o.run["shown"].sources] == ["workerlog.1"]}),
-    "--hang-timeout": (["99"], {"k8s": lambda o: pod_env(o, "FLUIDCTL_HANG_TIMEOUT") == {"99"},
-                                "*": lambda o: o.run["watchers"].diagnostics.hang_timeout
-                                == 99}),
-    "--log-tail": (["7"], {"k8s": refused("--log-tail"),
-                           "*": lambda o: o.run["watchers"].diagnostics.tail_lines == 7}),
-    "--node-rank": (["1"], {"*": refused("--node-rank is torchrun's")}),
-    "--show-secrets": ([], {"*": lambda o: len(o.token) == 32 and o.token.isalnum()}),
-}
-# the backends' own options: honoured by their own backend (tests/unit/test_k8s_options.py,
-# test_slurm_*, test_mpi_*), refused by every other with one line naming the owner
-OWN = {"mpi": "an MPI option", "slurm": "a Slurm option", "k8s": "a Kubernetes option"}
-
-
-def _own_options():
-    from fluidctl import backends
-    out = {}
-    for name in BACKENDS:
-        for option in backends.backend(name).declared():
-            out[option.names[0]] = name
-    for option in backends.backend("slurm").declared():
-        out[option.names[0]] = "slurm"
-    return out
+import optionwalk as walk
 
 
 def test_every_option_is_walked():
-    own = _own_options()
-    names = {o.names[0] for o in trainargs.options()} - set(SEEN_BY_THE_WALK)
-    assert names - set(own) == set(WALK) - set(own), "an option the walk does not know"
+    """A new option without a row in the walk's table fails here."""
+    own = set(walk._own_options())
+    assert set(walk.every_option()) - own == set(walk.WALK) - own
 
 
-def _value(name):
-    option = next(o for o in trainargs.options() if o.names[0] == name)
-    if option.kind == "flag":
-        return []
-    if name in WALK:
-        return WALK[name][0]
-    return {"--time": ["10"], "--mpirun-arg": ["--bind-to=none"], "--kind": ["jobset"],
-            "--image": ["img:2"], "--namespace": ["ns2"],
-            "--checkpoint-warning": ["60"]}.get(name, ["x"])
-
-
-CASES = [(name, backend) for name in sorted(set(WALK) | set(_own_options()))
-         for backend in BACKENDS]
+CASES = [(name, backend) for name in walk.every_option() for backend in walk.BACKENDS]
 
 
 @pytest.mark.parametrize("name,backend", CASES, ids=[f"{b}{n}" for n, b in CASES])
 def test_an_option_is_honoured_or_refused(name, backend, capsys, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WALK_EXPORTED", "yes")
-    monkeypatch.delenv("FLUIDCTL_VENV", raising=False)
-    (tmp_path / "tok").write_text("from-the-file\n")
-    (tmp_path / "hosts").write_text("127.0.0.8\n")
-    (tmp_path / "walk.env").write_text("WALK_FILE=2\n")
-    (tmp_path / "ssh.cfg").write_text("Host *\n  User walker\n")
-    owner = _own_options().get(name)
-    if owner is not None:
-        expect = None if owner == backend else refused(OWN[owner])
-    else:
-        checks = WALK[name][1]
-        expect = checks.get(backend, checks.get("*"))
-        assert expect is not None, f"{name} has no expectation for {backend}"
-    if owner == backend:
+    expect = walk.expectation(name, backend)
+    if expect is None:
         pytest.skip("the backend's own option: its own tests")
-    base = list(BACKENDS[backend])
+    walk.prepare(tmp_path, monkeypatch)
+    base = list(walk.BACKENDS[backend])
     if name in ("--hostfile", "--hosts") and backend == "mpi":
         base = base[:2] + base[4:]              # its own nodes instead of the walk's
-    argv = [*base, name, *_value(name)]
-    if name == "--mode":
-        argv.append("--pservers=1")
-    if name in ("--tee", "--tee-ranks", "--grace-period", "--checkpoint-signal",
-                "--max-restarts", "--hang-timeout", "--log-tail") and backend != "k8s":
-        obs = _run(capsys, monkeypatch, tmp_path, argv)
-    else:
-        obs = _dry_run(capsys, argv, backend, name in ("--token-file", "--show-secrets"))
-    if isinstance(expect, tuple):
-        assert obs.code == 2, (obs.code, obs.err, obs.out[:400])
-        assert obs.err.startswith("error: ") and len(obs.err.strip().splitlines()) == 1, obs.err
-        assert all(w in obs.err for w in expect[1]), obs.err
-        return
-    assert obs.code == 0, obs.err
-    assert expect(obs), obs.out[:3000]
-
-
-def _dry_run(capsys, argv, backend, unmasked):
-    show = ["--show-secrets"] if unmasked else []
-    code, out, err = run_cli(capsys, "train", *argv, "--dry-run",
-                             *(["--json"] if backend != "k8s" else []), *show, BEHAVE)
-    obs = SimpleNamespace(code=code, out=out, err=err, plan=None, objects=None, token=None,
-                          run=None)
-    if code:
-        return obs
-    if backend == "k8s":
-        obs.objects = list(yaml.safe_load_all(out))
-        obs.token = obs.objects[0]["stringData"]["token"]
-    else:
-        obs.plan = json.loads(out)
-        obs.token = obs.plan["procs"][0]["env"]["FLUIDCTL_JOB_TOKEN"]
-    return obs
-
-
-def _run(capsys, monkeypatch, tmp_path, argv):
-    """Run the job for real up to its supervision, which is recorded instead."""
-    from fluidctl.launch import run
-    from fluidctl.launch.supervisor import RunResult
-    seen = {}
-
-    def recorded(start, **kw):
-        seen.update(kw)
-        return RunResult(0)
-    monkeypatch.setattr(run, "run_supervised", recorded)
-    code, out, err = run_cli(capsys, "train", *argv, "--log-dir", tmp_path / "logs", BEHAVE)
-    return SimpleNamespace(code=code, out=out, err=err, run=seen, plan=None, objects=None)
+    walk.walk_one(name, backend, base, expect, capsys, tmp_path, monkeypatch)
