@@ -150,6 +150,7 @@ def test_the_pod_template_is_merged_last(capsys, tmp_path):
     (["--active-deadline", "0"], "--active-deadline '0' is not a number of seconds"),
     (["--pod-template", "nope.yaml"], "cannot read --pod-template nope.yaml"),
     (["--kind", "mpijob", "--hang-timeout", "5"], "--hang-timeout needs fluidctl supervising"),
+    (["--kind", "mpijob", "--checkpoint-signal", "USR1"], "--checkpoint-signal is what"),
     (["--service-account", "Bad_Name"], "--service-account 'Bad_Name' is not a Kubernetes"),
 ])
 def test_a_wrong_or_conflicting_option_is_one_line(capsys, tmp_path, monkeypatch, argv, words):

@@ -243,6 +243,10 @@ def parse(values: dict, config, *, gang: bool = True, supervised: bool = True) -
                          "pytorchjob or paddlejob")
     if queue is not None:
         _name("--queue", queue)             # a Kueue LocalQueue's or a Volcano queue's name
+    if config.checkpoint_signal != "TERM" and not supervised:
+        raise UsageError("--checkpoint-signal is what fluidctl sends the ranks, and an "
+                         "MPIJob's mpirun starts them itself", "use --kind pytorchjob, "
+                         "paddlejob or jobset, or drop --checkpoint-signal")
     if config.hang_timeout and not supervised:
         raise UsageError("--hang-timeout needs fluidctl supervising the ranks, and an MPIJob's "
                          "mpirun starts them itself", "use --kind pytorchjob, paddlejob or "
