@@ -239,6 +239,25 @@ class PodRun:
                                          "PRTE_MCA_plm_ssh_agent": str(agent),
                                          "OMPI_MCA_orte_keep_fqdn_hostnames": "true"}
 
+    def pytorch_elastic_operator(self) -> None:
+        """What the training operator gives each pod of an elastic PyTorchJob (its
+        pytorch/elastic.go and envvar.go): torchrun's settings as PET_* variables, the
+        rendezvous endpoint being the first Worker's Service at the container's
+        pytorchjob-port, the processes per pod ``spec.nprocPerNode``."""
+        job = self.objects[-1]
+        policy = job["spec"]["elasticPolicy"]
+        (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+            "containers"]
+        port = next(p["containerPort"] for p in container["ports"]
+                    if p["name"] == "pytorchjob-port")
+        env = {"PET_RDZV_ENDPOINT": f"{job['metadata']['name']}-worker-0:{port}",
+               "PET_RDZV_BACKEND": policy.get("rdzvBackend", "c10d"),
+               "PET_NNODES": f"{policy['minReplicas']}:{policy['maxReplicas']}",
+               "PET_MAX_RESTARTS": str(policy["maxRestarts"]),
+               "PET_NPROC_PER_NODE": job["spec"]["nprocPerNode"]}
+        for pod in self.pods:
+            self.extra_env[pod.name] = dict(env)
+
     def close(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:

@@ -25,9 +25,10 @@ K8S_VERSION = "1.35.0"
 
 def render(script: str, kind: str, nodes: int = 2, **settings) -> Tuple[object, List[dict]]:
     """(the plan, the objects) of ``fluidctl train --backend k8s --kind KIND``."""
+    elastic = settings.pop("elastic", None)         # (MIN, MAX): --nodes MIN:MAX
     opts = K8sOptions(kind=kind, image=settings.pop("image", "registry.example/train:1"),
                       namespace=settings.pop("namespace", "ml"), nodes=nodes,
-                      name=settings.pop("name", None))
+                      name=settings.pop("name", None), elastic=elastic)
     config = LaunchConfig(script=script, backend="k8s", backend_options=opts,
                           token=settings.pop("token", "t0ken"), **settings)
     launcher = K8sLauncher()

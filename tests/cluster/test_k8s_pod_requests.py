@@ -110,3 +110,37 @@ def test_a_hang_is_reported_in_the_pods_logs_and_termination_message(netns_nodes
     assert "hung" in output and "read_batch" in output, output
     assert message.startswith("pod plain-hang-master-0: "), message
     assert "read_batch" in message and "every rank's full stack:" in message, message
+
+
+def test_an_elastic_pytorchjob_runs_torchrun_in_every_pod(netns_nodes, tmp_path, monkeypatch):
+    """Issue 42 item 5: --nodes 2:2 --kind pytorchjob (MIN = MAX: both pods in the first world,
+    whatever their start order); the pods, given the operator's PET_* as it gives them, form
+    one world through torchrun's c10d rendezvous and train to the end."""
+    import importlib.util
+    if importlib.util.find_spec("torch") is None:
+        import pytest
+        pytest.skip("torch not installed")
+    from test_k8s_netns import _ok
+    nodes = netns_nodes(2, sftp=False)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    work, objects = rendered(tmp_path, monkeypatch, ROOT / "tests" / "scripts" /
+                             "torch_elastic.py", "pytorchjob", 2, nproc=2,
+                             script_args=("20", str(ckpt)))
+    assert "elasticPolicy" not in objects[-1]["spec"]           # a fixed world: --nodes 2
+    from k8sutil import render
+    _, objects = render(str(work / "torch_elastic.py"), "pytorchjob", nodes=2, nproc=2,
+                        script_args=("20", str(ckpt)), elastic=(2, 2))
+    validate(objects)
+    run = PodRun(objects, nodes, work)
+    run.pytorch_elastic_operator()
+    try:
+        run.start()
+        results = run.wait(150)
+    finally:
+        run.close()
+    failed = {n: out for n, (code, out) in results.items() if not _ok(code, out, True)}
+    assert not failed, failed
+    log = (ckpt / "progress.log").read_text()
+    assert "start 0 world 4" in log and "step 20 world 4" in log, log
+    assert (ckpt / "final.json").exists()

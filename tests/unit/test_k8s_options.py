@@ -167,3 +167,37 @@ def test_a_pod_template_that_is_not_one_is_one_line(capsys, tmp_path):
     code, out, err = run_cli(capsys, "train", "--backend", "k8s", "--kind", "pytorchjob",
                              "--image", "img:1", "--pod-template", bad, "--dry-run", BEHAVE)
     assert (code, out) == (2, "") and "is not a pod template" in err, err
+
+
+def test_nodes_min_max_is_an_elastic_pytorchjob(capsys, tmp_path):
+    """Issue 42 item 5: the operator scales the Workers between MIN and MAX and gives each
+    pod torchrun's rendezvous (PET_*); the pods run torchrun, the token and --env stay."""
+    objects = dry_run(capsys, tmp_path, "pytorchjob", "--nodes", "2:4", "--nproc", 3,
+                      "--max-restarts", 5, "--env", "NCCL_DEBUG=INFO", "--cpu", "4")
+    validate(objects)
+    assert [o["kind"] for o in objects] == ["Secret", "PyTorchJob"]     # no plan to read
+    spec = objects[-1]["spec"]
+    assert spec["elasticPolicy"] == {"minReplicas": 2, "maxReplicas": 4, "rdzvBackend": "c10d",
+                                     "maxRestarts": 5}
+    assert spec["nprocPerNode"] == "3"              # the operator's PET_NPROC_PER_NODE
+    assert list(spec["pytorchReplicaSpecs"]) == ["Worker"]
+    worker = spec["pytorchReplicaSpecs"]["Worker"]
+    assert (worker["replicas"], worker["restartPolicy"]) == (4, "OnFailure")
+    (container,) = worker["template"]["spec"]["containers"]
+    assert container["command"][:3] == ["python3", "-m", "torch.distributed.run"]
+    assert container["command"][3].endswith("behave.py")
+    assert [e["name"] for e in container["env"]] == ["FLUIDCTL_JOB_TOKEN", "NCCL_DEBUG"]
+    assert container["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
+    assert container["resources"]["limits"]["cpu"] == "4"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--kind", "jobset", "--nodes", "1:2"], "--nodes 1:2 (an elastic job) needs --kind "
+                                            "pytorchjob"),
+    (["--nodes", "1:2", "--hang-timeout", "9"], "and torchrun (an elastic PyTorchJob) starts"),
+    (["--nodes", "1:2", "--checkpoint-signal", "USR1"], "and torchrun (an elastic PyTorchJob)"),
+])
+def test_what_an_elastic_job_cannot_do_is_one_line(capsys, tmp_path, argv, words):
+    code, out, err = run_cli(capsys, "train", "--backend", "k8s", "--kind", "pytorchjob",
+                             "--image", "img:1", *argv, "--dry-run", BEHAVE)
+    assert (code, out) == (2, "") and words in err and len(err.strip().splitlines()) == 1, err

@@ -299,3 +299,16 @@ def test_job_checkpoint_annotates_every_pod_and_status_shows_what_failed_pods_le
                    "  pod behave-master-0: exit code 124 (Error)\n"
                    "    pod behave-master-0: the job hung\n"
                    "    rank 1 in read_batch\n"), out
+
+
+def test_job_checkpoint_refuses_an_elastic_pytorchjob(capsys, tmp_path, monkeypatch,
+                                                      api_server):
+    """torchrun supervises an elastic PyTorchJob's ranks: no fluidctl in its pods to ask."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "train", "--backend", "k8s", "--kind", "pytorchjob",
+                           "--image", "img:1", "--namespace", "ml", "--nodes", "1:2", "--apply",
+                           BEHAVE)
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "job", "checkpoint", "pytorchjob/behave", "--namespace", "ml")
+    assert (code, out) == (2, "") and "is an elastic PyTorchJob" in err, err
+    assert not [s for s in api_server.seen if s[0] == "PATCH"]

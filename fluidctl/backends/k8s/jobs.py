@@ -83,6 +83,10 @@ def checkpoint(job_id: str, stop: bool = False, namespace: str = "default", **_)
         raise UsageError(f"{job_id}: an MPIJob's ranks are started by mpirun, with no fluidctl "
                          "in its pods to pass a request on", "run the job as --kind "
                          "pytorchjob, paddlejob or jobset to ask it for checkpoints")
+    if (api.get_job(job_id, namespace).get("spec") or {}).get("elasticPolicy"):
+        raise UsageError(f"{job_id} is an elastic PyTorchJob: torchrun starts its ranks, with "
+                         "no fluidctl in its pods to pass a request on",
+                         "checkpoint from the script, or run a fixed --nodes N")
     kind = "stop" if stop else "save"
     pods = api.annotate_pods(job_id, namespace,
                              {CHECKPOINT_ANNOTATION: f"{kind} {time.time():.3f}"})

@@ -11,7 +11,7 @@ the pservers are pods of their own (a separate replica set), after the trainer p
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from fluidctl.errors import UsageError
 
@@ -37,6 +37,7 @@ class K8sOptions:
     name: Optional[str] = None          # --job-name
     apply: bool = False
     pod: Optional["PodOptions"] = None  # the pod and job fields (podspec.py)
+    elastic: Optional[Tuple[int, int]] = None     # --nodes MIN:MAX (an elastic PyTorchJob)
 
     def check(self) -> None:
         import re
@@ -116,23 +117,45 @@ def refuse_unsupervised(config) -> None:
                          "how many")
 
 
-def pod_kind(kind: Optional[str]) -> dict:
-    """What the pod options need to know of the kind (podspec.parse)."""
-    return {"gang": kind != JOBSET, "supervised": kind != MPIJOB}
+def pod_kind(kind: Optional[str], elastic=None) -> dict:
+    """What the pod options need to know of the kind (podspec.parse): whether it has a gang
+    form, and who starts the ranks (None: fluidctl's pod entry)."""
+    starter = ("an MPIJob's mpirun" if kind == MPIJOB else
+               "torchrun (an elastic PyTorchJob)" if elastic else None)
+    return {"gang": kind != JOBSET, "starter": starter}
+
+
+def pod_count(text, kind: Optional[str], mode: str):
+    """--nodes: (trainer pods, (MIN, MAX) for an elastic PyTorchJob else None)."""
+    from fluidctl.planning.elastic import NodeRange, parse_nodes
+    if text is None:
+        return 1, None
+    nodes = parse_nodes(text)
+    if not isinstance(nodes, NodeRange):
+        return nodes, None
+    if kind != PYTORCHJOB:
+        raise UsageError(f"--nodes {nodes} (an elastic job) needs --kind pytorchjob (its "
+                         "elasticPolicy); the other kinds' pods run a world of fixed size",
+                         "use --kind pytorchjob, or give a count of pods, e.g. --nodes 2")
+    if mode != "collective":
+        raise UsageError(f"--nodes {nodes} (an elastic job) needs --mode collective",
+                         "drop --mode pserver, or give a count of pods")
+    return nodes.high, (nodes.low, nodes.high)
 
 
 def configure(config, values: dict):
     from fluidctl.planning.elastic import node_count
     from fluidctl.backends.k8s import podspec
     from fluidctl.planning.nodeopts import refuse_without_nodes
-    nodes = node_count(values.pop("nodes", None), "k8s", "a count of pods")
+    kind = values.pop("kind", None)
+    nodes, elastic = pod_count(values.pop("nodes", None), kind, config.mode)
     refuse_without_nodes(config, bool(values.get("include_bad")), "Kubernetes places the pods",
                          keep=("--remote-dir",))       # the containers' workingDir
     refuse_unsupervised(config)
-    kind = values.pop("kind", None)
     options = K8sOptions(kind=kind, image=values.pop("image", None),
                          namespace=values.pop("namespace", None) or "default",
-                         nodes=nodes or 1, name=values.pop("job_name", None),
+                         nodes=nodes, name=values.pop("job_name", None),
                          apply=bool(values.pop("apply", False)),
-                         pod=podspec.parse(values, config, **pod_kind(kind)))
+                         pod=podspec.parse(values, config, **pod_kind(kind, elastic)),
+                         elastic=elastic)
     return replace(config, backend_options=options)

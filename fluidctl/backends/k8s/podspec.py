@@ -211,10 +211,12 @@ def read_pod_template(path: Optional[str]) -> Optional[dict]:
     return patch
 
 
-def parse(values: dict, config, *, gang: bool = True, supervised: bool = True) -> PodOptions:
+def parse(values: dict, config, *, gang: bool = True,
+          starter: Optional[str] = None) -> PodOptions:
     """The options' values (popped from ``values``) and the LaunchConfig's, checked.
     ``gang``: the kind has a Volcano gang form (Kubeflow's runPolicy.schedulingPolicy);
-    ``supervised``: fluidctl's pod entry supervises the ranks (not mpirun)."""
+    ``starter``: what starts the ranks when fluidctl's pod entry does not (mpirun,
+    torchrun)."""
     take = values.pop
     mounts = tuple(parse_mount(m) for m in take("mount", None) or ())
     shm = take("shm_size", None)
@@ -243,14 +245,14 @@ def parse(values: dict, config, *, gang: bool = True, supervised: bool = True) -
                          "pytorchjob or paddlejob")
     if queue is not None:
         _name("--queue", queue)             # a Kueue LocalQueue's or a Volcano queue's name
-    if config.checkpoint_signal != "TERM" and not supervised:
-        raise UsageError("--checkpoint-signal is what fluidctl sends the ranks, and an "
-                         "MPIJob's mpirun starts them itself", "use --kind pytorchjob, "
-                         "paddlejob or jobset, or drop --checkpoint-signal")
-    if config.hang_timeout and not supervised:
-        raise UsageError("--hang-timeout needs fluidctl supervising the ranks, and an MPIJob's "
-                         "mpirun starts them itself", "use --kind pytorchjob, paddlejob or "
-                         "jobset, or drop --hang-timeout")
+    if config.checkpoint_signal != "TERM" and starter:
+        raise UsageError(f"--checkpoint-signal is what fluidctl sends the ranks, and {starter} "
+                         "starts them itself", "drop --checkpoint-signal, or run a job "
+                         "fluidctl supervises: a fixed --nodes N, a kind other than mpijob")
+    if config.hang_timeout and starter:
+        raise UsageError(f"--hang-timeout needs fluidctl supervising the ranks, and {starter} "
+                         "starts them itself", "drop --hang-timeout, or run a job fluidctl "
+                         "supervises: a fixed --nodes N, a kind other than mpijob")
     return PodOptions(
         mounts=mounts, shm_size=shm, cpu=cpu, memory=memory,
         node_selector=_pairs("--node-selector", take("node_selector", None),
