@@ -144,7 +144,6 @@ def pod_count(text, kind: Optional[str], mode: str):
 
 
 def configure(config, values: dict):
-    from fluidctl.planning.elastic import node_count
     from fluidctl.backends.k8s import podspec
     from fluidctl.planning.nodeopts import refuse_without_nodes
     kind = values.pop("kind", None)
