@@ -10,6 +10,7 @@ and ``fluidctl job checkpoint`` ask of them, as ``fluidctl train`` on one machin
   ``fluidctl job logs`` prints) and in their termination message (what ``job status`` prints).
 """
 import json
+import time
 from pathlib import Path
 
 from k8spods import PodRun
@@ -55,11 +56,16 @@ def test_sigterm_in_the_grace_period_commits_a_checkpoint(netns_nodes, tmp_path,
     assert grace == {30}
     run, out = _started(objects, nodes, work, tmp_path)
     try:
+        began = time.monotonic()
         for proc in run.procs.values():         # the kubelet stops every pod of the job
             proc.terminate()
         codes = {name: proc.wait(timeout=30) for name, proc in run.procs.items()}
+        took = time.monotonic() - began
     finally:
         run.close()
+    print(f"SIGTERM to both pods ended: {took:.2f}s (grace period 20s)")
+    assert took < 20, took                      # inside --grace-period, the kubelet's SIGKILL
+                                                # 10 s later still
     stops = {r: [e for e in _lines(out / f"events.{r}") if e.startswith("stop ")]
              for r in (0, 1)}
     assert stops[0] and stops[0] == stops[1], stops             # the same step, saved
