@@ -2,8 +2,8 @@
 dropped): what each option is expected to do on each backend (``WALK``, and the backends' own
 options, refused by the others), and ``walk_one``, which runs one pair and checks it.
 tests/unit/test_every_option_every_backend.py walks local, mpi and k8s;
-tests/cluster/test_every_option_nodes.py walks ssh and fabric on real sshd nodes (slurm is
-not walked: its plan needs sbatch).
+tests/cluster/test_every_option_nodes.py walks ssh and fabric on real sshd nodes, and
+tests/cluster/test_every_option_slurm.py slurm's batch script on a real controller.
 
 Where an option is seen:
 - ``plan``: the ``--dry-run --json`` plan, or the rendered objects (k8s);

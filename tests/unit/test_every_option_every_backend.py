@@ -2,8 +2,8 @@
 included) against the backends that plan without a cluster (local, mpi, k8s): each is honoured,
 seen in what the backend makes of it, or refused in one line with exit 2; nothing is silently
 dropped (issue 42). The table and the walk: tests/optionwalk.py; ssh and fabric:
-tests/cluster/test_every_option_nodes.py. Slurm is not walked: its plan needs sbatch (a
-controller), and most options go on to the batch script's own fluidctl."""
+tests/cluster/test_every_option_nodes.py; slurm (its batch script, on a real controller):
+tests/cluster/test_every_option_slurm.py."""
 import pytest
 
 import optionwalk as walk
