@@ -11,6 +11,7 @@ not a Kubernetes cluster.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -124,6 +125,8 @@ class PodRun:
         self.extra_env: Dict[str, Dict[str, str]] = {}     # pod -> what the operator adds
         self.pods = pods(objects)
         self.procs: Dict[str, subprocess.Popen] = {}
+        self.downward: Dict[str, Path] = {}             # pod -> its annotations file
+        self.annotations: Dict[str, Dict[str, str]] = {}
         self.etc: List[Path] = []
         aliases = list(nodes.nodes)
         assert len(aliases) >= len(self.pods), "one namespace node per pod"
@@ -142,18 +145,54 @@ class PodRun:
             self.etc.append(etc)
 
     def _volumes(self, pod: Pod) -> Dict[str, str]:
-        """mountPath -> a directory holding the ConfigMap's files."""
+        """mountPath -> a directory holding the volume's files: a ConfigMap's, the pod's own
+        annotations for a downward API volume (``annotate`` changes them, as the kubelet
+        does), an empty one for an emptyDir."""
         maps = _by_kind(self.objects, "ConfigMap")
         volumes = {v["name"]: v for v in pod.template["spec"].get("volumes", [])}
         out = {}
         for mount in pod.template["spec"]["containers"][0].get("volumeMounts", []):
-            source = volumes[mount["name"]]["configMap"]["name"]
+            volume = volumes[mount["name"]]
             where = self.workdir / "volumes" / pod.name / mount["name"]
             where.mkdir(parents=True, exist_ok=True)
-            for key, text in maps[source]["data"].items():
-                (where / key).write_text(text)
+            if "configMap" in volume:
+                for key, text in maps[volume["configMap"]["name"]]["data"].items():
+                    (where / key).write_text(text)
+            elif "downwardAPI" in volume:
+                (item,) = volume["downwardAPI"]["items"]
+                assert item["fieldRef"]["fieldPath"] == "metadata.annotations", item
+                self.downward[pod.name] = where / item["path"]
+                self.annotate(pod.name)
+            else:
+                assert "emptyDir" in volume, volume
             out[mount["mountPath"]] = str(where)
         return out
+
+    def annotate(self, pod: str, **annotations: str) -> None:
+        """Set annotations of a running pod: its downward API file is rewritten (renamed into
+        place, as the kubelet's atomic writer does), key="value" lines in key order."""
+        template = next(p.template for p in self.pods if p.name == pod)
+        self.annotations.setdefault(pod, dict(template.get("metadata", {}).get(
+            "annotations", {})))
+        self.annotations[pod].update(annotations)
+        path = self.downward[pod]
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(f"{k}={json.dumps(v)}\n"
+                               for k, v in sorted(self.annotations[pod].items())))
+        os.replace(tmp, path)
+
+    def message(self, pod: str) -> str:
+        """The pod's termination message (what the kubelet reads from terminationMessagePath
+        into the pod's status)."""
+        path = self.workdir / f"{pod}.termination-log"
+        return path.read_text() if path.exists() else ""
+
+    @staticmethod
+    def _in_pod(value: str, mounts: Dict[str, str]) -> str:
+        for path, where in mounts.items():
+            if value.startswith(path + "/"):
+                return where + value[len(path):]
+        return value
 
     def start(self) -> None:
         self.write_hosts()
@@ -165,20 +204,18 @@ class PodRun:
         appended to WORKDIR/POD.out."""
         (container,) = pod.template["spec"]["containers"]
         mounts = self._volumes(pod)
-        argv = []
-        for arg in container["command"]:
-            arg = self.files.get(arg, arg)
-            for path, where in mounts.items():
-                if arg.startswith(path + "/"):
-                    arg = where + arg[len(path):]
-            argv.append(arg)
+        argv = [self._in_pod(self.files.get(arg, arg), mounts) for arg in container["command"]]
         if argv[0] == "python3":                    # the image's entry: this checkout's
             argv[0] = sys.executable
         if argv == ["/usr/sbin/sshd", "-De"] and self.sshd:     # the image's sshd
             argv = list(self.sshd)
         env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
-               "LANG": "C.UTF-8", **container_env(container, self.objects, pod),
+               "LANG": "C.UTF-8", **{k: self._in_pod(v, mounts) for k, v in
+                                     container_env(container, self.objects, pod).items()},
                **self.extra_env.get(pod.name, {})}
+        if env.get("FLUIDCTL_K8S_MESSAGE") == container.get(
+                "terminationMessagePath", "/dev/termination-log"):    # the kubelet's file
+            env["FLUIDCTL_K8S_MESSAGE"] = str(self.workdir / f"{pod.name}.termination-log")
         log = open(self.workdir / f"{pod.name}.out", "ab")
         node = self.where[pod.name]
         # the pod's own hostname (UTS namespace), as the kubelet sets it
@@ -349,6 +386,25 @@ class PodRun:
             "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
             "OMPI_MCA_plm_rsh_args": args, "PRTE_MCA_plm_ssh_args": args,
             "OPAL_PREFIX": sys_prefix}
+
+    def pytorch_elastic_operator(self) -> None:
+        """What the training operator gives each pod of an elastic PyTorchJob (its
+        pytorch/elastic.go and envvar.go): torchrun's settings as PET_* variables, the
+        rendezvous endpoint being the first Worker's Service at the container's
+        pytorchjob-port, the processes per pod ``spec.nprocPerNode``."""
+        job = self.objects[-1]
+        policy = job["spec"]["elasticPolicy"]
+        (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+            "containers"]
+        port = next(p["containerPort"] for p in container["ports"]
+                    if p["name"] == "pytorchjob-port")
+        env = {"PET_RDZV_ENDPOINT": f"{job['metadata']['name']}-worker-0:{port}",
+               "PET_RDZV_BACKEND": policy.get("rdzvBackend", "c10d"),
+               "PET_NNODES": f"{policy['minReplicas']}:{policy['maxReplicas']}",
+               "PET_MAX_RESTARTS": str(policy["maxRestarts"]),
+               "PET_NPROC_PER_NODE": job["spec"]["nprocPerNode"]}
+        for pod in self.pods:
+            self.extra_env[pod.name] = dict(env)
 
     def close(self) -> None:
         for name in self.procs:

@@ -17,6 +17,7 @@ import kubernetes_validate
 import crdschema
 
 from fluidctl.backends.k8s.launcher import K8sLauncher
+from fluidctl.backends.k8s.podspec import pod_templates  # noqa: F401 (the tests' too)
 from fluidctl.planning.config import LaunchConfig
 from fluidctl.backends.k8s.plan import K8sOptions
 
@@ -25,30 +26,17 @@ K8S_VERSION = "1.35.0"
 
 def render(script: str, kind: str, nodes: int = 2, **settings) -> Tuple[object, List[dict]]:
     """(the plan, the objects) of ``fluidctl train --backend k8s --kind KIND``."""
+    elastic = settings.pop("elastic", None)         # (MIN, MAX): --nodes MIN:MAX
     opts = K8sOptions(kind=kind, image=settings.pop("image", "registry.example/train:1"),
                       namespace=settings.pop("namespace", "ml"), nodes=nodes,
                       name=settings.pop("name", None),
                       api_version=settings.pop("api_version", None),
-                      restart=settings.pop("restart", "group"))
+                      restart=settings.pop("restart", "group"), elastic=elastic)
     config = LaunchConfig(script=script, backend="k8s", backend_options=opts,
                           token=settings.pop("token", "t0ken"), **settings)
     launcher = K8sLauncher()
     plan = launcher.prepare(config)
     return plan, launcher.objects(plan)
-
-
-def pod_templates(obj, found=None) -> List[dict]:
-    """Every pod template in an object (a dict holding ``spec.containers``)."""
-    found = [] if found is None else found
-    if isinstance(obj, dict):
-        if isinstance(obj.get("spec"), dict) and "containers" in obj["spec"]:
-            found.append(obj)
-        for value in obj.values():
-            pod_templates(value, found)
-    elif isinstance(obj, list):
-        for value in obj:
-            pod_templates(value, found)
-    return found
 
 
 def validate(objects: List[dict]) -> None:

@@ -99,19 +99,23 @@ def logs(job_id, rank, batch, follow, namespace):
 @click.option("--stop", is_flag=True,
               help="End the job after the checkpoint; it is requeued (Slurm), or exits 75, "
                    "and resumes from it when run again.")
-def checkpoint(job_id, stop):
+@click.option("--namespace", default="default", show_default=True,
+              help="Kubernetes jobs (KIND/NAME): their namespace, e.g. --namespace ml-team.")
+def checkpoint(job_id, stop, namespace):
     """Ask a running job for a checkpoint: every rank that calls
     ctx.checkpoint_requested() saves at the same step (fluidctl.runtime.checkpoint) and goes
-    on. JOB_ID: a Slurm job's id, or the --log-dir of a job fluidctl runs from this machine
-    (local, ssh, fabric, mpi).
+    on. JOB_ID: a Slurm job's id, the --log-dir of a job fluidctl runs from this machine
+    (local, ssh, fabric, mpi), or a Kubernetes job's KIND/NAME (its pods see the request
+    within about a minute).
 
     \b
     Examples:
       fluidctl job checkpoint 1234
       fluidctl job checkpoint 1234 --stop
       fluidctl job checkpoint mylog
+      fluidctl job checkpoint pytorchjob/bert --namespace ml-team
     """
-    _verb(job_id, "checkpoint")(job_id, stop=stop)
+    _verb(job_id, "checkpoint")(job_id, stop=stop, namespace=namespace)
 
 
 @job.command("cancel")

@@ -64,6 +64,9 @@ PSERVER_ID = "PADDLE_PSERVER_ID"
 # --- fluidctl's own -------------------------------------------------------------------------
 K8S_NODE_BASE = "FLUIDCTL_K8S_NODE_BASE"  # a Kubernetes pod's first node in the plan (render)
 K8S_NODE_INDEX = "FLUIDCTL_K8S_INDEX"     # its index in its replica set (downward API)
+K8S_REQUESTS = "FLUIDCTL_K8S_REQUESTS"    # the pod's own annotations file (downward API):
+                                          # fluidctl job checkpoint's requests (podspec.py)
+K8S_MESSAGE = "FLUIDCTL_K8S_MESSAGE"      # the pod's terminationMessagePath: its hang report
 JOB_TOKEN = "FLUIDCTL_JOB_TOKEN"        # per-job secret for HMAC authentication on the wire
 # the token --dry-run prints in place of the real one: a pod given it refuses to start
 MASKED_TOKEN = "masked-by-fluidctl-dry-run"

@@ -64,7 +64,7 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
                          "token in the printed plan)", "add --dry-run --json, or drop it")
     values = backend_values(options, backend)
     config = LaunchConfig.from_options(**options)
-    given = {**values, "health_gate": health_gate}
+    given = {**values, "health_gate": health_gate, "include_bad": include_bad}
     config = backend.configure(config, given)       # pops what it gives a meaning to
     for dest, flag in backends.SHARED.items():
         if given.get(dest):

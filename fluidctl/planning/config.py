@@ -118,6 +118,17 @@ class LaunchConfig:
         if mode != "pserver" and (pservers or pserver_endpoints or pserver_hosts):
             raise UsageError("--pservers/--pserver-endpoints/--pserver-hosts need --mode pserver",
                              "add --mode pserver")
+        if mode != "pserver" and (checkpoint_dir or checkpoint_every
+                                  or settings.get("sync") is False):
+            flag = ("--checkpoint-dir" if checkpoint_dir else "--checkpoint-every"
+                    if checkpoint_every else "--async")
+            raise UsageError(f"{flag} is for the parameter servers, which need --mode pserver",
+                             "add --mode pserver (collective scripts checkpoint with "
+                             "fluidctl.runtime.checkpoint)")
+        if pserver_endpoints and (checkpoint_dir or checkpoint_every):
+            raise UsageError("--checkpoint-dir/--checkpoint-every configure the pservers "
+                             "fluidctl starts, and --pserver-endpoints names running ones",
+                             "give them to 'fluidctl pserver start' instead")
         if pservers and pserver_endpoints:
             raise UsageError("--pservers and --pserver-endpoints both given",
                              "start pservers here (--pservers N) or use running ones, not both")

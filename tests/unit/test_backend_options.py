@@ -37,7 +37,7 @@ def test_nodes_without_hosts_says_where_nodes_come_from(tmp_path, capsys):
     (["--kind", "jobset"], "error: --kind is a Kubernetes option (add --backend k8s)"),
     (["--mpirun-arg=--oversubscribe"], "error: --mpirun-arg is an MPI option (add --backend mpi)"),
     (["--hosts", "a,b", "--nodes", "1:2", "--backend", "k8s"],
-     "--nodes 1:2 (an elastic job) is for --backend ssh or fabric"),
+     "--nodes 1:2 (an elastic job) needs --kind pytorchjob"),
     (["--hosts", "a,b", "--nodes", "1:2", "--backend", "mpi"],
      "--nodes 1:2 (an elastic job) needs --backend ssh or fabric"),
 ])

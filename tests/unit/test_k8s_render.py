@@ -105,6 +105,7 @@ class FakeAPIServer(BaseHTTPRequestHandler):
     seen: list = []
     stored: dict = {}
     state = "Running"                   # the jobs' last true condition
+    pod_status: dict = {}               # pod name -> its status (what the kubelet reports)
     followed: list = []                 # what each ``logs -f`` connection sends: lines, and
                                         # "idle" (the pod says nothing for a second) or "end"
 
@@ -133,10 +134,13 @@ class FakeAPIServer(BaseHTTPRequestHandler):
             if path.count("/") <= 4:                             # another kind's list
                 return self._reply(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
         if path == "/api/v1/namespaces/ml/pods":
-            assert "labelSelector=fluidctl.io%2Fjob%3Dbehave" in query, query
+            assert "labelSelector=fluidctl.io%2Fjob%3D" in query, query
+            names = (("behave-worker-0", "behave-master-0")
+                     if "fluidctl.io%2Fjob%3Dbehave" in query else ())    # other jobs: none
             return self._reply(200, {"kind": "PodList", "items": [
-                {"metadata": {"name": "behave-worker-0"}},
-                {"metadata": {"name": "behave-master-0"}}]})
+                {"metadata": {"name": name}, **({"status": self.pod_status[name]}
+                                                if name in self.pod_status else {})}
+                for name in names]})
         if path.endswith("/log") and "follow=true" in query.lower():
             lines, then = self.followed.pop(0)
             self.send_response(200)
@@ -164,6 +168,11 @@ class FakeAPIServer(BaseHTTPRequestHandler):
         self._reply(200, {**obj, "status": {"conditions": [
             {"type": "Created", "status": "True"}, {"type": self.state, "status": "True"}]}})
 
+    def do_PATCH(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append(("PATCH", self.path, self.headers.get("Content-Type"), body))
+        self._reply(200, {"metadata": {"name": self.path.rsplit("/", 1)[-1]}})
+
     def do_DELETE(self):
         self.seen.append(("DELETE", self.path, self.headers.get("Authorization")))
         self._reply(200, {"kind": "Status", "status": "Success"})
@@ -186,6 +195,7 @@ def api_server(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(config))
     FakeAPIServer.seen, FakeAPIServer.stored = [], {}
     FakeAPIServer.state, FakeAPIServer.followed = "Running", []
+    FakeAPIServer.pod_status = {}
     yield FakeAPIServer
     server.shutdown()
     server.server_close()
@@ -256,3 +266,56 @@ def test_job_logs_follow_a_pod_through_a_quiet_spell_until_the_job_ends(
     follows = [s[1].lower() for s in api_server.seen if "follow=true" in s[1].lower()]
     assert len(follows) == 2 and all("timestamps=true" in f for f in follows), follows
     assert "sinceseconds=" not in follows[0] and "sinceseconds=" in follows[1], follows
+
+
+def test_job_checkpoint_annotates_every_pod_and_status_shows_what_failed_pods_left(
+        capsys, tmp_path, monkeypatch, api_server):
+    """issue 39.12 (Kubernetes): ``job checkpoint KIND/NAME [--stop]`` is the annotation the
+    pods watch (tests/cluster/test_k8s_pod_requests.py: what the pods do with it); issue 42.3:
+    ``job status`` prints each failed pod's termination message (a hang report)."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "train", "--backend", "k8s", "--kind", "pytorchjob",
+                           "--image", "img:1", "--namespace", "ml", "--nodes", 2, "--apply",
+                           BEHAVE)
+    assert code == 0, err
+    for argv, kind in (([], "save"), (["--stop"], "stop")):
+        api_server.seen = []
+        code, out, err = run_cli(capsys, "job", "checkpoint", "pytorchjob/behave",
+                                 "--namespace", "ml", *argv)
+        assert code == 0, err
+        assert out.startswith("asked the 2 pod(s) of pytorchjob/behave for a checkpoint"), out
+        patches = [s for s in api_server.seen if s[0] == "PATCH"]
+        assert [p[1] for p in patches] == ["/api/v1/namespaces/ml/pods/behave-master-0",
+                                           "/api/v1/namespaces/ml/pods/behave-worker-0"]
+        for _, _, content_type, body in patches:
+            assert content_type == "application/strategic-merge-patch+json"
+            (value,) = body["metadata"]["annotations"].values()
+            assert list(body["metadata"]["annotations"]) == ["fluidctl.io/checkpoint"]
+            assert value.split()[0] == kind and float(value.split()[1]) > 0
+    code, out, err = run_cli(capsys, "job", "checkpoint", "mpijob/behave", "--namespace", "ml")
+    assert code == 2 and "an MPIJob's ranks are started by mpirun" in err
+    assert len(err.strip().splitlines()) == 1
+    api_server.state = "Failed"
+    api_server.pod_status = {"behave-master-0": {"containerStatuses": [{
+        "name": "pytorch", "image": "img:1", "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 124, "reason": "Error", "message":
+                                 "pod behave-master-0: the job hung\nrank 1 in read_batch"}}}]}}
+    code, out, err = run_cli(capsys, "job", "status", "pytorchjob/behave", "--namespace", "ml")
+    assert code == 1, err
+    assert out == ("job pytorchjob/behave in ml: Failed\n"
+                   "  pod behave-master-0: exit code 124 (Error)\n"
+                   "    pod behave-master-0: the job hung\n"
+                   "    rank 1 in read_batch\n"), out
+
+
+def test_job_checkpoint_refuses_an_elastic_pytorchjob(capsys, tmp_path, monkeypatch,
+                                                      api_server):
+    """torchrun supervises an elastic PyTorchJob's ranks: no fluidctl in its pods to ask."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "train", "--backend", "k8s", "--kind", "pytorchjob",
+                           "--image", "img:1", "--namespace", "ml", "--nodes", "1:2", "--apply",
+                           BEHAVE)
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "job", "checkpoint", "pytorchjob/behave", "--namespace", "ml")
+    assert (code, out) == (2, "") and "is an elastic PyTorchJob" in err, err
+    assert not [s for s in api_server.seen if s[0] == "PATCH"]

@@ -90,7 +90,8 @@ NOT_RUN_HERE = [
     (lambda a: a[0] == "train" and "--pserver-endpoints" in a,
      "needs pservers already running elsewhere"),
     (lambda a: a[0] == "cluster", "needs sshd nodes (tests/cluster)"),
-    (lambda a: "--apply" in a or a[:2] == ["job", "list"] and "--k8s" in a,
+    (lambda a: "--apply" in a or a[:2] == ["job", "list"] and "--k8s" in a
+     or a[:2] == ["job", "checkpoint"] and "/" in a[2],
      "submits to a Kubernetes API server (tests/unit/test_k8s_render.py fakes one)"),
     (lambda a: a[0] == "worker", "the per-rank entry that mpirun or srun starts"),
     (lambda a: a[0] == "dump", "needs a running job"),

@@ -170,12 +170,52 @@ def status(job_id: str, namespace: str, environ=None) -> str:
     return _state(get_job(job_id, namespace, environ))
 
 
-def _pod_name(core, job_id: str, namespace: str, pod: int) -> str:
-    """The job's ``pod``-th pod, by name."""
+def pod_ends(job_id: str, namespace: str, environ=None) -> List[dict]:
+    """The job's pods whose container ended with a non-zero code: {pod, exit_code, reason,
+    message}, the message being what the pod left (a hang report, else its log's tail)."""
+    from kubernetes import client
+    core = client.CoreV1Api(api_client(environ))
+    try:
+        pods = _pods(core, job_id, namespace)
+    except client.ApiException as exc:
+        raise _fail(f"reading the pods of {job_id} failed", exc) from None
+    out = []
+    for pod in pods:
+        for container in (pod.status.container_statuses or []) if pod.status else []:
+            ended = container.state.terminated if container.state else None
+            if ended is None and container.last_state is not None:
+                ended = container.last_state.terminated      # restarted since
+            if ended is not None and ended.exit_code:
+                out.append({"pod": pod.metadata.name, "exit_code": ended.exit_code,
+                            "reason": ended.reason or "", "message": ended.message or ""})
+    return out
+
+
+def annotate_pods(job_id: str, namespace: str, annotations: dict, environ=None) -> List[str]:
+    """Set ``annotations`` on every pod of the job (a strategic merge patch); their names."""
+    from kubernetes import client
+    core = client.CoreV1Api(api_client(environ))
+    try:
+        names = [p.metadata.name for p in _pods(core, job_id, namespace)]
+        for name in names:
+            core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}},
+                                      _request_timeout=TIMEOUT)
+    except client.ApiException as exc:
+        raise _fail(f"asking the pods of {job_id} failed", exc) from None
+    return names
+
+
+def _pods(core, job_id: str, namespace: str) -> list:
+    """The job's pods (V1Pod), by name."""
     _, name = parse_job_id(job_id)
     pods = core.list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}={name}",
                                     _request_timeout=TIMEOUT).items
-    names = sorted(p.metadata.name for p in pods)
+    return sorted(pods, key=lambda p: p.metadata.name)
+
+
+def _pod_name(core, job_id: str, namespace: str, pod: int) -> str:
+    """The job's ``pod``-th pod, by name."""
+    names = [p.metadata.name for p in _pods(core, job_id, namespace)]
     if pod >= len(names):
         raise UsageError(f"{job_id} has {len(names)} pod(s) now, no pod {pod}",
                          "wait until it is scheduled (fluidctl job status), or pick "

@@ -1,6 +1,11 @@
-"""The k8s backend's job verbs: ``fluidctl job list|status|logs|cancel`` for the Kubernetes
-jobs fluidctl submitted (``KIND/NAME``, e.g. ``pytorchjob/bert``), through the API
-(``fluidctl.backends.k8s.api``)."""
+"""The k8s backend's job verbs: ``fluidctl job list|status|logs|checkpoint|cancel`` for the
+Kubernetes jobs fluidctl submitted (``KIND/NAME``, e.g. ``pytorchjob/bert``), through the API
+(``fluidctl.backends.k8s.api``).
+
+``checkpoint`` sets the annotation ``fluidctl.io/checkpoint`` on each of the job's pods; each
+pod sees it in its downward API volume when the kubelet next refreshes it (within about a
+minute) and its pod entry turns it into a request (``pod.py``). An annotation needs no exec
+rights and no API access from the pods."""
 from __future__ import annotations
 
 import json
@@ -27,12 +32,20 @@ def list_jobs(as_json: bool = False, namespace=None, **_) -> None:
 
 
 def status(job_id: str, as_json: bool = False, namespace: str = "default", **_) -> None:
-    """The job's state (its last true condition); exit 1 for a failed job."""
+    """The job's state (its last true condition) and each pod that failed, with what it left
+    (a hang report, else its log's tail); exit 1 for a failed job."""
     state = api.status(job_id, namespace)
+    ends = api.pod_ends(job_id, namespace) if state not in ("Succeeded",) else []
     if as_json:
-        print(json.dumps({"job_id": job_id, "namespace": namespace, "state": state}, indent=1))
+        print(json.dumps({"job_id": job_id, "namespace": namespace, "state": state,
+                          "failed_pods": ends}, indent=1))
     else:
         print(f"job {job_id} in {namespace}: {state}")
+        for end in ends:
+            print(f"  pod {end['pod']}: exit code {end['exit_code']}"
+                  + (f" ({end['reason']})" if end["reason"] else ""))
+            for line in end["message"].strip().splitlines():
+                print(f"    {line}")
     sys.exit(1 if state in FAILED else 0)
 
 
@@ -57,6 +70,34 @@ def logs(job_id: str, rank: int = 0, follow: bool = False, namespace: str = "def
         sys.exit(130)
     print(f"fluidctl: job {job_id} {state}", file=sys.stderr, flush=True)
     sys.exit(1 if state in FAILED else 0)
+
+
+def checkpoint(job_id: str, stop: bool = False, namespace: str = "default", **_) -> None:
+    """Ask every pod of the job for a checkpoint (``save``: every rank saves at the same step
+    and goes on; ``stop``: then the pods end with exit 75)."""
+    import time
+    from fluidctl.backends.k8s.podspec import CHECKPOINT_ANNOTATION
+    from fluidctl.backends.k8s.plan import MPIJOB
+    from fluidctl.errors import UsageError
+    if api.parse_job_id(job_id)[0] == MPIJOB:
+        raise UsageError(f"{job_id}: an MPIJob's ranks are started by mpirun, with no fluidctl "
+                         "in its pods to pass a request on", "run the job as --kind "
+                         "pytorchjob, paddlejob or jobset to ask it for checkpoints")
+    if (api.get_job(job_id, namespace).get("spec") or {}).get("elasticPolicy"):
+        raise UsageError(f"{job_id} is an elastic PyTorchJob: torchrun starts its ranks, with "
+                         "no fluidctl in its pods to pass a request on",
+                         "checkpoint from the script, or run a fixed --nodes N")
+    kind = "stop" if stop else "save"
+    pods = api.annotate_pods(job_id, namespace,
+                             {CHECKPOINT_ANNOTATION: f"{kind} {time.time():.3f}"})
+    if not pods:
+        raise UsageError(f"{job_id} has no pods in {namespace} now",
+                         "check it with fluidctl job status")
+    then = ("every rank saves at the same step, then the pods end with exit 75" if stop
+            else "every rank saves at the same step and goes on")
+    print(f"asked the {len(pods)} pod(s) of {job_id} for a checkpoint (annotation "
+          f"{CHECKPOINT_ANNOTATION}, seen by the pods when the kubelet refreshes it, within "
+          f"about a minute): {then}", flush=True)
 
 
 def cancel(job_id: str, namespace: str = "default", **_) -> None:

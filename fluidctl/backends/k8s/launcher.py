@@ -91,6 +91,13 @@ class K8sLauncher(BaseLauncher):
         job.python = python
         job.cores = nproc       # the pods' cores are unknown here: one thread per process
                                 # (CPU_NUM, OMP_NUM_THREADS) unless --env sets them
+        from fluidctl.backends.k8s import podspec
+        self.elastic = None if opts.elastic is None else dict(
+            nodes=opts.elastic, python=python, script=script,
+            script_args=list(config.script_args), user_env=dict(config.user_env),
+            nproc=nproc, max_restarts=config.max_restarts)
+        self.pod = opts.pod or podspec.parse({}, config,
+                                             **kplan.pod_kind(opts.kind, opts.elastic))
         self.spec_args = dict(kind=opts.kind, name=name, namespace=opts.namespace,
                               image=opts.image, python=python, token=config.token,
                               max_restarts=config.max_restarts, gpus_per_pod=gpus,
@@ -118,8 +125,12 @@ class K8sLauncher(BaseLauncher):
         return planner.make_plan(job, kplan.pod_ports(job, port), backend=self.name)
 
     def objects(self, plan) -> List[dict]:
-        from fluidctl.backends.k8s import render
-        return render.render(render.Spec(**self.spec_args), plan)
+        from fluidctl.backends.k8s import podspec, render
+        objects = render.render(render.Spec(**self.spec_args), plan)
+        if self.elastic is not None:
+            from fluidctl.backends.k8s import elastic
+            objects = elastic.apply(objects, **self.elastic)
+        return podspec.apply(objects, self.pod)
 
     def describe(self, plan, show_secrets: bool = False) -> str:
         """The objects as YAML, the token masked unless ``show_secrets``."""

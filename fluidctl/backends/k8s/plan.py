@@ -11,9 +11,12 @@ the pservers are pods of their own (a separate replica set), after the trainer p
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from fluidctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from fluidctl.backends.k8s.podspec import PodOptions
 
 PYTORCHJOB, MPIJOB, PADDLEJOB, JOBSET = "pytorchjob", "mpijob", "paddlejob", "jobset"
 TRAINJOB = "trainjob"
@@ -44,6 +47,8 @@ class K8sOptions:
     apply: bool = False
     api_version: Optional[str] = None   # --api-version (MPIJob's; None: the kind's default)
     restart: str = GROUP                # --restart-policy
+    pod: Optional["PodOptions"] = None  # the pod and job fields (podspec.py)
+    elastic: Optional[Tuple[int, int]] = None     # --nodes MIN:MAX (an elastic PyTorchJob)
 
     @property
     def version(self) -> Optional[str]:
@@ -141,13 +146,65 @@ def pserver_pods(kind: str, name: str, count: int, namespace: str) -> List[str]:
     return [pod_address(kind, name, PSERVER_SET[kind], i, namespace) for i in range(count)]
 
 
+def refuse_unsupervised(config) -> None:
+    """What the console of ``fluidctl train`` means has no counterpart in a pod: each pod's
+    log (``kubectl logs``, ``fluidctl job logs --rank N``) is all of its processes' output,
+    prefixed, and its failure report shows 20 lines."""
+    from fluidctl.planning.config import LaunchConfig
+    where = "each pod's log holds all of its processes' output (fluidctl job logs --rank N)"
+    if config.tee == "none" or config.tee_ranks is not None:
+        flag = "--tee none" if config.tee == "none" else "--tee-ranks"
+        raise UsageError(f"{flag} chooses what fluidctl echoes here, and {where}",
+                         f"drop {flag}")
+    if config.log_tail != LaunchConfig.log_tail:
+        raise UsageError("--log-tail sizes the failure report printed here, and a pod's "
+                         "report is in its log (its last 20 lines)", "drop --log-tail")
+    if config.pserver_hosts:
+        raise UsageError("--pserver-hosts names hosts, and the pservers of a Kubernetes job "
+                         "are pods of their own", "drop --pserver-hosts; --pservers N sets "
+                         "how many")
+
+
+def pod_kind(kind: Optional[str], elastic=None) -> dict:
+    """What the pod options need to know of the kind (podspec.parse): whether it has a gang
+    form, and who starts the ranks (None: fluidctl's pod entry)."""
+    starter = ("an MPIJob's mpirun" if kind == MPIJOB else
+               "torchrun (an elastic PyTorchJob)" if elastic else None)
+    return {"gang": kind not in (JOBSET, TRAINJOB), "starter": starter}
+
+
+def pod_count(text, kind: Optional[str], mode: str):
+    """--nodes: (trainer pods, (MIN, MAX) for an elastic PyTorchJob else None)."""
+    from fluidctl.planning.elastic import NodeRange, parse_nodes
+    if text is None:
+        return 1, None
+    nodes = parse_nodes(text)
+    if not isinstance(nodes, NodeRange):
+        return nodes, None
+    if kind != PYTORCHJOB:
+        raise UsageError(f"--nodes {nodes} (an elastic job) needs --kind pytorchjob (its "
+                         "elasticPolicy); the other kinds' pods run a world of fixed size",
+                         "use --kind pytorchjob, or give a count of pods, e.g. --nodes 2")
+    if mode != "collective":
+        raise UsageError(f"--nodes {nodes} (an elastic job) needs --mode collective",
+                         "drop --mode pserver, or give a count of pods")
+    return nodes.high, (nodes.low, nodes.high)
+
+
 def configure(config, values: dict):
-    from fluidctl.planning.elastic import node_count
-    nodes = node_count(values.pop("nodes", None), "k8s", "a count of pods")
-    options = K8sOptions(kind=values.pop("kind", None), image=values.pop("image", None),
+    from fluidctl.backends.k8s import podspec
+    from fluidctl.planning.nodeopts import refuse_without_nodes
+    kind = values.pop("kind", None)
+    nodes, elastic = pod_count(values.pop("nodes", None), kind, config.mode)
+    refuse_without_nodes(config, bool(values.get("include_bad")), "Kubernetes places the pods",
+                         keep=("--remote-dir",))       # the containers' workingDir
+    refuse_unsupervised(config)
+    options = K8sOptions(kind=kind, image=values.pop("image", None),
                          namespace=values.pop("namespace", None) or "default",
-                         nodes=nodes or 1, name=values.pop("job_name", None),
+                         nodes=nodes, name=values.pop("job_name", None),
                          apply=bool(values.pop("apply", False)),
                          api_version=values.pop("api_version", None),
-                         restart=values.pop("restart_policy", None) or GROUP)
+                         restart=values.pop("restart_policy", None) or GROUP,
+                         pod=podspec.parse(values, config, **pod_kind(kind, elastic)),
+                         elastic=elastic)
     return replace(config, backend_options=options)

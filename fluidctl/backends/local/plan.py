@@ -9,5 +9,8 @@ import dataclasses
 def configure(config, values: dict):
     """``config`` with what its --nodes means (``config.backend_options``)."""
     from fluidctl.planning.elastic import host_nodes
+    from fluidctl.planning.nodeopts import refuse_without_nodes
     nodes = host_nodes(values.pop("nodes", None), len(config.hosts), config.mode)
+    refuse_without_nodes(config, bool(values.get("include_bad")),
+                         "--backend local runs the job on this machine")
     return dataclasses.replace(config, backend_options=nodes)

@@ -15,6 +15,7 @@ secrets such as the job token never appear in ``ps``.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -103,12 +104,20 @@ def wheel_prefix(mpirun: str) -> Optional[str]:
     return None
 
 
+def ssh_options(config) -> List[str]:
+    """mpirun's ssh to the nodes with --accept-new-host-keys and --ssh-timeout (when given)."""
+    out = ["StrictHostKeyChecking=accept-new"] if config.accept_new_host_keys else []
+    if config.ssh_timeout != type(config).ssh_timeout:      # given: not the default
+        out.append(f"ConnectTimeout={int(math.ceil(config.ssh_timeout))}")
+    return out
+
+
 def command(argv: Sequence[str], nproc: int, *, hosts: Sequence[Host] = (),
             hostfile: Optional[str] = None, env_names: Sequence[str] = (),
             map_by: str = "slot", oversubscribe: Optional[bool] = None,
             as_root: Optional[bool] = None, mpirun: Optional[str] = None,
             prefix: Optional[str] = None, ssh_config: Optional[str] = None,
-            extra: Sequence[str] = ()) -> List[str]:
+            ssh_options: Sequence[str] = (), extra: Sequence[str] = ()) -> List[str]:
     """The mpirun argv that starts ``argv`` on ``nproc`` ranks.
 
     ``hosts`` (with ``hostfile`` naming where write_hostfile put them) spreads ranks by slot;
@@ -133,8 +142,10 @@ def command(argv: Sequence[str], nproc: int, *, hosts: Sequence[Host] = (),
             prefix = wheel_prefix(mpirun)
         if prefix:
             cmd += ["--prefix", prefix]
-        if ssh_config:
-            cmd += ["--mca", "plm_ssh_args", f"-F {ssh_config}"]
+        ssh_args = ([f"-F {ssh_config}"] if ssh_config else []) + [
+            f"-o {o}" for o in ssh_options]
+        if ssh_args:
+            cmd += ["--mca", "plm_ssh_args", " ".join(ssh_args)]
     given = {word.split("=", 1)[0] for word in extra}    # the user's own win over ours
     if map_by and "--map-by" not in given:
         cmd += ["--map-by", map_by]
@@ -286,6 +297,7 @@ class MPILauncher(BaseLauncher):
         # (--mpirun-arg=--oversubscribe gives room there)
         self.argv = command(rank_argv, len(plan.procs), hosts=self.hosts, hostfile=hostfile,
                             env_names=names, ssh_config=config.ssh_config,
+                            ssh_options=ssh_options(config),
                             oversubscribe=True if not self.hosts else None,
                             extra=user_mpirun_args(config.backend_options.mpirun_args
                                                         if config.backend_options else ()))

@@ -26,6 +26,16 @@ def configure(config, values: dict):
     if config.gpus == "all":
         raise UsageError("--gpus all is not known with --backend mpi",
                          "give a count per node, e.g. --gpus 4")
+    if not config.hosts:
+        from fluidctl.planning.nodeopts import refuse_without_nodes
+        refuse_without_nodes(config, bool(values.get("include_bad")),
+                             "--backend mpi without them runs mpirun on this machine")
+    if config.remote_dir:
+        raise UsageError("--remote-dir is not passed to mpirun (its ranks start in this "
+                         "directory's path on every node)", "use --mpirun-arg=--wdir=DIR")
+    if config.started_port:
+        raise UsageError("--started-port: the ranks under mpirun choose their endpoints when "
+                         "they start", "drop --started-port")
     args = tuple(values.pop("mpirun_args", None) or ())
     return dataclasses.replace(config, backend_options=MpiOptions(nodes.count,
                                                                   mpirun_args=args))

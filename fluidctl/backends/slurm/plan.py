@@ -276,6 +276,13 @@ def configure(config, values: dict):
                          "under Slurm the allocation chooses them",
                          "drop --health-gate (run fluidctl cluster check --deep on the "
                          "allocation's nodes), or pass --exclude")
+    from fluidctl.planning.nodeopts import refuse_without_nodes
+    refuse_without_nodes(config, bool(values.get("include_bad")),   # the allocation's ledger
+                         "under Slurm srun starts the ranks on the allocation's nodes",
+                         keep=("--include-bad",))
+    if config.started_port:
+        raise UsageError("--started-port: under Slurm the ranks choose their endpoints when "
+                         "they start", "drop --started-port")
     options = SlurmOptions(
         nodes=nodes, partition=values.pop("partition", None), time=values.pop("time_limit", None),
         account=values.pop("account", None), qos=values.pop("qos", None),
