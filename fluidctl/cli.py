@@ -22,6 +22,7 @@ COMMANDS = {
     "cluster": "fluidctl.commands.cluster:cluster",
     "job": "fluidctl.commands.job:job",
     "dump": "fluidctl.commands.dump:dump",
+    "top": "fluidctl.commands.top:top",
 }
 
 HELP = """Launch distributed training jobs: collective (NCCL2 / gloo) or parameter-server, on this
@@ -35,6 +36,7 @@ Examples:
   fluidctl shard-data train.txt --trainers 4 -o shards/
   mpirun -np 8 -hostfile hosts fluidctl worker train.py
   fluidctl dump                  # where is every rank of the running job?
+  fluidctl top                   # how fast is it, and which rank is slow?
 
 \b
 Shell completion (bash; use zsh_source / fish_source for those shells):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from fluidctl.launch import run
@@ -103,17 +104,33 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
     from fluidctl.launch.relay import RequestRelay
     relay = (RequestRelay(checkpoint.layout.checkpoint_request, launcher.relay_checkpoint)
              if checkpoint is not None else _NoRelay())
+    watching = _watching(config, launcher, layout, launch_log)
     with relay:         # fluidctl job checkpoint's "save", to the nodes with their own file
         result = run.run_supervised(
             lambda attempt: launcher.start(plan, attempt), logs=logs, launch_log=launch_log,
             options=RunOptions(config.grace_period, config.max_restarts, checkpoint,
                                launcher.request_at), shown=shown,
-            watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config)))
+            watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config),
+                                     watching=watching))
     if owner:
         _checkpoint_failures(plan, result, launch_log)
     if result.exit_code == REQUEUE_EXIT and result.failure is None:   # ours, not a rank's 75
         mark_requeue(checkpoint.asked if checkpoint else "")
     return result
+
+
+def _watching(config, launcher, layout, launch_log):
+    """live.json for ``fluidctl top`` and, with --metrics-port, the metrics endpoint (bound
+    now: a port in use is one line before anything starts)."""
+    from fluidctl.observe.watching import Watching
+    meta = {"backend": launcher.name, "job": Path(config.script).stem,
+            "hang_timeout": config.hang_timeout}
+    watching = Watching(layout.root.resolve(), meta, config.metrics_host, config.metrics_port)
+    if watching.url:
+        launch_log(f"metrics: {watching.url}")
+        import sys
+        print(f"fluidctl: metrics at {watching.url}", file=sys.stderr, flush=True)
+    return watching
 
 
 class _NoRelay:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 from fluidctl.backends.slurm import slurmctl
 from fluidctl.errors import UsageError
@@ -121,6 +122,11 @@ def _why(record: slurmctl.JobRecord, st: slurmctl.JobState) -> str:
     if failure.explanation:
         why += f": {failure.explanation}"
     return why + f" (log {failure.log})"
+
+
+def log_dir(job_id: str, **_) -> Path:
+    """The job's own log dir, where its launcher writes live.json (``fluidctl top``)."""
+    return slurmctl.load_record(job_id).run_layout.root
 
 
 def logs(job_id: str, rank: int = 0, batch: bool = False, follow: bool = False, **_) -> None:
