@@ -123,32 +123,45 @@ def header(snap: dict) -> str:
             + (f"  metrics {snap['metrics']}" if snap.get("metrics") else ""))
 
 
-def table(snap: dict, rows: List[dict], folded: bool, sort: str, reverse: bool):
-    from rich.table import Table
+def table(snap: dict, rows: List[dict], folded: bool, sort: str, reverse: bool,
+          width: Optional[int] = None):
+    """The rows as a rich Table; on a narrow terminal (``width``) the shares go, the GPU
+    column only where a rank has one, and the last line takes what is left."""
     from rich import box
+    from rich.table import Table
+    gpus = any(r.get("gpu_util") is not None for r in rows)
+    shares = width is None or width >= 100
     grid = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False,
                  caption=f"sort {sort}{' (reversed)' if reverse else ''}"
                          f"{', one row per node' if folded else ''}  keys: s sort, "
                          "r reverse, f flagged, q quit")
-    grid.add_column("ranks" if folded else "rank", justify="right", no_wrap=True)
-    for name in ("node", "state"):
-        grid.add_column(name, no_wrap=True)
-    for name in ("step", "p50", "p99"):
-        grid.add_column(name, justify="right", no_wrap=True)
-    grid.add_column("data/comp/comm%", justify="right", no_wrap=True)
-    for name in ("cpu%", "rss", "gpu"):
-        grid.add_column(name, justify="right", no_wrap=True)
-    grid.add_column("verdict", no_wrap=True, style="bold red")
+    grid.add_column("ranks" if folded else "rank", justify="right", no_wrap=True,
+                    min_width=12 if folded else 4)
+    grid.add_column("node", no_wrap=True, min_width=9, max_width=24, overflow="ellipsis")
+    grid.add_column("state", no_wrap=True, min_width=7)
+    grid.add_column("step", justify="right", no_wrap=True, min_width=6)
+    for name in ("p50", "p99"):
+        grid.add_column(name, justify="right", no_wrap=True, min_width=7)
+    if shares:
+        grid.add_column("d/c/comm%", justify="right", no_wrap=True, min_width=9)
+    grid.add_column("cpu%", justify="right", no_wrap=True, min_width=4)
+    grid.add_column("rss", justify="right", no_wrap=True, min_width=6)
+    if gpus:
+        grid.add_column("gpu", justify="right", no_wrap=True, min_width=10)
+    grid.add_column("verdict", no_wrap=True, style="bold red", min_width=11)
     grid.add_column("last line", no_wrap=True, overflow="ellipsis", max_width=60)
     for row in rows:
-        gpu = ("-" if row.get("gpu_util") is None
-               else f"{row['gpu_util']}% {_bytes(row.get('gpu_mem'))}")
-        grid.add_row(row["ranks"] if folded else str(row["rank"]), str(row.get("host") or "-"),
-                     row["state"], "-" if row["step"] is None else str(row["step"]),
-                     _seconds(row["p50"]), _seconds(row["p99"]), _shares(row.get("shares")),
-                     "-" if row.get("cpu") is None else f"{row['cpu']:.0f}",
-                     _bytes(row.get("rss")), gpu, row["verdict"] or "",
-                     row["last_line"])
+        cells = [row["ranks"] if folded else str(row["rank"]), str(row.get("host") or "-"),
+                 row["state"], "-" if row["step"] is None else str(row["step"]),
+                 _seconds(row["p50"]), _seconds(row["p99"])]
+        if shares:
+            cells.append(_shares(row.get("shares")))
+        cells += ["-" if row.get("cpu") is None else f"{row['cpu']:.0f}",
+                  _bytes(row.get("rss"))]
+        if gpus:
+            cells.append("-" if row.get("gpu_util") is None
+                         else f"{row['gpu_util']}% {_bytes(row.get('gpu_mem'))}")
+        grid.add_row(*cells, row["verdict"] or "", row["last_line"])
     return grid
 
 
@@ -166,11 +179,12 @@ class View:
             rows = fold(rows)
         return sort_rows(rows, self.sort, self.reverse), folded
 
-    def frame(self, snap: dict, height: Optional[int]):
+    def frame(self, snap: dict, height: Optional[int], width: Optional[int] = None):
         from rich.console import Group
         from rich.text import Text
         rows, folded = self.rows(snap, height)
-        return Group(Text(header(snap)), table(snap, rows, folded, self.sort, self.reverse))
+        return Group(Text(header(snap)),
+                     table(snap, rows, folded, self.sort, self.reverse, width))
 
     def key(self, char: str) -> bool:
         """Apply a key; False for quit."""
@@ -234,7 +248,8 @@ def run(log_root: Path, *, once: bool = False, json_out: bool = False, interval:
             print(as_json(first, view), flush=True)
         else:
             out = console()
-            out.print(view.frame(first, None if not out.is_terminal else out.size.height))
+            out.print(view.frame(first, *((out.size.height, out.size.width) if out.is_terminal
+                                          else (None, None))))
         return 0
     if json_out:
         return _frames(reader, first, interval, lambda snap: print(as_json(snap, view),
@@ -247,8 +262,10 @@ def run(log_root: Path, *, once: bool = False, json_out: bool = False, interval:
     keys = _Keys()
     try:
         snap = first
-        with Live(view.frame(snap, out.size.height), console=out, auto_refresh=False,
-                  screen=False, transient=False) as live:
+        def frame():
+            return view.frame(snap, out.size.height, out.size.width)
+        with Live(frame(), console=out, auto_refresh=False, screen=False,
+                  transient=False) as live:
             while snap["running"]:
                 deadline = time.monotonic() + interval
                 while time.monotonic() < deadline:
@@ -256,9 +273,9 @@ def run(log_root: Path, *, once: bool = False, json_out: bool = False, interval:
                     if not all(view.key(c) for c in typed):
                         return 0
                     if typed:
-                        live.update(view.frame(snap, out.size.height), refresh=True)
+                        live.update(frame(), refresh=True)
                 snap = reader.read()
-                live.update(view.frame(snap, out.size.height), refresh=True)
+                live.update(frame(), refresh=True)
     except KeyboardInterrupt:
         return 0
     finally:
