@@ -61,6 +61,9 @@ class RankTimes:
 
     def add(self, when: float, sample) -> None:
         previous = self.history[-1][1] if self.history else None
+        if previous is not None and sample.count < previous.count:     # a new attempt
+            self.history.clear()
+            self.last_mark, previous = 0, None
         if sample.marks:
             pairs = [p for p in sample.marks if p[0] > self.last_mark]
             times = dict(sample.marks)
@@ -165,6 +168,9 @@ class Publisher(threading.Thread):
         ranks = {}
         for rank, sample in samples.items():
             self.ranks.setdefault(rank, RankTimes()).add(now, sample)
+        if states:                      # a new world: ranks that left it are not shown
+            for gone in set(self.ranks) - set(states):
+                del self.ranks[gone]
         for rank in sorted(set(states) | set(self.ranks)):
             entry = dict(states.get(rank, {"host": None, "pid": None, "state": "unknown"}))
             if rank in self.ranks:

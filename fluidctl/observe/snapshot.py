@@ -18,8 +18,8 @@ from fluidctl.paths import LogLayout, read_state_file
 
 STALE = 60.0            # seconds a straggler verdict stays on its ranks' rows
 TAIL = 4096             # bytes read from the end of a rank's log for its last line
-# a script declares its total in its own output: "step 120/1000", "[120/1000]", "120 of 1000"
-_PROGRESS = re.compile(r"(\d+)\s*(?:/|\bof\b)\s*(\d+)")
+# a script declares its total in its own output: "step 120/1000", "[120/1000]"
+_PROGRESS = re.compile(r"(\d+)\s*/\s*(\d+)")
 _RANK_LOG = re.compile(r"workerlog\.(\d+)$")
 EVENT_KINDS = ("straggler", "hang", "restart", "world", "node_lost", "checkpoint")
 
@@ -42,7 +42,10 @@ def last_line(path: Path) -> str:
 
 
 def declared_progress(line: str) -> Optional[Tuple[int, int]]:
-    """(done, total) from a log line that says it ("step 120/1000"), else None."""
+    """(done, total) from a log line that says it ("step 120/1000"), else None (fluidctl's
+    own lines in the log, such as a restart's header, say nothing of the script's)."""
+    if "fluidctl" in line:
+        return None
     found = [(int(a), int(b)) for a, b in _PROGRESS.findall(line)]
     found = [(a, b) for a, b in found if 0 < b and a <= b]
     return found[-1] if found else None

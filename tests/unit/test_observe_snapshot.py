@@ -85,7 +85,8 @@ def test_rank_states_from_processes_and_agents():
 
 def test_declared_progress_and_last_line(tmp_path):
     assert snapshot.declared_progress("epoch 1 step 120/1000 loss 0.3") == (120, 1000)
-    assert snapshot.declared_progress("[7 of 10]") == (7, 10)
+    assert snapshot.declared_progress("[7/10] 3.1 it/s") == (7, 10)
+    assert snapshot.declared_progress("===== fluidctl: restart 1 of 1, 2026/11/28 =====") is None
     assert snapshot.declared_progress("step 12") is None
     log = tmp_path / "workerlog.0"
     log.write_bytes(b"a\nprogress 10%\rprogress 50%\r\n\n")
