@@ -32,6 +32,8 @@ def log_root(job, log_dir):
         return root
     if log_dir:
         raise UsageError("JOB and --log-dir both given", "give one of them")
+    if Path(job).is_dir():              # a log dir, even before its launch.log exists
+        return Path(job)
     owner = backends.owner_of(job)
     verb = getattr(owner.verbs(), "log_dir", None)
     if verb is None:

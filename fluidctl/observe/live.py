@@ -25,8 +25,9 @@ from fluidctl.paths import LogLayout, write_atomic
 EVERY = 1.0             # seconds between rewrites of live.json
 KEEP = 256              # step times kept per rank for the percentiles
 SHARE_WINDOW = 5.0      # seconds the data/compute/comm shares and the rates span
-BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-           30.0, 60.0)     # the step-time histogram's upper bounds (seconds; +Inf after)
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
+# the step-time histogram's upper bounds (seconds; +Inf after): few, since every rank's
+# histogram is a series per bucket at every scrape
 VERSION = 1
 
 
@@ -187,13 +188,16 @@ class Publisher(threading.Thread):
         with self._lock:
             return self._state
 
+    def publish(self) -> None:
+        """One reading, written to live.json (never raises: the view must not stop the job)."""
+        try:
+            write_atomic(self.layout.live, json.dumps(self.step(), separators=(",", ":")))
+        except Exception:       # noqa: BLE001
+            pass
+
     def run(self) -> None:
         while not self._halt.wait(self.every):
-            try:
-                state = self.step()
-                write_atomic(self.layout.live, json.dumps(state, separators=(",", ":")))
-            except Exception:       # noqa: BLE001 - the view must never stop the job
-                continue
+            self.publish()
 
     def stop(self) -> None:
         """Stop; the file goes (a job that ended is seen in its events and failure.json)."""

@@ -186,6 +186,18 @@ def _nvml() -> Optional[dict]:
     return found
 
 
+def _alive(job: dict) -> bool:
+    """The launcher named in job.json runs (on another host: taken as running)."""
+    if job.get("host") != os.uname().nodename:
+        return True
+    try:
+        pid = int(job.get("pid", 0))
+        os.kill(pid, 0)
+    except (OSError, ValueError, TypeError):
+        return False
+    return pid > 0
+
+
 class Reader:
     """Reads a job's snapshot from its log dir (``live``: the launcher's record in memory
     instead of live.json, for its metrics endpoint)."""
@@ -257,6 +269,8 @@ class Reader:
         progress = declared_progress(rows[0]["last_line"]) if rows else None
         return {
             "log_dir": str(self.layout.root), "running": running,
+            # a launcher that is starting its ranks (job.json, no live.json yet)
+            "starting": not running and bool(job) and _alive(job),
             "job": (live or {}).get("job") or job.get("job") or self.layout.root.name,
             "backend": (live or {}).get("backend"), "launcher_pid": (live or {}).get("pid"),
             "launcher_host": (live or {}).get("host"), "metrics": (live or {}).get("metrics"),

@@ -243,7 +243,7 @@ def run(log_root: Path, *, once: bool = False, json_out: bool = False, interval:
         reader.procs.prime(r["pid"] for r in first["ranks"] if r.get("pid"))
         time.sleep(min(interval, 0.25))      # CPU% needs an interval
         first = reader.read()
-    if once or not first["running"]:
+    if once or not (first["running"] or first["starting"]):
         if json_out:
             print(as_json(first, view), flush=True)
         else:
@@ -266,7 +266,7 @@ def run(log_root: Path, *, once: bool = False, json_out: bool = False, interval:
             return view.frame(snap, out.size.height, out.size.width)
         with Live(frame(), console=out, auto_refresh=False, screen=False,
                   transient=False) as live:
-            while snap["running"]:
+            while snap["running"] or snap["starting"]:
                 deadline = time.monotonic() + interval
                 while time.monotonic() < deadline:
                     typed = keys.read(max(0.0, deadline - time.monotonic()))
@@ -288,7 +288,7 @@ def _frames(reader: Reader, snap: dict, interval: float, show) -> int:
     try:
         while True:
             show(snap)
-            if not snap["running"]:
+            if not (snap["running"] or snap["starting"]):
                 return 0
             time.sleep(interval)
             snap = reader.read()

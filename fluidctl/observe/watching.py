@@ -48,7 +48,7 @@ class Watching:
         """Start publishing once the supervisor exists (``handles``: its running attempt)."""
         self.publisher = Publisher(diagnostics.step_samples, diagnostics.hosts, handles,
                                    self.log_root, self.meta)
-        self.publisher.step()
+        self.publisher.publish()            # live.json from the start: top sees a job at once
         self.publisher.start()
 
     def close(self) -> None:

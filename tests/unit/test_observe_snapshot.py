@@ -123,7 +123,7 @@ def _live_job(root, ranks=4, host=None):
              "ranks": {str(r): {"host": "n1" if r < 2 else "n2", "pid": None,
                                 "state": "running", "count": 100 + r, "p50": 0.01 * (r + 1),
                                 "p99": 0.02 * (r + 1), "rate": 5.0 + r,
-                                "buckets": [0] * 5 + [10] + [0] * 10, "sum": 0.3,
+                                "buckets": [0] * 3 + [10] + [0] * (len(live.BUCKETS) - 3), "sum": 0.3,
                                 "observed": 10,
                                 "shares": {"data": 0.1, "compute": 0.6, "comm": 0.3}}
                        for r in range(ranks)}}
