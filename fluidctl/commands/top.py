@@ -32,8 +32,12 @@ def log_root(job, log_dir):
         return root
     if log_dir:
         raise UsageError("JOB and --log-dir both given", "give one of them")
+    from fluidctl.backends.k8s.api import is_k8s_job
     if Path(job).is_dir():              # a log dir, even before its launch.log exists
         return Path(job)
+    if "/" in job and not is_k8s_job(job):
+        raise UsageError(f"no job in {job} (not a directory)",
+                         "give the job's --log-dir, a Slurm job id or KIND/NAME")
     owner = backends.owner_of(job)
     verb = getattr(owner.verbs(), "log_dir", None)
     if verb is None:

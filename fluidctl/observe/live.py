@@ -29,6 +29,7 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
 # the step-time histogram's upper bounds (seconds; +Inf after): few, since every rank's
 # histogram is a series per bucket at every scrape
 VERSION = 1
+PIDS_EVERY = 5.0        # seconds between looks at the ranks' registrations (rank.N files)
 
 
 def percentile(values, q: float) -> Optional[float]:
@@ -122,7 +123,8 @@ def rank_states(handles: List, hosts: Mapping[int, str]) -> Dict[int, dict]:
         why = lost() if callable(lost) else ""
         if why:
             state = "lost"
-        if not hasattr(handle, "rank") and getattr(handle, "copies", None) is None:
+        if getattr(handle, "rank", None) is None and not getattr(handle, "copies", None) \
+                and not getattr(handle, "service", False):
             for info in out.values():           # mpirun, an srun step: every rank it runs
                 if info["state"] == "unknown" or code is not None:
                     info["state"] = state
@@ -148,7 +150,7 @@ class Publisher(threading.Thread):
 
     def __init__(self, samples: Callable[[], Mapping], hosts: Callable[[list], Mapping],
                  handles: Callable[[], list], log_root: Path, meta: Optional[dict] = None,
-                 every: float = EVERY):
+                 every: float = EVERY, pids: Optional[Callable[[], Mapping]] = None):
         super().__init__(name="fluidctl-live", daemon=True)
         self.samples, self.hosts, self.handles = samples, hosts, handles
         self.layout = LogLayout(Path(log_root))
@@ -156,6 +158,9 @@ class Publisher(threading.Thread):
         self.every = every
         self.started = time.time()
         self.ranks: Dict[int, RankTimes] = {}
+        self.pids = pids            # rank -> pid where the ranks register them (mpi, Slurm)
+        self._pids: Dict[int, int] = {}
+        self._pids_at = 0.0
         self._halt = threading.Event()
         self._lock = threading.Lock()
         self._state: dict = {}
@@ -172,8 +177,13 @@ class Publisher(threading.Thread):
         if states:                      # a new world: ranks that left it are not shown
             for gone in set(self.ranks) - set(states):
                 del self.ranks[gone]
+        if self.pids is not None and now - self._pids_at >= PIDS_EVERY and \
+                any(s.get("pid") is None for s in states.values()):
+            self._pids, self._pids_at = dict(self.pids()), now
         for rank in sorted(set(states) | set(self.ranks)):
             entry = dict(states.get(rank, {"host": None, "pid": None, "state": "unknown"}))
+            if entry.get("pid") is None and rank in self._pids:
+                entry["pid"] = self._pids[rank]
             if rank in self.ranks:
                 entry.update(self.ranks[rank].record())
             ranks[str(rank)] = entry

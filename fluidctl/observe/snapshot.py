@@ -259,7 +259,8 @@ class Reader:
                    "verdict": verdict_of(rank, host, self.events, now)}
             if info.get("why"):
                 row["verdict"] = row["verdict"] or "node lost"
-            if self.procs is not None and here and row["pid"] and row["state"] == "running":
+            if self.procs is not None and here and row["pid"] and row["state"] == "running" \
+                    and host in (self.here, "127.0.0.1", "localhost", "::1"):
                 row.update(self.procs.usage(row["pid"]))
             rows.append(row)
         started = (live or {}).get("started") or job.get("started")

@@ -46,8 +46,10 @@ class Watching:
 
     def attach(self, diagnostics, handles: Callable[[], list]) -> None:
         """Start publishing once the supervisor exists (``handles``: its running attempt)."""
+        def pids():
+            return {rank: pid for rank, (_, pid) in diagnostics.diag.ranks().items()}
         self.publisher = Publisher(diagnostics.step_samples, diagnostics.hosts, handles,
-                                   self.log_root, self.meta)
+                                   self.log_root, self.meta, pids=pids)
         self.publisher.publish()            # live.json from the start: top sees a job at once
         self.publisher.start()
 

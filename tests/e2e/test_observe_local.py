@@ -2,6 +2,7 @@
 them: a real Prometheus (Debian's) scrapes the endpoint and the test asks its HTTP API for
 every rank's step-time series and for the straggler a sleeping data loader makes; fluidctl top
 runs in tmux and marks the slow rank within 20 steps of the fault; --once --json parses."""
+import contextlib
 import json
 import os
 import re
@@ -27,13 +28,13 @@ def last_step(log: Path) -> int:
     return int(steps[-1]) if steps else -1
 
 
-@pytest.fixture
-def job(tmp_path):
-    """A running 4-rank straggle.py job whose rank 2's loader sleeps 80 ms a step from step
-    WARM on; stopped through its stop file (then TERM) at the end."""
+@contextlib.contextmanager
+def running_job(tmp_path, *options):
+    """A running straggle.py job (``options``: fluidctl train's) whose rank 2's loader sleeps
+    80 ms a step from step WARM on; stopped through its stop file (then TERM) at the end."""
     log_dir = tmp_path / "log"
-    proc = start_fluidctl("train", "--nproc", "4", "--log-dir", log_dir, "--metrics-port", "0",
-                          STRAGGLE, "--steps", "100000", "--work", "10",
+    proc = start_fluidctl("train", *options, "--log-dir", log_dir, STRAGGLE,
+                          "--steps", "100000", "--work", "10",
                           "--slow-data", f"{SLOW}:80:{WARM}", "--stop-file", tmp_path / "STOP",
                           cwd=tmp_path)
     try:
@@ -49,6 +50,12 @@ def job(tmp_path):
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=60)
     assert not (log_dir / "live.json").exists()         # the launcher removes it at the end
+
+
+@pytest.fixture
+def job(tmp_path):
+    with running_job(tmp_path, "--nproc", "4", "--metrics-port", "0") as running:
+        yield running
 
 
 def test_prometheus_scrapes_every_rank_and_the_straggler(job, tmp_path):
@@ -135,3 +142,21 @@ def test_a_port_in_use_is_one_line(tmp_path):
     assert "Traceback" not in res.stderr
     refused = fluidctl("top", "pytorchjob/bert", cwd=tmp_path, timeout=60)
     assert refused.returncode == 2 and "Kubernetes" in refused.stderr, refused.stderr
+
+
+def test_top_on_an_mpi_job_reads_the_shared_directory(tmp_path, openmpi):
+    """--backend mpi: the ranks' pages and registrations are in LOG_DIR's diagnostics
+    directory; top shows every rank running, its process's CPU and RSS, and the slow rank."""
+    with running_job(tmp_path, "--backend", "mpi", "--nproc", "3") as (proc, log_dir):
+        def frame():
+            once = fluidctl("top", log_dir, "--once", "--json", cwd=tmp_path, timeout=60,
+                            check=0)
+            return json.loads(once.stdout)
+        wait_until(lambda: last_step(log_dir / "workerlog.0") >= WARM, 90, f"step {WARM}")
+        seen = wait_until(lambda: (lambda f: f if f["ranks"][SLOW]["verdict"] else None)(
+            frame()), 120, "rank 2 marked", every=1.0)
+        assert seen["backend"] == "mpi" and seen["world"] == 3
+        assert seen["ranks"][SLOW]["verdict"] == "slow data"
+        assert all(r["state"] == "running" and r["rss"] and r["step"] > 0
+                   for r in seen["ranks"]), seen["ranks"]
+        assert seen["steps_per_s"] > 0

@@ -81,6 +81,11 @@ def test_rank_states_from_processes_and_agents():
     states = live.rank_states(agents, {0: "n1", 1: "n1", 2: "n2", 3: "n2"})
     assert [states[r]["state"] for r in range(4)] == ["running", "running", "lost", "lost"]
     assert states[3]["why"] == "no heartbeat"
+    mpirun = _Proc(None, None, host="here")          # one handle runs every rank
+    pserver = _Proc(None, 1)
+    pserver.service = True                          # its end is not the trainers'
+    states = live.rank_states([mpirun, pserver], {0: "a", 1: "b"})
+    assert [states[r]["state"] for r in (0, 1)] == ["running", "running"]
 
 
 def test_declared_progress_and_last_line(tmp_path):
@@ -203,3 +208,20 @@ def test_metrics_text_has_every_rank_and_the_job_series(tmp_path):
     assert all(s.value == 10 for s in counts)
     assert families["fluidctl_hang_watchdog"].samples[0].value == 1.0
     assert families["fluidctl_restarts"].samples[0].value == 0
+
+
+def test_the_grafana_dashboard_asks_only_for_series_the_endpoint_serves(tmp_path):
+    pytest.importorskip("prometheus_client")
+    import re
+    from pathlib import Path
+    from prometheus_client import CollectorRegistry, generate_latest
+    from fluidctl.observe.metrics import JobCollector
+    layout = _live_job(tmp_path / "log")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(JobCollector(snapshot.Reader(layout.root, procs=False)))
+    served = set(re.findall(r"^(fluidctl_\w+)", generate_latest(registry).decode(), re.M))
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "templates" /
+                            "grafana-fluidctl.json").read_text())
+    asked = {name for panel in dashboard["panels"] for target in panel["targets"]
+             for name in re.findall(r"fluidctl_\w+", target["expr"])}
+    assert asked and asked <= served, asked - served

@@ -93,7 +93,7 @@ NOT_RUN_HERE = [
     (lambda a: "--apply" in a or a[:2] == ["job", "list"] and "--k8s" in a,
      "submits to a Kubernetes API server (tests/unit/test_k8s_render.py fakes one)"),
     (lambda a: a[0] == "worker", "the per-rank entry that mpirun or srun starts"),
-    (lambda a: a[0] == "dump", "needs a running job"),
+    (lambda a: a[0] in ("dump", "top"), "needs a running job"),
     (lambda a: a[:2] in (["job", "status"], ["job", "logs"], ["job", "cancel"]),
      "needs a submitted Slurm job"),
     (lambda a: a[:2] in (["pserver", "start"], ["pserver", "stop"]) and "--all" not in a,
