@@ -32,18 +32,15 @@ def log_root(job, log_dir):
         return root
     if log_dir:
         raise UsageError("JOB and --log-dir both given", "give one of them")
-    from fluidctl.backends.k8s.api import is_k8s_job
     if Path(job).is_dir():              # a log dir, even before its launch.log exists
         return Path(job)
-    if "/" in job and not is_k8s_job(job):
-        raise UsageError(f"no job in {job} (not a directory)",
-                         "give the job's --log-dir, a Slurm job id or KIND/NAME")
     owner = backends.owner_of(job)
     verb = getattr(owner.verbs(), "log_dir", None)
     if verb is None:
-        raise UsageError(f"fluidctl top does not watch {owner.title} jobs",
-                         f"use fluidctl job status/logs {job}, or the tools of --backend "
-                         f"{owner.name}")
+        raise UsageError(f"{job} is no log dir here, and fluidctl top does not watch "
+                         f"{owner.title} jobs",
+                         f"give a job's --log-dir or a Slurm job id; for a {owner.title} job "
+                         f"use fluidctl job status/logs")
     return verb(job)
 
 

@@ -40,6 +40,11 @@ def launch(config: "LaunchConfig", launcher_name: Optional[str] = None, *,
                 print(launcher.describe(plan, show_secrets), end="")
             return 0
         if launcher.submits:        # the cluster runs it (k8s)
+            if config.metrics_port is not None:
+                from fluidctl.errors import UsageError
+                raise UsageError(f"--metrics-port is served by fluidctl's own launcher; under "
+                                 f"--backend {launcher.name} the cluster runs the job",
+                                 "leave --metrics-port out (scrape the pods' own metrics)")
             return launcher.submit(plan, config)
         return execute(plan, launcher, config, launch_log).exit_code
     finally:
@@ -104,14 +109,21 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
     from fluidctl.launch.relay import RequestRelay
     relay = (RequestRelay(checkpoint.layout.checkpoint_request, launcher.relay_checkpoint)
              if checkpoint is not None else _NoRelay())
-    watching = _watching(config, launcher, layout, launch_log)
-    with relay:         # fluidctl job checkpoint's "save", to the nodes with their own file
-        result = run.run_supervised(
-            lambda attempt: launcher.start(plan, attempt), logs=logs, launch_log=launch_log,
-            options=RunOptions(config.grace_period, config.max_restarts, checkpoint,
-                               launcher.request_at), shown=shown,
-            watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config),
-                                     watching=watching))
+    # live.json and --metrics-port: by the launcher that supervises the ranks (a submitted
+    # Slurm job's own fluidctl, not the follower on the login node)
+    watching = _watching(config, launcher, layout, launch_log) if owner else None
+    try:
+        with relay:     # fluidctl job checkpoint's "save", to the nodes with their own file
+            result = run.run_supervised(
+                lambda attempt: launcher.start(plan, attempt), logs=logs,
+                launch_log=launch_log, shown=shown,
+                options=RunOptions(config.grace_period, config.max_restarts, checkpoint,
+                                   launcher.request_at),
+                watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config),
+                                         watching=watching))
+    finally:
+        if watching is not None:        # run_supervised stops it; this, if it never began
+            watching.close()
     if owner:
         _checkpoint_failures(plan, result, launch_log)
     if result.exit_code == REQUEUE_EXIT and result.failure is None:   # ours, not a rank's 75
