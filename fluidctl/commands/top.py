@@ -12,13 +12,15 @@ Examples:
   fluidctl top                        # the job started with the default --log-dir mylog
   fluidctl top runs/exp3              # a job's --log-dir (local, ssh, fabric, mpi)
   fluidctl top 1234                   # a Slurm job fluidctl submitted from here
+  fluidctl top pytorchjob/bert --namespace ml-team    # its pods, through your kubeconfig
   fluidctl top runs/exp3 --sort p99 --reverse
   fluidctl top runs/exp3 --once --json | jq '.ranks[] | select(.verdict != "")'
 """
 
 
-def log_root(job, log_dir):
-    """The log dir to read: --log-dir, else JOB through its backend's job verbs."""
+def source(job, log_dir, namespace):
+    """What to read: --log-dir, else JOB through its backend's job verbs (its log dir, or a
+    reader of its own: a Kubernetes job's pods)."""
     from pathlib import Path
 
     from fluidctl import backends
@@ -35,6 +37,12 @@ def log_root(job, log_dir):
     if Path(job).is_dir():              # a log dir, even before its launch.log exists
         return Path(job)
     owner = backends.owner_of(job)
+    reader = getattr(owner.verbs(), "reader", None)
+    if reader is not None:
+        try:
+            return reader(job, namespace=namespace)
+        except UsageError as exc:       # runs/exp3: a log dir that is not there, most likely
+            raise UsageError(f"no log dir {job} here, and {exc.message}", exc.hint) from None
     verb = getattr(owner.verbs(), "log_dir", None)
     if verb is None:
         raise UsageError(f"{job} is no log dir here, and fluidctl top does not watch "
@@ -62,7 +70,9 @@ def log_root(job, log_dir):
               help="Only ranks with a verdict or that do not run (key f).")
 @click.option("--interval", type=seconds(0.2, 3600, "--interval 2"), default=1.0,
               show_default=True, help="Seconds between frames, e.g. --interval 2.")
-def top(job, log_dir, once, as_json, sort, reverse, text, flagged, interval):
+@click.option("--namespace", default="default", show_default=True,
+              help="Kubernetes jobs (KIND/NAME): their namespace, e.g. --namespace ml-team.")
+def top(job, log_dir, once, as_json, sort, reverse, text, flagged, interval, namespace):
     """A running job, live: a header (job, backend, world, attempt, uptime, steps/s, ETA when
     the script prints 'step N/TOTAL') and one row per rank (per node when they do not fit):
     state, step, step time p50/p99, data/compute/communication share, CPU%, RSS, GPU (with
@@ -70,5 +80,5 @@ def top(job, log_dir, once, as_json, sort, reverse, text, flagged, interval):
     launcher already writes in the log dir; the ranks do nothing new. Keys: s sort, r
     reverse, f flagged, q quit."""
     from fluidctl.observe.top import View, run
-    raise SystemExit(run(log_root(job, log_dir), once=once, json_out=as_json,
+    raise SystemExit(run(source(job, log_dir, namespace), once=once, json_out=as_json,
                          interval=interval, view=View(sort, reverse, text, flagged)))

@@ -186,6 +186,18 @@ def _nvml() -> Optional[dict]:
     return found
 
 
+def blank(job: str, backend: str, rows: List[dict], running: bool, **extra) -> dict:
+    """A snapshot of what a backend can see without the launcher's readings (Kubernetes:
+    pods through the API): the same keys, no step times nor events."""
+    return {"log_dir": None, "running": running, "starting": False, "job": job,
+            "backend": backend, "launcher_pid": None, "launcher_host": None, "metrics": None,
+            "world": len(rows), "attempt": 1, "uptime": None, "steps_per_s": None,
+            "progress": None, "eta": None, "events": {k: 0 for k in EVENT_KINDS},
+            "checkpoint": {"last": None, "seconds": []}, "hang": None, "hang_timeout": None,
+            "failure": None, "buckets": None, "time": time.time(), "ranks": rows,
+            "histograms": {}, **extra}
+
+
 def _alive(job: dict) -> bool:
     """The launcher named in job.json runs (on another host: taken as running)."""
     if job.get("host") != os.uname().nodename:

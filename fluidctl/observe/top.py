@@ -232,14 +232,15 @@ class _Keys:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
 
 
-def run(log_root: Path, *, once: bool = False, json_out: bool = False, interval: float = 1.0,
+def run(source, *, once: bool = False, json_out: bool = False, interval: float = 1.0,
         view: Optional[View] = None) -> int:
-    """Show the job in ``log_root`` until it ends (or ``q``); exit code 0."""
+    """Show the job until it ends (or ``q``); exit code 0. ``source``: its log dir, or a
+    reader of its own (``read()`` a snapshot: a Kubernetes job's pods)."""
     from fluidctl.tables import console
     view = view or View()
-    reader = Reader(log_root)
+    reader = Reader(source) if isinstance(source, (str, Path)) else source
     first = reader.read()
-    if reader.procs is not None and first["running"]:
+    if getattr(reader, "procs", None) is not None and first["running"]:
         reader.procs.prime(r["pid"] for r in first["ranks"] if r.get("pid"))
         time.sleep(min(interval, 0.25))      # CPU% needs an interval
         first = reader.read()

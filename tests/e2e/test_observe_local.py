@@ -140,8 +140,9 @@ def test_a_port_in_use_is_one_line(tmp_path):
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip().count("\n") == 0 and "--metrics-port" in res.stderr
     assert "Traceback" not in res.stderr
-    refused = fluidctl("top", "pytorchjob/bert", cwd=tmp_path, timeout=60)
-    assert refused.returncode == 2 and "Kubernetes" in refused.stderr, refused.stderr
+    refused = fluidctl("top", "runs/nothing", cwd=tmp_path, timeout=60)
+    assert refused.returncode == 2 and "no log dir" in refused.stderr, refused.stderr
+    assert refused.stderr.strip().count("\n") == 0
 
 
 def test_top_on_an_mpi_job_reads_the_shared_directory(tmp_path, openmpi):

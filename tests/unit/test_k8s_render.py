@@ -130,8 +130,12 @@ class FakeAPIServer(BaseHTTPRequestHandler):
         if path == "/api/v1/namespaces/ml/pods":
             assert "labelSelector=fluidctl.io%2Fjob%3Dbehave" in query, query
             return self._reply(200, {"kind": "PodList", "items": [
-                {"metadata": {"name": "behave-worker-0"}},
-                {"metadata": {"name": "behave-master-0"}}]})
+                {"metadata": {"name": "behave-worker-0"},
+                 "spec": {"nodeName": "n2", "containers": [{"name": "pytorch"}]},
+                 "status": {"phase": "Running"}},
+                {"metadata": {"name": "behave-master-0"},
+                 "spec": {"nodeName": "n1", "containers": [{"name": "pytorch"}]},
+                 "status": {"phase": "Running"}}]})
         if path.endswith("/log") and "follow=true" in query.lower():
             lines, then = self.followed.pop(0)
             self.send_response(200)
@@ -251,3 +255,23 @@ def test_job_logs_follow_a_pod_through_a_quiet_spell_until_the_job_ends(
     follows = [s[1].lower() for s in api_server.seen if "follow=true" in s[1].lower()]
     assert len(follows) == 2 and all("timestamps=true" in f for f in follows), follows
     assert "sinceseconds=" not in follows[0] and "sinceseconds=" in follows[1], follows
+
+
+def test_top_shows_a_kubernetes_job_s_pods_through_the_api(capsys, api_server):
+    """fluidctl top KIND/NAME: one row per pod (by name), its node, phase and last log line,
+    read with one list call and a one-line log read per pod."""
+    api_server.stored["/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs/behave"] = {
+        "metadata": {"name": "behave"}}
+    code, out, err = run_cli(capsys, "top", "pytorchjob/behave", "--namespace", "ml",
+                             "--once", "--json")
+    assert code == 0, err
+    frame = json.loads(out)
+    assert (frame["job"], frame["backend"], frame["world"], frame["running"]) == \
+        ("pytorchjob/behave", "k8s", 2, True)
+    assert [(r["rank"], r["pod"], r["host"], r["state"]) for r in frame["ranks"]] == [
+        (0, "behave-master-0", "n1", "running"), (1, "behave-worker-0", "n2", "running")]
+    assert frame["ranks"][1]["last_line"] == "[trainer 0] log of behave-worker-0"
+    logs = [s[1] for s in api_server.seen if s[1].split("?")[0].endswith("/log")]
+    assert len(logs) == 2 and all("tailLines=1" in path for path in logs), logs
+    code, out, err = run_cli(capsys, "top", "jobset/nope", "--namespace", "ml", "--once")
+    assert code == 2 and err.startswith("error: reading jobset/nope in ml failed: 404")
