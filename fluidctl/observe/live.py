@@ -150,7 +150,8 @@ class Publisher(threading.Thread):
 
     def __init__(self, samples: Callable[[], Mapping], hosts: Callable[[list], Mapping],
                  handles: Callable[[], list], log_root: Path, meta: Optional[dict] = None,
-                 every: float = EVERY, pids: Optional[Callable[[], Mapping]] = None):
+                 every: float = EVERY, pids: Optional[Callable[[], Mapping]] = None,
+                 usage: Optional[Callable[[], Mapping]] = None):
         super().__init__(name="fluidctl-live", daemon=True)
         self.samples, self.hosts, self.handles = samples, hosts, handles
         self.layout = LogLayout(Path(log_root))
@@ -159,6 +160,7 @@ class Publisher(threading.Thread):
         self.started = time.time()
         self.ranks: Dict[int, RankTimes] = {}
         self.pids = pids            # rank -> pid where the ranks register them (mpi, Slurm)
+        self.usage = usage          # rank -> {cpu, rss, ...} that node agents report
         self._pids: Dict[int, int] = {}
         self._pids_at = 0.0
         self._halt = threading.Event()
@@ -180,10 +182,13 @@ class Publisher(threading.Thread):
         if self.pids is not None and now - self._pids_at >= PIDS_EVERY and \
                 any(s.get("pid") is None for s in states.values()):
             self._pids, self._pids_at = dict(self.pids()), now
+        used = dict(self.usage()) if self.usage is not None else {}
         for rank in sorted(set(states) | set(self.ranks)):
             entry = dict(states.get(rank, {"host": None, "pid": None, "state": "unknown"}))
             if entry.get("pid") is None and rank in self._pids:
                 entry["pid"] = self._pids[rank]
+            if rank in used and entry.get("state") == "running":
+                entry["usage"] = used[rank]
             if rank in self.ranks:
                 entry.update(self.ranks[rank].record())
             ranks[str(rank)] = entry

@@ -271,6 +271,7 @@ class Reader:
                    "verdict": verdict_of(rank, host, self.events, now)}
             if info.get("why"):
                 row["verdict"] = row["verdict"] or "node lost"
+            row.update(info.get("usage") or {})         # a node agent's report
             if self.procs is not None and here and row["pid"] and row["state"] == "running" \
                     and host in (self.here, "127.0.0.1", "localhost", "::1"):
                 row.update(self.procs.usage(row["pid"]))

@@ -49,7 +49,8 @@ class Watching:
         def pids():
             return {rank: pid for rank, (_, pid) in diagnostics.diag.ranks().items()}
         self.publisher = Publisher(diagnostics.step_samples, diagnostics.hosts, handles,
-                                   self.log_root, self.meta, pids=pids)
+                                   self.log_root, self.meta, pids=pids,
+                                   usage=diagnostics.usage)
         self.publisher.publish()            # live.json from the start: top sees a job at once
         self.publisher.start()
 

@@ -1,7 +1,7 @@
 """fluidctl top on a 3-node ssh job (three loopback sshd nodes, tests/sshd.py), in tmux: every
 node's ranks are shown, the rank whose data loader sleeps is marked within 20 steps, and when a
 node's agent is killed its rows are marked lost or go (the elastic job goes on in a new world
-of two); --once --json parses. The launcher reads what the agents already send (their steps
+of two); --once --json parses and has each rank's CPU% and RSS, which its node's agent reports. The launcher reads what the agents already send (their steps
 lines); the ranks do nothing new."""
 import json
 import os
@@ -103,6 +103,8 @@ def test_top_over_ssh_marks_the_slow_rank_and_the_lost_node(three_nodes, tmp_pat
                         env={"FLUIDCTL_STATE_DIR": str(state)}, check=0)
         frame = json.loads(once.stdout)
         assert frame["backend"] == "ssh" and frame["events"]["node_lost"] == 1
+        running = [r for r in frame["ranks"] if r["state"] == "running"]
+        assert running and all(r["rss"] and r["cpu"] is not None for r in running), running
         assert all(r["host"] != "node3" or r["verdict"] == "node lost"
                    for r in frame["ranks"])
     finally:

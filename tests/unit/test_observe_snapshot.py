@@ -225,3 +225,11 @@ def test_the_grafana_dashboard_asks_only_for_series_the_endpoint_serves(tmp_path
     asked = {name for panel in dashboard["panels"] for target in panel["targets"]
              for name in re.findall(r"fluidctl_\w+", target["expr"])}
     assert asked and asked <= served, asked - served
+
+
+def test_an_agents_usage_sample_names_its_running_ranks():
+    from fluidctl.observe import usage
+    me = _Proc(3, None, pid=os.getpid())
+    ended = _Proc(4, 0, pid=os.getpid())
+    found = usage.sample(snapshot.Procs(), [me, ended, _Proc(None, None)])
+    assert list(found) == ["3"] and found["3"]["rss"] > 0 and "cpu" in found["3"]
