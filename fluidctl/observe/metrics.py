@@ -42,6 +42,10 @@ class JobCollector:
                                   labels=rank_labels + ["kind"])
         slow = GaugeMetricFamily(f"{PREFIX}_straggler", "1 while a straggler verdict names "
                                  "the rank", labels=rank_labels)
+        cpu = GaugeMetricFamily(f"{PREFIX}_rank_cpu_percent", "The rank's process: CPU% "
+                                "since the last reading", labels=rank_labels)
+        rss = GaugeMetricFamily(f"{PREFIX}_rank_rss_bytes", "The rank's process: resident "
+                                "memory", labels=rank_labels)
         buckets = snap.get("buckets") or []
         for row in snap["ranks"]:
             labels = [job, str(row["rank"]), str(row["host"] or ""), world]
@@ -60,7 +64,11 @@ class JobCollector:
                 if value is not None:
                     share.add_metric(labels + [kind], value)
             slow.add_metric(labels, 1.0 if row["verdict"].startswith("slow") else 0.0)
-        yield from (step_time, steps, up, share, slow)
+            if row.get("cpu") is not None:
+                cpu.add_metric(labels, row["cpu"])
+            if row.get("rss") is not None:
+                rss.add_metric(labels, row["rss"])
+        yield from (step_time, steps, up, share, slow, cpu, rss)
         yield from self._job_series(snap, job, world)
 
     def _job_series(self, snap: dict, job: str, world: str) -> Iterator:

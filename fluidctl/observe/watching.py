@@ -27,7 +27,7 @@ class Watching:
             from fluidctl.observe.metrics import Server
             from fluidctl.observe.snapshot import Reader
             try:
-                self.server = Server(Reader(self.log_root, live=self.state, procs=False),
+                self.server = Server(Reader(self.log_root, live=self.state),
                                      metrics_host, metrics_port)
             except OSError as exc:
                 raise UsageError(f"cannot serve metrics on {metrics_host}:{metrics_port}: "

@@ -73,6 +73,8 @@ def test_prometheus_scrapes_every_rank_and_the_straggler(job, tmp_path):
         assert all(s["metric"]["node"] for s in series)
         p50 = query(base, 'histogram_quantile(0.5, fluidctl_step_seconds_bucket)')
         assert len(p50) == 4
+        rss = query(base, "fluidctl_rank_rss_bytes > 1000000")     # each rank's process
+        assert sorted(s["metric"]["rank"] for s in rss) == ["0", "1", "2", "3"]
         events = wait_until(lambda: query(base, "fluidctl_straggler_events_total > 0"), 120,
                             "a straggler event in Prometheus", every=1.0)
         assert events[0]["metric"]["job"] == "straggle"

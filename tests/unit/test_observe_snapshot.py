@@ -132,6 +132,8 @@ def _live_job(root, ranks=4, host=None):
                                 "observed": 10,
                                 "shares": {"data": 0.1, "compute": 0.6, "comm": 0.3}}
                        for r in range(ranks)}}
+    for r in (0, 1):
+        state["ranks"][str(r)]["usage"] = {"cpu": 50.0, "rss": 1 << 20}
     write_atomic(layout.live, json.dumps(state))
     layout.worker(0).write_text("step 100/400\n")
     return layout
@@ -208,6 +210,8 @@ def test_metrics_text_has_every_rank_and_the_job_series(tmp_path):
     assert all(s.value == 10 for s in counts)
     assert families["fluidctl_hang_watchdog"].samples[0].value == 1.0
     assert families["fluidctl_restarts"].samples[0].value == 0
+    assert sorted(s.labels["rank"] for s in families["fluidctl_rank_rss_bytes"].samples) == \
+        ["0", "1"]                       # the two ranks whose usage their agent reported
 
 
 def test_the_grafana_dashboard_asks_only_for_series_the_endpoint_serves(tmp_path):
