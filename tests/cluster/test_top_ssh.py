@@ -99,12 +99,19 @@ def test_top_over_ssh_marks_the_slow_rank_and_the_lost_node(three_nodes, tmp_pat
             raise AssertionError(tmux.screen()) from None
         assert "lost nodes 1" in tmux.screen().replace("\n", " ") or \
             "node3" not in "".join(rows(tmux.screen()).values())
-        once = fluidctl("top", log_dir, "--once", "--json", cwd=tmp_path, timeout=60,
-                        env={"FLUIDCTL_STATE_DIR": str(state)}, check=0)
-        frame = json.loads(once.stdout)
+
+        def frame():
+            once = fluidctl("top", log_dir, "--once", "--json", cwd=tmp_path, timeout=60,
+                            env={"FLUIDCTL_STATE_DIR": str(state)}, check=0)
+            return json.loads(once.stdout)
+
+        def with_usage():       # the new world's agents report every 2 s
+            now = frame()
+            running = [r for r in now["ranks"] if r["state"] == "running"]
+            return now if running and all(r["rss"] and r["cpu"] is not None
+                                          for r in running) else None
+        frame = wait_until(with_usage, 30, "every running rank's CPU% and RSS", every=1.0)
         assert frame["backend"] == "ssh" and frame["events"]["node_lost"] == 1
-        running = [r for r in frame["ranks"] if r["state"] == "running"]
-        assert running and all(r["rss"] and r["cpu"] is not None for r in running), running
         assert all(r["host"] != "node3" or r["verdict"] == "node lost"
                    for r in frame["ranks"])
     finally:
