@@ -1,12 +1,14 @@
 """Allreduce bus bandwidth: fluidctl.runtime vs mpi4py (OpenMPI's mpirun) vs torch gloo.
 
-    python bench/allreduce.py [--nproc 2] [--reps 15] [--transport auto]
+    python bench/allreduce.py [--nproc 2] [--reps 15] [--transport auto] [--hogs 2]
 
 Runs the three back to back, each with ``--nproc`` ranks on this machine, float32 sum at 4 KiB,
 64 KiB, 1 MiB, 16 MiB and 64 MiB, and prints the median time per call and the bus bandwidth as
 nccl-tests defines it: busbw = S / t * 2(n-1)/n. "speed-up vs X" is X's time over the first
 contender's (fluidctl's): above 1, fluidctl is faster.
-Rank 0's timings are reported; every measurement starts after a barrier.
+Rank 0's timings are reported; every measurement starts after a barrier. ``--hogs N`` runs N
+busy processes (``yes > /dev/null``) beside every contender, to compare them on an
+oversubscribed node.
 """
 from __future__ import annotations
 
@@ -154,7 +156,8 @@ def report(runs, args) -> None:
     from rich.console import Console
     from rich.table import Table
     ours, peers = runs[0], runs[1:]
-    table = Table(title=f"allreduce float32 sum, {args.nproc} ranks, median of "
+    table = Table(title=f"allreduce float32 sum, {args.nproc} ranks"
+                        f"{f', {args.hogs} CPU hogs beside' if args.hogs else ''}, median of "
                         f"{args.reps * args.rounds}; "
                         "busbw GB/s (time per call)")
     table.add_column("size", justify="right")
@@ -195,6 +198,8 @@ def main() -> None:
                         help="bytes, comma-separated, e.g. --sizes 4096,1048576")
     parser.add_argument("--only", default="fluidctl,mpi,gloo",
                         help="which to run, e.g. --only fluidctl,fluidctl:ring,mpi,gloo")
+    parser.add_argument("--hogs", type=int, default=0,
+                        help="busy processes beside the ranks, e.g. --hogs 2")
     parser.add_argument("--markdown", action="store_true",
                         help="also print the table as Markdown, e.g. for README")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -205,6 +210,17 @@ def main() -> None:
         return
     kinds = args.only.split(",")
     runs = {}
+    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(args.hogs)]
+    try:
+        _rounds(args, kinds, runs)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    report([runs[k] for k in kinds], args)
+
+
+def _rounds(args, kinds, runs) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):          # interleaved, so load spikes hit everyone
             for kind in kinds:
@@ -214,7 +230,6 @@ def main() -> None:
                 pooled = runs.setdefault(kind, {"name": run["name"], "times": {}})
                 for size, times in run["times"].items():
                     pooled["times"].setdefault(size, []).extend(times)
-    report([runs[k] for k in kinds], args)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ COMMANDS = {
     "cluster": "fluidctl.commands.cluster:cluster",
     "job": "fluidctl.commands.job:job",
     "dump": "fluidctl.commands.dump:dump",
+    "report": "fluidctl.commands.report:report",
     "top": "fluidctl.commands.top:top",
 }
 
@@ -36,6 +37,7 @@ Examples:
   fluidctl shard-data train.txt --trainers 4 -o shards/
   mpirun -np 8 -hostfile hosts fluidctl worker train.py
   fluidctl dump                  # where is every rank of the running job?
+  fluidctl report mylog          # one HTML page: timeline, step times, stragglers, failure
   fluidctl top                   # how fast is it, and which rank is slow?
 
 \b

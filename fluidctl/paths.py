@@ -200,6 +200,13 @@ class LogLayout(NamedTuple):
         return self.root / "live.json"
 
     @property
+    def step_history(self) -> Path:
+        """Every rank's step time over the job's life (fluidctl/telemetry/steptimes.py):
+        one JSON object a line, written by the launcher from the pages it already reads,
+        downsampled so that a long job's file stays small; read by ``fluidctl report``."""
+        return self.root / "steptimes.jsonl"
+
+    @property
     def job_state(self) -> Path:
         """The running launcher's pid and job, for ``fluidctl dump``."""
         return self.root / "job.json"

@@ -69,6 +69,9 @@ out["calls"] = {
     "Event.record": params(cupy.cuda.Event.record),
     "Stream.record": params(cupy.cuda.Stream.record),
     "Stream.wait_event": params(cupy.cuda.Stream.wait_event),
+    "Stream.is_capturing": params(cupy.cuda.Stream.is_capturing),
+    "Stream.begin_capture": params(cupy.cuda.Stream.begin_capture),
+    "Graph.launch": params(cupy.cuda.graph.Graph.launch),
     "Device.use": params(cupy.cuda.Device.use),
 }
 out["ndarray_attrs"] = sorted(n for n in ("data", "device", "flags", "dtype", "shape", "size",

@@ -139,6 +139,64 @@ def thread_stream(ctx):
     result(errors=errors)
 
 
+def stream_order(ctx):
+    """Two collectives on two streams while the first stream is still busy on rank 1: NCCL
+    runs one communicator's kernels in the order they were issued, whatever their streams
+    (enqueue.cc: the launch stream waits on the communicator's deviceStream), so both finish
+    with the right numbers on every rank. (Double only: the busy stream is a gated kernel.)"""
+    import cupy as cp
+    from cupy import _double
+    want = sum(inputs(k, "float32") for k in range(ctx.world_size))
+    gate = threading.Event()
+    with cp.cuda.Device(ctx.device_id):
+        a, b = cp.cuda.Stream(), cp.cuda.Stream()
+        with a:
+            x = cp.asarray(inputs(ctx.rank, "float32"))
+        with b:
+            y = cp.asarray(inputs(ctx.rank, "float32"))
+        if ctx.rank == 1:
+            a._enqueue_async(gate.wait)          # a long kernel still running on stream a
+        with a:
+            ctx.allreduce(x)
+        with b:
+            ctx.allreduce(y)
+        threading.Timer(0.3, gate.set).start()   # the kernel ends later, on its own
+        ctx.synchronize()
+        right = np.array_equal(x.get(stream=a), want) and np.array_equal(y.get(stream=b), want)
+    assert _double is not None
+    result(errors=[] if right else ["cross-stream allreduces gave wrong numbers"])
+
+
+def graph_capture(ctx):
+    """An allreduce captured in a CUDA graph (stream capture), the graph launched 3 times: the
+    agreement runs once, at capture time; nothing is queried or waited on during the capture
+    (illegal there: it would end it) and each launch really reduces."""
+    import cupy as cp
+    base = inputs(ctx.rank, "float32") / (ctx.rank + 1)
+    world = sum(range(1, ctx.world_size + 1))
+    errors = []
+    with cp.cuda.Device(ctx.device_id):
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            x = cp.asarray(inputs(ctx.rank, "float32"))
+            s.synchronize()
+            s.begin_capture()
+            try:
+                ctx.allreduce(x)
+            finally:
+                g = s.end_capture()
+            for launch in range(3):
+                g.launch(stream=s)
+            ctx.synchronize()
+            s.synchronize()
+            got = x.get(stream=s)
+    want = base * world * ctx.world_size ** 2       # sum, then twice the sum of equal values
+    if not np.array_equal(got, want):
+        errors.append(f"replayed allreduce gave {got.ravel()[:3]}, want {want.ravel()[:3]}")
+    ctx.allreduce(np.ones(2))                        # the job goes on after the graph
+    result(errors=errors)
+
+
 def handshake(ctx):
     import cupy
     comm = ctx.comm.nccl.comm if ctx.comm.nccl is not None else None
@@ -225,12 +283,21 @@ def optimizer(ctx):
               "b": cp.asarray(np.zeros(3, np.float64))}
     opt = rt.DistributedOptimizer(params, optimizer=rt.optim.Momentum(lr=0.1),
                                   strategy=rt.DistributeStrategy(reduce_strategy=strategy))
+    pushed = []                      # completion events queued per step (GPU: the watchdog's)
+    work = ctx.comm.nccl.work if ctx.comm.nccl is not None else None
+    if work is not None:
+        real = work.push
+        work.push = lambda *a: (pushed.append(a[1:]), real(*a))
+    per_step = []
     for step in range(3):
         grads = {"w": cp.asarray(np.full((8, 3), ctx.rank + step, np.float32)),
                  "b": cp.asarray(np.full(3, 2.0 * ctx.rank, np.float64))}
+        before = len(pushed)
         opt.step(grads)
+        per_step.append(len(pushed) - before)
     result(w=host(params["w"]).tolist(), b=host(params["b"]).tolist(),
-           types=[type(p).__module__.split(".")[0] for p in params.values()])
+           types=[type(p).__module__.split(".")[0] for p in params.values()],
+           events_per_step=per_step)
 
 
 def bf16_optimizer(ctx):

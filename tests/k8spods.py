@@ -10,6 +10,7 @@ not a Kubernetes cluster.
 """
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -29,10 +30,29 @@ class Pod(NamedTuple):
     decides: bool = True        # its success ends the job (the rest are then stopped)
 
 
+def _as_jobset(objects: List[dict]) -> dict:
+    """A TrainJob as the JobSet Kubeflow Trainer makes of it: its TrainingRuntime's JobSet
+    template, named after the TrainJob, the trainer step's pod count from numNodes."""
+    job = objects[-1]
+    if job["kind"] != "TrainJob":
+        return job
+    ref = job["spec"]["runtimeRef"]["name"]
+    (runtime,) = [o for o in objects if o["kind"] == "TrainingRuntime"
+                  and o["metadata"]["name"] == ref]
+    spec = copy.deepcopy(runtime["spec"]["template"]["spec"])
+    for rjob in spec["replicatedJobs"]:
+        labels = rjob["template"].get("metadata", {}).get("labels", {})
+        if labels.get("trainer.kubeflow.org/trainjob-ancestor-step") == "trainer":
+            count = job["spec"]["trainer"]["numNodes"]
+            rjob["template"]["spec"].update(parallelism=count, completions=count)
+    return {"kind": "JobSet", "metadata": job["metadata"], "spec": spec}
+
+
 def pods(objects: List[dict]) -> List[Pod]:
     """The pods the operator makes for the job (the last object), in its naming."""
-    job = objects[-1]
+    job = _as_jobset(objects)
     name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
+    v2 = job["apiVersion"] == "kubeflow.org/v2beta1" if "apiVersion" in job else False
     out = []
     if job["kind"] == "JobSet":
         policy = job["spec"].get("successPolicy", {}).get("targetReplicatedJobs")
@@ -53,8 +73,11 @@ def pods(objects: List[dict]) -> List[Pod]:
             pod = f"{name}-{rtype.lower()}-{index}"      # and its Service, of the same name
             if rtype == "Launcher":                      # MPIJob's one launcher: no index
                 pod = f"{name}-launcher"
-            out.append(Pod(pod, [pod, f"{pod}.{ns}", f"{pod}.{ns}.svc",
-                                 f"{pod}.{ns}.svc.cluster.local"],
+            names = [pod, f"{pod}.{ns}", f"{pod}.{ns}.svc", f"{pod}.{ns}.svc.cluster.local"]
+            if v2:              # mpi-operator v2beta1: hostnames under the job's Service
+                names = [pod, f"{pod}.{name}", f"{pod}.{name}.{ns}", f"{pod}.{name}.{ns}.svc",
+                         f"{pod}.{name}.{ns}.svc.cluster.local"]
+            out.append(Pod(pod, names,
                            rspec["template"], {REPLICA_INDEX: str(index)},
                            # PaddleJob: the Masters' success is the job's when it has
                            # Masters, else the Workers'; MPIJob: the Launcher's
@@ -92,6 +115,9 @@ def container_env(container: dict, objects: List[dict], pod: Pod) -> Dict[str, s
 class PodRun:
     """The job's pods started in namespace nodes; ``wait`` returns each pod's (code, output)."""
 
+    SSH_PORT = 2222
+    sshd: List[str] = []            # the image's sshd with its settings (mpi_operator_v2)
+
     def __init__(self, objects: List[dict], nodes, workdir: Path):
         self.objects, self.nodes, self.workdir = objects, nodes, workdir
         self.files: Dict[str, str] = {}     # path in the pod -> a file here (operator's)
@@ -102,6 +128,7 @@ class PodRun:
         aliases = list(nodes.nodes)
         assert len(aliases) >= len(self.pods), "one namespace node per pod"
         self.where = {pod.name: nodes.node(a) for pod, a in zip(self.pods, aliases)}
+        self.nodes_alias = {pod.name: a for pod, a in zip(self.pods, aliases)}
 
     def write_hosts(self) -> None:
         """Every namespace resolves every pod's names to that pod's address (ip netns exec
@@ -131,30 +158,112 @@ class PodRun:
     def start(self) -> None:
         self.write_hosts()
         for pod in self.pods:
-            (container,) = pod.template["spec"]["containers"]
-            mounts = self._volumes(pod)
-            argv = []
-            for arg in container["command"]:
-                arg = self.files.get(arg, arg)
-                for path, where in mounts.items():
-                    if arg.startswith(path + "/"):
-                        arg = where + arg[len(path):]
-                argv.append(arg)
-            if argv[0] == "python3":                    # the image's entry: this checkout's
-                argv[0] = sys.executable
-            env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
-                   "LANG": "C.UTF-8", **container_env(container, self.objects, pod),
-                   **self.extra_env.get(pod.name, {})}
-            log = open(self.workdir / f"{pod.name}.out", "wb")
-            node = self.where[pod.name]
-            # the pod's own hostname (UTS namespace), as the kubelet sets it
-            self.procs[pod.name] = subprocess.Popen(
-                ["ip", "netns", "exec", node.netns, "unshare", "--uts", "--", "sh", "-c",
-                 'hostname "$0" && exec "$@"', pod.name, "env", "-i",
-                 *[f"{k}={v}" for k, v in env.items()], *argv],
-                cwd=container.get("workingDir") or self.workdir, stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            log.close()
+            self.start_pod(pod)
+
+    def start_pod(self, pod: Pod) -> None:
+        """Start (or start again, as a restarted pod) the pod's container; its output is
+        appended to WORKDIR/POD.out."""
+        (container,) = pod.template["spec"]["containers"]
+        mounts = self._volumes(pod)
+        argv = []
+        for arg in container["command"]:
+            arg = self.files.get(arg, arg)
+            for path, where in mounts.items():
+                if arg.startswith(path + "/"):
+                    arg = where + arg[len(path):]
+            argv.append(arg)
+        if argv[0] == "python3":                    # the image's entry: this checkout's
+            argv[0] = sys.executable
+        if argv == ["/usr/sbin/sshd", "-De"] and self.sshd:     # the image's sshd
+            argv = list(self.sshd)
+        env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+               "LANG": "C.UTF-8", **container_env(container, self.objects, pod),
+               **self.extra_env.get(pod.name, {})}
+        log = open(self.workdir / f"{pod.name}.out", "ab")
+        node = self.where[pod.name]
+        # the pod's own hostname (UTS namespace), as the kubelet sets it
+        self.procs[pod.name] = subprocess.Popen(
+            ["ip", "netns", "exec", node.netns, "unshare", "--uts", "--", "sh", "-c",
+             'hostname "$0" && exec "$@"', pod.name, "env", "-i",
+             *[f"{k}={v}" for k, v in env.items()], *argv],
+            cwd=container.get("workingDir") or self.workdir, stdout=log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+
+    def restart_after(self, victim: str, timeout: float = 60) -> str:
+        """What the operator does once pod ``victim`` died, as the rendered policies say:
+        JobSet (a TrainJob's too) with failurePolicy.maxRestarts and Jobs that may not
+        replace a pod (backoffLimit 0) recreates every pod; an MPIJob's Worker is restarted
+        by the kubelet (restartPolicy), and its Launcher, whose mpirun fails with the Worker,
+        by the Launcher's Job (runPolicy.backoffLimit). Returns what restarted: "group"."""
+        job = _as_jobset(self.objects)
+        if job["kind"] == "JobSet":
+            spec = job["spec"]
+            assert spec["failurePolicy"]["maxRestarts"] >= 1, spec["failurePolicy"]
+            assert all(r["template"]["spec"]["backoffLimit"] == 0
+                       for r in spec["replicatedJobs"]), "a Job would replace the pod alone"
+            for pod in self.pods:
+                self.kill_pod(pod.name)
+            for pod in self.pods:
+                self.start_pod(pod)
+            return "group"
+        if job["kind"] in ("PyTorchJob", "PaddleJob"):
+            return self._kubelet_restarts(job, victim, timeout)
+        assert job["kind"] == "MPIJob", job["kind"]
+        sets = job["spec"]["mpiReplicaSpecs"]
+        assert sets["Worker"]["restartPolicy"] in ("OnFailure", "Always")
+        self.start_pod(next(p for p in self.pods if p.name == victim))
+        launcher = next(p for p in self.pods if p.decides)
+        code = self.procs[launcher.name].wait(timeout)
+        assert code != 0 and job["spec"]["runPolicy"]["backoffLimit"] >= 1, code
+        self.start_pod(launcher)
+        return "group"
+
+    def _kubelet_restarts(self, job: dict, victim: str, timeout: float) -> str:
+        """The training operator: each pod's container restarts in place when it fails
+        (restartPolicy OnFailure), the victim's at once; "group" when every other pod's
+        container failed too (its ranks lost their peer, its pod entry exited), "pod" when
+        only the victim restarted."""
+        key = next(k for k in job["spec"] if k.endswith("ReplicaSpecs"))
+        assert {s["restartPolicy"] for s in job["spec"][key].values()} == {"OnFailure"}
+        self.start_pod(next(p for p in self.pods if p.name == victim))
+        failed = []
+        for pod in self.pods:
+            if pod.name == victim:
+                continue
+            try:
+                code = self.procs[pod.name].wait(timeout)
+            except subprocess.TimeoutExpired:
+                continue
+            if code != 0:
+                failed.append(pod)
+                self.start_pod(pod)
+        return "group" if len(failed) == len(self.pods) - 1 else "pod"
+
+    def kill_pod(self, name: str) -> None:
+        """The pod dies: SIGKILL to its container and every process it started, also those
+        that left its process tree (a daemon mpirun started over SSH): every process of the
+        pod's network namespace but the namespace node's own sshd and its sessions."""
+        import psutil
+        node = self.where[name]
+        keep = set()
+        try:
+            own = psutil.Process(node.proc.pid)
+            keep = {own.pid, *(c.pid for c in own.children(recursive=True))}
+        except (psutil.NoSuchProcess, AttributeError):
+            pass
+        pids = set(self.nodes.pids(self.nodes_alias[name])) - keep
+        try:
+            top = psutil.Process(self.procs[name].pid)
+            pids |= {top.pid, *(c.pid for c in top.children(recursive=True))}
+        except psutil.NoSuchProcess:
+            pass
+        for pid in pids:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.procs[name].wait(10)
 
     def wait(self, timeout: float, grace: float = 10) -> Dict[str, tuple]:
         """Wait for the pods whose success decides the job, then stop the others with SIGTERM
@@ -201,10 +310,48 @@ class PodRun:
                                          "PRTE_MCA_plm_ssh_agent": str(agent),
                                          "OMPI_MCA_orte_keep_fqdn_hostnames": "true"}
 
+    def mpi_operator_v2(self, sys_prefix: str) -> None:
+        """What mpi-operator v0.8 gives an MPIJob v2beta1, and what its image must hold: the
+        hostfile (a Worker's FQDN per line), the key pair of the Secret NAME-ssh at
+        ``sshAuthMountPath``, and the launcher's OMPI_* variables; the image's sshd (a host key,
+        the mounted authorized_keys; port 2222 here, as each namespace node's own sshd has 22)
+        and its ssh client settings (the key, no host key check)."""
+        from sshd import keygen
+        job = self.objects[-1]
+        name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
+        slots = job["spec"].get("slotsPerWorker", 1)
+        workers = [p for p in self.pods if not p.decides]
+        ssh = self.workdir / "mpi-ssh"
+        ssh.mkdir()
+        keygen(ssh / "id_ed25519", "mpi-operator")
+        (ssh / "authorized_keys").write_text((ssh / "id_ed25519.pub").read_text())
+        keygen(ssh / "host_key", "image-host-key")
+        hostfile = self.workdir / "mpi-hostfile"
+        hostfile.write_text("".join(f"{p.name}.{name}.{ns}.svc slots={slots}\n"
+                                    for p in workers))
+        self.files["/etc/mpi/hostfile"] = str(hostfile)
+        sshd_config = self.workdir / "image-sshd_config"
+        sshd_config.write_text(
+            f"Port {self.SSH_PORT}\nHostKey {ssh / 'host_key'}\n"
+            f"AuthorizedKeysFile {ssh / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+            "PasswordAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\n"
+            f"SetEnv PATH={sys_prefix}/bin:{os.environ['PATH']} OPAL_PREFIX={sys_prefix}\n")
+        self.sshd = ["/usr/sbin/sshd", "-De", "-f", str(sshd_config)]
+        ssh_config = self.workdir / "image-ssh_config"
+        ssh_config.write_text(f"Host *\n    Port {self.SSH_PORT}\n    User root\n"
+                              f"    IdentityFile {ssh / 'id_ed25519'}\n"
+                              "    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n"
+                              "    LogLevel ERROR\n")
+        args = f"-F {ssh_config} -o ConnectionAttempts=10"
+        launcher = next(p for p in self.pods if p.decides)
+        self.extra_env[launcher.name] = {
+            "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+            "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
+            "OMPI_MCA_plm_rsh_args": args, "PRTE_MCA_plm_ssh_args": args,
+            "OPAL_PREFIX": sys_prefix}
+
     def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(5)
+        for name in self.procs:
+            self.kill_pod(name)
         for etc in self.etc:
             shutil.rmtree(etc, ignore_errors=True)

@@ -48,6 +48,12 @@ LONGEST = (
     "test_agent_killed_then_master_node_cut_off_beside_a_node_at_full_cpu",
     "tests/e2e/test_hardening2_wheelhouse.py::test_27_7_a_failed_build_shows_pip_s_real_error_line",
     "tests/cluster/test_k8s_netns.py::test_paddle_dataparallel_in_paddlejob_pods",
+    "tests/cluster/test_k8s_netns.py::"
+    "test_a_killed_pod_restarts_the_group_which_resumes_from_its_checkpoint[mpijob-v2beta1]",
+    "tests/cluster/test_k8s_netns.py::"
+    "test_a_killed_pod_restarts_the_group_which_resumes_from_its_checkpoint[trainjob-None]",
+    "tests/cluster/test_k8s_netns.py::"
+    "test_a_killed_pod_restarts_the_group_which_resumes_from_its_checkpoint[pytorchjob-None]",
     "tests/cluster/test_diagnose_cluster.py::test_hang_under_mpirun_over_two_ssh_nodes",
     "tests/cluster/test_health_gate.py::test_deep_check_names_a_throttled_cpu_and_a_capped_link",
     "tests/cluster/test_slurm_resize.py::test_world_size_4_3_4_across_checkpoint_stops",

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from fluidctl import __version__
+from fluidctl import __version__, envs
 from fluidctl.errors import FluidctlError, UsageError
 from fluidctl.digest import file_digest
 
@@ -139,9 +139,9 @@ def import_names(wheel: Path) -> List[str]:
     return [m for m in found if m.isidentifier() and not m.startswith("_")]
 
 
-def _pip(args: List[str], what: str) -> None:
+def _pip(args: List[str], what: str, env: Optional[Dict[str, str]] = None) -> None:
     proc = subprocess.run([sys.executable, "-m", "pip", *args, "--disable-pip-version-check"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise FluidctlError(f"{what} failed here: {pip_error(proc.stderr + proc.stdout)}",
                             "fix the requirement or the network, then run setup again",
@@ -206,8 +206,8 @@ def pack_installed(dest: Path) -> Path:
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
         for file in files:
             rel = str(file).replace(os.sep, "/")
-            if rel.endswith(".pyc") or "/__pycache__/" in f"/{rel}":
-                continue
+            if rel.endswith((".pyc", ".so")) or "/__pycache__/" in f"/{rel}":
+                continue                # a compiled module is this Python's: the wheel is pure
             path = Path(file.locate()).resolve()
             top = rel.split("/")[0]
             if top.endswith(".dist-info"):
@@ -282,8 +282,10 @@ def build(path: Path, requirements: Optional[Path] = None, no_deps: bool = False
         if echo:
             echo(f"building the wheelhouse in {path}")
         if root:            # with build isolation: a fresh venv's setuptools has no bdist_wheel
+            # pure: without the native module (nodes may run other Pythons; they use the
+            # Python path of same-node collectives)
             _pip(["wheel", "-q", "--no-deps", "-w", str(tmp), str(root)],
-                 f"pip wheel {root}")
+                 f"pip wheel {root}", env={**os.environ, envs.PURE_WHEEL: "1"})
         else:
             pack_installed(tmp)
         own = sorted(tmp.glob("fluidctl-*.whl"))

@@ -223,12 +223,14 @@ class Watcher(threading.Thread):
     def __init__(self, samples: Callable[[], Mapping[int, Sample]],
                  hosts: Callable[[], Mapping[int, str]], say: Callable[[str], None],
                  log_root: Path, poll: float = POLL,
-                 clock: Callable[[], float] = time.monotonic, sink: "Optional[Sink]" = None):
+                 clock: Callable[[], float] = time.monotonic, sink: "Optional[Sink]" = None,
+                 readings: Optional[Callable[[Mapping[int, Sample]], None]] = None):
         super().__init__(name="fluidctl-stragglers", daemon=True)
         from fluidctl import telemetry
         self.samples, self.hosts, self.log_root = samples, hosts, log_root
         self.sink = sink if sink is not None else telemetry.for_job(log_root, say=say)
         self.poll, self.clock = poll, clock
+        self.readings = readings        # also given every reading (the step history)
         self.history: List[Tuple[float, Mapping[int, Sample]]] = []
         self._halt = threading.Event()
         self._seen: Optional[Tuple[str, Tuple[int, ...]]] = None
@@ -248,6 +250,8 @@ class Watcher(threading.Thread):
         now, when = dict(self.samples()), self.clock()
         if not now:
             return None
+        if self.readings is not None:
+            self.readings(now)
         found = self.verdict(when, now)
         self.history = (self.history + [(when, now)])[-HISTORY:]
         if found is None:
@@ -290,12 +294,16 @@ class Watcher(threading.Thread):
 def watch(diagnostics, handles: Callable[[], list], say: Callable[[str], None],
           sink: "Optional[Sink]" = None) -> Optional[Watcher]:
     """The launcher's watcher for a job's ``Diagnostics`` (its ``step_samples``: the ranks'
-    sums from its node agents' ``steps`` lines, or from its own diagnostics directory); None
+    sums from its node agents' ``steps`` lines, or from its own diagnostics directory), which
+    also keeps the job's step history (``telemetry/steptimes.py``) from the same readings; None
     where the job writes no LOG_DIR reports (a node agent)."""
     if diagnostics is None or diagnostics.log_root is None:
         return None
+    from fluidctl.paths import LogLayout
+    from fluidctl.telemetry.steptimes import StepHistory
+    history = StepHistory(LogLayout(Path(diagnostics.log_root)).step_history)
     watcher = Watcher(diagnostics.step_samples, lambda: diagnostics.hosts(handles()), say,
-                      diagnostics.log_root, sink=sink)
+                      diagnostics.log_root, sink=sink, readings=history)
     watcher.start()
     return watcher
 

@@ -48,8 +48,12 @@ def hang_reporter(lines: List[str], where: Optional[Path]) -> None:
 
 
 def restart_header(attempt: int, max_restarts: int) -> str:
-    return (f"===== fluidctl: restart {attempt} of {max_restarts}, "
-            f"{time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
+    """The line each log gets when the job starts again. ``attempt`` counts world changes
+    (an elastic node rejoining) too, which --max-restarts does not count: past it the line
+    says so, never "restart 2 of 1"."""
+    what = (f"restart {attempt} of {max_restarts}" if attempt <= max_restarts else
+            f"attempt {attempt} (a new world; --max-restarts {max_restarts} counts failures)")
+    return f"===== fluidctl: {what}, {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n"
 
 
 def fresh_logs(paths: Sequence[str]) -> None:
@@ -259,6 +263,13 @@ class _Watch:
         let the job end by itself meanwhile: ``settle`` turns that end into the hang it was.
         Never raises (the watchdog thread must not die with a traceback)."""
         from fluidctl.diagnostics import watch as diagnose
+        ranks = [h for h in self.supervisor.handles() if getattr(h, "rank", None) is not None]
+        if ranks and all(h.poll() is not None for h in ranks):
+            # every rank ended by itself before anyone looked (a busy machine ran the
+            # watchdog late): the job is over, not hung; the supervisor reports the ends
+            self.launch_log(f"hang watchdog: {self._why()}, but every rank had already "
+                            "ended: not a hang")
+            return
         self._hung_at.set()
         why = self._why()
         header, first, verdict = "fluidctl: the job hung", [], None

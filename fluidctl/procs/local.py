@@ -111,7 +111,10 @@ class LocalProcess:
         _signal_procs(descendants, sig)     # those that left the group (setsid / setpgid)
 
     def terminate(self) -> None:
+        """SIGTERM, then SIGCONT (as systemd stops a unit): a stopped process would keep
+        SIGTERM pending and sit out the whole grace period before SIGKILL."""
         self._signal_tree(signal.SIGTERM)
+        self._signal_tree(signal.SIGCONT)
 
     def kill(self) -> None:
         self._signal_tree(signal.SIGKILL)
@@ -243,6 +246,7 @@ def sweep_descendants(grace: float) -> List[str]:
     names = [_name(p) for p in left]
     if left:
         _signal_procs(left, signal.SIGTERM)
+        _signal_procs(left, signal.SIGCONT)      # a stopped one acts on its SIGTERM now
         _, alive = psutil.wait_procs(left, timeout=grace)
         _signal_procs(alive, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=5)

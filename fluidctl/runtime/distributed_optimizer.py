@@ -12,7 +12,8 @@ ranks and applies the optimizer, in place, keeping each parameter's dtype.
   updates, then broadcasts the new values.
 
 Gradients are fused: parameters of one dtype (and, for Reduce, one owner) are packed into
-buckets of up to ``fuse_grad_size_mb``, so many small gradients cost few collective calls.
+buckets of up to ``fuse_grad_size_mb``, so many small gradients cost few collective calls;
+on GPUs a step's bucket collectives are one NCCL group with one completion event.
 
 Parameter-server mode (``ctx.mode == "pserver"``) hands everything to
 ``fluidctl.runtime.pserver.client.PServerOptimizer`` with the same ``step(grads)`` API; the
@@ -148,16 +149,17 @@ class DistributedOptimizer:
         """Every bucket's parameters take their owner's values (rank 0 at construction)."""
         if self.world == 1:
             return
-        for b in self._buckets:
-            root = owner[b.names[0]]
-            buf = b.grads                                        # reused as scratch
-            views = self._views(b)
-            if self.ctx.rank == root:
-                for name, view in zip(b.names, views):
+        rank = self.ctx.rank
+        for b in self._buckets:                                  # grads reused as scratch
+            if rank == owner[b.names[0]]:
+                for name, view in zip(b.names, self._views(b)):
                     view[...] = self.params[name].reshape(-1)
-            self.ctx.broadcast(buf, root=root)
-            if self.ctx.rank != root:
-                for name, view in zip(b.names, views):
+        with self.ctx.coalesced():                               # GPU: one NCCL group
+            for b in self._buckets:
+                self.ctx.broadcast(b.grads, root=owner[b.names[0]])
+        for b in self._buckets:
+            if rank != owner[b.names[0]]:
+                for name, view in zip(b.names, self._views(b)):
                     self.params[name].reshape(-1)[...] = view
 
     def _views(self, b: _Bucket):
@@ -179,12 +181,17 @@ class DistributedOptimizer:
                     raise ValueError(f"gradient {name!r} has shape {tuple(g.shape)}, the "
                                      f"parameter {tuple(self.params[name].shape)}")
                 view[...] = g.reshape(-1)
-            if self.world > 1:
-                # op="mean": bfloat16 is divided before its one rounding on CPU transports
-                if b.owner < 0:
-                    self.ctx.allreduce(b.grads, op="mean")
-                else:
-                    self.ctx.reduce(b.grads, root=b.owner, op="mean")
+        if self.world > 1:
+            # every bucket's collective, then every update: on GPU one NCCL group and one
+            # completion event per step (ctx.coalesced); op="mean": bfloat16 is divided
+            # before its one rounding on CPU transports
+            with self.ctx.coalesced():
+                for b in self._buckets:
+                    if b.owner < 0:
+                        self.ctx.allreduce(b.grads, op="mean")
+                    else:
+                        self.ctx.reduce(b.grads, root=b.owner, op="mean")
+        for b in self._buckets:
             if b.owner < 0 or b.owner == self.ctx.rank:
                 for name, view in zip(b.names, self._views(b)):
                     self.optimizer.apply(name, self.params[name],

@@ -120,9 +120,15 @@ def for_job(log_root: Optional[Path], launch_log: Optional[Callable[[str], None]
 
 def read_events(path: Path) -> List[dict]:
     """Every whole record of an events file, oldest first ([] before the first)."""
+    return read_records(path, lambda record: "event" in record)
+
+
+def read_records(path: Path, accept: Callable[[dict], bool]) -> List[dict]:
+    """The JSON objects of a file of one a line that ``accept`` takes, in order ([] when
+    there is no file); a line cut short (a running job's last) or not an object is skipped."""
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
     out = []
     for line in text.splitlines():
@@ -130,7 +136,7 @@ def read_events(path: Path) -> List[dict]:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and "event" in record:
+        if isinstance(record, dict) and accept(record):
             out.append(record)
     return out
 

@@ -32,7 +32,9 @@ def run_pods(objects, nodes, workdir, timeout=90, meanwhile=None, torch_exit=Fal
     """Run the pods to the end; ``meanwhile()`` (the reference run here) runs while they do.
     Returns (the pods' results, what ``meanwhile`` returned)."""
     run = PodRun(objects, nodes, workdir)
-    if objects[-1]["kind"] == "MPIJob":
+    if objects[-1]["apiVersion"] == "kubeflow.org/v2beta1":
+        run.mpi_operator_v2(sys.prefix)
+    elif objects[-1]["kind"] == "MPIJob":
         run.mpi_operator(sys.prefix)
     try:
         run.start()
@@ -81,18 +83,26 @@ def local_weights(tmp_path_factory):
     return dict(np.load(work / "w.npz"))
 
 
-@pytest.mark.parametrize("kind", ["pytorchjob", "paddlejob", "jobset", "mpijob"])
+KINDS = [("pytorchjob", None), ("paddlejob", None), ("jobset", None), ("trainjob", None),
+         ("mpijob", "v2beta1"), ("mpijob", "v1")]
+
+
+@pytest.mark.parametrize("kind,version", KINDS, ids=[k + (f"-{v}" if v else "") for k, v in KINDS])
 def test_runtime_script_gives_the_same_weights_as_fluidctl_train(netns_nodes, tmp_path,
-                                                                  monkeypatch, kind,
+                                                                  monkeypatch, kind, version,
                                                                   local_weights):
     import numpy as np
     nodes = netns_nodes(3 if kind == "mpijob" else 2, sftp=False)
     script = TEMPLATES / "train_nccl2.py"
-    work, objects = rendered(tmp_path, monkeypatch, script, kind, 2,
+    work, objects = rendered(tmp_path, monkeypatch, script, kind, 2, api_version=version,
                              script_args=tuple(RUNTIME_ARGS))
     results, _ = run_pods(objects, nodes, work)
     logs = "".join(out for _, out in results.values())
     assert "2 trainer(s), transport ring" in logs, logs      # TCP between the pods
+    if version == "v2beta1":            # mpirun reached each Worker through its sshd
+        workers = [out for name, (_, out) in results.items() if "-worker-" in name]
+        assert len(workers) == 2 and all("Accepted publickey for root" in out
+                                         for out in workers), workers
     in_pods = np.load(work / "w.npz")
     assert sorted(in_pods.files) == sorted(local_weights)
     for key, here in local_weights.items():
@@ -137,3 +147,54 @@ def test_torch_ddp_in_pytorchjob_pods(netns_nodes, tmp_path, monkeypatch):
                        "".join(out for _, out in results.values()))
     here = re.findall(r"torch rank (\d)/2 .*allreduce 3\.0 weights (\[.*\])", stdout)
     assert sorted(found) == sorted(here) and len(found) == 2
+
+
+RESUME_STEPS = 12
+
+
+def _saved_step(work, rank: int) -> int:
+    import json
+    try:
+        return max(int(s) for s in json.loads((work / f"ckpt.{rank}.json").read_text()))
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.mark.parametrize("kind,version", [("trainjob", None), ("mpijob", "v2beta1"),
+                                          ("pytorchjob", None)])
+def test_a_killed_pod_restarts_the_group_which_resumes_from_its_checkpoint(
+        netns_nodes, tmp_path, monkeypatch, kind, version):
+    """The whole group restarts (JobSet's failurePolicy; mpirun's Launcher retried; under the
+    training operator, every other pod's entry exits when its ranks lose their peer, and the
+    kubelet restarts each) and every rank goes on from the checkpoint: the result is the one of
+    a run without a failure."""
+    import time
+    nodes = netns_nodes(3 if kind == "mpijob" else 2, sftp=False)
+    work, objects = rendered(tmp_path, monkeypatch, SCRIPTS / "k8s_resume.py", kind, 2,
+                             api_version=version, max_restarts=1,
+                             script_args=(str(RESUME_STEPS), "0.3"))
+    run = PodRun(objects, nodes, work)
+    if version:
+        run.mpi_operator_v2(sys.prefix)
+    try:
+        run.start()
+        deadline = time.monotonic() + 90
+        while min(_saved_step(work, r) for r in (0, 1)) < 3:     # mid-job: step 3 saved
+            assert time.monotonic() < deadline, "the job did not reach step 3"
+            assert all(p.poll() is None for p in run.procs.values()), "a pod ended early"
+            time.sleep(0.1)
+        victim = [p for p in run.pods if not p.decides or kind != "mpijob"][1]
+        run.kill_pod(victim.name)
+        assert run.restart_after(victim.name) == "group"
+        results = run.wait(120)
+    finally:
+        run.close()
+    logs = "".join(out for _, out in results.values())
+    expected = float(sum((1 + 2) * step for step in range(1, RESUME_STEPS + 1)))
+    done = sorted(re.findall(r"rank (\d) done: step (\d+) value (\S+)", logs))
+    assert done == [("0", str(RESUME_STEPS), str(expected)),
+                    ("1", str(RESUME_STEPS), str(expected))], logs
+    starts = re.findall(r"rank (\d) started at step (\d+)", logs)
+    assert sorted(r for r, _ in starts) == ["0", "0", "1", "1"], logs   # every rank restarted
+    resumed = {int(step) for _, step in starts} - {0}
+    assert resumed and min(resumed) >= 3, logs               # from the checkpoint, not step 0

@@ -75,7 +75,9 @@ def test_runtime_script_each_class(tmp_path):
     code, err, log = done["stop"]
     assert ("fluidctl: the job hung: dead peer: rank 1 on 127.0.0.1 is stopped (SIGSTOP or a "
             "frozen cgroup); rank 0 waits in allreduce #2") in err, err
-    assert [e["state"] for e in hang_record(log)["evidence"]] == ["S", "T"]
+    states = [e["state"] for e in hang_record(log)["evidence"]]
+    # rank 1 stopped; rank 0 waits (its waiter may be sampled on a core: R under load)
+    assert states[1] == "T" and states[0] in ("S", "R"), states
     code, err, log = done["skip"]
     assert re.search(r"fluidctl: the job hung: desync: rank 1 on 127\.0\.0\.1 never reached "
                      rf"allreduce #2 \(trouble\.py:{waits}\): is idle outside any collective "

@@ -79,6 +79,25 @@ def test_collectives_from_another_thread_and_inside_a_non_blocking_stream(tmp_pa
     assert [r["errors"] for r in results(res)] == [[], []]
 
 
+def test_collectives_on_two_streams_run_in_the_order_they_were_issued(tmp_path):
+    """NCCL orders one communicator's collectives by issue, across streams: a later call on an
+    idle stream does not overtake an earlier one on a busy stream (were it to, the ranks would
+    wait on different collectives and hang)."""
+    res = gpu_ranks(2, tmp_path, ["stream_order"], extra={"FLUIDCTL_TIMEOUT": "10"}, timeout=60)
+    assert res.ok(), res
+    assert [r["errors"] for r in results(res)] == [[], []]
+
+
+def test_a_collective_captured_in_a_cuda_graph_is_checked_once_and_replayed(tmp_path):
+    """38: under stream capture the checks happen at capture time and no completion event is
+    queued for the watchdog (querying an event recorded in a capture is cudaErrorCapturedEvent);
+    each launch of the graph reduces anew."""
+    res = gpu_ranks(2, tmp_path, ["graph_capture"], extra={"FLUIDCTL_TIMEOUT": "10"},
+                    timeout=60)
+    assert res.ok(), res
+    assert [r["errors"] for r in results(res)] == [[], []]
+
+
 def test_no_host_wait_per_collective(tmp_path):
     """8, 38: a collective is queued on the caller's stream with one completion event that
     the watchdog polls: the host waits for nothing (the old code synced the caller's stream
@@ -115,6 +134,9 @@ def test_distributed_optimizer_on_cupy_parameters_matches_cpu(strategy, tmp_path
     assert cpu.ok(), cpu
     g, c = results(gpu), results(cpu)
     assert g[0]["types"] == ["cupy", "cupy"] and c[0]["types"] == ["numpy", "numpy"]
+    # two buckets (float32, float64): one NCCL group per step, and for Reduce one more for
+    # the owners' broadcast of the new values
+    assert g[0]["events_per_step"] == [1 if strategy == "AllReduce" else 2] * 3
     for r in range(2):
         np.testing.assert_allclose(g[r]["w"], c[r]["w"], rtol=1e-6)
         np.testing.assert_allclose(g[r]["b"], c[r]["b"], rtol=1e-12)

@@ -37,8 +37,21 @@ def test_a_clean_local_launch_skips_what_only_failures_need(tmp_path):
     mods = imported(["train", "--nproc", 2, script], tmp_path)
     assert "fluidctl.launch.supervisor" in mods
     for heavy in ("psutil", "fluidctl.diagnostics.stacks", "concurrent.futures", "secrets", "numpy",
-                  "paramiko", "rich"):
+                  "paramiko", "rich", "matplotlib"):
         assert heavy not in mods, f"a clean 'fluidctl train' imported {heavy}"
+
+
+def test_report_help_loads_no_plotting_library(tmp_path):
+    """matplotlib is imported by ``fluidctl report`` only when it draws (read from
+    sys.modules after the command: -X importtime's listing stops short under click here)."""
+    code = ("import sys\nfrom fluidctl.cli import main\ntry:\n    main(['report', '--help'])\n"
+            "except SystemExit:\n    pass\nprint('MODULES', ' '.join(sorted(sys.modules)))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    mods = set(res.stdout.rsplit("MODULES ", 1)[-1].split())
+    assert "fluidctl.commands.report" in mods, res.stdout[-2000:] + res.stderr[-2000:]
+    for heavy in ("matplotlib", "numpy", "fluidctl.report.plots", "fluidctl.report.facts"):
+        assert heavy not in mods, f"'fluidctl report --help' imported {heavy}"
 
 
 @pytest.mark.parametrize("module, absent", [

@@ -121,6 +121,14 @@ def test_no_host_wait_per_allreduce(gpus, tmp_path):
     assert out["total"] == 0 and out["caller"] == 0 and out["ok"], out
 
 
+def test_an_allreduce_captured_in_a_cuda_graph_is_replayed(gpus, tmp_path):
+    """Stream capture: checked at capture time, no event queued for the watchdog (the query
+    would be cudaErrorCapturedEvent), each launch of the graph reduces anew."""
+    res = fluidctl_train(tmp_path, "--gpus", "1", "tests/gpu_worker.py", "graph_capture")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert rank_results(res)[0]["errors"] == []
+
+
 def _two_ranks(gpus, tmp_path, *argv, env=None):
     if len(gpus) < 2:
         pytest.skip(f"needs 2 GPUs, nvidia-smi lists {len(gpus)}")

@@ -36,7 +36,8 @@ FLOORS = [
         "fluidctl.console", "fluidctl.tables", "fluidctl.observe")),
     ("backends", ("fluidctl.backends",)),
     ("launch", ("fluidctl.launch",)),
-    ("job verbs", ()),
+    # fluidctl report reads a job's log dir, found as the job verbs find a job
+    ("job verbs", ("fluidctl.report",)),
     ("the option tables (one declaration per option)", ("fluidctl.fastargs",
                                                         "fluidctl.trainargs")),
     ("entry points", ("fluidctl.cli", "fluidctl.commands", "fluidctl.node", "fluidctl.__main__")),

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from fluidctl import envs
+from fluidctl.backends.k8s.pod import my_share
 from k8sutil import pod_templates, render, validate
 from launchutil import BEHAVE
 from test_cli_inprocess import run_cli
@@ -47,7 +48,7 @@ def test_replica_sets_and_restart_policy_follow_the_plan():
     sets = objects[-1]["spec"]["pytorchReplicaSpecs"]
     assert {k: v["replicas"] for k, v in sets.items()} == {"Master": 1, "Worker": 2}
     assert {v["restartPolicy"] for v in sets.values()} == {"OnFailure"}
-    assert objects[-1]["spec"]["runPolicy"]["backoffLimit"] == 2
+    assert objects[-1]["spec"]["runPolicy"]["backoffLimit"] == 2 * 3    # a restart per pod
     _, objects = render(BEHAVE, "paddlejob", nodes=2, mode="pserver", pservers=3)
     sets = objects[-1]["spec"]["paddleReplicaSpecs"]
     assert {k: v["replicas"] for k, v in sets.items()} == {"Worker": 2, "Master": 3}
@@ -74,10 +75,14 @@ def test_the_config_map_is_the_plan_every_backend_prints(capsys, tmp_path, monke
     docs = list(yaml.safe_load_all(out))
     assert [d["kind"] for d in docs] == ["Secret", "ConfigMap", "JobSet"]
     assert docs[0]["stringData"] == {"token": envs.MASKED_TOKEN}    # masked by default
-    shares = json.loads(docs[1]["data"]["plan.json"])["nodes"]
-    in_pods = [p for share in shares for p in share["procs"]]
+    (tmp_path / "plan.json").write_text(docs[1]["data"]["plan.json"])
+    in_pods = []                        # what each pod derives from the ConfigMap's layout
+    for index in range(2):
+        _, procs = my_share(str(tmp_path / "plan.json"), {
+            envs.K8S_NODE_BASE: "0", envs.K8S_NODE_INDEX: str(index), envs.JOB_TOKEN: "s3cret"})
+        in_pods += [p.to_json() for p in procs]
+    assert len(in_pods) == len(plan["procs"]) == 4
     for proc, printed in zip(in_pods, plan["procs"]):
-        assert printed["env"].pop(envs.JOB_TOKEN) == "s3cret"
         assert proc == printed                                     # the same contract
     code, out, _ = run_cli(capsys, *args, "--show-secrets", BEHAVE)
     assert next(yaml.safe_load_all(out))["stringData"] == {"token": "s3cret"}

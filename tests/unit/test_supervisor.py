@@ -210,3 +210,48 @@ def test_ends_name_the_failure_and_the_stopped():
     ends = {e.label: describe_end(e) for e in result.ends}
     assert ends == {"trainer 0": "failed: exit code 3",
                     "trainer 1": "still running; stopped by fluidctl (signal SIGTERM)"}
+
+
+def test_a_restart_header_past_max_restarts_says_it_is_a_new_world():
+    """An elastic job's rejoins are attempts that --max-restarts does not count: the log line
+    never reads "restart 2 of 1"."""
+    from fluidctl.launch.run import restart_header
+    assert "restart 1 of 1," in restart_header(1, 1)
+    line = restart_header(2, 1)
+    assert "of 1," not in line
+    assert "attempt 2 (a new world; --max-restarts 1 counts failures)" in line
+
+
+def test_a_hang_found_after_every_rank_ended_is_no_hang(tmp_path):
+    """A busy machine can run the hang watchdog after the ranks finished (no log growth, no
+    collective for the timeout: they were done): no hang report, no abort, the ends stand."""
+    from fluidctl import telemetry
+    from fluidctl.diagnostics.watch import Diagnostics
+    from fluidctl.launch.run import _Watch
+
+    class Ended:
+        def __init__(self, rank):
+            self.rank, self.pid, self.host, self.label = rank, 1, "127.0.0.1", f"trainer {rank}"
+
+        def poll(self):
+            return 0
+
+    class Sup:
+        aborted = None
+
+        def handles(self):
+            return [Ended(0), Ended(1)]
+
+        def abort(self, code, why):
+            self.aborted = (code, why)
+
+    said, hangs = [], []
+    diag = Diagnostics(hang_timeout=1, log_root=tmp_path)
+    try:
+        watch = _Watch(Sup(), diag, [], said.append, lambda *a: hangs.append(a),
+                       telemetry.Sink())
+        watch._hung()
+        assert watch.supervisor.aborted is None and hangs == []
+        assert any("every rank had already ended: not a hang" in s for s in said), said
+    finally:
+        diag.close()

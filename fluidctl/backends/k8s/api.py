@@ -10,8 +10,8 @@ import os
 from typing import List, Optional, Sequence, Tuple
 
 from fluidctl.errors import UsageError
-from fluidctl.backends.k8s.render import API, JOB_LABEL, MANAGED
-from fluidctl.backends.k8s.plan import KINDS
+from fluidctl.backends.k8s.render import API, JOB_LABEL, MANAGED, RUNTIME
+from fluidctl.backends.k8s.plan import API_VERSIONS, KINDS, TRAINJOB
 
 TIMEOUT = 30.0              # seconds for each API call
 
@@ -79,8 +79,31 @@ def apply(objects: Sequence[dict], namespace: str, environ=None) -> List[str]:
 
 def _crd(obj: dict) -> Tuple[str, str, str]:
     group, _, version = obj["apiVersion"].partition("/")
-    plural = next(p for _, k, p in API.values() if k == obj["kind"])
+    plural = next(p for _, k, p in (*API.values(), RUNTIME) if k == obj["kind"])
     return group, version, plural
+
+
+def versions(kind: str) -> List[Tuple[str, str, str]]:
+    """(group, version, plural) of each version a kind is served as, the default first
+    (an MPIJob is v2beta1 where mpi-operator is installed, v1 where the training operator)."""
+    api_version, _, plural = API[kind]
+    out = []
+    for v in API_VERSIONS.get(kind, (api_version,)):
+        group, _, version = v.partition("/")
+        out.append((group, version, plural))
+    return out
+
+
+def _each_version(kind: str, call):
+    """``call(group, version, plural)`` for the kind's served versions until one is found."""
+    from kubernetes import client
+    served = versions(kind)
+    for i, (group, version, plural) in enumerate(served):
+        try:
+            return call(group, version, plural)
+        except client.ApiException as exc:
+            if exc.status != 404 or i == len(served) - 1:
+                raise
 
 
 def parse_job_id(job_id: str) -> Tuple[str, str]:
@@ -110,8 +133,7 @@ def list_jobs(namespace: Optional[str], environ=None) -> List[dict]:
     custom = client.CustomObjectsApi(api_client(environ))
     selector = ",".join(f"{k}={v}" for k, v in MANAGED.items())
     rows = []
-    for kind, (api_version, _, plural) in API.items():
-        group, _, version = api_version.partition("/")
+    for kind, group, version, plural in [(k, *v) for k in API for v in versions(k)]:
         try:
             if namespace:
                 found = custom.list_namespaced_custom_object(
@@ -134,11 +156,12 @@ def list_jobs(namespace: Optional[str], environ=None) -> List[dict]:
 def get_job(job_id: str, namespace: str, environ=None) -> dict:
     from kubernetes import client
     kind, name = parse_job_id(job_id)
-    api_version, _, plural = API[kind]
-    group, _, version = api_version.partition("/")
+    custom = client.CustomObjectsApi(api_client(environ))
     try:
-        return client.CustomObjectsApi(api_client(environ)).get_namespaced_custom_object(
-            group, version, namespace, plural, name, _request_timeout=TIMEOUT)
+        return _each_version(kind, lambda group, version, plural:
+                             custom.get_namespaced_custom_object(
+                                 group, version, namespace, plural, name,
+                                 _request_timeout=TIMEOUT))
     except client.ApiException as exc:
         raise _fail(f"reading {job_id} in {namespace} failed", exc) from None
 
@@ -260,18 +283,24 @@ def follow_logs(job_id: str, namespace: str, pod: int, write, environ=None,
 
 
 def cancel(job_id: str, namespace: str, environ=None) -> None:
-    """Delete the job and its Secret and ConfigMap (the operator stops its pods)."""
+    """Delete the job, its Secret and ConfigMap (the operator stops its pods), and a
+    TrainJob's TrainingRuntime."""
     from kubernetes import client
     kind, name = parse_job_id(job_id)
     api = api_client(environ)
-    api_version, _, plural = API[kind]
-    group, _, version = api_version.partition("/")
-    calls = [lambda: client.CustomObjectsApi(api).delete_namespaced_custom_object(
-                 group, version, namespace, plural, name, _request_timeout=TIMEOUT),
+    custom = client.CustomObjectsApi(api)
+    calls = [lambda: _each_version(kind, lambda group, version, plural:
+                                   custom.delete_namespaced_custom_object(
+                                       group, version, namespace, plural, name,
+                                       _request_timeout=TIMEOUT)),
              lambda: client.CoreV1Api(api).delete_namespaced_secret(
                  f"{name}-token", namespace, _request_timeout=TIMEOUT),
              lambda: client.CoreV1Api(api).delete_namespaced_config_map(
                  f"{name}-plan", namespace, _request_timeout=TIMEOUT)]
+    if kind == TRAINJOB:
+        group, _, version = RUNTIME[0].partition("/")
+        calls.append(lambda: custom.delete_namespaced_custom_object(
+            group, version, namespace, RUNTIME[2], name, _request_timeout=TIMEOUT))
     for i, call in enumerate(calls):
         try:
             call()

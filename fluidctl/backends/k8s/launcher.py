@@ -1,4 +1,5 @@
-"""``--backend k8s``: the job as a PyTorchJob, MPIJob, PaddleJob or JobSet (docs/kubernetes.md).
+"""``--backend k8s``: the job as a PyTorchJob, MPIJob, PaddleJob, JobSet or TrainJob
+(docs/kubernetes.md).
 
 ``prepare`` plans as every backend does (``make_plan``, or ``plan_mpi`` for an MPIJob) with one
 node per pod, addressed by the name the operator gives that pod (``plan.py``); ``render.py``
@@ -26,7 +27,7 @@ NEEDS = {"kubernetes": "kubernetes", "kubeflow.training": "kubeflow-training",
 def check_libraries(kind: str) -> None:
     """The rendering libraries are the k8s extra's: one line when one is missing."""
     import importlib.util
-    wanted = ["kubernetes", "kubeflow_trainer_api" if kind == kplan.JOBSET
+    wanted = ["kubernetes", "kubeflow_trainer_api" if kind in kplan.JOBSET_LIKE
               else "kubeflow.training"]
     for module in wanted:
         try:
@@ -78,7 +79,7 @@ class K8sLauncher(BaseLauncher):
         script = planner.relative_script(config.script, os.getcwd())
         python = config.python or kplan.POD_PYTHON
         ids = tuple(str(i) for i in range(gpus))
-        pods = kplan.trainer_pods(opts.kind, name, opts.nodes, opts.namespace)
+        pods = kplan.trainer_pods(opts.kind, name, opts.nodes, opts.namespace, opts.version)
         nodes = [planner.Node(a, nproc, ids, a.split(".")[0]) for a in pods]
         if config.mode == "pserver" and not config.pserver_endpoints:
             for a in kplan.pserver_pods(opts.kind, name, config.pservers or 1, opts.namespace):
@@ -93,7 +94,8 @@ class K8sLauncher(BaseLauncher):
         self.spec_args = dict(kind=opts.kind, name=name, namespace=opts.namespace,
                               image=opts.image, python=python, token=config.token,
                               max_restarts=config.max_restarts, gpus_per_pod=gpus,
-                              workdir=config.remote_dir, grace=config.grace_period)
+                              workdir=config.remote_dir, grace=config.grace_period,
+                              api_version=opts.version, restart=opts.restart)
         if opts.kind == kplan.MPIJOB:
             from fluidctl.backends.mpi import launcher as mpi
             rank_argv = mpi.worker_argv(script, config.script_args, python)
@@ -112,8 +114,8 @@ class K8sLauncher(BaseLauncher):
             self.spec_args["mpirun"] = argv
             return plan
         port = config.started_port or kplan.DEFAULT_PORT
-        ports = {i: list(range(port, port + job.ports_needed(i))) for i in range(len(nodes))}
-        return planner.make_plan(job, ports, backend=self.name)
+        self.spec_args["port"] = port
+        return planner.make_plan(job, kplan.pod_ports(job, port), backend=self.name)
 
     def objects(self, plan) -> List[dict]:
         from fluidctl.backends.k8s import render

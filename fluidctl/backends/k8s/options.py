@@ -15,7 +15,16 @@ def _kinds():
 OPTIONS = (
     fastargs.Option(["--kind"], "kind", type=fastargs.choice(_kinds),
                     help="k8s: the job's kind: pytorchjob, mpijob, paddlejob (Kubeflow's "
-                         "training operator) or jobset (JobSet), e.g. --kind pytorchjob."),
+                         "training operator, mpi-operator), jobset (JobSet) or trainjob "
+                         "(Kubeflow Trainer v2), e.g. --kind pytorchjob."),
+    fastargs.Option(["--api-version"], "api_version",
+                    help="k8s: the MPIJob version: v2beta1 (mpi-operator v0.8, the default) "
+                         "or v1 (Kubeflow's training operator), e.g. --api-version v1."),
+    fastargs.Option(["--restart-policy"], "restart_policy",
+                    type=fastargs.choice(("group", "pod")),
+                    help="k8s: on a failure, restart the whole group of pods (group, the "
+                         "default) or only the failed pod (pod), up to --max-restarts times, "
+                         "e.g. --restart-policy pod."),
     fastargs.Option(["--image"], "image",
                     help="k8s: the container image of every pod (fluidctl and the script in "
                          "it), e.g. --image registry.example.com/team/train:1.0."),

@@ -1,9 +1,11 @@
 """The entry of every pod of a Kubernetes job (``python3 -m fluidctl.backends.k8s.pod
 PLAN.json``, the container command ``render.py`` writes; users never type it).
 
-The ConfigMap holds the plan: one ``NodeShare`` record per pod (``fluidctl.agentproto``, as the
-SSH agents get theirs), without the token. This pod's node is FLUIDCTL_K8S_NODE_BASE +
-FLUIDCTL_K8S_INDEX (its replica index, from the downward API); the token comes from the Secret
+The ConfigMap holds the job's compact layout (``layout.py``: the JobSpec, O(nodes), without the
+token); the pod plans the world from it as the renderer did and runs its own node's
+``NodeShare`` (``fluidctl.agentproto``, as the SSH agents get theirs). This pod's node is
+FLUIDCTL_K8S_NODE_BASE + FLUIDCTL_K8S_INDEX (its replica index, from the downward API); the
+token comes from the Secret
 (FLUIDCTL_JOB_TOKEN, a secretKeyRef). Its processes start with exactly the environment the plan
 gave them (what the operator injected, e.g. RANK or MASTER_ADDR, is replaced by the plan's), each
 writing LOG_DIR/<pod>/workerlog.N, every line echoed to stdout with a ``[trainer N]`` prefix
@@ -36,10 +38,12 @@ def node_index(environ) -> int:
 def my_share(path: str, environ):
     """(this pod's NodeShare, its processes as ProcSpecs with the token put back)."""
     from fluidctl.agentproto import NodeShare, RecordError
+    from fluidctl.backends.k8s import layout
     from fluidctl.planning.plan import ProcSpec
     try:
         with open(path) as f:
-            nodes = json.load(f)["nodes"]
+            record = json.load(f)
+        nodes = record["job"]["nodes"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"cannot read the job's plan {path}: {exc}", NOT_BY_HAND) from None
     index = node_index(environ)
@@ -47,9 +51,12 @@ def my_share(path: str, environ):
         raise UsageError(f"this pod is node {index}, but the plan has {len(nodes)} nodes",
                          NOT_BY_HAND)
     try:
-        share = NodeShare.from_record(nodes[index])
+        if record.get("format") != layout.FORMAT:
+            raise RecordError(f"layout format {record.get('format')!r}")
+        share = layout.node_share(layout.plan_of(record), index, record["grace"])
+        share = NodeShare.from_record(share.to_record())
         procs = [ProcSpec(**p) for p in share.procs]
-    except (RecordError, TypeError) as exc:
+    except (RecordError, TypeError, KeyError) as exc:
         raise UsageError(f"the plan is not this fluidctl version's ({exc})",
                          "use the same fluidctl in the image as the one that rendered the job") \
             from None

@@ -1,16 +1,18 @@
 """A Plan as Kubernetes objects, built with the ecosystem's own models: the ``kubernetes``
 client's for the core objects (Secret, ConfigMap, pod templates), the Kubeflow training SDK's
-(``kubeflow-training``) for PyTorchJob, MPIJob and PaddleJob, and the Kubeflow Trainer API's
-JobSet models (``kubeflow-trainer-api``, pydantic: checked as they are built) for JobSet.
+(``kubeflow-training``) for PyTorchJob, MPIJob v1 and PaddleJob, and the Kubeflow Trainer API's
+models (``kubeflow-trainer-api``, pydantic: checked as they are built) for JobSet, TrainJob and
+TrainingRuntime (``trainjob.py``); MPIJob v2beta1 (``mpijob.py``) is plain data. Every pod
+template is made by ``pod_template``.
 
 What every pod gets:
 - the job token in a Secret ``NAME-token``, read through ``secretKeyRef`` (never in a pod spec);
-- the plan itself, token removed, in a ConfigMap ``NAME-plan`` (``plan.json``: each node's
-  processes as ``fluidctl.agentproto.NodeShare`` records, the ones the SSH agents get), mounted
-  at ``/etc/fluidctl``; the container runs ``python3 -m fluidctl.backends.k8s.pod``, which finds its
-  node from FLUIDCTL_K8S_NODE_BASE + FLUIDCTL_K8S_INDEX (the pod's replica index, from the
-  downward API), puts the token back and starts that node's processes with the environment the
-  plan gave them: the same PADDLE_* and torch variables every backend gives.
+- the plan's layout, token removed, in a ConfigMap ``NAME-plan`` (``plan.json``, O(nodes):
+  ``layout.py``), mounted at ``/etc/fluidctl``; the container runs ``python3 -m
+  fluidctl.backends.k8s.pod``, which finds its node from FLUIDCTL_K8S_NODE_BASE +
+  FLUIDCTL_K8S_INDEX (the pod's replica index, from the downward API), derives that node's
+  processes from the layout, puts the token back and starts them with the environment the plan
+  gives them: the same PADDLE_* and torch variables every backend gives.
 MPIJob is the exception: mpirun in the Launcher pod starts every rank as ``fluidctl worker``
 (as ``--backend mpi`` does), so its pod gets the plan's one exported environment directly.
 """
@@ -20,7 +22,7 @@ import json
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl import envs
-from fluidctl.backends.k8s import plan as kplan
+from fluidctl.backends.k8s import mpijob as mpi_v2, plan as kplan, trainjob
 from fluidctl.sigs import GRACE_PERIOD
 from fluidctl.planning.plan import PSERVER, Plan
 
@@ -34,11 +36,14 @@ JOB_LABEL = "fluidctl.io/job"
 REPLICA_INDEX = "metadata.labels['training.kubeflow.org/replica-index']"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 CONTAINER = {kplan.PYTORCHJOB: "pytorch", kplan.PADDLEJOB: "paddle", kplan.MPIJOB: "mpi",
-             kplan.JOBSET: "trainer"}
+             kplan.JOBSET: "trainer", kplan.TRAINJOB: "node"}
+# each kind's (default apiVersion, Kind, plural); MPIJob's other version is kplan.API_VERSIONS'
 API = {kplan.PYTORCHJOB: ("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
-       kplan.MPIJOB: ("kubeflow.org/v1", "MPIJob", "mpijobs"),
+       kplan.MPIJOB: (kplan.MPI_V2, "MPIJob", "mpijobs"),
        kplan.PADDLEJOB: ("kubeflow.org/v1", "PaddleJob", "paddlejobs"),
-       kplan.JOBSET: ("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets")}
+       kplan.JOBSET: ("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets"),
+       kplan.TRAINJOB: trainjob.API}
+RUNTIME = trainjob.RUNTIME      # a TrainJob's TrainingRuntime, also created by fluidctl
 
 
 class Spec:
@@ -47,11 +52,14 @@ class Spec:
     def __init__(self, kind: str, name: str, namespace: str, image: str, python: str,
                  token: str, max_restarts: int = 0, gpus_per_pod: int = 0,
                  workdir: Optional[str] = None, mpirun: Sequence[str] = (),
-                 grace: float = GRACE_PERIOD):
+                 grace: float = GRACE_PERIOD, api_version: Optional[str] = None,
+                 restart: str = kplan.GROUP, port: int = kplan.DEFAULT_PORT):
         self.kind, self.name, self.namespace, self.image = kind, name, namespace, image
         self.python, self.token, self.max_restarts = python, token, max_restarts
         self.gpus_per_pod, self.workdir, self.mpirun = gpus_per_pod, workdir, list(mpirun)
         self.grace = grace          # --grace-period: SIGTERM to SIGKILL inside a pod
+        self.api_version = api_version or API[kind][0]
+        self.restart, self.port = restart, port     # --restart-policy, the pods' first port
 
 
 def _client():
@@ -72,17 +80,9 @@ def _meta(spec: Spec, name: str):
 
 
 def shares(plan: Plan, grace: float = GRACE_PERIOD) -> List[dict]:
-    """Each node's processes as the NodeShare record its pod runs (the token left out)."""
-    from fluidctl.agentproto import NodeShare
-    out = []
-    for i, node in enumerate(plan.job.nodes):
-        procs = []
-        for p in plan.on_node(i):
-            record = p.to_json()
-            record["env"] = {k: v for k, v in record["env"].items() if k != envs.JOB_TOKEN}
-            procs.append(record)
-        out.append(NodeShare(procs, plan.job.log_dir, node.label, grace=grace).to_record())
-    return out
+    """Each node's processes as the NodeShare record its pod derives (the token left out)."""
+    from fluidctl.backends.k8s.layout import node_share
+    return [node_share(plan, i, grace).to_record() for i in range(len(plan.job.nodes))]
 
 
 def secret(spec: Spec):
@@ -92,9 +92,11 @@ def secret(spec: Spec):
 
 
 def config_map(spec: Spec, plan: Plan):
+    """The plan as the compact layout every pod derives its own share from (O(nodes))."""
+    from fluidctl.backends.k8s import layout
     c = _client()
-    data = json.dumps({"job": spec.name, "kind": spec.kind,
-                       "nodes": shares(plan, spec.grace)}, indent=1)
+    data = layout.to_text({"name": spec.name, "kind": spec.kind,
+                           **layout.record(plan, spec.port, spec.grace)})
     return c.V1ConfigMap(api_version="v1", kind="ConfigMap",
                          metadata=_meta(spec, f"{spec.name}-plan"), data={PLAN_FILE: data})
 
@@ -147,16 +149,38 @@ def _restart(spec: Spec) -> str:
 
 
 def render(spec: Spec, plan: Plan) -> List[dict]:
-    """Every object of the job, in the order to create them (Secret, ConfigMap, the job)."""
+    """Every object of the job, in the order to create them (Secret, ConfigMap, the job);
+    a UsageError when one would pass the API server's limit on an object."""
     objects = [to_dict(secret(spec))]
     if spec.kind == kplan.MPIJOB:
-        return objects + [to_dict(mpijob(spec, plan))]
+        job = mpijob_v2(spec, plan) if spec.api_version == kplan.MPI_V2 \
+            else to_dict(mpijob(spec, plan))
+        return refuse_oversized(objects + [job])
     objects.append(to_dict(config_map(spec, plan)))
     trainers = sum(1 for n in plan.job.nodes if n.nproc)
     pservers = len(plan.job.nodes) - trainers
     if spec.kind == kplan.JOBSET:
-        return objects + [jobset(spec, trainers, pservers)]
-    return objects + [to_dict(kubeflow_job(spec, trainers, pservers))]
+        objects.append(jobset(spec, trainers, pservers))
+    elif spec.kind == kplan.TRAINJOB:
+        objects += trainjob.objects(spec.name, to_dict(_meta(spec, spec.name)),
+                                    jobset_spec(spec, trainers, pservers), trainers)
+    else:
+        objects.append(to_dict(kubeflow_job(spec, trainers, pservers)))
+    return refuse_oversized(objects)
+
+
+def refuse_oversized(objects: List[dict]) -> List[dict]:
+    """The objects, unless one is over the API server's 1 MiB (then one line, exit 2)."""
+    from fluidctl.backends.k8s.layout import LIMIT
+    from fluidctl.errors import UsageError
+    for obj in objects:
+        size = len(json.dumps(obj, separators=(",", ":")))
+        if size > LIMIT:
+            raise UsageError(f"the {obj['kind']} {obj['metadata']['name']} would be {size} "
+                             f"bytes, over the API server's limit of {LIMIT} bytes per object",
+                             "shorten what it holds (--env values, script arguments) or split "
+                             "the job")
+    return objects
 
 
 def kubeflow_job(spec: Spec, trainers: int, pservers: int):
@@ -170,7 +194,7 @@ def kubeflow_job(spec: Spec, trainers: int, pservers: int):
             replicas=count, restart_policy=_restart(spec),
             template=pod_template(spec, cmd, node_env(base, field), gpus=spec.gpus_per_pod))
     # Running: once the trainers are done, pods still running (pservers) are deleted
-    run_policy = kf.KubeflowOrgV1RunPolicy(backoff_limit=spec.max_restarts,
+    run_policy = kf.KubeflowOrgV1RunPolicy(backoff_limit=backoff_limit(spec, trainers + pservers),
                                            clean_pod_policy="Running")
     api_version, kind, _ = API[spec.kind]
     meta = _meta(spec, spec.name)
@@ -192,23 +216,23 @@ def kubeflow_job(spec: Spec, trainers: int, pservers: int):
 
 
 def mpijob(spec: Spec, plan: Plan):
-    """MPIJob: the Launcher runs the plan's mpirun (every rank is ``fluidctl worker``, which
+    """MPIJob ``kubeflow.org/v1`` (``--api-version v1``): the Launcher runs the plan's mpirun
+    (``launcher_command``; every rank is ``fluidctl worker``, which
     writes the contract from OMPI_*, as under ``--backend mpi``) over the operator's hostfile;
     the Workers only host the ranks (``sleep infinity`` until mpirun starts them)."""
     from kubeflow.training import models as kf
-    env = {k: v for k, v in plan.procs[0].env.items() if k != envs.JOB_TOKEN}
-    launcher_env = [_env_var(k, v) for k, v in sorted(env.items())]
+    launcher_env = mpi_env(plan)
+    kind = API[spec.kind][1]
     workers = len(plan.job.nodes)
     launcher = kf.KubeflowOrgV1ReplicaSpec(
         replicas=1, restart_policy=_restart(spec),
-        template=pod_template(spec, list(spec.mpirun), launcher_env, plan_volume=False))
+        template=pod_template(spec, launcher_command(spec), launcher_env, plan_volume=False))
     worker = kf.KubeflowOrgV1ReplicaSpec(
         replicas=workers, restart_policy=_restart(spec),
         template=pod_template(spec, ["sleep", "infinity"], [], gpus=spec.gpus_per_pod,
                               plan_volume=False))
-    api_version, kind, _ = API[spec.kind]
     return kf.KubeflowOrgV1MPIJob(
-        api_version=api_version, kind=kind, metadata=_meta(spec, spec.name),
+        api_version=kplan.MPI_V1, kind=kind, metadata=_meta(spec, spec.name),
         spec=kf.KubeflowOrgV1MPIJobSpec(
             slots_per_worker=plan.job.nodes[0].nproc,
             mpi_replica_specs={"Launcher": launcher, "Worker": worker},
@@ -216,31 +240,65 @@ def mpijob(spec: Spec, plan: Plan):
                                                  clean_pod_policy="Running")))
 
 
-def jobset(spec: Spec, trainers: int, pservers: int) -> dict:
-    """JobSet: a replicated Job ``trainer`` (Indexed, one pod per node) and, in pserver mode,
-    ``pserver``; pods reach each other as NAME-RJOB-0-INDEX.NAME (DNS hostnames on)."""
-    from kubeflow_trainer_api import models as js
+def backoff_limit(spec: Spec, pods: int) -> int:
+    """The training operator's backoffLimit counts pod restarts, and it has no group restart:
+    under ``--restart-policy group`` a failure ends every pod's ranks (their collectives
+    break; each pod entry then exits) and each pod restarts, so a restart of the job costs
+    one per pod."""
+    return spec.max_restarts * (pods if spec.restart == kplan.GROUP else 1)
+
+
+def mpijob_v2(spec: Spec, plan: Plan) -> dict:
+    """MPIJob v2beta1 (``mpijob.py``): mpirun in the Launcher, sshd in the Workers."""
+    launcher = pod_template(spec, launcher_command(spec), mpi_env(plan), plan_volume=False)
+    worker = pod_template(spec, list(mpi_v2.SSHD), [], gpus=spec.gpus_per_pod,
+                          plan_volume=False)
+    return mpi_v2.mpijob(spec, plan, to_dict(_meta(spec, spec.name)), to_dict(launcher),
+                         to_dict(worker))
+
+
+def launcher_command(spec: Spec) -> List[str]:
+    """The plan's mpirun, under the entry that makes its exit status true (``mpilaunch.py``)."""
+    return [spec.python, "-m", "fluidctl.backends.k8s.mpilaunch", *spec.mpirun]
+
+
+def mpi_env(plan: Plan) -> List:
+    """The Launcher's environment: what mpirun exports to every rank (the token by Secret)."""
+    env = {k: v for k, v in plan.procs[0].env.items() if k != envs.JOB_TOKEN}
+    return [_env_var(k, v) for k, v in sorted(env.items())]
+
+
+def jobset_spec(spec: Spec, trainers: int, pservers: int) -> dict:
+    """A JobSet's spec: a replicated Job of trainers (Indexed, one pod per node) and, in
+    pserver mode, one of pservers; pods reach each other as NAME-RJOB-0-INDEX.NAME (DNS
+    hostnames on). ``--restart-policy group``: the JobSet recreates every Job on a failure
+    (failurePolicy.maxRestarts); ``pod``: each Job replaces its failed pods (backoffLimit)."""
     cmd = pod_command(spec)
+    group = spec.restart == kplan.GROUP
 
     def rjob(role: str, count: int, base: int, gpus: int) -> dict:
         template = to_dict(pod_template(spec, cmd, node_env(base, COMPLETION_INDEX), gpus=gpus,
                                         restart="Never"))
         return {"name": role, "replicas": 1, "template": {"spec": {
             "parallelism": count, "completions": count, "completionMode": "Indexed",
-            "backoffLimit": 0, "template": template}}}
-    rjobs = [rjob(kplan.TRAINER_SET[kplan.JOBSET], trainers, 0, spec.gpus_per_pod)]
+            "backoffLimit": 0 if group else spec.max_restarts * count, "template": template}}}
+    rjobs = [rjob(kplan.TRAINER_SET[spec.kind], trainers, 0, spec.gpus_per_pod)]
     if pservers:
-        rjobs.append(rjob(kplan.PSERVER_SET[kplan.JOBSET], pservers, trainers, 0))
+        rjobs.append(rjob(kplan.PSERVER_SET[spec.kind], pservers, trainers, 0))
+    return {"replicatedJobs": rjobs,
+            "network": {"enableDNSHostnames": True, "subdomain": spec.name},
+            "failurePolicy": {"maxRestarts": spec.max_restarts if group else 0},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": [rjobs[0]["name"]]}}
+
+
+def jobset(spec: Spec, trainers: int, pservers: int) -> dict:
+    """JobSet (``jobset_spec``), checked through the Kubeflow Trainer API's JobSet model."""
+    from kubeflow_trainer_api import models as js
     api_version, kind, _ = API[spec.kind]
     record = {"apiVersion": api_version, "kind": kind,
               "metadata": to_dict(_meta(spec, spec.name)),
-              "spec": {"replicatedJobs": rjobs,
-                       "network": {"enableDNSHostnames": True, "subdomain": spec.name},
-                       "failurePolicy": {"maxRestarts": spec.max_restarts},
-                       "successPolicy": {"operator": "All",
-                                         "targetReplicatedJobs": [rjobs[0]["name"]]}}}
-    model = js.JobsetV1alpha2JobSet.from_dict(record)       # checked against JobSet's API
-    return model.to_dict()
+              "spec": jobset_spec(spec, trainers, pservers)}
+    return js.JobsetV1alpha2JobSet.from_dict(record).to_dict()
 
 
 def masked(objects: Sequence[dict]) -> List[dict]:

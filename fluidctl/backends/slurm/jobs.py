@@ -124,9 +124,10 @@ def _why(record: slurmctl.JobRecord, st: slurmctl.JobState) -> str:
     return why + f" (log {failure.log})"
 
 
-def log_dir(job_id: str, **_) -> Path:
-    """The job's own log dir, where its launcher writes live.json (``fluidctl top``)."""
-    return slurmctl.load_record(job_id).run_layout.root
+def log_dir(job_id: str, **_) -> str:
+    """The job's own log dir (LOG_DIR/slurm-JOBID), where its launcher writes live.json
+    (``fluidctl top``) and its reports (``fluidctl report``)."""
+    return str(slurmctl.load_record(job_id).run_layout.root)
 
 
 def logs(job_id: str, rank: int = 0, batch: bool = False, follow: bool = False, **_) -> None:

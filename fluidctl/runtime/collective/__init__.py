@@ -44,6 +44,25 @@ def _is_cupy(x) -> bool:
         return found
 
 
+_NATIVE_CHARS = "fdbBhHiIlqLQ?"     # _fastshm.c reduces these (not float16, not bfloat16)
+_NATIVE_OPS = {"sum": 0, "mean": 0, "max": 2, "min": 3}     # the reduction, as meta.OPS' index
+
+
+class _SmallCall:
+    """An allreduce signature on the native path: its metadata record (kept alive here, its
+    address handed to C) and the numbers the C code takes."""
+    __slots__ = ("rec", "addr", "code", "op", "mean", "world", "piece")
+
+    def __init__(self, x, op: str, world: int, piece: int):
+        self.rec = meta.record(0, "allreduce", op, x.dtype, x.shape)
+        self.addr = self.rec.ctypes.data
+        self.code = ord(x.dtype.char)
+        self.op = _NATIVE_OPS[op]
+        self.mean = op == "mean"
+        self.world = x.dtype.type(world)
+        self.piece = piece
+
+
 class Communicator:
     def __init__(self, rank: int, world_size: int, *, shm=None, ring=None, mpi=None,
                  local_ranks: Optional[List[int]] = None):
@@ -66,6 +85,9 @@ class Communicator:
             self.transport = "ring"
         else:
             self.transport = "single"
+        # one node, the native module built: allreduces below DIRECT_MIN skip the Python path
+        self._small = shm.small if self.transport == "shm" and shm._native is not None else None
+        self._smalls = {}                     # (dtype, shape, op) -> _SmallCall or None
 
     def close(self) -> None:
         for part in (self.ring, self.shm, self.nccl):
@@ -201,8 +223,37 @@ class Communicator:
         if chunk is not None:
             self.ring.allreduce(chunk, self._op)
 
+    def _small_call(self, x, op: str):
+        """What the native path needs for allreduces like ``x`` with ``op``, or None when
+        they take the Python path (a dtype or op the C code lacks, a message that the direct
+        path moves)."""
+        key = (x.dtype, x.shape, op)
+        if len(self._smalls) > 256:
+            self._smalls.clear()
+        dt = x.dtype
+        ok = (dt.kind in "fiub" and dt.char in _NATIVE_CHARS and dt.isnative
+              and op in _NATIVE_OPS and (op != "mean" or dt.kind == "f")
+              and x.nbytes < self.shm.native_limit())
+        call = self._smalls[key] = (_SmallCall(x, op, self.world_size,
+                                               self.shm.piece_bytes(dt.itemsize))
+                                    if ok else None)
+        return call
+
     # --- the API ---------------------------------------------------------------------
     def allreduce(self, x, op: str = "sum"):
+        small = self._small
+        if small is not None and type(x) is np.ndarray:
+            try:
+                call = self._smalls[(x.dtype, x.shape, op)]
+            except KeyError:
+                call = self._small_call(x, op)
+            if call is not None:
+                self._seq = seq = self._seq + 1
+                if small(x, call.addr, seq, call.code, call.op, False, call.piece):
+                    if call.mean:
+                        x /= call.world
+                    return x
+                self._seq -= 1                  # not a writable contiguous array
         if _is_cupy(x):
             return self._gpu("allreduce", x, op=op)
         self._run(x, "allreduce", op, getattr(x, "shape", ()), getattr(x, "dtype", np.uint8))

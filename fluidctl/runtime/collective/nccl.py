@@ -378,6 +378,10 @@ class NcclTransport:
                 if divide:
                     target = out if out is not None else x
                     target /= target.dtype.type(self.n)
+                if stream.ptr and stream.is_capturing():
+                    # a CUDA graph's capture: checked now, at capture time; nothing to watch
+                    # (an event recorded in a capture cannot be queried), as torch does
+                    return out if out is not None else x
                 event = work.event()
                 event.record(stream)
             except self._runtime_error as exc:
@@ -440,6 +444,8 @@ class NcclTransport:
                 for _, _, target, divide in group:
                     if divide:
                         target /= target.dtype.type(self.n)
+                if stream.ptr and stream.is_capturing():
+                    return                       # captured in a CUDA graph: nothing to watch
                 event = self.work.event()
                 event.record(stream)
             except self._runtime_error as exc:

@@ -18,11 +18,12 @@ the others reduced (an allgather). Three ways to move the data:
 - chunked with barriers (hierarchical: the node's reduced chunk goes to the other nodes between
   the reduce and the copy-out).
 
-Counters only ever grow and each rank writes only its own line, so no atomics are needed (x86's
-store order publishes the data before the counter). Waiting spins on the counters (a 4 KiB
-allreduce stays far below 100 us), then yields and sleeps with a growing backoff; it gives up at
-the timeout, when a peer's pid is gone, or when another rank posted an abort, always with a
-message naming the rank.
+Counters only ever grow and each rank writes only its own line. A message of one piece runs in
+the native module (_fastshm.c, the same protocol in C: slots, counters and the metadata table,
+compared as bytes on every call), so a 4 KiB allreduce costs microseconds; without the module
+the Python path runs it. Waiting (shmwait.py) spins briefly, then sleeps on a futex that every
+post rings; it gives up at the timeout, when a peer's pid is gone, or when another rank posted
+an abort, always with a message naming the rank.
 
 Leaks: the segment is a plain file in /dev/shm (mmap, never multiprocessing's resource_tracker).
 The node leader creates it, every local rank maps it, and after one store barrier it is
@@ -40,16 +41,16 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from fluidctl import envs
-from fluidctl.runtime.collective import meta
+from fluidctl.runtime.collective import meta, shmwait
 from fluidctl.runtime.collective.meta import CollectiveError
 
 PREFIX = "fluidctl-"
-LINE = 64                         # bytes per rank's control line (one cache line)
+LINE = 128                        # bytes per rank's control line (two cache lines)
 WORDS = LINE // 8
 # the words of a rank's control line: barrier arrivals (hierarchical path and the probe), pid,
 # pieces copied in / reduced / copied out (pipelined and direct paths), the direct path's array
-# address and "contributes zeros" flag, and the probe's answer
-ARRIVE, PID, IN, RED, OUT, ADDR, ZERO, CAN_READ = range(8)
+# address and "contributes zeros" flag, the probe's answer, and "asleep on the doorbell"
+ARRIVE, PID, IN, RED, OUT, ADDR, ZERO, CAN_READ, SLEEP = range(9)
 ALIGN = 4096
 ABORT_MSG = 1024
 DEFAULT_CHUNK = 4 << 20
@@ -59,9 +60,10 @@ PIECE = 512 << 10                 # bytes per piece (fits in L2); the pipelined 
 RING = 2                          # pipelined path: slots per rank (2 suffice, see _pipelined)
 DIRECT_MIN = 4 << 20              # below this, the kernel's per-page cost of a direct read
                                   # loses to copies that stay in cache
-SPIN_SECONDS = 100e-6
-YIELD_SECONDS = 5e-3
-LIVENESS_EVERY = 0.2
+SPIN_SECONDS = 20e-6              # spin this long before sleeping, when each rank has a CPU
+LIVENESS_EVERY = 0.2              # seconds between checks of the peers' pids and the deadline
+SLICE_NS = int(LIVENESS_EVERY * 1e9)
+_fastshm_MISMATCH, _fastshm_FALLBACK = 2, 4       # _fastshm.c's step outcomes
 
 
 def shm_dir() -> str:
@@ -121,7 +123,9 @@ class ShmGroup:
         self.timeout = timeout
         self.chunk = chunk
         self.path = path
-        ctl_bytes = _round_up(self.n * LINE + 2 * world_size * meta.RECORD * 8 + 8 + ABORT_MSG)
+        bell_at = _round_up(self.n * LINE + 2 * world_size * meta.RECORD * 8 + 8 + ABORT_MSG,
+                            LINE)          # the doorbell (shmwait.py), on a line of its own
+        ctl_bytes = _round_up(bell_at + LINE)
         size = ctl_bytes + (self.n + 1) * chunk
         if create:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -172,6 +176,18 @@ class ShmGroup:
         except (AttributeError, OSError):
             cpus = os.cpu_count() or 1
         self._spin = SPIN_SECONDS if self.n <= cpus else 0.0
+        base = buf.ctypes.data
+        mod = shmwait.native()
+        self._native = shmwait.native_group(
+            mod, base, WORDS, self.n, index, world_size, ranks, base + bell_at,
+            base + (self.n * WORDS + 2 * world_size * meta.RECORD) * 8,
+            base + self.n * WORDS * 8, base + ctl_bytes, chunk, self._piece_room, self._spin)
+        self._waiter = shmwait.Waiter(
+            self._ctl, memoryview(self._mm)[bell_at: bell_at + 4].cast("I"),
+            self._abort, bell_addr=base + bell_at, words=WORDS, n=self.n, index=index,
+            spin=self._spin, native_group=self._native)
+        self._post = self._waiter.post
+        self._step = mod.step if self._native is not None else None
         self._direct: Optional[bool] = None                 # probed on the first collective
         self._temp: Optional[np.ndarray] = None
         self.broken: Optional[str] = None
@@ -183,6 +199,8 @@ class ShmGroup:
     def close(self) -> None:
         mm, self._mm = getattr(self, "_mm", None), None
         if mm is not None:
+            self._native = self._step = None
+            self._waiter.bell.release()
             self._ctl.release()
             self.slots = self.result = self.tables = None
             self._counters = self._pids = self._abort = self._abort_msg = None
@@ -194,41 +212,21 @@ class ShmGroup:
     # --- synchronisation ---------------------------------------------------------------
     def arrive_and_wait(self) -> None:
         self._gen += 1
-        self._counters[self.index] = self._gen
+        self._post(ARRIVE, self._gen)
         self.wait_all(self._gen)
 
     def wait_all(self, gen: int) -> None:
         self._wait(ARRIVE, gen)
 
     def _wait(self, word: int, target: int) -> None:
-        """Until every other local rank's counter ``word`` has reached ``target``."""
-        ctl, lines = self._ctl, self._lines[word]
-        for w in lines:
-            if ctl[w] < target:
-                break
-        else:
-            return
-        start = time.perf_counter()
-        next_check = start + LIVENESS_EVERY
-        sleep = 20e-6
-        while True:
-            for _ in range(64):
-                for w in lines:
-                    if ctl[w] < target:
-                        break
-                else:
-                    return
-            now = time.perf_counter()
+        """Until every other local rank's counter ``word`` has reached ``target`` (see
+        shmwait.py); checks the peers' liveness and the deadline every LIVENESS_EVERY."""
+        wait, start = self._waiter.wait, time.perf_counter()
+        status = wait(word, target, LIVENESS_EVERY)
+        while status != shmwait.REACHED:
             self._stop_if_aborted()
-            if now - start > self._spin:
-                if now - start < YIELD_SECONDS:
-                    os.sched_yield()
-                else:
-                    time.sleep(sleep)
-                    sleep = min(sleep * 2, 1e-3)
-            if now >= next_check:
-                next_check = now + LIVENESS_EVERY
-                self._check_peers(word, target, now - start)
+            self._check_peers(word, target, time.perf_counter() - start)
+            status = wait(word, target, LIVENESS_EVERY)
 
     def _check_peers(self, word: int, target: int, waited: float) -> None:
         late = [i for i in self._others if self._ctl[i * WORDS + word] < target]
@@ -255,6 +253,7 @@ class ShmGroup:
         if self._abort is not None and not self._abort[0]:
             self._abort_msg[: len(data)] = np.frombuffer(data, dtype=np.uint8)
             self._abort[0] = 1
+            self._waiter.ring()
         self._fail(message)
 
     def _fail(self, message: str) -> None:
@@ -327,7 +326,7 @@ class ShmGroup:
         ctl, me, g = self._ctl, self.index, self._piece
         ctl[self._mine + ADDR] = flat.ctypes.data
         ctl[self._mine + ZERO] = int(zero_input)
-        ctl[self._mine + IN] = g + 1
+        self._post(IN, g + 1)
         self._agree(table, g)
         raw, dtype = flat.view(np.uint8), flat.dtype
         cuts = [b * flat.itemsize for b in self._bounds(flat.size)]
@@ -349,11 +348,12 @@ class ShmGroup:
                     ufunc(own.view(dtype), temp.view(dtype), out=own.view(dtype))
             if empty:                     # every rank contributes zeros
                 own[:] = 0
-        ctl[self._mine + RED] = g + 1
+        self._post(RED, g + 1)
         self._wait(RED, g + 1)
         for j in self._others:
             self._read(j, ctl[j * WORDS + ADDR] + cuts[j], raw[cuts[j]:cuts[j + 1]])
-        ctl[self._mine + OUT] = self._piece = g + 1
+        self._post(OUT, g + 1)
+        self._piece = g + 1
         self._wait(OUT, g + 1)
 
     def _read(self, j: int, addr: int, dest: np.ndarray) -> None:
@@ -395,7 +395,7 @@ class ShmGroup:
                     slot[at + lo:at + hi] = 0
                 else:
                     slot[at + lo:at + hi] = part[lo:hi]
-            ctl[self._mine + IN] = base + c + 1
+            self._post(IN, base + c + 1)
             return at, part, cuts
 
         nxt = copy_in(0)
@@ -416,14 +416,14 @@ class ShmGroup:
             for peer in peers:
                 ufunc(own, peer, out=own)
             result[at + lo:at + hi] = part[lo:hi]
-            ctl[self._mine + RED] = g + 1
+            self._post(RED, g + 1)
             if c + 1 < count:
                 nxt = copy_in(c + 1)
             self._wait(RED, g + 1)
             for j in others:
                 lo, hi = cuts[j], cuts[j + 1]
                 part[lo:hi] = result[at + lo:at + hi]
-            ctl[self._mine + OUT] = g + 1
+            self._post(OUT, g + 1)
         self._piece = base + count
 
     def _hierarchical(self, flat: np.ndarray, rec: np.ndarray, op: str, zero_input: bool,
@@ -482,6 +482,56 @@ class ShmGroup:
             part[:] = self.result[:size]
             pos += size
             first = False
+
+    # --- one piece in the native module ------------------------------------------------
+    def piece_bytes(self, itemsize: int) -> int:
+        """The pipelined path's piece for items of ``itemsize`` bytes."""
+        return max(itemsize, min(PIECE * max(1, self.n - 1), self._piece_room)
+                   // itemsize * itemsize)
+
+    def native_limit(self) -> int:
+        """Messages below this many bytes take the pipelined path (native when built)."""
+        return DIRECT_MIN if self._direct is not False else 1 << 62
+
+    def small(self, x, rec_addr: int, seq: int, code: int, op: int, zero: bool,
+              piece: int) -> bool:
+        """The pipelined path run by _fastshm.c with the same slots, counters and metadata
+        table. ``rec_addr``: this call's record (its SEQ is ``seq``); ``code``: the dtype's
+        char as a number; ``op``: meta.OPS' index of the reduction; ``piece``: piece_bytes().
+        False, with nothing done, when ``x`` is not a writable contiguous array."""
+        if self.broken:
+            raise CollectiveError(f"the communicator is broken by an earlier error: {self.broken}")
+        if self._direct is None:
+            self._direct = self._probe_direct()
+        g = self._piece
+        status = self._step(self._native, x, rec_addr, seq, g, code, op, zero, 0, SLICE_NS,
+                            piece)
+        if status == 0:
+            self._piece = g + max(1, -(-x.nbytes // piece))
+            return True
+        return self._small_slow(x, rec_addr, seq, g, code, op, zero, piece, status)
+
+    def _small_slow(self, x, rec_addr, seq, g, code, op, zero, piece, status) -> bool:
+        """A native step that did not finish at once: wait on with the liveness checks,
+        explain a metadata mismatch as the Python path does, or hand the call back."""
+        start = time.perf_counter()
+        while True:
+            outcome, resume = status & 7, status >> 3
+            if outcome == _fastshm_FALLBACK:
+                return False
+            if outcome == shmwait.REACHED:
+                self._piece = g + max(1, -(-x.nbytes // piece))
+                return True
+            if outcome == _fastshm_MISMATCH:
+                table = self.tables[seq % 2]
+                problem = meta.check(table if self._whole else table[self.ranks], True)
+                self._ctl[self._mine + RED] = self._ctl[self._mine + OUT] = self._piece = g + 1
+                raise CollectiveError(problem or "the ranks' collective calls differ")
+            self._stop_if_aborted()
+            at = g + (resume >> 2) + 1                  # the piece it waits for
+            self._check_peers(IN if resume & 3 == 1 else RED, at, time.perf_counter() - start)
+            status = self._step(self._native, x, rec_addr, seq, g, code, op, zero, resume,
+                                SLICE_NS, piece)
 
     def _bounds(self, count: int) -> List[int]:
         """Element offsets of each local rank's slice, cut at whole cache lines."""

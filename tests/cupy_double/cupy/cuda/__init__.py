@@ -20,11 +20,18 @@ _ERRORS = {
     100: ("cudaErrorNoDevice", "no CUDA-capable device is detected"),
     101: ("cudaErrorInvalidDevice", "invalid device ordinal"),
     400: ("cudaErrorInvalidResourceHandle", "invalid resource handle"),
+    401: ("cudaErrorIllegalState", "the operation cannot be performed in the present state"),
     600: ("cudaErrorNotReady", "device not ready"),
     700: ("cudaErrorIllegalAddress", "an illegal memory access was encountered"),
     710: ("cudaErrorAssert", "device-side assert triggered"),
     715: ("cudaErrorIllegalInstruction", "an illegal instruction was encountered"),
     719: ("cudaErrorLaunchFailure", "unspecified launch failure"),
+    900: ("cudaErrorStreamCaptureUnsupported",
+          "operation not permitted when stream is capturing"),
+    901: ("cudaErrorStreamCaptureInvalidated",
+          "operation failed due to a previous error during capture"),
+    907: ("cudaErrorCapturedEvent",
+          "operation not permitted on an event last recorded in a capturing stream"),
     999: ("cudaErrorUnknown", "unknown error"),
 }
 
@@ -85,6 +92,8 @@ class _Runtime:
         ev = _events.get(int(event))
         if ev is None:
             return 400
+        if ev._captured:
+            return 907                  # cudaErrorCapturedEvent
         return 0 if ev._done.is_set() else 600
 
     def eventSynchronize(self, event):
@@ -92,6 +101,8 @@ class _Runtime:
         ev = _events.get(int(event))
         if ev is None:
             raise self.CUDARuntimeError(400)
+        if ev._captured:
+            raise self.CUDARuntimeError(907)
         ev._done.wait()
         self._check()
 
@@ -101,6 +112,9 @@ class _Runtime:
         s = _streams.get(int(stream))
         if s is None:
             return 400
+        if s._captured is not None:
+            s._captured.invalid = True
+            return 900
         return 0 if s._worker is None or s._worker.idle() else 600
 
     def getDevice(self):
@@ -190,6 +204,7 @@ class Event:
         self._done = threading.Event()
         self._done.set()
         self._stream, self._tick, self._known = None, 0, {}
+        self._captured = False          # last recorded in a capturing stream
         _events[self.ptr] = self
 
     @property
@@ -206,6 +221,7 @@ class Event:
             raise runtime.CUDARuntimeError(400)          # cudaEventRecord across devices
         self._done = threading.Event()
         self._stream, self._tick, self._known = stream, stream._tick, dict(stream._known)
+        self._captured = stream._captured is not None
         stream._enqueue(self._done.set)
 
     def synchronize(self):
@@ -240,6 +256,7 @@ class Stream:
         self._tick = 0                # ops queued so far (stream order bookkeeping)
         self._known = {}              # stream ptr -> tick this stream has waited for
         self._lock = threading.Lock()
+        self._captured = None         # while capturing: the work, for cupy.cuda.graph.Graph
         _streams[self.ptr] = self
 
     @property
@@ -248,6 +265,9 @@ class Stream:
 
     def _enqueue(self, fn):
         """Queue device work; with nothing queued before, it runs at once."""
+        if self._captured is not None:
+            self._captured.append(fn)
+            return
         with self._lock:
             if self._worker is not None and not self._worker.idle():
                 self._worker.put(fn)
@@ -256,6 +276,9 @@ class Stream:
 
     def _enqueue_async(self, fn):
         """Work that may block (NCCL): always through this stream's worker thread."""
+        if self._captured is not None:
+            self._captured.append(fn)
+            return
         with self._lock:
             if self._worker is None:
                 self._worker = _double.Worker()
@@ -273,6 +296,9 @@ class Stream:
     def synchronize(self):
         _double.waited(self.ptr)
         runtime._check()
+        if self._captured is not None:          # illegal while capturing; it ends the capture
+            self._captured.invalid = True
+            raise runtime.CUDARuntimeError(900)
         if self._worker is not None:
             self._worker.drain()
         runtime._check()
@@ -290,6 +316,31 @@ class Stream:
         if not event.done:
             done = event._done
             self._enqueue_async(done.wait)
+
+    # stream.pyx's capture (cudaStreamBeginCapture / EndCapture / IsCapturing): the work queued
+    # meanwhile is recorded, not run; end_capture returns a cupy.cuda.graph.Graph that runs it
+    # on the stream it is launched on. The double runs array math at once even while capturing
+    # (it has no kernels to record): capture only NCCL calls and event records in tests.
+    def begin_capture(self, mode=None):
+        if self.ptr == 0 or self.ptr == 1:
+            raise RuntimeError('cannot capture on the default (legacy) stream')
+        runtime._check()
+        if self._captured is not None:
+            raise runtime.CUDARuntimeError(1)       # cudaStreamBeginCapture while capturing
+        self._captured = graph._Work()
+
+    def end_capture(self):
+        runtime._check()
+        work, self._captured = self._captured, None
+        if work is None:
+            raise runtime.CUDARuntimeError(401)     # cudaErrorIllegalState
+        if work.invalid:
+            raise runtime.CUDARuntimeError(901)
+        return graph.Graph(work)
+
+    def is_capturing(self):
+        runtime._check()
+        return self._captured is not None
 
     def use(self):
         device = _check_stream_device_match(self.device_id)
@@ -323,4 +374,5 @@ def stream_of(ptr):
     return _streams.get(ptr)
 
 
+from cupy.cuda import graph  # noqa: E402
 from cupy.cuda import nccl  # noqa: E402,F401

@@ -25,6 +25,7 @@ GPU of one host ("Duplicate GPU detected", ncclInvalidUsage), unless NCCL >= 2.3
 NCCL_MULTI_RANK_GPU_ENABLE=1. The physical GPU is the CUDA_VISIBLE_DEVICES entry of the
 communicator's device. CUPY_DOUBLE_NCCL_VERSION sets get_version() (default 23203: 2.32.3).
 """
+import functools
 import os
 import platform
 import socket
@@ -275,6 +276,17 @@ def _id_bytes(commId):
     return bytes(out)
 
 
+class _Replay:
+    """An NCCL call recorded by a stream capture: each launch of the graph issues it anew (its
+    own collective number, in issue order with the communicator's other calls)."""
+
+    def __init__(self, issue):
+        self.replay = issue
+
+    def __call__(self):
+        raise AssertionError("a captured NCCL call runs through Graph.launch")
+
+
 _KINDS = {"allReduce": 0, "reduce": 1, "broadcast": 2, "allGather": 3, "reduceScatter": 4}
 
 
@@ -313,6 +325,8 @@ class NcclCommunicator:
         self._error = 0
         self._aborted = threading.Event()
         self._io = threading.Lock()
+        self._issued = threading.Event()         # the last call issued has finished
+        self._issued.set()
 
     def __del__(self):
         self.destroy()
@@ -415,6 +429,15 @@ class NcclCommunicator:
         if bad_pointer:
             s._enqueue_async(lambda: _double.fault(700))
             return
+        issue = functools.partial(self._issue, kind, send, recv, send_count, recv_count,
+                                  datatype, op, root, needs_send, needs_recv, size)
+        if s._captured is not None:               # stream capture: issued at each launch
+            s._captured.append(_Replay(issue))
+            return
+        issue(s)
+
+    def _issue(self, kind, send, recv, send_count, recv_count, datatype, op, root, needs_send,
+               needs_recv, size, s):
         if needs_send and send_count:
             _double.used(int(send), s)            # NCCL reads on its stream: ordered?
         s._tick += 1
@@ -424,11 +447,26 @@ class NcclCommunicator:
         header = struct.pack("!qiqiii", self._seq, _KINDS[kind], send_count, datatype, op, root)
         args = (int(send), int(recv), send_count * size if needs_send else 0, recv_count * size,
                 needs_recv)
-        launch = (s, lambda: self._run(header, *args))
+        launch = (s, self._in_issue_order(lambda: self._run(header, *args)))
         if getattr(_group, "depth", 0):           # inside groupStart/groupEnd: launched at
             _group.pending.append(launch)         # the outermost groupEnd, as NCCL does
         else:
             s._enqueue_async(launch[1])
+
+    def _in_issue_order(self, run):
+        """NCCL runs one communicator's kernels in the order they were issued, whatever the
+        streams (enqueue.cc: the launch stream waits on the communicator's ``deviceStream``,
+        which then waits on it): each call's work first waits for the previous call's."""
+        before, finished = self._issued, threading.Event()
+        self._issued = finished
+
+        def ordered():
+            try:
+                before.wait()
+                run()
+            finally:
+                finished.set()
+        return ordered
 
     def _run(self, header, send, recv, send_bytes, recv_bytes, needs_recv):
         if self._aborted.is_set():
