@@ -5,7 +5,8 @@ by the straggler watcher, turned into step times; live.json rewritten) and the m
 (a snapshot built per scrape). This bench runs exactly that code (``observe.Watching``, as
 ``fluidctl train`` starts it) in a process of its own, so that its CPU time is the extra and
 nothing else, against --ranks pages that another process updates as ranks do (the runtime's
-sums, --steps per second each, in /dev/shm), while a real ``fluidctl top --json`` watches the
+sums, --steps per second each, in /dev/shm; each rank's CPU and memory as node agents report
+them), while a real ``fluidctl top --json`` watches the
 log dir and a scraper fetches /metrics every --scrape seconds. Prints the process's CPU time
 over --seconds as a share of one core (goal: at most 2%), top's own CPU and a scrape's time.
 
@@ -68,9 +69,9 @@ class Handle:
 class Diag:
     """The launcher's Diagnostics as the publisher uses it: the pages and the hosts."""
 
-    def __init__(self, root, per_node):
+    def __init__(self, root, per_node, ranks):
         from fluidctl.paths import DiagDir
-        self.diag, self.per_node = DiagDir(Path(root)), per_node
+        self.diag, self.per_node, self.ranks = DiagDir(Path(root)), per_node, ranks
 
     def step_samples(self):
         from fluidctl.diagnostics import stragglers
@@ -78,6 +79,10 @@ class Diag:
 
     def hosts(self, handles):
         return {h.rank: h.host for h in handles}
+
+    def usage(self):
+        """What node agents report of their ranks' processes: one usage record per rank."""
+        return {r: {"cpu": 12.5, "rss": 1 << 30} for r in range(self.ranks)}
 
 
 def cpu_seconds() -> float:
@@ -112,7 +117,7 @@ def main() -> int:
         deadline = time.monotonic() + 30
         while not any(shm.glob("steps.*")) and time.monotonic() < deadline:
             time.sleep(0.1)
-        watching.attach(Diag(shm, args.per_node), lambda: handles)
+        watching.attach(Diag(shm, args.per_node, args.ranks), lambda: handles)
         top = subprocess.Popen([sys.executable, "-m", "fluidctl", "top", str(log_root),
                                 "--json", "--interval", "1"], stdout=subprocess.DEVNULL,
                                stderr=open(work / "top.err", "w"))
