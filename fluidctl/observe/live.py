@@ -215,9 +215,14 @@ class Publisher(threading.Thread):
             self.publish()
 
     def stop(self) -> None:
-        """Stop; the file goes (a job that ended is seen in its events and failure.json)."""
+        """Stop, after a last record marked ``ended`` (how each rank ended, its last step and
+        times): ``fluidctl top`` on a finished job shows it."""
         self._halt.set()
         try:
-            self.layout.live.unlink()
-        except OSError:
+            state = dict(self.step(), ended=True)
+            for entry in state["ranks"].values():       # the attempt's handles are gone
+                if entry.get("state") in ("unknown", "running"):
+                    entry["state"] = "ended"
+            write_atomic(self.layout.live, json.dumps(state, separators=(",", ":")))
+        except Exception:       # noqa: BLE001 - the log dir went away
             pass

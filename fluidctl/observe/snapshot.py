@@ -199,12 +199,15 @@ def blank(job: str, backend: str, rows: List[dict], running: bool, **extra) -> d
 
 
 def _alive(job: dict) -> bool:
-    """The launcher named in job.json runs (on another host: taken as running)."""
+    """The launcher a record names (job.json, live.json: its pid and host) runs; on another
+    host it is taken as running."""
     if job.get("host") != os.uname().nodename:
         return True
     try:
         pid = int(job.get("pid", 0))
         os.kill(pid, 0)
+    except PermissionError:             # another user's: it runs
+        return True
     except (OSError, ValueError, TypeError):
         return False
     return pid > 0
@@ -255,9 +258,11 @@ class Reader:
         self.events.update()
         live = self._live()
         now = time.time()
-        running = live is not None
+        # the launcher's last record stays when the job ends ("ended"); one whose launcher
+        # is gone without writing it (SIGKILL) is an ended job too
+        running = live is not None and not live.get("ended") and _alive(live)
         job = _json(self.layout.job_state) or {}
-        raw = live["ranks"] if running else self._ended_ranks()
+        raw = live["ranks"] if live is not None else self._ended_ranks()
         here = running and live.get("host") == self.here
         rows = []
         for key, info in sorted(raw.items(), key=lambda kv: int(kv[0])):
@@ -277,7 +282,8 @@ class Reader:
                 row.update(self.procs.usage(row["pid"]))
             rows.append(row)
         started = (live or {}).get("started") or job.get("started")
-        uptime = now - started if started and running else None
+        ended_at = (live or {}).get("time") if not running else None
+        uptime = ((ended_at or now) - started) if started and live is not None else None
         rates = [r["rate"] for r in rows if r["rate"] is not None and r["state"] == "running"]
         pace = min(rates) if rates else None
         progress = declared_progress(rows[0]["last_line"]) if rows else None

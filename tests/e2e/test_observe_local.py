@@ -49,7 +49,12 @@ def running_job(tmp_path, *options):
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=60)
-    assert not (log_dir / "live.json").exists()         # the launcher removes it at the end
+    last = json.loads((log_dir / "live.json").read_text())     # the launcher's last record
+    assert last["ended"] and {r["state"] for r in last["ranks"].values()} <= {"done", "ended"}
+    ended = json.loads(fluidctl("top", log_dir, "--once", "--json", cwd=tmp_path, timeout=60,
+                                check=0).stdout)
+    assert not ended["running"] and ended["backend"] and all(
+        r["step"] and r["p50"] for r in ended["ranks"])
 
 
 @pytest.fixture

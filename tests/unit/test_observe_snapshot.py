@@ -2,6 +2,7 @@
 rows and the metrics text, in-process on files written here."""
 import json
 import os
+import subprocess
 import time
 
 import pytest
@@ -152,6 +153,18 @@ def test_reader_joins_live_events_and_logs(tmp_path):
     assert [r["verdict"] for r in snap["ranks"]] == ["", "", "", "slow compute"]
     assert snap["ranks"][0]["last_line"] == "step 100/400"
     json.dumps(snap)                                # --json prints it as it is
+
+
+def test_a_job_whose_launcher_is_gone_has_ended(tmp_path):
+    layout = _live_job(tmp_path / "log")
+    state = json.loads(layout.live.read_text())
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    write_atomic(layout.live, json.dumps({**state, "pid": dead.pid}))     # SIGKILLed launcher
+    snap = snapshot.Reader(layout.root, procs=False).read()
+    assert not snap["running"] and snap["world"] == 4 and snap["backend"] == "local"
+    write_atomic(layout.live, json.dumps({**state, "ended": True}))
+    assert not snapshot.Reader(layout.root, procs=False).read()["running"]
 
 
 def test_an_ended_job_is_read_from_its_logs_and_failure_json(tmp_path):
