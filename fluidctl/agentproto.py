@@ -19,6 +19,7 @@ BEAT_TAG = "beat"           # "beat|<collectives completed by this node's ranks>
 DOCTOR_TAG = "doctor"       # the answer to a {"doctor": ...} line: this node's problems
 STACKS_TAG = "stacks"       # the answer to a "dump" line on stdin: this node's ranks' stacks
 STEPS_TAG = "steps"         # this node's ranks' straggler sums (diagnostics/stragglers.py)
+USAGE_TAG = "usage"         # this node's ranks' CPU%, RSS and GPU use (observe/usage.py)
 ENDS_TAG = "ends"           # the last record: every process's final state on this node
 DUMP_COMMAND = "dump"       # a line the launcher writes to the agent's stdin
 BEAT_COMMAND = "beat"       # the launcher's heartbeat on the agent's stdin (elastic jobs)

@@ -23,6 +23,7 @@ COMMANDS = {
     "job": "fluidctl.commands.job:job",
     "dump": "fluidctl.commands.dump:dump",
     "report": "fluidctl.commands.report:report",
+    "top": "fluidctl.commands.top:top",
 }
 
 HELP = """Launch distributed training jobs: collective (NCCL2 / gloo) or parameter-server, on this
@@ -37,6 +38,7 @@ Examples:
   mpirun -np 8 -hostfile hosts fluidctl worker train.py
   fluidctl dump                  # where is every rank of the running job?
   fluidctl report mylog          # one HTML page: timeline, step times, stragglers, failure
+  fluidctl top                   # how fast is it, and which rank is slow?
 
 \b
 Shell completion (bash; use zsh_source / fish_source for those shells):

@@ -193,6 +193,13 @@ class LogLayout(NamedTuple):
         return self.root / "events.jsonl"
 
     @property
+    def live(self) -> Path:
+        """What the running launcher sees of its ranks, rewritten every second (fluidctl/observe:
+        per-rank progress, step times, state): read by ``fluidctl top`` and the metrics
+        endpoint, so neither asks the ranks anything."""
+        return self.root / "live.json"
+
+    @property
     def step_history(self) -> Path:
         """Every rank's step time over the job's life (fluidctl/telemetry/steptimes.py):
         one JSON object a line, written by the launcher from the pages it already reads,

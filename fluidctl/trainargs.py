@@ -185,6 +185,18 @@ def _after_backends():
                     "the job counts as hung: every rank's Python stack is dumped to "
                     "LOG_DIR/hang-<time>/, ranks grouped by stack are printed, and the job "
                     "stops with exit code 124, e.g. --hang-timeout 600. Default: off."),
+        Option(["--metrics-port"], "metrics_port", metavar="PORT",
+               type=int_between(0, 65535, "--metrics-port 9400"),
+               help="Serve the job's metrics for Prometheus (step time per rank, steps, "
+                    "stragglers, restarts, lost nodes, checkpoints, the hang watchdog) at "
+                    "http://HOST:PORT/metrics while it runs, read from what the launcher "
+                    "already sees (the ranks do nothing new); 0 picks a free port, named in "
+                    "launch.log, e.g. --metrics-port 9400. See docs/observe.md."),
+        Option(["--metrics-host"], "metrics_host", metavar="ADDRESS", default="127.0.0.1",
+               show_default=True,
+               help="The address --metrics-port listens on: loopback unless told otherwise; "
+                    "no token is asked for reads, so open it only to networks you trust, "
+                    "e.g. --metrics-host 0.0.0.0."),
         Option(["--log-tail"], "log_tail", type=count_at_least(0, "--log-tail"), default=20,
                show_default=True,
                help="Lines of the failing rank's log shown in the failure report."),

@@ -159,6 +159,9 @@ WALK = {
     # k8s: the whole group restarts (a Kubeflow kind: each pod's container may, R x pods)
     "--max-restarts": (["3"], {"k8s": lambda o: o.objects[-1]["spec"]["runPolicy"][
         "backoffLimit"] == 3 * replicas(o), "*": lambda o: o.run["options"].max_restarts == 3}),
+    "--metrics-port": (["0"], {"k8s": refused("--metrics-port"),
+                               "*": lambda o: "fluidctl: metrics at http://127.0.0.1:" in o.err}),
+    "--metrics-host": (["127.0.0.2"], {"*": refused("--metrics-host", "--metrics-port")}),
     "--tee": (["none"], {"k8s": refused("--tee"),
                          "*": lambda o: o.run["shown"].sources == []}),
     "--tee-ranks": (["1"], {"k8s": refused("--tee-ranks"), "mpi": refused("--tee-ranks"),
@@ -220,7 +223,7 @@ def _run(capsys, monkeypatch, tmp_path, argv):
 
 
 RUN_PHASE = ("--tee", "--tee-ranks", "--grace-period", "--checkpoint-signal", "--max-restarts",
-             "--hang-timeout", "--log-tail")
+             "--hang-timeout", "--log-tail", "--metrics-port", "--metrics-host")
 
 
 def every_option():

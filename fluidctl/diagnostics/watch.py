@@ -508,6 +508,11 @@ class Diagnostics:
         from fluidctl.diagnostics import stragglers
         return stragglers.read_all(self.diag)
 
+    def usage(self) -> dict:
+        """rank -> CPU%, RSS of ranks on other nodes, as their agents report them (here:
+        none; ``fluidctl top`` reads this host's ranks itself)."""
+        return {}
+
     def progress(self) -> int:
         """Collectives completed by this node's ranks (the agent's heartbeat carries it)."""
         return sum(progress.read_all(self.diag).values())

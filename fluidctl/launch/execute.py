@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from fluidctl.launch import run
@@ -32,6 +33,7 @@ def launch(config: "LaunchConfig", launcher_name: Optional[str] = None, *,
     try:
         plan = launcher.prepare(config)
         config.check_tee_ranks(len(plan.trainers))
+        _check_metrics(config, launcher)
         if dry_run:
             if as_json or launcher.dry_run_table:
                 print_plan(plan, as_json, show_secrets)
@@ -103,17 +105,55 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
     from fluidctl.launch.relay import RequestRelay
     relay = (RequestRelay(checkpoint.layout.checkpoint_request, launcher.relay_checkpoint)
              if checkpoint is not None else _NoRelay())
-    with relay:         # fluidctl job checkpoint's "save", to the nodes with their own file
-        result = run.run_supervised(
-            lambda attempt: launcher.start(plan, attempt), logs=logs, launch_log=launch_log,
-            options=RunOptions(config.grace_period, config.max_restarts, checkpoint,
-                               launcher.request_at), shown=shown,
-            watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config)))
+    # live.json and --metrics-port: by the launcher that supervises the ranks (a submitted
+    # Slurm job's own fluidctl, not the follower on the login node)
+    watching = _watching(config, launcher, layout, launch_log) if owner else None
+    try:
+        with relay:     # fluidctl job checkpoint's "save", to the nodes with their own file
+            result = run.run_supervised(
+                lambda attempt: launcher.start(plan, attempt), logs=logs,
+                launch_log=launch_log, shown=shown,
+                options=RunOptions(config.grace_period, config.max_restarts, checkpoint,
+                                   launcher.request_at),
+                watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config),
+                                         watching=watching))
+    finally:
+        if watching is not None:        # run_supervised stops it; this, if it never began
+            watching.close()
     if owner:
         _checkpoint_failures(plan, result, launch_log)
     if result.exit_code == REQUEUE_EXIT and result.failure is None:   # ours, not a rank's 75
         mark_requeue(checkpoint.asked if checkpoint else "")
     return result
+
+
+def _check_metrics(config, launcher) -> None:
+    """--metrics-port where nothing of fluidctl's serves it, or --metrics-host without it:
+    one line, dry run or not (an option is honoured or refused, never dropped)."""
+    from fluidctl.errors import UsageError
+    from fluidctl.planning.config import LaunchConfig
+    if config.metrics_port is not None and launcher.submits:
+        raise UsageError(f"--metrics-port is served by fluidctl's own launcher; under "
+                         f"--backend {launcher.name} the cluster runs the job",
+                         "leave --metrics-port out (scrape the pods' own metrics)")
+    if config.metrics_port is None and config.metrics_host != LaunchConfig.metrics_host:
+        raise UsageError("--metrics-host is where --metrics-port serves, and no "
+                         "--metrics-port was given", "add --metrics-port PORT, or leave "
+                         "--metrics-host out")
+
+
+def _watching(config, launcher, layout, launch_log):
+    """live.json for ``fluidctl top`` and, with --metrics-port, the metrics endpoint (bound
+    now: a port in use is one line before anything starts)."""
+    from fluidctl.observe.watching import Watching
+    meta = {"backend": launcher.name, "job": Path(config.script).stem,
+            "hang_timeout": config.hang_timeout}
+    watching = Watching(layout.root.resolve(), meta, config.metrics_host, config.metrics_port)
+    if watching.url:
+        launch_log(f"metrics: {watching.url}")
+        import sys
+        print(f"fluidctl: metrics at {watching.url}", file=sys.stderr, flush=True)
+    return watching
 
 
 class _NoRelay:

@@ -23,6 +23,11 @@ def owns(job_id: str) -> bool:
     return layout.root.is_dir() and (layout.job_state.exists() or layout.launch.exists())
 
 
+def log_dir(job_id: str, **_) -> Path:
+    """The job's log dir (``fluidctl top``): the job is named by it."""
+    return LogLayout(Path(job_id)).root
+
+
 def checkpoint(job_id: str, stop: bool = False, **_) -> None:
     from fluidctl.diagnostics.dump import signal_launcher
     from fluidctl.launch import requests

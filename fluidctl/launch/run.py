@@ -26,6 +26,7 @@ from fluidctl.paths import LogLayout
 
 if TYPE_CHECKING:
     from fluidctl.diagnostics.watch import Diagnostics
+    from fluidctl.observe.watching import Watching
 
 HEARTBEAT = 2.0
 
@@ -111,6 +112,7 @@ class RunWatchers:
     on_broken: Optional[Callable[[], None]] = None
     diagnostics: Optional["Diagnostics"] = None
     every: float = HEARTBEAT            # seconds between heartbeats
+    watching: Optional["Watching"] = None   # live.json and the metrics endpoint (observe/)
 
 
 def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
@@ -155,6 +157,8 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
         if watch:
             watch.start()
             straggler_watch = diagnostics.watch_stragglers(supervisor.handles, echo.say, sink)
+            if watchers.watching is not None and diagnostics.log_root is not None:
+                watchers.watching.attach(diagnostics, supervisor.handles)
         if options.checkpoint is not None:
             commits = options.checkpoint.watch_commits(sink.emit)
         result = supervisor.run()
@@ -165,6 +169,8 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
         beating.set()
         if straggler_watch:
             straggler_watch.stop()
+        if watchers.watching is not None:
+            watchers.watching.close()
         if commits:
             commits.stop()
         lifeline.stop_watchdog()

@@ -30,7 +30,7 @@ from fluidctl import __version__
 
 from fluidctl.agentproto import (BEAT_COMMAND, BEAT_MISSES, BEAT_TAG, CHECKPOINT_COMMAND,
                                  CR_MARK, DOCTOR_TAG, DUMP_COMMAND, ENDS_TAG, FAILURE_TAG, MARK,
-                                 PROBE_TAG, SAY_TAG, STACKS_TAG, STEPS_TAG, STOP_COMMAND, Ends,
+                                 PROBE_TAG, SAY_TAG, STACKS_TAG, STEPS_TAG, STOP_COMMAND, USAGE_TAG, Ends,
                                  NodeShare, Probe, RecordError, tag_for)
 from fluidctl.errors import UsageError
 
@@ -289,6 +289,10 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
     halt = threading.Event()
     threading.Thread(target=stragglerwatch.publish, daemon=True, name="fluidctl-steps",
                      args=(diagnostics.diag, lambda text: emit(STEPS_TAG, text), halt)).start()
+    from fluidctl.observe import usage       # the ranks' CPU and memory, for fluidctl top
+    threading.Thread(target=usage.publish, daemon=True, name="fluidctl-usage",
+                     args=(lambda: list(diagnostics.current), lambda text: emit(USAGE_TAG, text),
+                           halt)).start()
     try:
         result = run.run_supervised(start, logs=logs, fresh=not attempt and not shared,
                                     launch_log=launch_log, options=RunOptions(share.grace, 0),

@@ -56,6 +56,8 @@ class LaunchConfig:
     tee: str = "rank0"
     tee_ranks: Optional[Tuple[int, ...]] = None     # --tee-ranks: echo these trainers only
     hang_timeout: Optional[float] = None            # --hang-timeout seconds (None: off)
+    metrics_port: Optional[int] = None              # --metrics-port (None: no endpoint)
+    metrics_host: str = "127.0.0.1"                 # --metrics-host: loopback unless told
     log_tail: int = 20
     # the backend's own options and its meaning of --nodes, parsed by it (its package's
     # options.py ``configure``): SlurmOptions, K8sOptions, a HostNodes ...; None: none given

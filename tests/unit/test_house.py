@@ -33,7 +33,7 @@ FLOORS = [
     ("the wings", (
         "fluidctl.cluster", "fluidctl.remote", "fluidctl.procs", "fluidctl.diagnostics",
         "fluidctl.pserverctl", "fluidctl.sharding", "fluidctl.telemetry",
-        "fluidctl.console", "fluidctl.tables")),
+        "fluidctl.console", "fluidctl.tables", "fluidctl.observe")),
     ("backends", ("fluidctl.backends",)),
     ("launch", ("fluidctl.launch",)),
     # fluidctl report reads a job's log dir, found as the job verbs find a job

@@ -138,8 +138,10 @@ class FakeAPIServer(BaseHTTPRequestHandler):
             names = (("behave-worker-0", "behave-master-0")
                      if "fluidctl.io%2Fjob%3Dbehave" in query else ())    # other jobs: none
             return self._reply(200, {"kind": "PodList", "items": [
-                {"metadata": {"name": name}, **({"status": self.pod_status[name]}
-                                                if name in self.pod_status else {})}
+                {"metadata": {"name": name},
+                 "spec": {"nodeName": {"behave-worker-0": "n2"}.get(name, "n1"),
+                          "containers": [{"name": "pytorch"}]},
+                 "status": self.pod_status.get(name, {"phase": "Running"})}
                 for name in names]})
         if path.endswith("/log") and "follow=true" in query.lower():
             lines, then = self.followed.pop(0)
@@ -319,3 +321,23 @@ def test_job_checkpoint_refuses_an_elastic_pytorchjob(capsys, tmp_path, monkeypa
     code, out, err = run_cli(capsys, "job", "checkpoint", "pytorchjob/behave", "--namespace", "ml")
     assert (code, out) == (2, "") and "is an elastic PyTorchJob" in err, err
     assert not [s for s in api_server.seen if s[0] == "PATCH"]
+
+
+def test_top_shows_a_kubernetes_job_s_pods_through_the_api(capsys, api_server):
+    """fluidctl top KIND/NAME: one row per pod (by name), its node, phase and last log line,
+    read with one list call and a one-line log read per pod."""
+    api_server.stored["/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs/behave"] = {
+        "metadata": {"name": "behave"}}
+    code, out, err = run_cli(capsys, "top", "pytorchjob/behave", "--namespace", "ml",
+                             "--once", "--json")
+    assert code == 0, err
+    frame = json.loads(out)
+    assert (frame["job"], frame["backend"], frame["world"], frame["running"]) == \
+        ("pytorchjob/behave", "k8s", 2, True)
+    assert [(r["rank"], r["pod"], r["host"], r["state"]) for r in frame["ranks"]] == [
+        (0, "behave-master-0", "n1", "running"), (1, "behave-worker-0", "n2", "running")]
+    assert frame["ranks"][1]["last_line"] == "[trainer 0] log of behave-worker-0"
+    logs = [s[1] for s in api_server.seen if s[1].split("?")[0].endswith("/log")]
+    assert len(logs) == 2 and all("tailLines=1" in path for path in logs), logs
+    code, out, err = run_cli(capsys, "top", "jobset/nope", "--namespace", "ml", "--once")
+    assert code == 2 and err.startswith("error: reading jobset/nope in ml failed: 404")

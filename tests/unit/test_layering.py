@@ -47,6 +47,9 @@ NEVER = {
     "cluster": ENTRY + ("fluidctl.launch", "fluidctl.backends"),
     # a backend's launcher side (its job verbs and node-side entry: BACKEND_ROOMS)
     "backends": ENTRY + ("fluidctl.launch", "fluidctl.cluster"),
+    # fluidctl top and the metrics endpoint: read what the launcher and the ranks wrote
+    "observe": ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.cluster",
+                        "fluidctl.remote", "fluidctl.procs", "fluidctl.runtime"),
     "launch": ENTRY,        # cluster's ledger and health gate choose a job's nodes first
     "pserverctl": ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.cluster",
                            "fluidctl.remote", "fluidctl.sharding"),

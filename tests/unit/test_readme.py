@@ -94,7 +94,7 @@ NOT_RUN_HERE = [
      or a[:2] == ["job", "checkpoint"] and "/" in a[2],
      "submits to a Kubernetes API server (tests/unit/test_k8s_render.py fakes one)"),
     (lambda a: a[0] == "worker", "the per-rank entry that mpirun or srun starts"),
-    (lambda a: a[0] == "dump", "needs a running job"),
+    (lambda a: a[0] in ("dump", "top"), "needs a running job"),
     (lambda a: a[0] == "report", "needs a job's log dir (tests/e2e/test_report.py)"),
     (lambda a: a[:2] in (["job", "status"], ["job", "logs"], ["job", "cancel"]),
      "needs a submitted Slurm job"),

@@ -223,6 +223,34 @@ def _pod_name(core, job_id: str, namespace: str, pod: int) -> str:
     return names[pod]
 
 
+def pods(job_id: str, namespace: str, environ=None) -> List[dict]:
+    """The job's pods by name, each with its node, phase, container restarts and the last
+    line of its log (``fluidctl top``): one list call and one short log read per pod."""
+    from kubernetes import client
+    core = client.CoreV1Api(api_client(environ))
+    _, name = parse_job_id(job_id)
+    try:
+        items = core.list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}={name}",
+                                         _request_timeout=TIMEOUT).items
+    except client.ApiException as exc:
+        raise _fail(f"listing the pods of {job_id} failed", exc) from None
+    out = []
+    for pod in sorted(items, key=lambda p: p.metadata.name):
+        status = pod.status
+        restarts = sum(c.restart_count or 0 for c in (status.container_statuses or ())) \
+            if status else 0
+        try:
+            tail = core.read_namespaced_pod_log(pod.metadata.name, namespace, tail_lines=1,
+                                                _request_timeout=TIMEOUT)
+        except client.ApiException:         # not started yet
+            tail = ""
+        out.append({"name": pod.metadata.name,
+                    "node": pod.spec.node_name if pod.spec else None,
+                    "phase": (status.phase if status else None) or "Pending",
+                    "restarts": restarts, "last_line": (tail or "").strip()})
+    return out
+
+
 def logs(job_id: str, namespace: str, pod: int = 0, environ=None) -> str:
     """The log of the job's ``pod``-th pod (by name), which echoes all its processes."""
     from kubernetes import client

@@ -100,6 +100,32 @@ def checkpoint(job_id: str, stop: bool = False, namespace: str = "default", **_)
           f"about a minute): {then}", flush=True)
 
 
+class PodsReader:
+    """``fluidctl top KIND/NAME``: one row per pod, through the API (its node, phase,
+    restarts and last log line); the step columns stay empty (the pods' pages stay in
+    them)."""
+
+    def __init__(self, job_id: str, namespace: str):
+        self.job_id, self.namespace = job_id, namespace
+
+    def read(self) -> dict:
+        from fluidctl.observe.snapshot import blank
+        state = api.status(self.job_id, self.namespace)
+        rows = [{"rank": i, "host": p["node"], "pid": None, "state": p["phase"].lower(),
+                 "step": None, "p50": None, "p99": None, "rate": None, "shares": None,
+                 "cpu": None, "rss": None, "last_line": p["last_line"],
+                 "verdict": f"{p['restarts']} restart(s)" if p["restarts"] else "",
+                 "pod": p["name"]}
+                for i, p in enumerate(api.pods(self.job_id, self.namespace))]
+        return blank(self.job_id, "k8s", rows, running=state not in api.ENDED,
+                     state=state, namespace=self.namespace)
+
+
+def reader(job_id: str, namespace: str = "default", **_) -> PodsReader:
+    api.parse_job_id(job_id)            # a bad KIND/NAME is one line
+    return PodsReader(job_id, namespace)
+
+
 def cancel(job_id: str, namespace: str = "default", **_) -> None:
     api.cancel(job_id, namespace)
     print(f"cancelled {job_id} in {namespace}")

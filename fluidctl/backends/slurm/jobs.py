@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 from fluidctl.backends.slurm import slurmctl
 from fluidctl.errors import UsageError
@@ -123,8 +124,9 @@ def _why(record: slurmctl.JobRecord, st: slurmctl.JobState) -> str:
     return why + f" (log {failure.log})"
 
 
-def log_dir(job_id: str) -> str:
-    """The job's own log dir (LOG_DIR/slurm-JOBID), for ``fluidctl report``."""
+def log_dir(job_id: str, **_) -> str:
+    """The job's own log dir (LOG_DIR/slurm-JOBID), where its launcher writes live.json
+    (``fluidctl top``) and its reports (``fluidctl report``)."""
     return str(slurmctl.load_record(job_id).run_layout.root)
 
 

@@ -239,6 +239,9 @@ def inner_train_argv(config, log_dir: Path) -> List[str]:
         argv += ["--hang-timeout", f"{config.hang_timeout:g}"]
     if config.include_bad:
         argv.append("--include-bad")
+    if config.metrics_port is not None:         # served by the batch job's own launcher
+        argv += ["--metrics-port", str(config.metrics_port),
+                 "--metrics-host", config.metrics_host]
     script = config.script
     if script.endswith(".py") or os.sep in script:
         script = os.path.abspath(script)

@@ -19,7 +19,7 @@ from fluidctl import __version__
 from fluidctl.agentproto import (AGENT_MODULE, BEAT_COMMAND, BEAT_MISSES, BEAT_TAG,
                                  CHECKPOINT_COMMAND, CR_MARK, DOCTOR_TAG, DUMP_COMMAND, ENDS_TAG,
                                  FAILURE_TAG, PROBE_TAG, SAY_TAG, STACKS_TAG, STEPS_TAG,
-                                 STOP_COMMAND, WATCH_EVERY, Ends, NodeShare, ProcessEnd, Probe,
+                                 STOP_COMMAND, USAGE_TAG, WATCH_EVERY, Ends, NodeShare, ProcessEnd, Probe,
                                  RecordError, parse_line, tag_for)
 from fluidctl.errors import UsageError, node_failures
 from fluidctl.diagnostics.failures import Failure, FailureKind
@@ -73,6 +73,7 @@ class RemoteAgent:
         self._lost_probe: Optional[str] = None  # probe_link's answer once the node is lost
         self.progress = 0                       # collectives completed on the node (beats)
         self.steps: dict = {}                   # the node's ranks' straggler sums (steps)
+        self.usage: dict = {}                   # rank -> its CPU%, RSS (GPU) on the node
         self.ends: Optional[List[ProcessEnd]] = None    # the node's processes' final states
         self.ends_came = threading.Event()
         self._stacks: Optional[dict] = None
@@ -286,6 +287,8 @@ class RemoteAgent:
         elif tag == STEPS_TAG:
             from fluidctl.diagnostics import stragglers
             self.steps = stragglers.from_wire(text)
+        elif tag == USAGE_TAG:
+            self.usage = {int(r): dict(u) for r, u in json.loads(text).items()}
         elif tag == STACKS_TAG:
             self._stacks = json.loads(text)
             self._stacks_came.set()

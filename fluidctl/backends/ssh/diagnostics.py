@@ -130,6 +130,10 @@ class AgentDiagnostics(Diagnostics):
         """Every rank's straggler sums, from the agents' ``steps`` lines."""
         return {r: s for agent in self.agents() for r, s in agent.steps.items()}
 
+    def usage(self) -> dict:
+        """Every rank's CPU%, RSS (GPU), from the agents' ``usage`` lines."""
+        return {r: u for agent in self.agents() for r, u in agent.usage.items()}
+
     def activity(self, logs, handles=None):
         """Log sizes and the agents' counters (the ranks are on the nodes: no samples)."""
         sizes = local_activity(logs, self.diag)
