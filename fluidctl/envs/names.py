@@ -65,6 +65,12 @@ PSERVER_ID = "PADDLE_PSERVER_ID"
 K8S_NODE_BASE = "FLUIDCTL_K8S_NODE_BASE"  # a Kubernetes pod's first node in the plan (render)
 K8S_NODE_INDEX = "FLUIDCTL_K8S_INDEX"     # its index in its replica set (downward API)
 JOB_TOKEN = "FLUIDCTL_JOB_TOKEN"        # per-job secret for HMAC authentication on the wire
+# Above ENV_BOUND bytes a job-wide list (PADDLE_TRAINER_ENDPOINTS, PADDLE_WORLD_DEVICE_IDS) is
+# left out of every rank's environment (execve refuses one string over 128 KiB, E2BIG), and
+# ENDPOINTS_FILE names a file on the rank's node with that node's ranks' endpoints
+# ("<rank> <endpoint>" lines), which fluidctl.runtime reads instead
+ENV_BOUND = 64 << 10
+ENDPOINTS_FILE = "FLUIDCTL_ENDPOINTS_FILE"
 # the token --dry-run prints in place of the real one: a pod given it refuses to start
 MASKED_TOKEN = "masked-by-fluidctl-dry-run"
 SYNC_MODE = "FLUIDCTL_SYNC_MODE"        # "sync" | "async" (parameter-server mode)

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
 
 from fluidctl.procs import lifeline
@@ -163,6 +164,7 @@ def start_procs(procs: Sequence["ProcSpec"], attempt: int,
     handles: List[Optional[LocalProcess]] = [None] * len(procs)
     waiting = {}                              # read end -> handle
     order = sorted(range(len(procs)), key=lambda i: procs[i].role != PSERVER)
+    files = write_endpoints_files(procs, extra_env)
     try:
         for i in order:
             proc = procs[i]
@@ -174,7 +176,8 @@ def start_procs(procs: Sequence["ProcSpec"], attempt: int,
                 read_fd, write_fd = os.pipe()
                 argv += ["--ready-fd", str(write_fd)]
                 fds = (write_fd,)
-            env = full_env({**with_restart(proc.env, attempt), **(extra_env or {})})
+            env = full_env({**with_restart(proc.env, attempt), **(extra_env or {}),
+                            **files.get(proc.node, {})})
             if proc.role != PSERVER:
                 env = inject.rank_env(env)      # torch/Paddle scripts' straggler marks
             try:
@@ -199,6 +202,30 @@ def start_procs(procs: Sequence["ProcSpec"], attempt: int,
         for fd in waiting:
             os.close(fd)
     return [h for h in handles if h is not None]
+
+
+def write_endpoints_files(procs: Sequence["ProcSpec"], extra_env: Optional[Mapping[str, str]]
+                          ) -> Dict[int, Dict[str, str]]:
+    """Where the world's endpoint list was too long for the ranks' environment (no
+    PADDLE_TRAINER_ENDPOINTS in a multi-rank plan), each node's ranks' endpoints go into a
+    file in the node's diagnostics directory: {node: {FLUIDCTL_ENDPOINTS_FILE: path}}."""
+    from fluidctl import envs
+    from fluidctl.paths import DiagDir, write_atomic
+    from fluidctl.planning.plan import TRAINER
+    root = (extra_env or {}).get(envs.DIAG_DIR)
+    unlisted: Dict[int, Dict[int, str]] = {}
+    for p in procs:
+        if (p.role == TRAINER and p.endpoint and envs.TRAINER_ENDPOINTS not in p.env
+                and p.env.get(envs.TRAINERS_NUM, "1") != "1"):
+            unlisted.setdefault(p.node, {})[p.rank] = p.endpoint
+    if not root or not unlisted:
+        return {}
+    files = {}
+    for node, endpoints in unlisted.items():
+        path = DiagDir(Path(root)).endpoints(node)
+        write_atomic(path, envs.endpoints_file_text(endpoints))
+        files[node] = {envs.ENDPOINTS_FILE: str(path)}
+    return files
 
 
 def _wait_ready(waiting: Dict[int, "LocalProcess"]) -> None:
