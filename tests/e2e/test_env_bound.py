@@ -57,3 +57,54 @@ def test_a_9000_rank_plans_node_starts_and_its_ranks_read_their_node_file(tmp_pa
         assert got["rank"] == proc.rank and got["world"] == 9000
         assert not got["listed"] and got["largest"] <= envs.ENV_BOUND
         assert got["node"] == expected
+
+
+JOINER = """
+import json, numpy
+from fluidctl import runtime
+ctx = runtime.init(timeout=60)
+total = ctx.allreduce(numpy.array([float(ctx.env.rank)]))
+print(json.dumps({"rank": ctx.env.rank, "sum": float(total[0]),
+                  "leads_ring": ctx.comm.ring is not None,
+                  "node": sorted(ctx.env.node_endpoints)}))
+runtime.finalize()
+"""
+
+
+def test_ranks_with_only_their_nodes_file_meet_and_reduce_across_nodes(tmp_path):
+    """Two nodes (127.0.0.1, 127.0.0.2) of two ranks, planned as a job above the bound is:
+    no endpoint list in any environment. Each node's ranks are started as its agent starts
+    them, with a diagnostics directory of its own; they find their node's endpoints in the
+    file, elect the node's lowest rank to the ring between nodes and reduce."""
+    from fluidctl.net import free_port
+    script = tmp_path / "joiner.py"
+    script.write_text(JOINER)
+    cfg = LaunchConfig(script=str(script), token="t" * 32, python=sys.executable,
+                       log_dir=str(tmp_path / "log"), backend="ssh")
+    nodes = [planner.remote_node(f"n{i}", f"127.0.0.{1 + i}", None, 2, None, [], 0)
+             for i in range(2)]
+    spec = cfg.job(nodes, multi_node_logs=True)
+    ports = {i: [free_port(f"127.0.0.{1 + i}") for _ in range(3)] for i in range(2)}
+    plan = planner.make_plan(spec, ports, backend="ssh")
+    for proc in plan.procs:                     # what the planner leaves out above the bound
+        proc.env.pop(envs.TRAINER_ENDPOINTS)
+        Path(proc.log).parent.mkdir(parents=True, exist_ok=True)
+    handles = []
+    try:
+        for node in range(2):
+            diag = tmp_path / f"diag{node}"
+            diag.mkdir()
+            handles += start_procs(plan.on_node(node), 0, extra_env={envs.DIAG_DIR: str(diag)})
+        codes = [h.popen.wait(120) for h in handles]
+    finally:
+        for h in handles:
+            if h.popen.poll() is None:
+                h.kill()
+                h.popen.wait()
+            h.close()
+    logs = [Path(p.log).read_text() for p in plan.procs]
+    assert codes == [0] * 4, [log[-600:] for log in logs]
+    seen = [json.loads(log.strip().splitlines()[-1]) for log in logs]
+    assert [s["sum"] for s in seen] == [6.0] * 4
+    assert [s["leads_ring"] for s in seen] == [True, False, True, False]
+    assert [s["node"] for s in seen] == [[0, 1], [0, 1], [2, 3], [2, 3]]
