@@ -319,6 +319,11 @@ class DiagDir(NamedTuple):
         ranks share one directory."""
         return self.root / f"endpoints.{node}"
 
+    def join_socket(self, attempt: int) -> Path:
+        """The node agent's Unix socket the node's ranks join through (runtime/nodejoin.py),
+        one per attempt (FLUIDCTL_NODE_JOIN)."""
+        return self.root / f"join.{attempt}"
+
     def rank_file(self, rank: int) -> Path:
         """``<node> <pid>`` of a rank whose launcher cannot see its process (Slurm: the rank's
         ``fluidctl worker`` writes it), for the node-side stack taker."""

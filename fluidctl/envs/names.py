@@ -71,6 +71,10 @@ JOB_TOKEN = "FLUIDCTL_JOB_TOKEN"        # per-job secret for HMAC authentication
 # ("<rank> <endpoint>" lines), which fluidctl.runtime reads instead
 ENV_BOUND = 64 << 10
 ENDPOINTS_FILE = "FLUIDCTL_ENDPOINTS_FILE"
+# the node agent's Unix socket a rank joins the rendezvous through (runtime/nodejoin.py): set
+# where an agent (or the local launcher) starts the node's ranks; without it a rank joins rank
+# 0's store itself
+NODE_JOIN = "FLUIDCTL_NODE_JOIN"
 # the token --dry-run prints in place of the real one: a pod given it refuses to start
 MASKED_TOKEN = "masked-by-fluidctl-dry-run"
 SYNC_MODE = "FLUIDCTL_SYNC_MODE"        # "sync" | "async" (parameter-server mode)

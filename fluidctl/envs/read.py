@@ -10,7 +10,7 @@ from typing import Dict, Mapping, NamedTuple, Optional, Sequence
 
 from fluidctl.envs.names import (
     CUDA_VISIBLE_DEVICES, CURRENT_ENDPOINT, DEFAULT_TIMEOUT, DISTRI_BACKEND, DROP_LOG_INTERVAL,
-    ENDPOINTS_FILE,
+    ENDPOINTS_FILE, NODE_JOIN,
     GLOBAL_RANK, GLOBAL_SIZE, GPUS, HANDSHAKE_TIMEOUT, JOB_TOKEN, LOCAL_RANK, LOCAL_SIZE, MASTER,
     MAX_FRAME, NNODES, OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE, OMPI_RANK, OMPI_SIZE,
     PSERVERS_IP_PORT_LIST, PSERVER_ID, RANK_IN_NODE, RESTART_COUNT, ROLE, ROLE_PSERVER,
@@ -90,6 +90,7 @@ class DistEnv(NamedTuple):
     # this node's ranks' endpoints, from ENDPOINTS_FILE, when the world's list was too long for
     # the environment (trainer_endpoints is then empty)
     node_endpoints: Mapping[int, str] = {}
+    node_join: str = ""                   # the node agent's join socket (NODE_JOIN), if any
 
     @property
     def planned_endpoints(self) -> bool:
@@ -269,6 +270,7 @@ def read(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
         timeout=knob(TIMEOUT, environ),
         under_mpi=under_mpi,
         node_endpoints=node_endpoints,
+        node_join=environ.get(NODE_JOIN, ""),
     )
 
 

@@ -22,6 +22,7 @@ from fluidctl.diagnostics.failures import Failure
 if TYPE_CHECKING:
     import psutil
     from fluidctl.planning.plan import ProcSpec
+    from fluidctl.runtime.nodejoin import NodeJoiner
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -165,6 +166,7 @@ def start_procs(procs: Sequence["ProcSpec"], attempt: int,
     waiting = {}                              # read end -> handle
     order = sorted(range(len(procs)), key=lambda i: procs[i].role != PSERVER)
     files = write_endpoints_files(procs, extra_env)
+    files = join_through_this_node(procs, attempt, extra_env, files)
     try:
         for i in order:
             proc = procs[i]
@@ -226,6 +228,43 @@ def write_endpoints_files(procs: Sequence["ProcSpec"], extra_env: Optional[Mappi
         write_atomic(path, envs.endpoints_file_text(endpoints))
         files[node] = {envs.ENDPOINTS_FILE: str(path)}
     return files
+
+
+_joiners: Dict[str, "NodeJoiner"] = {}      # diagnostics directory -> its current attempt's
+
+
+def join_through_this_node(procs: Sequence["ProcSpec"], attempt: int,
+                           extra_env: Optional[Mapping[str, str]],
+                           files: Dict[int, Dict[str, str]]) -> Dict[int, Dict[str, str]]:
+    """The node agent as the unit of rendezvous (runtime/nodejoin.py): where this process
+    starts a node's collective ranks with a diagnostics directory, it serves their join and
+    sends the store one message for the node. ``files`` ({node: extra env}) gains
+    FLUIDCTL_NODE_JOIN. The previous attempt's joiner, if still waiting, is closed."""
+    from fluidctl import envs
+    from fluidctl.paths import DiagDir
+    from fluidctl.planning.plan import TRAINER
+    from fluidctl.runtime import nodejoin
+    root = (extra_env or {}).get(envs.DIAG_DIR)
+    if not root:
+        return files
+    old = _joiners.pop(root, None)
+    if old is not None:
+        old.close()
+    ranks = [p for p in procs if p.role == TRAINER and envs.PSERVERS_IP_PORT_LIST not in p.env
+             and p.env.get(envs.TRAINERS_NUM, "1") != "1" and p.env.get(envs.MASTER)
+             and p.env.get(envs.JOB_TOKEN)]
+    path = str(DiagDir(Path(root)).join_socket(attempt))
+    if not ranks or len({p.node for p in ranks}) != 1 or not nodejoin.usable(path):
+        return files
+    env = ranks[0].env
+    try:
+        _joiners[root] = nodejoin.NodeJoiner(
+            path, [p.rank for p in ranks], int(env[envs.TRAINERS_NUM]), env[envs.MASTER],
+            env[envs.JOB_TOKEN], envs.knob(envs.TIMEOUT, env))
+    except OSError:
+        return files                      # the ranks join the store themselves
+    node = ranks[0].node
+    return {**files, node: {**files.get(node, {}), envs.NODE_JOIN: path}}
 
 
 def _wait_ready(waiting: Dict[int, "LocalProcess"]) -> None:

@@ -64,7 +64,9 @@ import json, numpy
 from fluidctl import runtime
 ctx = runtime.init(timeout=60)
 total = ctx.allreduce(numpy.array([float(ctx.env.rank)]))
-print(json.dumps({"rank": ctx.env.rank, "sum": float(total[0]),
+joins = ctx._server.requests.get("join") if ctx._server else None
+print(json.dumps({"rank": ctx.env.rank, "sum": float(total[0]), "joins": joins,
+                  "through_agent": bool(ctx.env.node_join),
                   "leads_ring": ctx.comm.ring is not None,
                   "node": sorted(ctx.env.node_endpoints)}))
 runtime.finalize()
@@ -108,3 +110,44 @@ def test_ranks_with_only_their_nodes_file_meet_and_reduce_across_nodes(tmp_path)
     assert [s["sum"] for s in seen] == [6.0] * 4
     assert [s["leads_ring"] for s in seen] == [True, False, True, False]
     assert [s["node"] for s in seen] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    # the node agent is the unit of rendezvous: one join per node reached rank 0's store
+    assert all(s["through_agent"] for s in seen)
+    assert seen[0]["joins"] == 2
+
+
+def _start_node(tmp_path, script_text, nproc, user_env=()):
+    from fluidctl.net import free_port
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
+    cfg = LaunchConfig(script=str(script), token="t" * 32, python=sys.executable,
+                       log_dir=str(tmp_path / "log"), backend="ssh")
+    spec = cfg.job([planner.remote_node("n0", "127.0.0.1", None, nproc, None, [], 0)],
+                   multi_node_logs=True)
+    spec.user_env = dict(user_env)
+    plan = planner.make_plan(spec, {0: [free_port() for _ in range(nproc + 1)]}, backend="ssh")
+    for proc in plan.procs:
+        Path(proc.log).parent.mkdir(parents=True, exist_ok=True)
+    diag = tmp_path / "diag"
+    diag.mkdir()
+    return plan, start_procs(plan.procs, 0, extra_env={envs.DIAG_DIR: str(diag)})
+
+
+def test_a_rank_that_never_joins_its_node_is_named_by_the_others(tmp_path):
+    """Through the node agent's join, a rank that exits before it joins is named, with its
+    endpoint, by the ranks that did, within FLUIDCTL_TIMEOUT."""
+    plan, handles = _start_node(tmp_path, """
+import os, sys
+if os.environ["PADDLE_TRAINER_ID"] == "2":
+    sys.exit(0)
+from fluidctl import runtime
+runtime.init()
+""", 3, {envs.TIMEOUT: "3"})
+    try:
+        codes = [h.popen.wait(60) for h in handles]
+    finally:
+        for h in handles:
+            h.close()
+    logs = [Path(p.log).read_text() for p in plan.procs]
+    assert codes == [1, 1, 0], logs
+    for log in logs[:2]:
+        assert f"rank 2 ({plan.trainer_endpoints[2]}) did not join within 3s" in log, log

@@ -20,6 +20,8 @@ from typing import Optional
 
 from fluidctl import envs
 from fluidctl.runtime.collective import Communicator, CollectiveError
+from fluidctl.runtime import nodejoin
+from fluidctl.runtime.nodejoin import LAYOUT_GROUP      # one group name for both join paths
 from fluidctl.runtime.rendezvous import NodeView
 from fluidctl.runtime.store import StoreClient, StoreServer, StoreTimeout
 
@@ -94,9 +96,6 @@ def _free_port() -> int:
     return free_port("")
 
 
-LAYOUT_GROUP = "layout"
-
-
 def join_layout(store: StoreClient, world: int, rank: int, timeout: float,
                 record: Optional[dict] = None) -> NodeView:
     """This rank's node view (``record`` on the first call; later calls read it again)."""
@@ -113,12 +112,17 @@ def _publish(env, store: StoreClient, endpoint: str, node: str, timeout: float,
     if env.rank == 0:
         store.set(TORCH_PORT_KEY, str(_free_port()).encode())
     handover = environ is not None and envs.torch_port_taken(environ, env.master)
+    record = {"rank": env.rank, "ep": endpoint, "node": node, "pid": os.getpid()}
     try:
-        view = join_layout(store, env.world_size, env.rank, timeout,
-                           {"rank": env.rank, "ep": endpoint, "node": node, "pid": os.getpid()})
+        if env.node_join:                    # through the node's agent: one join per node
+            view = NodeView(nodejoin.join(env.node_join, record, timeout))
+        else:
+            view = join_layout(store, env.world_size, env.rank, timeout, record)
         if handover:
             environ[envs.TORCH_MASTER_PORT] = store.get(TORCH_PORT_KEY, timeout).decode()
-    except StoreTimeout as exc:
+    except (StoreTimeout, nodejoin.NodeJoinError) as exc:
+        if not exc.missing:
+            raise CollectiveError(str(exc)) from None
         ranks = [int(k) for k in exc.missing]
         where = [f"rank {r}" + (f" ({env.endpoint_of(r)})" if env.endpoint_of(r) else "")
                  for r in ranks]
