@@ -8,6 +8,7 @@ raised (each real node starts its agent on its own CPU)."""
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,46 @@ def test_a_100_node_job_starts_and_finishes(tmp_path, hundred):
     assert started(tmp_path / "mylog", "0") == NODES
     for alias in hundred.aliases:
         assert hundred.agent_pids(alias) == [], f"an agent outlived the job on {alias}"
+
+
+def threads_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_the_launchers_threads_stay_bounded_at_100_nodes(tmp_path, hundred):
+    """While 100 nodes run, the launcher holds paramiko's one transport thread per
+    connection and a fixed number besides: every agent's output and end are watched from one
+    event loop, not from three threads of its own."""
+    import subprocess
+    import sys
+    (tmp_path / "job.py").write_text(SCRIPT)
+    stop_file = tmp_path / "stop"
+    out = open(tmp_path / "launcher.out", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "fluidctl", "train", "--hostfile",
+                             hundred.hostfile(slots=1), "--ssh-config", hundred.config,
+                             "--ssh-timeout", "240", "job.py", str(stop_file)],
+                            cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        logs = tmp_path / "mylog"
+        wait_for(lambda: started(logs, "0") == NODES or proc.poll() is not None, 400,
+                 "every rank to start")
+        assert proc.poll() is None, (tmp_path / "launcher.out").read_text()[-3000:]
+        most = 0
+        for _ in range(20):                 # steady state: every node's job running
+            most = max(most, threads_of(proc.pid))
+            time.sleep(0.1)
+        stop_file.write_text("")
+        assert proc.wait(300) == 0, (tmp_path / "launcher.out").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+    print(f"launcher threads at {NODES} nodes: {most}")
+    assert most <= NODES + 30, f"{most} threads for {NODES} nodes"
 
 
 @pytest.mark.skip(reason="an elastic 100-node job on one 2-core host misses the 3-s heartbeat "
