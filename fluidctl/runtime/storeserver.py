@@ -414,6 +414,8 @@ class StoreServer:
             if group.layout is None:
                 group.records[rank] = rec
             mine.append(rank)
+        if header.get("more") and group.layout is None:
+            return _frame({"ok": True, "views": []})    # more of this member's records follow
         if group.layout is not None:                 # joined already: read the layout again
             return self._views(group, mine)
         if len(group.records) < n:
