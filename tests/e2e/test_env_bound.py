@@ -151,3 +151,17 @@ runtime.init()
     assert codes == [1, 1, 0], logs
     for log in logs[:2]:
         assert f"rank 2 ({plan.trainer_endpoints[2]}) did not join within 3s" in log, log
+
+
+def test_dry_run_of_8000_local_ranks_shows_no_environment_string_over_the_bound(tmp_path):
+    from launchutil import fluidctl
+    (tmp_path / "noop.py").write_text("pass\n")
+    res = fluidctl("train", "--nproc", 8000, "--dry-run", "--json", "noop.py", cwd=tmp_path,
+                   timeout=300, check=0)
+    procs = json.loads(res.stdout)["procs"]
+    assert len(procs) == 8000
+    assert max(len(v) for p in procs for v in p["env"].values()) <= envs.ENV_BOUND
+    assert not any(envs.TRAINER_ENDPOINTS in p["env"] for p in procs)
+    small = json.loads(fluidctl("train", "--nproc", 4, "--dry-run", "--json", "noop.py",
+                                cwd=tmp_path, check=0).stdout)["procs"]
+    assert all(p["env"][envs.TRAINER_ENDPOINTS].count(",") == 3 for p in small)
