@@ -108,15 +108,17 @@ def test_the_launchers_threads_stay_bounded_at_100_nodes(tmp_path, hundred):
     assert most <= NODES + 30, f"{most} threads for {NODES} nodes"
 
 
-@pytest.mark.skip(reason="an elastic 100-node job on one 2-core host misses the 3-s heartbeat "
-                         "deadline under load: kept for a quiet host, not run by the suite")
+@pytest.mark.skip(reason="100 agents and 100 ranks starting at once on one 2-core host starve "
+                         "the launcher for more than 2 s (its launch.log says 'the launcher "
+                         "itself was stopped for 2.5s'), so the agents' 3-s heartbeat deadline "
+                         "passes: kept for a host with a core per few nodes")
 def test_a_100_node_job_starts_and_a_lost_node_gives_a_world_of_99(tmp_path, hundred):
     (tmp_path / "job.py").write_text(SCRIPT)
     hostfile = hundred.hostfile(slots=1)
     stop_file = tmp_path / "never"
     proc = start_fluidctl("train", "--hostfile", hostfile, "--ssh-config", hundred.config,
-                          "--ssh-timeout", 240, "--nodes", f"95:{NODES}", "job.py",
-                          str(stop_file), cwd=tmp_path)
+                          "--ssh-timeout", 240, "--nodes", f"95:{NODES}", "--max-restarts", 1,
+                          "job.py", str(stop_file), cwd=tmp_path)
     try:
         logs = tmp_path / "mylog"
         wait_for(lambda: started(logs, "0") == NODES or proc.poll() is not None, 400,
@@ -125,8 +127,13 @@ def test_a_100_node_job_starts_and_a_lost_node_gives_a_world_of_99(tmp_path, hun
         victim = "h57"
         pids = hundred.agent_pids(victim)
         assert pids, "no agent on the victim node"
+        killed = time.monotonic()
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: started(logs, "1") == NODES - 1 or proc.poll() is not None, 400,
+                 "every rank of world 1 to start")
+        print(f"node killed: world 1's {NODES - 1} ranks all started "
+              f"{time.monotonic() - killed:.1f}s later")
         out, err = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
