@@ -54,12 +54,13 @@ def main():
                     help="write the largest size's row to bench/results.json")
     args = ap.parse_args()
     sizes = [int(x) for x in args.nodes.split(",")]
-    rows = []
+    rows, biggest_at = [], 0
     print(f"{'nodes x gpus':>14} {'ranks':>7} {'make_plan s':>12} {'largest env str':>16} "
           f"{'plan MiB':>9}")
     for n in sizes:
         t, biggest, held, ranks = measure(n, args.gpus, args.repeat)
         rows.append((ranks, t))
+        biggest_at = max(biggest_at, biggest)
         print(f"{n:>8} x {args.gpus:<3} {ranks:>7} {t:>12.3f} {biggest:>16,} {held / 2**20:>9.1f}")
     (r0, t0), (r1, t1) = rows[0], rows[-1]
     exponent = math.log(t1 / t0) / math.log(r1 / r0)
@@ -71,7 +72,8 @@ def main():
         results.record("plan-scale", what=f"make_plan, {sizes[-1]:,} nodes x {args.gpus} GPUs "
                                           f"({r1:,} ranks)",
                        fluidctl=f"{t1:.2f} s; growth exponent {exponent:.2f} over "
-                                f"{r0:,}-{r1:,} ranks",
+                                f"{r0:,}-{r1:,} ranks; largest env string "
+                                f"{biggest_at / 1024:.1f} KiB at any size (bound 64 KiB)",
                        peer="-", ratio="-", machine="2 cores",
                        command=f"python bench/plan_scale.py --nodes {args.nodes} "
                                f"--gpus {args.gpus} --repeat {args.repeat} --record")

@@ -2,7 +2,7 @@
 one root, at 1K / 4K / 12K nodes x 8 ranks, for three contenders in the same run.
 
     python bench/rendezvous_scale.py [--nodes 1000,4000,12000] [--gpus 8] [--repeat 3]
-                                     [--contenders fluidctl,torch,today] [--cap 120]
+                                     [--contenders fluidctl,ranks,torch,today] [--cap 120]
 
 * fluidctl: the store of ``fluidctl.runtime`` (``storeserver``), real frames and HMAC
   handshake with a job token; each agent sends one ``join`` with its node's 8 rank records and
@@ -10,6 +10,8 @@ one root, at 1K / 4K / 12K nodes x 8 ranks, for three contenders in the same run
 * torch: ``torch.distributed.TCPStore`` (libuv) driven the way torch elastic does it: each agent
   1 set (its records) + 1 get (its layout); the root ``wait``s and ``multi_get``s every node's
   record, lays out once (the same O(N) pass) and ``multi_set``s one layout per node.
+* ranks: the same store with no node agent: every rank connects and joins with its own record
+  (what ranks under mpirun or srun do); run up to ``--ranks-max-ranks``.
 * today: the store of fluidctl a2a3fc9 (thread per connection, loaded from ``git show``): each
   agent sets its 8 records and reads all N records with one ``multi_get`` (the per-rank code
   does it once per rank); run only up to ``--today-max-ranks``, and stopped at ``--cap``.
@@ -144,9 +146,9 @@ def _io():
 
 def root_main(kind: str, world: int, k: int, cap: float) -> None:
     raise_nofile()
-    if kind == "fluidctl":
+    if kind in ("fluidctl", "ranks"):
         from fluidctl.runtime.storeserver import StoreServer
-        server = StoreServer("127.0.0.1", 0, TOKEN, members=k)
+        server = StoreServer("127.0.0.1", 0, TOKEN, members=k if kind == "fluidctl" else world)
         port = server.port
     elif kind == "today":
         source = subprocess.run(["git", "-C", str(HERE.parent), "show",
@@ -273,6 +275,22 @@ async def fluidctl_agent(port, nodes, i, stats, window, cap, deadline):
     stats.correct += bool(reply.get("ok")) and matches(reply["views"][0], nodes, i, stats.world)
 
 
+async def ranks_agent(port, nodes, i, stats, window, cap, deadline):
+    """No agent: every rank of node ``i`` connects and joins by itself (what ranks under
+    mpirun or srun do, with no node agent to join for them)."""
+    per = len(nodes[i])
+
+    async def one(j, rec):
+        reader, writer = await _connect(port, i * per + j, stats, window, deadline)
+        _send(writer, stats, {"op": "join", "key": "layout", "n": stats.world,
+                              "records": [rec], "timeout": cap})
+        reply, _ = await _read_frame(reader, stats)
+        writer.close()
+        return bool(reply.get("ok")) and matches(reply["views"][0], nodes, i, stats.world)
+    seen = await asyncio.gather(*(one(j, rec) for j, rec in enumerate(nodes[i])))
+    stats.correct += all(seen)
+
+
 async def today_agent(port, nodes, i, stats, window, cap, deadline):
     reader, writer = await _connect(port, i, stats, window, deadline)
     for rec in nodes[i]:
@@ -293,7 +311,7 @@ async def today_agent(port, nodes, i, stats, window, cap, deadline):
 
 
 async def run_agents(kind, port, nodes, mine, stats, window, cap, start):
-    agent = fluidctl_agent if kind == "fluidctl" else today_agent
+    agent = {"fluidctl": fluidctl_agent, "ranks": ranks_agent}.get(kind, today_agent)
     sem = asyncio.Semaphore(window)
     deadline = start + cap
     tasks = [asyncio.ensure_future(agent(port, nodes, i, stats, sem, cap, deadline))
@@ -440,9 +458,11 @@ def main():
     ap.add_argument("--nodes", default="1000,4000,12000", help="node counts, comma-separated")
     ap.add_argument("--gpus", type=int, default=8, help="ranks per node")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--contenders", default="fluidctl,torch,today")
+    ap.add_argument("--contenders", default="fluidctl,ranks,torch,today")
     ap.add_argument("--cap", type=float, default=120.0, help="seconds before a run is stopped")
     ap.add_argument("--today-max-ranks", type=int, default=8000)
+    ap.add_argument("--ranks-max-ranks", type=int, default=32000,
+                    help="the largest world the 'ranks' contender runs")
     ap.add_argument("--window", type=int, default=256,
                     help="agents connecting at once, in all (TCPStore: client threads)")
     ap.add_argument("--no-numeric-names", dest="numeric_names", action="store_false",
@@ -476,6 +496,9 @@ def main():
         for kind in kinds:
             if kind == "today" and world > args.today_max_ranks:
                 print(f"{kind:>9} {world:>6} {n:>6}   (skipped: over --today-max-ranks)")
+                continue
+            if kind == "ranks" and world > args.ranks_max_ranks:
+                print(f"{kind:>9} {world:>6} {n:>6}   (skipped: over --ranks-max-ranks)")
                 continue
             runs = []
             for _ in range(args.repeat):

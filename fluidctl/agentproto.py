@@ -185,8 +185,11 @@ class NodeShare(_Record):
         self.attempt, self.max_restarts, self.grace = attempt, max_restarts, grace
         self.marker, self.beat, self.checkpoint_signal = marker, beat, checkpoint_signal
 
+    SHARED_MIN = 1024       # bytes from which a value every process's env repeats goes once
+
     def to_record(self) -> dict:
-        return {"procs": list(self.procs), "attempt": self.attempt,
+        procs, shared = _share_env(self.procs, self.SHARED_MIN)
+        return {"procs": procs, "shared_env": shared, "attempt": self.attempt,
                 "max_restarts": self.max_restarts, "grace": self.grace,
                 "log_dir": self.log_dir, "host": self.host, "marker": self.marker,
                 "beat": self.beat, "checkpoint_signal": self.checkpoint_signal}
@@ -197,6 +200,11 @@ class NodeShare(_Record):
         procs = _take(r, w, "procs", (list,))
         if not all(isinstance(p, dict) for p in procs):
             raise RecordError(f"the {w} record's 'procs' holds something other than objects")
+        shared = _take(r, w, "shared_env", (dict,), {})
+        if shared:
+            if not all(isinstance(p.get("env"), dict) for p in procs):
+                raise RecordError(f"the {w} record's 'procs' have no 'env' to share into")
+            procs = [dict(p, env={**p["env"], **shared}) for p in procs]
         attempt = _take(r, w, "attempt", _INT, 0)
         return cls(procs, _take(r, w, "log_dir", _STR), _take(r, w, "host", _STR),
                    attempt=attempt, max_restarts=_take(r, w, "max_restarts", _INT, attempt),
@@ -204,6 +212,21 @@ class NodeShare(_Record):
                    marker=_take(r, w, "marker", _STR, ""),
                    beat=float(_take(r, w, "beat", _NUM, 0.0)),
                    checkpoint_signal=_take(r, w, "checkpoint_signal", _STR, "TERM"))
+
+
+def _share_env(procs: list, least: int):
+    """(procs without the env values of ``least`` bytes or more that every one repeats, those
+    values): a job-wide list (PADDLE_TRAINER_ENDPOINTS) crosses to a node once, not once per
+    process, so a node's share grows with its own processes only."""
+    envs = [p.get("env") for p in procs]
+    if len(procs) < 2 or not all(isinstance(e, dict) for e in envs):
+        return list(procs), {}
+    shared = {k: v for k, v in envs[0].items() if isinstance(v, str) and len(v) >= least
+              and all(e.get(k) is v or e.get(k) == v for e in envs[1:])}
+    if not shared:
+        return list(procs), {}
+    return [dict(p, env={k: v for k, v in p["env"].items() if k not in shared})
+            for p in procs], shared
 
 
 class EndState(Enum):

@@ -327,6 +327,17 @@ class DiagDir(NamedTuple):
         """The rank's last collective records from torch's Flight Recorder (JSON)."""
         return self.root / f"collectives.{rank}"
 
+    def endpoints(self, node: int) -> Path:
+        """Node ``node``'s ranks' endpoints (FLUIDCTL_ENDPOINTS_FILE), written where the world's
+        list is too long for an environment; named by node, as under Slurm every node's
+        ranks share one directory."""
+        return self.root / f"endpoints.{node}"
+
+    def join_socket(self, attempt: int) -> Path:
+        """The node agent's Unix socket the node's ranks join through (runtime/nodejoin.py),
+        one per attempt (FLUIDCTL_NODE_JOIN)."""
+        return self.root / f"join.{attempt}"
+
     def rank_file(self, rank: int) -> Path:
         """``<node> <pid>`` of a rank whose launcher cannot see its process (Slurm: the rank's
         ``fluidctl worker`` writes it), for the node-side stack taker."""

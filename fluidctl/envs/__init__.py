@@ -13,12 +13,14 @@ MASTER_ADDR, ...) are written beside them, so torch DDP scripts run too.
 from fluidctl.envs.names import *  # noqa: F401,F403  (every name of the contract)
 from fluidctl.envs.write import (  # noqa: F401
     split_endpoint, threads_per_process, is_mig, device_view, world_device_list, shared_gpu_allowed,
-    WorldStrings, world_strings,
+    WorldStrings, world_strings, bounded, endpoints_file_text,
     refuse_shared_gpus, collective_env, pserver_env)
 from fluidctl.envs.read import (  # noqa: F401
     MAKE_TOKEN, read_token_file, torch_port_taken, DistEnv, _int, KNOBS, _knob, _default, knob,
-    check_knobs, gpu_of_local_rank, read, from_ompi, ssh_server_address, strict_collectives)
+    check_knobs, gpu_of_local_rank, read, read_endpoints_file, from_ompi, ssh_server_address,
+    strict_collectives)
 from fluidctl.envs.slurm import (  # noqa: F401
     SLURM_PORT_LOW, SLURM_PORT_SPAN,
-    in_slurm_step, expand_nodelist, parse_tasks_per_node, SlurmLayout, slurm_layout, slurm_ports,
+    in_slurm_step, slurm_node_endpoints, expand_nodelist, parse_tasks_per_node, SlurmLayout,
+    slurm_layout, slurm_ports,
     slurm_pserver_port, _endpoint_of, slurm_visible_gpus, _refuse_shared_slurm_gpus, from_slurm)

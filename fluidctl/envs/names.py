@@ -68,6 +68,16 @@ K8S_REQUESTS = "FLUIDCTL_K8S_REQUESTS"    # the pod's own annotations file (down
                                           # fluidctl job checkpoint's requests (podspec.py)
 K8S_MESSAGE = "FLUIDCTL_K8S_MESSAGE"      # the pod's terminationMessagePath: its hang report
 JOB_TOKEN = "FLUIDCTL_JOB_TOKEN"        # per-job secret for HMAC authentication on the wire
+# Above ENV_BOUND bytes a job-wide list (PADDLE_TRAINER_ENDPOINTS, PADDLE_WORLD_DEVICE_IDS) is
+# left out of every rank's environment (execve refuses one string over 128 KiB, E2BIG), and
+# ENDPOINTS_FILE names a file on the rank's node with that node's ranks' endpoints
+# ("<rank> <endpoint>" lines), which fluidctl.runtime reads instead
+ENV_BOUND = 64 << 10
+ENDPOINTS_FILE = "FLUIDCTL_ENDPOINTS_FILE"
+# the node agent's Unix socket a rank joins the rendezvous through (runtime/nodejoin.py): set
+# where an agent (or the local launcher) starts the node's ranks; without it a rank joins rank
+# 0's store itself
+NODE_JOIN = "FLUIDCTL_NODE_JOIN"
 # the token --dry-run prints in place of the real one: a pod given it refuses to start
 MASKED_TOKEN = "masked-by-fluidctl-dry-run"
 SYNC_MODE = "FLUIDCTL_SYNC_MODE"        # "sync" | "async" (parameter-server mode)

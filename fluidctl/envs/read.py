@@ -10,6 +10,7 @@ from typing import Dict, Mapping, NamedTuple, Optional, Sequence
 
 from fluidctl.envs.names import (
     CUDA_VISIBLE_DEVICES, CURRENT_ENDPOINT, DEFAULT_TIMEOUT, DISTRI_BACKEND, DROP_LOG_INTERVAL,
+    ENDPOINTS_FILE, NODE_JOIN,
     GLOBAL_RANK, GLOBAL_SIZE, GPUS, HANDSHAKE_TIMEOUT, JOB_TOKEN, LOCAL_RANK, LOCAL_SIZE, MASTER,
     MAX_FRAME, NNODES, OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE, OMPI_RANK, OMPI_SIZE,
     PSERVERS_IP_PORT_LIST, PSERVER_ID, RANK_IN_NODE, RESTART_COUNT, ROLE, ROLE_PSERVER,
@@ -26,16 +27,21 @@ MAKE_TOKEN = ("make one: python -c \"import secrets; print(secrets.token_hex(32)
               "chmod 600 token")
 
 
-def read_token_file(path: str) -> str:
-    """The job token kept in a file (whitespace stripped); a UsageError if unusable."""
+def _read_text(path: str, what: str, fix: str) -> str:
+    """The file's text; a UsageError naming ``what`` and ``fix`` if it cannot be read."""
     from fluidctl.errors import UsageError
     try:
         with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
+            return f.read()
     except OSError as exc:
-        raise UsageError(f"cannot read token file {path}: {exc.strerror}",
-                         "pass --token-file with a readable file holding the job token; "
-                         + MAKE_TOKEN) from None
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror}", fix) from None
+
+
+def read_token_file(path: str) -> str:
+    """The job token kept in a file (whitespace stripped); a UsageError if unusable."""
+    from fluidctl.errors import UsageError
+    token = _read_text(path, "token file", "pass --token-file with a readable file holding "
+                       "the job token; " + MAKE_TOKEN).strip()
     if not token:
         raise UsageError(f"token file {path} is empty", MAKE_TOKEN)
     return token
@@ -81,6 +87,21 @@ class DistEnv(NamedTuple):
     token: Optional[str] = None
     timeout: float = DEFAULT_TIMEOUT
     under_mpi: bool = False
+    # this node's ranks' endpoints, from ENDPOINTS_FILE, when the world's list was too long for
+    # the environment (trainer_endpoints is then empty)
+    node_endpoints: Mapping[int, str] = {}
+    node_join: str = ""                   # the node agent's join socket (NODE_JOIN), if any
+
+    @property
+    def planned_endpoints(self) -> bool:
+        """Whether a launcher planned the ranks' endpoints (as a list or a node's file)."""
+        return bool(self.trainer_endpoints or self.node_endpoints)
+
+    def endpoint_of(self, rank: int) -> str:
+        """``rank``'s planned endpoint where this rank knows it, else ''."""
+        if rank < len(self.trainer_endpoints):
+            return self.trainer_endpoints[rank]
+        return self.node_endpoints.get(rank, "")
 
 
 def _int(environ: Mapping[str, str], *names: str, default: int) -> int:
@@ -184,6 +205,21 @@ def gpu_of_local_rank(environ: Mapping[str, str], local_rank: int) -> int:
     return shown.index(wanted)
 
 
+def read_endpoints_file(path: str) -> Dict[int, str]:
+    """ENDPOINTS_FILE's "<rank> <endpoint>" lines (envs.endpoints_file_text writes them)."""
+    from fluidctl.errors import UsageError
+    lines = _read_text(path, f"{ENDPOINTS_FILE} file", "start the job with fluidctl train, which "
+                       f"writes it on every node, or unset {ENDPOINTS_FILE}").splitlines()
+    found: Dict[int, str] = {}
+    for line in lines:
+        rank, _, endpoint = line.partition(" ")
+        if not rank.isdigit() or not endpoint:
+            raise UsageError(f"{ENDPOINTS_FILE}={path}: {line[:80]!r} is not '<rank> <endpoint>'",
+                             f"unset {ENDPOINTS_FILE}, or start the job with fluidctl train")
+        found[int(rank)] = endpoint
+    return found
+
+
 def read(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     """Parse the contract; OpenMPI's variables fill in what PADDLE_* leaves out, and a task of
     a plain ``srun`` step (no contract written by a launcher) is mapped by ``from_slurm``."""
@@ -196,9 +232,11 @@ def read(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     role = environ.get(TRAINING_ROLE, environ.get(ROLE, ROLE_TRAINER)).upper()
     world = _int(environ, TRAINERS_NUM, GLOBAL_SIZE, TORCH_WORLD_SIZE, OMPI_SIZE, default=1)
     endpoints = [e for e in environ.get(TRAINER_ENDPOINTS, "").split(",") if e]
+    node_endpoints = (read_endpoints_file(environ[ENDPOINTS_FILE])
+                      if not endpoints and environ.get(ENDPOINTS_FILE) else {})
     if pservers or role == ROLE_PSERVER:
         mode = "pserver"
-    elif world > 1 or endpoints:
+    elif world > 1 or endpoints or node_endpoints:
         mode = "collective"
     else:
         mode = "single"
@@ -231,6 +269,8 @@ def read(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
         token=environ.get(JOB_TOKEN) or None,
         timeout=knob(TIMEOUT, environ),
         under_mpi=under_mpi,
+        node_endpoints=node_endpoints,
+        node_join=environ.get(NODE_JOIN, ""),
     )
 
 

@@ -15,7 +15,7 @@ from fluidctl.envs.names import (
     SLURM_STEP_ID, SLURM_STEP_NODELIST, SLURM_STEP_NUM_TASKS, SLURM_STEP_TASKS_PER_NODE,
     SLURM_TASKS_PER_NODE, SYNC_MODE, TORCH_MASTER_PORT, TRAINERS_NUM, TRAINING_ROLE,
     WORLD_DEVICE_IDS)
-from fluidctl.envs.write import collective_env, pserver_env, shared_gpu_allowed
+from fluidctl.envs.write import bounded, collective_env, pserver_env, shared_gpu_allowed
 
 SLURM_PORT_LOW, SLURM_PORT_SPAN = 20000, 12000      # derived ports: 20000-31999, below Linux's
 #                                                     ephemeral range (32768+)
@@ -146,15 +146,20 @@ def _refuse_shared_slurm_gpus(environ: Mapping[str, str], gpus: Sequence[str],
             f"the GPUs), or with NCCL >= 2.30 set {NCCL_MULTI_RANK_GPU}=1")
 
 
-def from_slurm(environ: Mapping[str, str], cores: Optional[int] = None) -> Dict[str, str]:
-    """A task of ``srun``: SLURM_* -> the whole contract, as ``from_ompi`` does under mpirun.
+class _Task(NamedTuple):
+    """Where a task of ``srun`` sits in its step (``from_slurm``'s first half)."""
+    rank: int
+    local_rank: int
+    node_rank: int
+    world: int
+    nodes: List[str]
+    tpn: List[int]
+    layout: "SlurmLayout"
+    base: int
+    endpoints: List[str]
 
-    Ranks, sizes and the node of every rank come from SLURM_PROCID / LOCALID / NODEID /
-    NTASKS and the step's node list and tasks per node; MASTER_ADDR is the step's first node
-    (never SLURM_LAUNCH_NODE_IPADDR, the host srun ran on); ports from ``slurm_ports`` (or
-    MASTER_PORT when set); GPUs are Slurm's binding: CUDA_VISIBLE_DEVICES is kept as Slurm set
-    it, and this rank uses the device at index LOCALID (node-wide binding) or 0 (one GPU bound
-    per task)."""
+
+def _task(environ: Mapping[str, str]) -> _Task:
     from fluidctl.errors import UsageError
 
     def number(name: str, *fallbacks: str) -> int:
@@ -187,6 +192,28 @@ def from_slurm(environ: Mapping[str, str], cores: Optional[int] = None) -> Dict[
     base = slurm_ports(job_id, int(step) if step.isdigit() else 0, max(tpn))
     endpoints = [_endpoint_of(nodes[n], base + 1 + local)
                  for n, local in zip(layout.node_of, layout.local_of)]
+    return _Task(rank, local_rank, node_rank, world, nodes, tpn, layout, base, endpoints)
+
+
+def slurm_node_endpoints(environ: Mapping[str, str]) -> Dict[int, str]:
+    """{rank: endpoint} of the ranks on this task's node (ENDPOINTS_FILE's content, where the
+    world's list is too long for the environment)."""
+    t = _task(environ)
+    return {r: t.endpoints[r] for r in range(t.world) if t.layout.node_of[r] == t.node_rank}
+
+
+def from_slurm(environ: Mapping[str, str], cores: Optional[int] = None) -> Dict[str, str]:
+    """A task of ``srun``: SLURM_* -> the whole contract, as ``from_ompi`` does under mpirun.
+
+    Ranks, sizes and the node of every rank come from SLURM_PROCID / LOCALID / NODEID /
+    NTASKS and the step's node list and tasks per node; MASTER_ADDR is the step's first node
+    (never SLURM_LAUNCH_NODE_IPADDR, the host srun ran on); ports from ``slurm_ports`` (or
+    MASTER_PORT when set); GPUs are Slurm's binding: CUDA_VISIBLE_DEVICES is kept as Slurm set
+    it, and this rank uses the device at index LOCALID (node-wide binding) or 0 (one GPU bound
+    per task)."""
+    t = _task(environ)
+    rank, local_rank, node_rank, world = t.rank, t.local_rank, t.node_rank, t.world
+    nodes, tpn, layout, base, endpoints = t.nodes, t.tpn, t.layout, t.base, t.endpoints
     master_port = int(environ.get(TORCH_MASTER_PORT) or base)
     gpus = slurm_visible_gpus(environ)
     local_size = tpn[node_rank]
@@ -206,7 +233,10 @@ def from_slurm(environ: Mapping[str, str], cores: Optional[int] = None) -> Dict[
             return str(local % len(gpus) if len(gpus) > 1 else 0)
         env[CUDA_VISIBLE_DEVICES] = ",".join(gpus)          # Slurm's binding, MIG or not
         env[SELECTED_GPUS] = env[LOCAL_DEVICE_IDS] = index(local_rank)
-        env[WORLD_DEVICE_IDS] = ",".join(index(local) for local in layout.local_of)
+        devices = bounded(",".join(index(local) for local in layout.local_of))
+        env.pop(WORLD_DEVICE_IDS, None)
+        if devices is not None:
+            env[WORLD_DEVICE_IDS] = devices
     pservers = [e for e in environ.get(PSERVERS_IP_PORT_LIST, "").split(",") if e]
     if not pservers:
         return env

@@ -9,7 +9,7 @@ from typing import Dict, Mapping, NamedTuple, Optional, Sequence
 
 from fluidctl.envs.names import (
     CPU_NUM, CROSS_RANK, CROSS_SIZE, CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, CURRENT_ENDPOINT,
-    DISTRI_BACKEND, DS_LOCAL_SIZE, GLOBAL_RANK, GLOBAL_SIZE, INIT_NUM_GRADIENT_SERVERS, INIT_PORT,
+    DISTRI_BACKEND, DS_LOCAL_SIZE, ENV_BOUND, GLOBAL_RANK, GLOBAL_SIZE, INIT_NUM_GRADIENT_SERVERS, INIT_PORT,
     INIT_PORTS_NUM, INIT_PORTS_NUM_FOR_SPARSE, INIT_PSERVERS, INIT_TRAINER_COUNT, INIT_TRAINER_ID,
     INIT_USE_GPU, JOB_TOKEN, LOCAL_DEVICE_IDS, LOCAL_RANK, LOCAL_SIZE, MASTER, NCCL_MULTI_RANK_GPU,
     NNODES, NUM_TRAINERS, OMP_NUM_THREADS, POD_IP, PORT, PSERVERS_IP_PORT_LIST, PSERVER_ID,
@@ -54,18 +54,42 @@ def world_device_list(world_device_ids: Sequence[Sequence[str]]) -> str:
                     for ids in world_device_ids for local in range(len(ids)))
 
 
+def bounded(text: str) -> Optional[str]:
+    """``text``, or None when it is over ENV_BOUND: a job-wide list that long stays out of a
+    rank's environment (execve refuses one string over 128 KiB)."""
+    return text if len(text) <= ENV_BOUND else None
+
+
 class WorldStrings(NamedTuple):
     """The job-wide values every rank's environment repeats (PADDLE_TRAINER_ENDPOINTS,
     PADDLE_WORLD_DEVICE_IDS), joined once per plan: built per rank they make planning O(N^2)
-    and hold N copies of an O(N) string."""
-    trainer_endpoints: str
-    world_devices: str
+    and hold N copies of an O(N) string. None: over ENV_BOUND, so left out (the ranks read
+    their node's endpoints from ENDPOINTS_FILE instead)."""
+    trainer_endpoints: Optional[str]
+    world_devices: Optional[str]
+
+    @property
+    def listed(self) -> bool:
+        """Whether the ranks get the whole endpoint list in their environment."""
+        return self.trainer_endpoints is not None
 
 
 def world_strings(endpoints: Sequence[str],
                   world_device_ids: Sequence[Sequence[str]] = ()) -> WorldStrings:
-    return WorldStrings(",".join(endpoints),
-                        world_device_list(world_device_ids) if world_device_ids else "")
+    return WorldStrings(_joined(endpoints),
+                        bounded(world_device_list(world_device_ids)) if world_device_ids else "")
+
+
+def _joined(items: Sequence[str]) -> Optional[str]:
+    """``",".join(items)`` unless it would be over ENV_BOUND (decided before joining)."""
+    if sum(len(i) + 1 for i in items) - 1 > ENV_BOUND:
+        return None
+    return ",".join(items)
+
+
+def endpoints_file_text(endpoints: Mapping[int, str]) -> str:
+    """ENDPOINTS_FILE's content: one "<rank> <endpoint>" line per rank of the node."""
+    return "".join(f"{rank} {ep}\n" for rank, ep in sorted(endpoints.items()))
 
 
 def shared_gpu_allowed(*environs: Mapping[str, str]) -> bool:
@@ -134,7 +158,6 @@ def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: i
         TRAINERS_NUM: str(world_size), NUM_TRAINERS: str(world_size),
         GLOBAL_SIZE: str(world_size), TORCH_WORLD_SIZE: str(world_size),
         CURRENT_ENDPOINT: endpoints[rank],
-        TRAINER_ENDPOINTS: world.trainer_endpoints if world else ",".join(endpoints),
         RANK_IN_NODE: str(local_rank), LOCAL_RANK: str(local_rank),
         TORCH_LOCAL_RANK: str(local_rank),
         LOCAL_SIZE: str(local_size), TORCH_LOCAL_WORLD_SIZE: str(local_size),
@@ -146,12 +169,18 @@ def collective_env(*, rank: int, world_size: int, local_rank: int, local_size: i
         RESTART_COUNT: str(restart_count), TORCH_RESTART_COUNT: str(restart_count),
         PYTHONUNBUFFERED: "1",
     }
+    if world is None:
+        world = world_strings(endpoints, world_device_ids or [gpus_on_node])
+    elif not world_device_ids and gpus_on_node:     # the caller's WorldStrings lack devices
+        world = world._replace(world_devices=bounded(world_device_list([gpus_on_node])))
+    if world.trainer_endpoints is not None:
+        env[TRAINER_ENDPOINTS] = world.trainer_endpoints
     if gpus_on_node:
         visible, index = device_view(gpus_on_node, local_rank)
         env[CUDA_VISIBLE_DEVICES] = visible
         env[SELECTED_GPUS] = env[LOCAL_DEVICE_IDS] = str(index)
-        env[WORLD_DEVICE_IDS] = (world.world_devices if world and world_device_ids else
-                                 world_device_list(world_device_ids or [gpus_on_node]))
+        if world.world_devices is not None:
+            env[WORLD_DEVICE_IDS] = world.world_devices
         if CUDA_DEVICE_ORDER not in os.environ:
             env[CUDA_DEVICE_ORDER] = "PCI_BUS_ID"
     return _finish(env, threads_per_process(cores, local_size), user_env, token)
@@ -187,8 +216,9 @@ def pserver_env(*, role: str, index: int, trainers: int, pserver_endpoints: Sequ
                     INIT_TRAINER_ID: str(index)})
         if trainer_endpoints:
             env[CURRENT_ENDPOINT] = own
-            env[TRAINER_ENDPOINTS] = (world.trainer_endpoints if world else
-                                      ",".join(trainer_endpoints))
+            listed = world.trainer_endpoints if world else _joined(trainer_endpoints)
+            if listed is not None:
+                env[TRAINER_ENDPOINTS] = listed
     else:
         env[PSERVER_ID] = str(index)
         env[CURRENT_ENDPOINT] = own

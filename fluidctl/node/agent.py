@@ -62,22 +62,43 @@ def shares_log_dir(layout, nonce: str) -> bool:
 
 class _Heard:
     """When the launcher last wrote to our stdin (any line: a beat, a dump request), and where
-    the agent's own notes go (stderr until the node's launch log exists)."""
+    the agent's own notes go (stderr until the node's launch log exists).
+
+    Stdin is read by a thread of its own from the agent's start (``listen``): a beat counts
+    when it arrives, whatever the main thread is doing meanwhile (importing the supervisor,
+    starting the ranks: seconds on a node busy with a hundred such agents). The other lines
+    wait in ``next_line`` for whoever handles them; "" once stdin is closed."""
     def __init__(self):
         self.at = time.monotonic()
         self.log = lambda message: print(message, file=sys.stderr, flush=True)
         self.running = threading.Event()    # set once the run beats by itself
+        self._lines = None
+
+    def listen(self) -> None:
+        if self._lines is not None:
+            return
+        import queue
+        self._lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True, name="launcher-lines").start()
+
+    def _read(self) -> None:
+        try:
+            for line in iter(sys.stdin.readline, ""):
+                self.at = time.monotonic()
+                if line.strip() != BEAT_COMMAND:
+                    self._lines.put(line)
+        except (OSError, ValueError):
+            pass
+        self._lines.put("")
+
+    def next_line(self) -> str:
+        return self._lines.get()
 
 
-def _serve_stdin(launch_log, diagnostics=None, heard: "_Heard" = None,
-                 checkpoint=None) -> None:
+def _serve_stdin(launch_log, diagnostics, heard: "_Heard", checkpoint=None) -> None:
     """Answer the launcher's "dump" lines, pass its checkpoint requests to ``checkpoint`` (the
     signal's name); stop the node's processes when stdin closes."""
-    for line in iter(sys.stdin.readline, ""):
-        if heard is not None:
-            heard.at = time.monotonic()
-        if line.strip() == BEAT_COMMAND:
-            continue
+    for line in iter(heard.next_line, ""):
         words = line.split()
         if words[:1] == [CHECKPOINT_COMMAND] and len(words) == 2 and checkpoint is not None:
             checkpoint(words[1])
@@ -129,6 +150,7 @@ def main(argv=None) -> None:
     # for a plan that may never come; cut off from its launcher, it must still end)
     beat = float(argv[argv.index("--beat") + 1]) if "--beat" in argv else 0.0
     heard = _Heard()
+    heard.listen()                      # before anything slow: beats count as they come
     if beat:
         threading.Thread(target=_watch_launcher, args=(heard, beat), daemon=True,
                          name="launcher-beats").start()
@@ -146,12 +168,11 @@ def _read_share(heard: Optional[_Heard] = None) -> NodeShare:
     quietly on an empty line (the launcher decided not to run: a dry run, a bad node)."""
     not_by_hand = "the node agent is started by fluidctl train; do not run it by hand"
     held = None                           # node 0: the master port, listening until the plan
+    if heard is None:
+        heard = _Heard()
+        heard.listen()
     while True:
-        line = sys.stdin.readline()
-        if heard is not None:
-            heard.at = time.monotonic()
-        if line.strip() == BEAT_COMMAND:
-            continue
+        line = heard.next_line()
         if not line.strip():
             sys.exit(0)
         try:
@@ -199,6 +220,7 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
     from fluidctl.launch.supervisor import LaunchLog, RunOptions
     from fluidctl.paths import LogLayout
     heard = heard or _Heard()
+    heard.listen()
     share = _read_share(heard)
     try:
         procs = [ProcSpec(**p) for p in share.procs]

@@ -80,9 +80,10 @@ def master_port_beside(address: str, pairs) -> int:
                      "free some ports, or set FLUIDCTL_HOST_ADDRESS to another address")
 
 
-def exchange_endpoints(environ: Mapping[str, str]) -> Tuple[List[str], str, int, int]:
-    """(endpoints in rank order, master endpoint, number of nodes, this node's rank) agreed by
-    all ranks. MPI stays initialised: the script runs in this process, in the same world.
+def exchange_endpoints(environ: Mapping[str, str]
+                       ) -> Tuple[List[str], str, int, int, List[int]]:
+    """(endpoints in rank order, master endpoint, number of nodes, this node's rank, the ranks
+    on this node) agreed by all ranks. MPI stays initialised: the script runs in this process, in the same world.
 
     A node is told apart by its host name and the address ssh reached it at; nodes are
     numbered in the order of their first rank. When every rank is on one node, endpoints are
@@ -103,7 +104,26 @@ def exchange_endpoints(environ: Mapping[str, str]) -> Tuple[List[str], str, int,
                              root=0)
     endpoints = [_endpoint(a, p) for a, p in pairs]
     order = list(dict.fromkeys(nodes))
-    return endpoints, _endpoint(pairs[0][0], master_port), len(order), order.index(node)
+    mine = [r for r, n in enumerate(nodes) if n == node]
+    return endpoints, _endpoint(pairs[0][0], master_port), len(order), order.index(node), mine
+
+
+def add_endpoints_file(environ: Mapping[str, str], contract: Dict[str, str], node: int,
+                       node_endpoints) -> None:
+    """Where the world's endpoint list was too long for the environment, this node's ranks'
+    endpoints (``node_endpoints()``) go into a file in DIAG_DIR that the contract names
+    (FLUIDCTL_ENDPOINTS_FILE). Every rank of the node writes the same file, atomically; without
+    a writable DIAG_DIR the runtime goes by local ranks."""
+    if (envs.TRAINER_ENDPOINTS in contract or contract.get(envs.TRAINERS_NUM, "1") == "1"
+            or not environ.get(envs.DIAG_DIR)):
+        return
+    from fluidctl.paths import DiagDir, write_atomic
+    path = DiagDir(Path(environ[envs.DIAG_DIR])).endpoints(node)
+    try:
+        write_atomic(path, envs.endpoints_file_text(node_endpoints()))
+    except OSError:
+        return
+    contract[envs.ENDPOINTS_FILE] = str(path)
 
 
 def mpi_job_token() -> str:
@@ -402,6 +422,8 @@ def run(script: str, args: Sequence[str]) -> None:
     if under_slurm:
         contract = envs.from_slurm(environ)
         rank = int(environ[envs.SLURM_PROCID])
+        add_endpoints_file(environ, contract, int(environ[envs.SLURM_NODEID]),
+                           lambda: envs.slurm_node_endpoints(environ))
         if rank == 0 and envs.MASTER in contract:
             check_master_port(contract[envs.MASTER])
         env = {**environ, **contract}
@@ -424,9 +446,11 @@ def run(script: str, args: Sequence[str]) -> None:
     if under_mpi:
         if in_process:
             register_rank(environ, rank)
-        endpoints, master, nnodes, node_rank = exchange_endpoints(environ)
+        endpoints, master, nnodes, node_rank, mine = exchange_endpoints(environ)
         contract = envs.from_ompi(environ, endpoints, master, nnodes, node_rank=node_rank,
                                   cores=os.cpu_count() or 1, gpus_on_node=node_gpus(environ))
+        add_endpoints_file(environ, contract, node_rank,
+                           lambda: {r: endpoints[r] for r in mine})
         if not contract.get(envs.JOB_TOKEN):
             contract[envs.JOB_TOKEN] = mpi_job_token()
         if in_process:

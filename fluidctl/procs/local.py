@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
 
 from fluidctl.procs import lifeline
@@ -21,6 +22,7 @@ from fluidctl.diagnostics.failures import Failure
 if TYPE_CHECKING:
     import psutil
     from fluidctl.planning.plan import ProcSpec
+    from fluidctl.runtime.nodejoin import NodeJoiner
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -166,6 +168,8 @@ def start_procs(procs: Sequence["ProcSpec"], attempt: int,
     handles: List[Optional[LocalProcess]] = [None] * len(procs)
     waiting = {}                              # read end -> handle
     order = sorted(range(len(procs)), key=lambda i: procs[i].role != PSERVER)
+    files = write_endpoints_files(procs, extra_env)
+    files = join_through_this_node(procs, attempt, extra_env, files)
     try:
         for i in order:
             proc = procs[i]
@@ -177,7 +181,8 @@ def start_procs(procs: Sequence["ProcSpec"], attempt: int,
                 read_fd, write_fd = os.pipe()
                 argv += ["--ready-fd", str(write_fd)]
                 fds = (write_fd,)
-            env = full_env({**with_restart(proc.env, attempt), **(extra_env or {})})
+            env = full_env({**with_restart(proc.env, attempt), **(extra_env or {}),
+                            **files.get(proc.node, {})})
             if proc.role != PSERVER:
                 env = inject.rank_env(env)      # torch/Paddle scripts' straggler marks
             try:
@@ -202,6 +207,67 @@ def start_procs(procs: Sequence["ProcSpec"], attempt: int,
         for fd in waiting:
             os.close(fd)
     return [h for h in handles if h is not None]
+
+
+def write_endpoints_files(procs: Sequence["ProcSpec"], extra_env: Optional[Mapping[str, str]]
+                          ) -> Dict[int, Dict[str, str]]:
+    """Where the world's endpoint list was too long for the ranks' environment (no
+    PADDLE_TRAINER_ENDPOINTS in a multi-rank plan), each node's ranks' endpoints go into a
+    file in the node's diagnostics directory: {node: {FLUIDCTL_ENDPOINTS_FILE: path}}."""
+    from fluidctl import envs
+    from fluidctl.paths import DiagDir, write_atomic
+    from fluidctl.planning.plan import TRAINER
+    root = (extra_env or {}).get(envs.DIAG_DIR)
+    unlisted: Dict[int, Dict[int, str]] = {}
+    for p in procs:
+        if (p.role == TRAINER and p.endpoint and envs.TRAINER_ENDPOINTS not in p.env
+                and p.env.get(envs.TRAINERS_NUM, "1") != "1"):
+            unlisted.setdefault(p.node, {})[p.rank] = p.endpoint
+    if not root or not unlisted:
+        return {}
+    files = {}
+    for node, endpoints in unlisted.items():
+        path = DiagDir(Path(root)).endpoints(node)
+        write_atomic(path, envs.endpoints_file_text(endpoints))
+        files[node] = {envs.ENDPOINTS_FILE: str(path)}
+    return files
+
+
+_joiners: Dict[str, "NodeJoiner"] = {}      # diagnostics directory -> its current attempt's
+
+
+def join_through_this_node(procs: Sequence["ProcSpec"], attempt: int,
+                           extra_env: Optional[Mapping[str, str]],
+                           files: Dict[int, Dict[str, str]]) -> Dict[int, Dict[str, str]]:
+    """The node agent as the unit of rendezvous (runtime/nodejoin.py): where this process
+    starts a node's collective ranks with a diagnostics directory, it serves their join and
+    sends the store one message for the node. ``files`` ({node: extra env}) gains
+    FLUIDCTL_NODE_JOIN. The previous attempt's joiner, if still waiting, is closed."""
+    from fluidctl import envs
+    from fluidctl.paths import DiagDir
+    from fluidctl.planning.plan import TRAINER
+    from fluidctl.runtime import nodejoin
+    root = (extra_env or {}).get(envs.DIAG_DIR)
+    if not root:
+        return files
+    old = _joiners.pop(root, None)
+    if old is not None:
+        old.close()
+    ranks = [p for p in procs if p.role == TRAINER and envs.PSERVERS_IP_PORT_LIST not in p.env
+             and p.env.get(envs.TRAINERS_NUM, "1") != "1" and p.env.get(envs.MASTER)
+             and p.env.get(envs.JOB_TOKEN)]
+    path = str(DiagDir(Path(root)).join_socket(attempt))
+    if not ranks or len({p.node for p in ranks}) != 1 or not nodejoin.usable(path):
+        return files
+    env = ranks[0].env
+    try:
+        _joiners[root] = nodejoin.NodeJoiner(
+            path, [p.rank for p in ranks], int(env[envs.TRAINERS_NUM]), env[envs.MASTER],
+            env[envs.JOB_TOKEN], envs.knob(envs.TIMEOUT, env))
+    except OSError:
+        return files                      # the ranks join the store themselves
+    node = ranks[0].node
+    return {**files, node: {**files.get(node, {}), envs.NODE_JOIN: path}}
 
 
 def _wait_ready(waiting: Dict[int, "LocalProcess"]) -> None:

@@ -155,22 +155,25 @@ def record_exit_signals(transport: paramiko.Transport) -> None:
 
 
 class RemoteProcess:
-    """A command running on a node: its output is read by two threads and handed, line by line,
-    to ``on_line``. ``wait`` returns its exit code (-N if signal N ended it) or raises
+    """A command running on a node: its output is read by the channel pump (one thread for
+    every channel, ``remote/pump.py``) and handed, line by line, to ``on_line``. ``wait`` returns its exit code (-N if signal N ended it) or raises
     ConnectionLost. The Fabric backend reuses everything but the readers."""
 
     def __init__(self, node: "SSHNode", channel: paramiko.Channel,
                  on_line: Optional[LineCallback], capture: bool, report_pid: bool):
+        from fluidctl.remote.pump import pump
         self._setup(node, on_line, capture, report_pid)
         self.channel = channel
-        self._readers = [
-            threading.Thread(target=self._read, args=("stdout", channel.recv), daemon=True,
-                             name=f"ssh-out-{node.host.name}"),
-            threading.Thread(target=self._read, args=("stderr", channel.recv_stderr), daemon=True,
-                             name=f"ssh-err-{node.host.name}"),
-        ]
-        for reader in self._readers:
-            reader.start()
+        splitters = {stream: LineSplitter(lambda line, stream=stream: self._line(stream, line))
+                     for stream in ("stdout", "stderr")}
+
+        def end():
+            for splitter in splitters.values():
+                splitter.close()
+            self._pid_known.set()
+        # read by the process's one channel pump, not by threads of its own
+        self._drained = pump().read(channel, splitters["stdout"].feed,
+                                    splitters["stderr"].feed, end)
 
     def _setup(self, node, on_line, capture, report_pid) -> None:
         self.node = node
@@ -194,21 +197,6 @@ class RemoteProcess:
             self._captured[stream].append(line)
         if self._on_line:
             self._on_line(stream, line)
-
-    def _read(self, stream: str, recv) -> None:
-        splitter = LineSplitter(lambda line: self._line(stream, line))
-        try:
-            while True:
-                data = recv(65536)
-                if not data:
-                    break
-                splitter.feed(data)
-        except NODE_LOST:
-            pass
-        finally:
-            splitter.close()
-            if stream == "stdout":
-                self._pid_known.set()
 
     def wait_pid(self, timeout: Optional[float] = None) -> Optional[int]:
         self._pid_known.wait(timeout)
@@ -253,8 +241,7 @@ class RemoteProcess:
         TimeoutError; a dead connection raises ConnectionLost."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self._wait_status(deadline)
-        for reader in self._readers:
-            reader.join(None if deadline is None else max(0.1, deadline - time.monotonic()))
+        self._drained.wait(None if deadline is None else max(0.1, deadline - time.monotonic()))
         return self._exit_code()
 
     @property

@@ -123,13 +123,23 @@ class StoreClient:
                                f"{', '.join(missing[:8])}", missing)
         return reply, value
 
+    JOIN_CHUNK = 256        # records per join request (a request stays under MAX_REQUEST)
+
     def join(self, group: str, world: int, records: List[dict],
              timeout: Optional[float] = None, read: bool = False) -> List[dict]:
         """Send this member's rank records ({rank, ep, node, pid}) and block until the whole
         world has joined; return the view of each node the records are on
         (``rendezvous.Layout.view``). A timeout's ``missing`` names the absent ranks.
-        ``read``: only read the views of a finished layout (records: just {"rank"})."""
+        ``read``: only read the views of a finished layout (records: just {"rank"}).
+        A node agent's records go JOIN_CHUNK at a time, the last one waiting for the world."""
         timeout = self.timeout if timeout is None else timeout
+        while len(records) > self.JOIN_CHUNK and not read:
+            chunk, records = records[:self.JOIN_CHUNK], records[self.JOIN_CHUNK:]
+            reply, _ = self._call({"op": "join", "key": group, "n": int(world),
+                                   "records": chunk, "more": True})
+            if not reply.get("ok"):
+                raise ValueError(f"rank {self.rank}: the store refused the join: "
+                                 f"{reply.get('error')}")
         reply, _ = self._call({"op": "join", "key": group, "n": int(world), "records": records,
                                "timeout": timeout, "read": read}, io_timeout=timeout)
         if not reply.get("ok"):

@@ -112,6 +112,7 @@ class StoreServer:
         self._groups: Dict[str, _Group] = {}
         self._timers: list = []
         self._seq = itertools.count()
+        self.requests: Dict[object, int] = {}      # op -> requests served (what a job costs)
         self._conns: Dict[int, _Conn] = {}
         self._incoming: deque = deque()
         self._idle = threading.Condition()
@@ -309,6 +310,7 @@ class StoreServer:
     # --- requests ------------------------------------------------------------------------
     def _handle(self, conn: _Conn, header: dict, payload: bytes):
         op, key = header.get("op"), header.get("key")
+        self.requests[op] = self.requests.get(op, 0) + 1
         if op == "set" and isinstance(key, str):
             self._data[key] = payload
             self._woke(key)
@@ -412,6 +414,8 @@ class StoreServer:
             if group.layout is None:
                 group.records[rank] = rec
             mine.append(rank)
+        if header.get("more") and group.layout is None:
+            return _frame({"ok": True, "views": []})    # more of this member's records follow
         if group.layout is not None:                 # joined already: read the layout again
             return self._views(group, mine)
         if len(group.records) < n:

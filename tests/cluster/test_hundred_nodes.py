@@ -8,6 +8,7 @@ raised (each real node starts its agent on its own CPU)."""
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -67,15 +68,58 @@ def test_a_100_node_job_starts_and_finishes(tmp_path, hundred):
         assert hundred.agent_pids(alias) == [], f"an agent outlived the job on {alias}"
 
 
-@pytest.mark.skip(reason="an elastic 100-node job on one 2-core host misses the 3-s heartbeat "
-                         "deadline under load: kept for a quiet host, not run by the suite")
+def threads_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_the_launchers_threads_stay_bounded_at_100_nodes(tmp_path, hundred):
+    """While 100 nodes run, the launcher holds paramiko's one transport thread per
+    connection and a fixed number besides: every agent's output and end are watched from one
+    event loop, not from three threads of its own."""
+    import subprocess
+    import sys
+    (tmp_path / "job.py").write_text(SCRIPT)
+    stop_file = tmp_path / "stop"
+    out = open(tmp_path / "launcher.out", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "fluidctl", "train", "--hostfile",
+                             hundred.hostfile(slots=1), "--ssh-config", hundred.config,
+                             "--ssh-timeout", "240", "job.py", str(stop_file)],
+                            cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        logs = tmp_path / "mylog"
+        wait_for(lambda: started(logs, "0") == NODES or proc.poll() is not None, 400,
+                 "every rank to start")
+        assert proc.poll() is None, (tmp_path / "launcher.out").read_text()[-3000:]
+        most = 0
+        for _ in range(20):                 # steady state: every node's job running
+            most = max(most, threads_of(proc.pid))
+            time.sleep(0.1)
+        stop_file.write_text("")
+        assert proc.wait(300) == 0, (tmp_path / "launcher.out").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+    print(f"launcher threads at {NODES} nodes: {most}")
+    assert most <= NODES + 30, f"{most} threads for {NODES} nodes"
+
+
+@pytest.mark.skip(reason="on one 2-core host, world 0's 100 agents and ranks and then 100 "
+                         "standby agents (warmed for the next world) start at once and starve "
+                         "the launcher for over 2 s ('the launcher itself was stopped for "
+                         "2.5s'), past the agents' 3-s heartbeat deadline; the restart then "
+                         "waits about 50 s for the standbys: kept for a host with more cores")
 def test_a_100_node_job_starts_and_a_lost_node_gives_a_world_of_99(tmp_path, hundred):
     (tmp_path / "job.py").write_text(SCRIPT)
     hostfile = hundred.hostfile(slots=1)
     stop_file = tmp_path / "never"
     proc = start_fluidctl("train", "--hostfile", hostfile, "--ssh-config", hundred.config,
-                          "--ssh-timeout", 240, "--nodes", f"95:{NODES}", "job.py",
-                          str(stop_file), cwd=tmp_path)
+                          "--ssh-timeout", 240, "--nodes", f"95:{NODES}", "--max-restarts", 1,
+                          "job.py", str(stop_file), cwd=tmp_path)
     try:
         logs = tmp_path / "mylog"
         wait_for(lambda: started(logs, "0") == NODES or proc.poll() is not None, 400,
@@ -84,8 +128,13 @@ def test_a_100_node_job_starts_and_a_lost_node_gives_a_world_of_99(tmp_path, hun
         victim = "h57"
         pids = hundred.agent_pids(victim)
         assert pids, "no agent on the victim node"
+        killed = time.monotonic()
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: started(logs, "1") == NODES - 1 or proc.poll() is not None, 400,
+                 "every rank of world 1 to start")
+        print(f"node killed: world 1's {NODES - 1} ranks all started "
+              f"{time.monotonic() - killed:.1f}s later")
         out, err = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:

@@ -175,3 +175,23 @@ def test_layout_matches_a_brute_force_one(seed):
         assert view.prev == (leaders[i - 1], recs[leaders[i - 1]]["ep"])
         following = leaders[(i + 1) % len(order)]
         assert view.next == (following, recs[following]["ep"])
+
+
+def test_a_node_of_2000_ranks_joins_in_bounded_requests_and_gets_every_view(server,
+                                                                              monkeypatch):
+    """A node agent's join for a big node (CPU ranks) goes in chunks under MAX_REQUEST; the
+    last one waits for the world, and the views cover every rank of the node."""
+    sent = []
+    real = wire.send_frame
+
+    def spy(sock, header, buffers=()):
+        sent.append(len(msgpack.packb(header)))
+        return real(sock, header, buffers)
+    monkeypatch.setattr(store_mod.wire, "send_frame", spy)
+    client = StoreClient(f"127.0.0.1:{server.port}", TOKEN, 30)
+    try:
+        views = client.join("layout", 2000, records(0, 2000), 30)
+    finally:
+        client.close()
+    assert max(sent) <= storeserver.MAX_REQUEST and len(sent) >= 8
+    assert sorted(r for v in views for r, _, _ in v["local"]) == list(range(2000))

@@ -94,38 +94,42 @@ class RemoteAgent:
         # the supervisor waits on descriptors: a pipe that turns readable when the agent ends
         # (or its connection dies), so an end is noticed at once, not at the next poll
         self._ended_r, self._ended_w = os.pipe()
-        threading.Thread(target=self._watch_end, daemon=True,
-                         name=f"agent-end-{label}").start()
+        self._woke = time.monotonic()
+        from fluidctl.remote.pump import pump
+        pump().every_tick(self._watch_end)      # one thread watches every node's agent
 
-    def _watch_end(self) -> None:
-        """Owns the pipe's write end (so it is never written after being closed). In an elastic
-        job it also watches the agent's heartbeats (``beat_timeout``). A gap in this loop's
-        own clock longer than half of that means the launcher itself was stopped (Ctrl-Z, a
+    def _watch_end(self, now: float) -> bool:
+        """One check, every tick of the channel pump, until the agent ends (then False).
+        Owns the pipe's write end (so it is never written after being closed). In an elastic
+        job it also watches the agent's heartbeats (``beat_timeout``). A gap in the pump's own
+        clock longer than half of that means the launcher itself was stopped (Ctrl-Z, a
         paused VM, a swapping login node): every node was silent to it at once, and none of
         them is blamed; each gets a fresh ``beat_timeout`` to be heard again."""
-        woke = time.monotonic()
-        while not self.channel.status_event.wait(WATCH_EVERY if self.beat_timeout else 0.5):
+        try:
             transport = self.channel.get_transport()
-            if self.channel.closed or transport is None or not transport.is_active():
-                break
-            now = time.monotonic()
-            stopped, woke = now - woke, now
+            ended = (self.channel.status_event.is_set() or self.channel.closed
+                     or transport is None or not transport.is_active())
+        except Exception:                   # a broken channel: the agent is gone
+            ended = True
+        if not ended:
+            stopped, self._woke = now - self._woke, now
             if self.beat_timeout and stopped > self.beat_timeout / 2:
                 self.heard = max(self.heard, now)
                 self.launcher_stopped = stopped     # its agent missed our beats: it stops
                 self.launch_log(f"the launcher itself was stopped for {stopped:.1f}s (a gap in "
                                 f"its own clock): node {self.host}'s silence meanwhile is not "
                                 "counted against it")
-                continue
+                return True
             silent = now - self.heard
-            if self.beat_timeout and silent > self.beat_timeout:
-                self.declare_lost(f"no heartbeat from its agent for {silent:.1f}s")
-                break
+            if not (self.beat_timeout and silent > self.beat_timeout):
+                return True
+            self.declare_lost(f"no heartbeat from its agent for {silent:.1f}s")
         try:
             os.write(self._ended_w, b"x")
         except OSError:                     # the read end is gone: nobody is waiting
             pass
         os.close(self._ended_w)
+        return False
 
     def declare_lost(self, why: str) -> None:
         """The node is gone: remember why, and close the connection so that nothing waits

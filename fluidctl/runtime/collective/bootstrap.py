@@ -20,6 +20,8 @@ from typing import Optional
 
 from fluidctl import envs
 from fluidctl.runtime.collective import Communicator, CollectiveError
+from fluidctl.runtime import nodejoin
+from fluidctl.runtime.nodejoin import LAYOUT_GROUP      # one group name for both join paths
 from fluidctl.runtime.rendezvous import NodeView
 from fluidctl.runtime.store import StoreClient, StoreServer, StoreTimeout
 
@@ -94,9 +96,6 @@ def _free_port() -> int:
     return free_port("")
 
 
-LAYOUT_GROUP = "layout"
-
-
 def join_layout(store: StoreClient, world: int, rank: int, timeout: float,
                 record: Optional[dict] = None) -> NodeView:
     """This rank's node view (``record`` on the first call; later calls read it again)."""
@@ -113,15 +112,20 @@ def _publish(env, store: StoreClient, endpoint: str, node: str, timeout: float,
     if env.rank == 0:
         store.set(TORCH_PORT_KEY, str(_free_port()).encode())
     handover = environ is not None and envs.torch_port_taken(environ, env.master)
+    record = {"rank": env.rank, "ep": endpoint, "node": node, "pid": os.getpid()}
     try:
-        view = join_layout(store, env.world_size, env.rank, timeout,
-                           {"rank": env.rank, "ep": endpoint, "node": node, "pid": os.getpid()})
+        if env.node_join:                    # through the node's agent: one join per node
+            view = NodeView(nodejoin.join(env.node_join, record, timeout))
+        else:
+            view = join_layout(store, env.world_size, env.rank, timeout, record)
         if handover:
             environ[envs.TORCH_MASTER_PORT] = store.get(TORCH_PORT_KEY, timeout).decode()
-    except StoreTimeout as exc:
+    except (StoreTimeout, nodejoin.NodeJoinError) as exc:
+        if not exc.missing:
+            raise CollectiveError(str(exc)) from None
         ranks = [int(k) for k in exc.missing]
-        where = [f"rank {r}" + (f" ({env.trainer_endpoints[r]})"
-                                if r < len(env.trainer_endpoints) else "") for r in ranks]
+        where = [f"rank {r}" + (f" ({env.endpoint_of(r)})" if env.endpoint_of(r) else "")
+                 for r in ranks]
         more = exc.total - len(ranks)
         raise CollectiveError(f"rank {env.rank}: {', '.join(where)}"
                               f"{f' and {more} more' if more > 0 else ''} did not join within "
@@ -137,13 +141,13 @@ def build(env: envs.DistEnv, store: StoreClient, timeout: float, transport: str 
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
     rank, world = env.rank, env.world_size
-    if transport == "mpi" or (transport == "auto" and env.under_mpi and not env.trainer_endpoints
+    if transport == "mpi" or (transport == "auto" and env.under_mpi and not env.planned_endpoints
                               and _has_mpi4py()):
         from fluidctl.runtime.collective.mpi import MpiTransport
         store.barrier("ready", world, timeout)
         return Communicator(rank, world, mpi=MpiTransport())
     listener, endpoint = _listen_own(env, store, _may_lead_a_ring(env, transport))
-    node = envs.split_endpoint(endpoint)[0] if env.trainer_endpoints else socket.gethostname()
+    node = envs.split_endpoint(endpoint)[0] if env.planned_endpoints else socket.gethostname()
     if transport == "ring":
         node = f"{node}#{rank}"          # pretend every rank is a node of its own
     try:
@@ -177,9 +181,12 @@ def _has_mpi4py() -> bool:
 
 def _may_lead_a_ring(env, transport: str) -> bool:
     """Whether this rank may need its endpoint port: the lowest rank of its node in a
-    multi-node job (known up front from the endpoint list when there is one)."""
-    if transport == "ring" or not env.trainer_endpoints:
+    multi-node job (known up front from the endpoint list when there is one, or from this
+    node's endpoints file when the list was too long for the environment)."""
+    if transport == "ring" or not env.planned_endpoints:
         return True
+    if not env.trainer_endpoints:
+        return env.nnodes > 1 and env.rank == min(env.node_endpoints)
     hosts = [envs.split_endpoint(e)[0] for e in env.trainer_endpoints]
     leaders = [hosts.index(h) for h in dict.fromkeys(hosts)]
     return len(leaders) > 1 and env.rank in leaders
