@@ -22,11 +22,12 @@ _CHUNK = 65536
 
 class _Reading:
     """A channel being read: its two streams' consumers and the event set at its end."""
-    __slots__ = ("channel", "out", "err", "end", "done")
+    __slots__ = ("channel", "out", "err", "end", "done", "fd")
 
     def __init__(self, channel, out, err, end):
         self.channel, self.out, self.err, self.end = channel, out, err, end
         self.done = threading.Event()
+        self.fd = -1
 
 
 class ChannelPump:
@@ -68,45 +69,58 @@ class ChannelPump:
     def _loop(self) -> None:
         sel = selectors.DefaultSelector()
         sel.register(self._wake_r, selectors.EVENT_READ)
-        readings: Dict[int, _Reading] = {}
+        readings: Dict[int, _Reading] = {}            # by descriptor
         next_tick = time.monotonic() + TICK
-        while True:
-            timeout = max(0.0, next_tick - time.monotonic())
-            for key, _ in sel.select(timeout):
-                if key.fileobj == self._wake_r:
-                    try:
-                        os.read(self._wake_r, 4096)
-                    except BlockingIOError:
-                        pass
-                    continue
-                reading = key.data
-                if self._drain(reading):
-                    sel.unregister(key.fileobj)
-                    readings.pop(id(reading), None)
-                    self._finish(reading)
-            with self._lock:
-                new, self._new = self._new, []
-            for reading in new:
+
+        def drop(reading: _Reading) -> None:
+            if readings.get(reading.fd) is reading:
+                del readings[reading.fd]
                 try:
-                    fd = reading.channel.fileno()
-                except Exception:
-                    self._finish(reading)
-                    continue
-                sel.register(fd, selectors.EVENT_READ, reading)
-                readings[id(reading)] = reading
-                if self._drain(reading):          # data (or the end) came before we looked
-                    sel.unregister(fd)
-                    readings.pop(id(reading))
-                    self._finish(reading)
-            now = time.monotonic()
-            if now >= next_tick:
-                next_tick = now + TICK
+                    sel.unregister(reading.fd)
+                except (KeyError, ValueError, OSError):
+                    pass
+            self._finish(reading)
+
+        while True:
+            try:                      # the process's only reader: it must never die
+                timeout = max(0.0, next_tick - time.monotonic())
+                for key, _ in sel.select(timeout):
+                    if key.fileobj == self._wake_r:
+                        try:
+                            os.read(self._wake_r, 4096)
+                        except BlockingIOError:
+                            pass
+                        continue
+                    if self._drain(key.data):
+                        drop(key.data)
                 with self._lock:
-                    ticks = list(self._ticks)
-                done = [t for t in ticks if not _safe_tick(t, now)]
-                if done:
+                    new, self._new = self._new, []
+                for reading in new:
+                    try:
+                        reading.fd = reading.channel.fileno()
+                    except Exception:
+                        self._finish(reading)
+                        continue
+                    stale = readings.get(reading.fd)
+                    if stale is not None:   # a channel closed behind our back: its number
+                        drop(stale)         # came back for this one (epoll forgot it)
+                    sel.register(reading.fd, selectors.EVENT_READ, reading)
+                    readings[reading.fd] = reading
+                    if self._drain(reading):      # data (or the end) came before we looked
+                        drop(reading)
+                now = time.monotonic()
+                if now >= next_tick:
+                    next_tick = now + TICK
+                    for reading in [r for r in readings.values() if r.channel.closed]:
+                        drop(reading)             # closed without a last readable event
                     with self._lock:
-                        self._ticks = [t for t in self._ticks if t not in done]
+                        ticks = list(self._ticks)
+                    done = [t for t in ticks if not _safe_tick(t, now)]
+                    if done:
+                        with self._lock:
+                            self._ticks = [t for t in self._ticks if t not in done]
+            except Exception:                     # one channel's trouble: look again
+                time.sleep(0.01)
 
     @staticmethod
     def _drain(reading: _Reading) -> bool:

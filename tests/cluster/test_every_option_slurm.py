@@ -17,6 +17,7 @@ IN_SCRIPT = {
     "--include-bad": "--include-bad",
     "--export": "--env WALK_EXPORTED=yes", "--env-file": "--env WALK_FILE=2",
     "--log-dir": "--log-dir /", "--nodes": "#SBATCH --nodes=1",
+    "--metrics-port": "--metrics-port 0",       # served by the batch job's own launcher
     "--job-name": "#SBATCH --job-name=jn",
     "--python": "/py/python3 -m fluidctl train",
     # the submitting fluidctl follows the job: it echoes the ranks' logs (--tee, --tee-ranks)
@@ -37,6 +38,7 @@ REFUSED = {
     "--show-secrets": walk.refused("--show-secrets only works with --dry-run --json"),
     "--gpus": walk.refused("gres"),     # on to sbatch as --gres, which this Slurm lacks
     "--started-port": walk.refused("under Slurm the ranks choose their endpoints"),
+    "--metrics-host": walk.refused("--metrics-host", "--metrics-port"),
     **{flag: walk.refused(f"{flag} is for jobs on --hostfile/--hosts nodes") for flag in (
         "--ssh-config", "--accept-new-host-keys", "--ssh-timeout", "--remote-dir", "--venv")},
 }
