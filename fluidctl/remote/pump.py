@@ -112,7 +112,8 @@ class ChannelPump:
                 if now >= next_tick:
                     next_tick = now + TICK
                     for reading in [r for r in readings.values() if r.channel.closed]:
-                        drop(reading)             # closed without a last readable event
+                        if self._drain(reading):  # closed without a last readable event:
+                            drop(reading)         # what it still holds is read first
                     with self._lock:
                         ticks = list(self._ticks)
                     done = [t for t in ticks if not _safe_tick(t, now)]
