@@ -77,6 +77,18 @@ def prometheus(tmp_path: Path, target: str, interval: str = "1s"):
         _stop(proc)
 
 
+def stop_job(proc, stop_file: Path, timeout: float = 90) -> None:
+    """End a test job that runs until ``stop_file`` exists (SIGTERM if it has not ended by
+    ``timeout``), and reap it."""
+    import signal
+    stop_file.touch()
+    try:
+        proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+
+
 def _ready(base: str) -> bool:
     try:
         with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as reply:

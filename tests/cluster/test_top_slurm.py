@@ -4,14 +4,13 @@ serves the metrics; `fluidctl top JOBID` finds that dir through the job's record
 job` does, and shows every rank of the two nodes and the rank whose data loader sleeps."""
 import json
 import re
-import signal
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
 from launchutil import default_sigint, wait_for
-from observeutil import wait_until
+from observeutil import stop_job, wait_until
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 STRAGGLE = str(SCRIPTS / "straggle.py")
@@ -54,9 +53,4 @@ def test_top_and_metrics_of_a_submitted_slurm_job(tmp_path, slurm):
         counts = re.findall(r'^fluidctl_step_seconds_count\{[^}]*rank="(\d+)"', text, re.M)
         assert sorted(counts) == ["0", "1", "2", "3"], text[:2000]
     finally:
-        (tmp_path / "STOP").touch()
-        try:
-            proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)
-            proc.communicate(timeout=60)
+        stop_job(proc, tmp_path / "STOP", 120)

@@ -7,14 +7,13 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from launchutil import fluidctl, start_fluidctl, wait_for
-from observeutil import Tmux, wait_until
+from observeutil import Tmux, stop_job, wait_until
 from sshd import SSHNodes
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -116,9 +115,4 @@ def test_top_over_ssh_marks_the_slow_rank_and_the_lost_node(three_nodes, tmp_pat
                    for r in frame["ranks"])
     finally:
         tmux.close()
-        (tmp_path / "STOP").touch()
-        try:
-            proc.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)
-            proc.communicate(timeout=60)
+        stop_job(proc, tmp_path / "STOP", 90)

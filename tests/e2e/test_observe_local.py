@@ -6,15 +6,13 @@ import contextlib
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from launchutil import fluidctl, start_fluidctl, wait_for
-from observeutil import Tmux, metrics_url, prometheus, query, wait_until
+from observeutil import Tmux, metrics_url, prometheus, query, stop_job, wait_until
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 STRAGGLE = str(SCRIPTS / "straggle.py")
@@ -43,12 +41,7 @@ def running_job(tmp_path, *options):
         assert proc.poll() is None, proc.communicate()
         yield proc, log_dir
     finally:
-        (tmp_path / "STOP").touch()
-        try:
-            proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)
-            proc.communicate(timeout=60)
+        stop_job(proc, tmp_path / "STOP", 60)
     last = json.loads((log_dir / "live.json").read_text())     # the launcher's last record
     assert last["ended"] and {r["state"] for r in last["ranks"].values()} <= {"done", "ended"}
     ended = json.loads(fluidctl("top", log_dir, "--once", "--json", cwd=tmp_path, timeout=60,
