@@ -268,3 +268,15 @@ def test_a_backends_footprint_is_the_registry_and_at_most_one_more_file():
 
 if __name__ == "__main__":
     print(measures())
+
+
+def test_test_modules_have_unique_names():
+    """pytest imports test modules by basename (no packages under tests/): two files of one
+    name in two tiers make the whole run's collection fail ("import file mismatch")."""
+    root = Path(__file__).resolve().parents[1]
+    seen = {}
+    for path in sorted(root.rglob("test_*.py")):
+        if "crds" in path.parts or "__pycache__" in path.parts:
+            continue
+        seen.setdefault(path.name, []).append(str(path.relative_to(root)))
+    assert {n: p for n, p in seen.items() if len(p) > 1} == {}
