@@ -43,6 +43,14 @@ def wait_listening(address: str, port: int, proc: subprocess.Popen, deadline: fl
     raise RuntimeError(f"sshd on {address}:{port} not listening after the deadline")
 
 
+def _port_taken(node) -> bool:
+    try:
+        return node.proc.poll() is not None and \
+            "Address already in use" in Path(node.log).read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def keygen(path: Path, comment: str) -> str:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
                    check=True, stdout=subprocess.DEVNULL)
@@ -117,8 +125,19 @@ class SSHNodes:
                 nodes.nodes[alias] = nodes._start_one(alias, address, host_key, authorized,
                                                       sftp)
             deadline = time.monotonic() + 20
-            for node in nodes.nodes.values():
-                wait_listening(node.address, node.port, node.proc, deadline)
+            for alias in list(nodes.nodes):
+                for attempt in range(3):
+                    node = nodes.nodes[alias]
+                    try:
+                        wait_listening(node.address, node.port, node.proc, deadline)
+                        break
+                    except RuntimeError:
+                        # the free port was taken (another test's process) before sshd bound
+                        # it: start this one again on another port
+                        if attempt == 2 or not _port_taken(node):
+                            raise
+                        nodes.nodes[alias] = nodes._start_one(alias, node.address, host_key,
+                                                              authorized, sftp)
         except BaseException:
             nodes.stop()
             raise
