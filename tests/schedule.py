@@ -17,8 +17,8 @@ from typing import List, Sequence
 import pytest
 
 LONGEST = (
-    "tests/cluster/test_hundred_nodes.py::test_a_100_node_job_starts_and_finishes",
-    "tests/cluster/test_hundred_nodes.py::test_the_launchers_threads_stay_bounded_at_100_nodes",
+    "tests/cluster/test_hundred_nodes.py::"
+    "test_a_100_node_job_starts_and_finishes_on_bounded_launcher_threads",
     "tests/e2e/test_walk_failures.py::"
     "test_torch_hang_without_pyspy_has_a_verdict_from_the_flight_recorder_and_one_hint",
     "tests/e2e/test_walk_torchrun.py::test_a_runtime_script_runs_under_torchrun[None]",

@@ -60,6 +60,10 @@ class Requests:
         self.every = 1
         self.next_agreement = 1
         self.last = time.monotonic_ns()
+        # a ``save`` in a request file counts on rank 0 only: each node has its own copy of
+        # the file (relayed), and a node whose copy came after the agreement would start a
+        # second save; a ``stop`` (or a signal) counts on every rank
+        self.rank = getattr(comm, "rank", 0) if comm is not None else 0
         self.seen = None              # the request file last honoured (the launcher removes
                                       # an earlier attempt's before it starts the ranks)
         self.kind = NONE              # the last agreed request
@@ -94,7 +98,8 @@ class Requests:
         key = self._file_key()
         if key is None or key == self.seen:
             return NONE
-        return read_kind(self.path)
+        kind = read_kind(self.path)
+        return NONE if kind == SAVE and self.rank != 0 else kind
 
     # --- the agreement --------------------------------------------------------------------
     def poll(self) -> bool:

@@ -171,3 +171,26 @@ def test_no_sound_checkpoint_among_committed_ones_is_an_error_not_step_0(tmp_pat
     assert "start from step 0" in text
     assert "truncated" in capsys.readouterr().err
     assert ck.load(fresh_if_none_sound=True) is None
+
+
+def test_a_save_file_counts_on_rank_0_only_a_stop_everywhere(tmp_path):
+    """Each node has its own copy of a relayed ``save`` request, arriving when it arrives:
+    were every rank to honour its copy, a node whose copy came after the agreed save would
+    make the job save twice (seen with two ssh nodes). Rank 0's copy decides; a ``stop`` (the
+    job ends after it) counts on every rank."""
+    class Comm:
+        rank = 1
+    path = tmp_path / "checkpoint.request"
+    req = request.Requests(Comm(), 1, {envs.CHECKPOINT_REQUEST: str(path)})
+    try:
+        path.write_text("save fluidctl job checkpoint\n")
+        assert req._file_kind() == request.NONE
+        path.write_text("stop SIGUSR1\n")
+        assert req._file_kind() == request.STOP
+        Comm.rank = 0
+        path.write_text("save fluidctl job checkpoint, again\n")
+        assert request.Requests(Comm(), 1, {envs.CHECKPOINT_REQUEST: str(path)})._file_kind() \
+            == request.SAVE
+    finally:
+        for sig in req.signals:
+            signal.signal(sig, signal.SIG_DFL)
