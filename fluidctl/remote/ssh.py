@@ -284,8 +284,8 @@ class SSHNode:
         self._hops: List[paramiko.SSHClient] = []
         self._sftp: Optional[paramiko.SFTPClient] = None
         self._ping_lock = threading.Lock()
-        self._pending_ping = None          # (monotonic time sent, answered event)
-        self._last_ping = time.monotonic()
+        self._pending_ping = None          # ([monotonic time it went out], answered event)
+        self._last_ping = self._last_look = time.monotonic()
 
     # --- connection -----------------------------------------------------------------------
     def _client_for(self, target: SSHTarget, sock) -> paramiko.SSHClient:
@@ -347,8 +347,10 @@ class SSHNode:
         """Send a keepalive request from a thread; the event is set when the server answers."""
         transport = self.client.get_transport() if self.client else None
         answered = threading.Event()
+        sent = [None]                       # when it really went out (a starved thread: later)
 
         def ping():
+            sent[0] = time.monotonic()
             try:
                 transport.global_request("keepalive@openssh.com", wait=True)
             except Exception:
@@ -356,7 +358,9 @@ class SSHNode:
             answered.set()
         if transport is not None and transport.is_active():
             threading.Thread(target=ping, daemon=True, name=f"ssh-ping-{self.host.name}").start()
-        return answered
+        else:
+            sent[0] = time.monotonic()      # nothing to send on: overdue from now
+        return sent, answered
 
     def responsive(self) -> bool:
         """Non-blocking liveness for polling loops: a keepalive goes out every ``keepalive``
@@ -366,19 +370,26 @@ class SSHNode:
             return True
         now = time.monotonic()
         with self._ping_lock:
+            looked, self._last_look = self._last_look, now
             pending = self._pending_ping
             if pending is not None:
-                sent, answered = pending
+                (sent,), answered = pending
                 if answered.is_set():
                     self._pending_ping = None
-                elif now - sent > self.keepalive:
+                elif now - looked > self.keepalive:
+                    # nobody looked for longer than a keepalive: this process was stopped or
+                    # starved (a loaded machine), and the answer may be waiting behind it; the
+                    # node is not blamed for that, it is asked again
+                    self._pending_ping = None
+                    self._last_ping = now - self.keepalive
+                elif sent is not None and now - sent > self.keepalive:
                     transport = self.client.get_transport()
                     if transport is not None:
                         transport.close()
                     return False
             if self._pending_ping is None and now - self._last_ping >= self.keepalive:
                 self._last_ping = now
-                self._pending_ping = (now, self._ping())
+                self._pending_ping = self._ping()
         return True
 
     def close(self) -> None:
