@@ -72,6 +72,8 @@ class Fault:
     #                                 the end of the job)
     when: float = 0.0
     hit: Tuple[str, ...] = ()
+    step: Optional[int] = None              # the last step rank 0 logged when it was injected
+    #                                         (a busy machine injects it a step or two late)
     detected: Optional[float] = None        # seconds from the fault to "lost" in launch.log
     first_step: Optional[float] = None      # seconds from the fault to the new world's step
 
@@ -146,6 +148,7 @@ def run_elastic(nodes, work: Path, *, node_range: str, faults: List[Fault], step
             for alias in fault.hit:
                 FAULTS[fault.kind](nodes, alias)
             fault.when = time.time()
+            fault.step = last_step(ckpt)
 
             def lost():         # the launcher's first word of it (launch.log)
                 text = launch_log.read_text() if launch_log.exists() else ""

@@ -34,8 +34,13 @@ def test_agent_killed_then_master_node_cut_off_beside_a_node_at_full_cpu(netns_n
     # the contract of each world: restart counts, MASTER_ADDR on a surviving node
     starts = [s.split(" t ")[0] for s in outcome.starts]
     assert starts[0].startswith("start 0 world 3 restart 0 torch 0 master ")
-    assert starts[1].startswith("start 8 world 3 restart 1 torch 1 master ")
-    assert starts[2].startswith("start 20 world 2 restart 2 torch 2 master ")
+    # each new world resumes from the last step done before its fault (injected once step 8,
+    # then 20, was done: a step or so later on a busy machine)
+    for start, fault, world in ((starts[1], outcome.faults[0], "world 3 restart 1 torch 1"),
+                                (starts[2], outcome.faults[1], "world 2 restart 2 torch 2")):
+        step = int(start.split()[1])
+        assert fault.at_step <= step <= fault.step + 1 and \
+            start.startswith(f"start {step} {world} master "), (start, fault.step)
     assert starts[2].endswith(nodes.node("node3").address)
     # the console follows rank 0 to node3, and endpoints.log names the world that ran last
     assert "elastic_train done: 40 steps, world 2" in out
