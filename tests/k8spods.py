@@ -263,7 +263,9 @@ class PodRun:
         only the victim restarted."""
         key = next(k for k in job["spec"] if k.endswith("ReplicaSpecs"))
         assert {s["restartPolicy"] for s in job["spec"][key].values()} == {"OnFailure"}
-        self.start_pod(next(p for p in self.pods if p.name == victim))
+        # the kubelet restarts a failed container after its back-off (10 s the first time:
+        # kubernetes.io, "Container restarts"), by which time its peers' entries have exited;
+        # restarting the victim at once would race the old world's last ranks
         failed = []
         for pod in self.pods:
             if pod.name == victim:
@@ -274,7 +276,8 @@ class PodRun:
                 continue
             if code != 0:
                 failed.append(pod)
-                self.start_pod(pod)
+        for pod in [p for p in self.pods if p.name == victim] + failed:
+            self.start_pod(pod)
         return "group" if len(failed) == len(self.pods) - 1 else "pod"
 
     def kill_pod(self, name: str) -> None:
