@@ -116,7 +116,7 @@ def silent_node_progress(argv, host: str, timeout: int, wait_s: float = 120):
     proc = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1",
-                                 "HOME": str(Path.home())})
+                                 "HOME": str(Path.home()), "FLUIDCTL_STATE_DIR": os.environ["FLUIDCTL_STATE_DIR"]})
     try:
         seen = []
         for line in proc.stderr:        # the command's own --timeout bounds this

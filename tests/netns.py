@@ -144,6 +144,7 @@ class NetnsNodes(SSHNodes):
             "KbdInteractiveAuthentication no\nPubkeyAuthentication yes\nUsePAM no\n"
             "StrictModes no\nPrintMotd no\nAllowTcpForwarding yes\nMaxStartups 50:30:100\n"
             "MaxSessions 50\nClientAliveInterval 0\n"
+            f"SetEnv FLUIDCTL_STATE_DIR={self.workdir / 'state' / alias}\n"   # not ~/.fluidctl
             + ("Subsystem sftp internal-sftp\n" if sftp else ""))
         node.proc = subprocess.Popen([*inside, SSHD, "-D", "-e", "-f", str(conf)],
                                      stdout=subprocess.DEVNULL, stderr=open(node.log, "wb"),

@@ -167,6 +167,8 @@ class SSHNodes:
             "AllowTcpForwarding yes\n"
             "MaxStartups 50:30:100\n"
             "MaxSessions 50\n"
+            # what fluidctl keeps on the node goes to this test's directory, never ~/.fluidctl
+            f"SetEnv FLUIDCTL_STATE_DIR={self.workdir / 'state' / alias}\n"
             + ("Subsystem sftp internal-sftp\n" if sftp else ""))
         log = self.workdir / f"sshd.{alias}.log"
         proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(conf)],

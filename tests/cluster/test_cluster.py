@@ -19,7 +19,7 @@ FLUIDCTL = [sys.executable, "-m", "fluidctl"]
 def fluidctl(*args, timeout=60):
     return subprocess.run([*FLUIDCTL, *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1",
-                                                "HOME": str(Path.home())})
+                                                "HOME": str(Path.home()), "FLUIDCTL_STATE_DIR": os.environ["FLUIDCTL_STATE_DIR"]})
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_exec_ctrl_c_stops_the_command_on_every_node(sshd_nodes, hostfile):
                              "--ssh-config", str(sshd_nodes.config), "--",
                              f"echo started; sleep {marker}; echo not-reached"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+                            env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "FLUIDCTL_STATE_DIR": os.environ["FLUIDCTL_STATE_DIR"]},
                             preexec_fn=default_sigint)
     started = {proc.stdout.readline().strip(), proc.stdout.readline().strip()}
     assert started == {"[node1] started", "[node2] started"}
@@ -181,7 +181,7 @@ def on_terminal(args, columns):
     proc = subprocess.Popen([*FLUIDCTL, *map(str, args)], stdout=sub, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL,
                             env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "TERM": "xterm",
-                                 "COLUMNS": str(columns), "HOME": str(Path.home())})
+                                 "COLUMNS": str(columns), "HOME": str(Path.home()), "FLUIDCTL_STATE_DIR": os.environ["FLUIDCTL_STATE_DIR"]})
     os.close(sub)
     seen = read_terminal(main)
     proc.wait(60)
@@ -323,7 +323,7 @@ def test_train_runs_a_shell_script_of_the_working_directory(sshd_nodes, tmp_path
     (tmp_path / "hi.sh").chmod(0o755)
     base = [*FLUIDCTL, "train", "--hostfile", str(sshd_nodes.hostfile("hosts.one", slots=1)),
             "--ssh-config", str(sshd_nodes.config), "--backend", backend]
-    env = {"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "HOME": str(Path.home())}
+    env = {"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "HOME": str(Path.home()), "FLUIDCTL_STATE_DIR": os.environ["FLUIDCTL_STATE_DIR"]}
     for script in ("hi.sh", "./hi.sh", str(tmp_path / "hi.sh")):
         r = subprocess.run([*base, "--log-dir", str(tmp_path / "logs"), script], cwd=tmp_path,
                            capture_output=True, text=True, timeout=120, env=env)

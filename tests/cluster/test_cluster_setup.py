@@ -25,7 +25,7 @@ PY = f"python{sys.version_info[0]}.{sys.version_info[1]}"
 def fluidctl(*args, timeout=300, env=None):
     return subprocess.run([*FLUIDCTL, *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1",
-                                                "COLUMNS": "250", "HOME": str(Path.home()),
+                                                "COLUMNS": "250", "HOME": str(Path.home()), "FLUIDCTL_STATE_DIR": os.environ["FLUIDCTL_STATE_DIR"],
                                                 **(env or {})})
 
 
@@ -195,7 +195,7 @@ def test_train_runs_with_the_provisioned_environment(cluster, ready, tmp_path, b
                         "--ssh-config", str(cluster["config"]), "--backend", backend,
                         "--venv", str(template), "--log-dir", str(tmp_path / "logs"),
                         "job.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                       env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "NO_COLOR": "1"})
+                       env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "FLUIDCTL_STATE_DIR": os.environ["FLUIDCTL_STATE_DIR"], "NO_COLOR": "1"})
     assert r.returncode == 0, r.stderr + r.stdout
     for rank, host in enumerate(("node1", "node2")):
         log = (tmp_path / "logs" / host / f"workerlog.{rank}").read_text()
@@ -247,7 +247,7 @@ def test_setup_from_a_bare_venv(cluster, tmp_path, version):
                         "--wheelhouse", str(tmp_path / "wheels"), "--system-site-packages",
                         "--no-deps", "--python", f"python{version}"],
                        capture_output=True, text=True, timeout=300,
-                       env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "HOME": str(Path.home())})
+                       env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "HOME": str(Path.home()), "FLUIDCTL_STATE_DIR": os.environ["FLUIDCTL_STATE_DIR"]})
     assert r.returncode == 0, r.stderr + r.stdout
     for host in ("node1", "node2"):
         assert row(r.stdout, host)[5].startswith("ready fluidctl 0.1.0"), r.stdout

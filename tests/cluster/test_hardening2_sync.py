@@ -32,7 +32,7 @@ def workspace(tmp_path):
 
 def sync(sshd_nodes, tmp_path, src, transport):
     path = "/usr/bin:/bin" if transport == "push" else str(tmp_path / "no-ssh-here")
-    env = {"PATH": path, "NO_COLOR": "1", "HOME": str(Path.home())}
+    env = {"PATH": path, "NO_COLOR": "1", "HOME": str(Path.home()), "FLUIDCTL_STATE_DIR": os.environ["FLUIDCTL_STATE_DIR"]}
     argv = [sys.executable, "-m", "fluidctl", "cluster", "sync",
             "--hostfile", str(sshd_nodes.hostfile(f"hosts-{transport}.txt")),
             "--ssh-config", str(sshd_nodes.config),

@@ -88,7 +88,7 @@ def test_sync_without_an_ssh_client_goes_over_sftp(sshd_nodes, workspace, tmp_pa
     """No `ssh` on PATH: the same result through paramiko's SFTP."""
     hostfile = sshd_nodes.hostfile("hosts-fallback.txt")
     remote = tmp_path / "remote" / "{host}"
-    env = {"PATH": str(tmp_path / "empty-bin"), "NO_COLOR": "1", "HOME": str(Path.home())}
+    env = {"PATH": str(tmp_path / "empty-bin"), "NO_COLOR": "1", "HOME": str(Path.home()), "FLUIDCTL_STATE_DIR": os.environ["FLUIDCTL_STATE_DIR"]}
     argv = [sys.executable, "-m", "fluidctl", "cluster", "sync", "--hostfile", str(hostfile),
             "--ssh-config", str(sshd_nodes.config), "--remote-dir", str(remote),
             "--exclude", "*.ckpt", str(workspace)]

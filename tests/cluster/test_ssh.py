@@ -46,6 +46,13 @@ def test_run_streams_lines_with_env_cwd_and_exit_code(node1, tmp_path):
     assert node1.run("exit 0").exit_code == 0
 
 
+def test_a_node_session_keeps_fluidctl_state_out_of_the_home(node1, sshd_nodes):
+    """What fluidctl started on a test node keeps (pserver pid files, ledgers) goes under the
+    test's directory: the node's sshd sets FLUIDCTL_STATE_DIR, as no test may touch ~/.fluidctl."""
+    out = node1.run('printf %s "$FLUIDCTL_STATE_DIR"').stdout
+    assert out.startswith(str(sshd_nodes.workdir)) and ".fluidctl" not in out
+
+
 def running(proc: psutil.Process) -> bool:
     try:
         return proc.status() != psutil.STATUS_ZOMBIE

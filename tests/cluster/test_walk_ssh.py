@@ -1,6 +1,7 @@
 """What a new user met on a third walk (issue 39), on real sshd nodes on loopback: a `.py`
 script missing on the nodes, a quoted command through `cluster exec`, and `cluster check`'s
 report of a failing node."""
+import os
 import socket
 import subprocess
 import sys
@@ -12,8 +13,9 @@ ENV = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "NO_COLOR": "1",
 
 
 def fluidctl(*args, cwd=None, timeout=120):
+    env = {**ENV, "FLUIDCTL_STATE_DIR": os.environ["FLUIDCTL_STATE_DIR"]}   # the run's, set
     return subprocess.run([*FLUIDCTL, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=ENV, cwd=cwd)
+                          timeout=timeout, env=env, cwd=cwd)
 
 
 def test_a_py_script_missing_on_the_nodes_is_one_line_before_start(sshd_nodes, tmp_path):
