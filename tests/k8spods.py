@@ -210,7 +210,8 @@ class PodRun:
         if argv == ["/usr/sbin/sshd", "-De"] and self.sshd:     # the image's sshd
             argv = list(self.sshd)
         env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
-               "LANG": "C.UTF-8", **{k: self._in_pod(v, mounts) for k, v in
+               "LANG": "C.UTF-8", "FLUIDCTL_STATE_DIR": str(self.workdir / "state" / pod.name),
+               **{k: self._in_pod(v, mounts) for k, v in
                                      container_env(container, self.objects, pod).items()},
                **self.extra_env.get(pod.name, {})}
         if env.get("FLUIDCTL_K8S_MESSAGE") == container.get(
