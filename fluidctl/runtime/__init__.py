@@ -160,6 +160,24 @@ class Context:
             raise error
 
 
+def _linger(ctx: "Context") -> None:
+    """Rank 0 leaving without finalize() (an uncaught error, sys.exit): its store is the
+    job's, so keep serving, briefly, until the other ranks have read what they need (the
+    job's first error, which makes every rank's message the same) and disconnected."""
+    server = ctx._server
+    if server is None:
+        return
+    if ctx.store is not None:
+        ctx.store.close()
+        ctx.store = None
+    server.wait_idle(LINGER)
+    server.close()
+    ctx._server = None
+
+
+LINGER = 3.0         # seconds rank 0's store outlives a script that did not finalize, at most
+
+
 def _on_gpu(x) -> bool:
     global _is_cupy
     if _is_cupy is None:
@@ -206,6 +224,9 @@ def init(timeout: Optional[float] = None, transport: str = "auto",
                       f"{what} ({how})", file=sys.stderr, flush=True)
                 raise SystemExit(2) from None
             ctx._server, ctx.store, _ = bootstrap.connect_store(env, ctx.timeout)
+            if ctx._server is not None:
+                import atexit
+                atexit.register(_linger, ctx)
             try:
                 ctx.comm = bootstrap.build(env, ctx.store, ctx.timeout, transport,
                                             os.environ if environ is None else None)

@@ -89,6 +89,11 @@ class Communicator:
         self._small = shm.small if self.transport == "shm" and shm._native is not None else None
         self._smalls = {}                     # (dtype, shape, op) -> _SmallCall or None
 
+    @property
+    def broken(self) -> bool:
+        """A CPU transport is broken (a rank died or left): no exchange can finish."""
+        return any(part is not None and part.broken for part in (self.shm, self.ring))
+
     def close(self) -> None:
         for part in (self.ring, self.shm, self.nccl):
             if part is not None:

@@ -20,6 +20,7 @@ import zlib
 import numpy as np
 
 from fluidctl.runtime.collective import meta
+from fluidctl.runtime.collective.gpuwork import DEAD_PEER
 from fluidctl.runtime.collective.meta import CollectiveError
 
 RING = 64                       # recent calls each rank keeps for naming a divergence
@@ -81,7 +82,15 @@ class CallLog:
         except CollectiveError as exc:
             if str(exc).startswith(meta.DIVERGED):
                 self.diagnose()
-            raise
+            nccl = self.comm.nccl
+            if nccl is None or not self.comm.broken:
+                raise
+            # a rank died or left: its GPU peers' watchdogs may have posted the job's error
+            # already; the first one posted is every rank's
+            if nccl.work.fault is not None:
+                raise CollectiveError(nccl.work.fault) from None
+            message = DEAD_PEER if nccl._dead_peers() else str(exc)
+            raise CollectiveError(nccl.trip(message)) from None
 
     def verify(self) -> None:
         """Compare the hash of every call so far on every rank (a 4-number allreduce that

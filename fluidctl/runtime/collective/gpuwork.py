@@ -22,6 +22,9 @@ from fluidctl.runtime.collective.meta import CollectiveError
 
 CUDA_NOT_READY = 600          # cudaErrorNotReady: what cudaEventQuery says of pending work
 DEPTH = 64
+# what a rank whose metadata exchange broke says when a same-node peer died (its watchdog may
+# name the collective instead: the first rank's words are every rank's)
+DEAD_PEER = "the GPU collectives in flight cannot finish"
 
 
 class InFlight:
