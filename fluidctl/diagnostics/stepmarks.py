@@ -45,6 +45,8 @@ class Marks:
         self.slots = memoryview(self._map).cast("q")
         self.slots[st.PEER] = -1
         self.slots[st.SOURCE] = source
+        # the data loader's time goes where the reader sees it with the matching COUNT
+        self.data_slot = st.DATA_LIVE if source == st.FLIGHT_RECORDER else st.DATA
 
     def mark(self, seq: int, ns: int) -> None:
         """Collective ``seq`` reached at ``ns`` (epoch). The pair's seq is cleared while its
@@ -119,7 +121,7 @@ def time_next(cls) -> None:
         finally:
             marks = _marks
             if marks is not None:
-                marks.slots[st.DATA] += _now() - began
+                marks.slots[marks.data_slot] += _now() - began
     __next__._fluidctl_timed = True         # type: ignore[attr-defined]
     cls.__next__ = __next__
 
@@ -188,8 +190,10 @@ def _torch_main() -> None:
     while marks is not None and not _halt.wait(POLL - time.time() % POLL):
         if not dist.is_initialized():
             return
+        data = marks.slots[st.DATA_LIVE]           # before the dump: no later than its marks
         entries = dump()
         newest = mark_new(marks, entries, newest)
+        marks.slots[st.DATA] = data
         answered = records.answer(diag, rank, entries, answered)   # a hang report asks
         marks = _marks
 

@@ -142,6 +142,29 @@ def test_a_runtime_rank_keeps_its_own_times_over_marks(tmp_path):
         stepmarks._failed, stepmarks._halt = False, type(stepmarks._halt)()
 
 
+@pytest.mark.parametrize("source, shown_at_once", [(st.FLIGHT_RECORDER, False),
+                                                   (st.MARKERS, True)])
+def test_data_time_is_read_with_the_collectives_it_came_with(tmp_path, source, shown_at_once):
+    """A Flight Recorder page's data time becomes visible when its dump marks the collectives
+    of the same moment: a dump late under load must not spread one window's data over more
+    collectives (a slow data loader then read as slow compute). Backward marks are written
+    as they happen, and so is their data time."""
+    class Loader:
+        def __next__(self):
+            return 1
+    stepmarks.time_next(Loader)
+    diag = DiagDir(tmp_path)
+    stepmarks._marks = marks = stepmarks.Marks(diag, 0, source)
+    try:
+        next(Loader())
+        assert (st.read_all(diag)[0].data > 0) == shown_at_once
+        if source == st.FLIGHT_RECORDER:
+            marks.slots[st.DATA] = marks.slots[st.DATA_LIVE]      # what the dump loop does
+        assert st.read_all(diag)[0].data > 0
+    finally:
+        stepmarks._marks = None
+
+
 @pytest.mark.parametrize("given, entries", [(":{u}", ["", "{u}"]), ("{u}::", ["{u}", "", ""]),
                                             ("", []), (None, [])])
 def test_rank_env_keeps_empty_pythonpath_entries(tmp_path, given, entries):
