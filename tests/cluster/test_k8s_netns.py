@@ -146,7 +146,10 @@ def test_torch_ddp_in_pytorchjob_pods(netns_nodes, tmp_path, monkeypatch):
     found = re.findall(r"torch rank (\d)/2 .*allreduce 3\.0 weights (\[.*\])",
                        "".join(out for _, out in results.values()))
     here = re.findall(r"torch rank (\d)/2 .*allreduce 3\.0 weights (\[.*\])", stdout)
-    assert sorted(found) == sorted(here) and len(found) == 2
+    # DDP keeps every rank's weights equal. Locally, one rank's gloo abort at exit may end the
+    # job before the other's line is out, so the reference is whichever lines it printed.
+    assert len(found) == 2 and len({w for _, w in found}) == 1, found
+    assert here and set(here) <= set(found), (here, found)
 
 
 RESUME_STEPS = 12

@@ -14,8 +14,8 @@ from launchutil import ROOT
 
 TROUBLE = ROOT / "tests" / "scripts" / "trouble.py"
 HOGS = 4
-COMPUTE_RUNS = 6
-WOKEN_RUNS = 8
+COMPUTE_RUNS = 3                # 30 s of silent computing looked at every second
+WOKEN_RUNS = 4
 
 C_SLEEP = ROOT / "tests" / "scripts" / "c_sleep_rank.py"
 
