@@ -6,7 +6,9 @@ watched by a third, so 1,000 nodes held 3,000 threads besides paramiko's own tra
 per connection. Here one thread waits on every channel at once (a paramiko ``Channel`` gives a
 descriptor that turns readable when either stream has data or the channel closes), hands the
 bytes to the channel's line splitters, and calls each registered ``tick`` every
-``TICK`` seconds (heartbeat and end checks). Callbacks run on this thread: they must not block.
+``TICK`` seconds (heartbeat and end checks), and at once when a channel ends or its exit
+status comes (a job's last agent exiting is noticed then, not up to a tick later). Callbacks run on this thread: they must
+not block.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ class ChannelPump:
         self._lock = threading.Lock()
         self._new: List[_Reading] = []
         self._ticks: List[Callable[[float], bool]] = []
+        self._urgent = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -58,6 +61,11 @@ class ChannelPump:
         """Call ``tick(now)`` every TICK seconds until it returns False."""
         with self._lock:
             self._ticks.append(tick)
+        self._wake()
+
+    def poke(self) -> None:
+        """Run the ticks now (a channel's exit status came: its end check need not wait)."""
+        self._urgent = True
         self._wake()
 
     def _wake(self) -> None:
@@ -93,6 +101,7 @@ class ChannelPump:
                         continue
                     if self._drain(key.data):
                         drop(key.data)
+                        next_tick = 0.0   # an end: the end checks run now, not a tick later
                 with self._lock:
                     new, self._new = self._new, []
                 for reading in new:
@@ -109,6 +118,8 @@ class ChannelPump:
                     if self._drain(reading):      # data (or the end) came before we looked
                         drop(reading)
                 now = time.monotonic()
+                if self._urgent:
+                    self._urgent, next_tick = False, 0.0
                 if now >= next_tick:
                     next_tick = now + TICK
                     for reading in [r for r in readings.values() if r.channel.closed]:

@@ -87,3 +87,23 @@ def test_many_channels_in_turn_each_read_to_their_end():
         assert done.wait(10), n
         assert b"".join(got) == b"line %d" % n
         channel.close()
+
+
+def test_a_channels_end_and_an_exit_status_run_the_end_checks_at_once(monkeypatch):
+    """A job's last agent exiting is seen then, not up to a tick later: with ticks 30 s apart,
+    the end checks still run within seconds of a channel's end, and of a poke (what paramiko's
+    exit-status request does, fluidctl/remote/ssh.py)."""
+    from fluidctl.remote import pump as pump_module
+    monkeypatch.setattr(pump_module, "TICK", 30.0)
+    pump = ChannelPump()
+    checked = threading.Event()
+    pump.every_tick(lambda now: checked.set() or True)
+    channel = PipeChannel()
+    _, done = _read(pump, channel)
+    assert not checked.wait(0.3)                  # no tick yet: they are 30 s apart
+    channel.finish()
+    assert done.wait(10) and checked.wait(5), "the end checks waited for the next tick"
+    checked.clear()
+    pump.poke()
+    assert checked.wait(5), "a poke did not run the end checks"
+    channel.close()
