@@ -24,6 +24,11 @@ time.sleep(600)
 """
 
 
+def _sleeping(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
 def test_40_8_ranks_woken_and_ended_by_the_stack_signal_keep_their_state(tmp_path,
                                                                            monkeypatch):
     monkeypatch.setenv("FLUIDCTL_PYSPY", "")            # the faulthandler signal, not py-spy
@@ -37,7 +42,8 @@ def test_40_8_ranks_woken_and_ended_by_the_stack_signal_keep_their_state(tmp_pat
                                        str(diag.stack(rank))]))
     try:
         deadline = time.monotonic() + 30
-        while not all(os.path.exists(f"{diag.stack(r)}.ready") for r in (0, 1)):
+        while not all(os.path.exists(f"{diag.stack(r)}.ready") and _sleeping(p.pid)
+                      for r, p in zip((0, 1), procs)):       # in their sleep, not just ready
             assert time.monotonic() < deadline, "the ranks did not start"
             time.sleep(0.02)
         dump = take_stacks([Target(r, p.pid, "n", f"trainer {r}") for r, p in
