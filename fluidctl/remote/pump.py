@@ -7,8 +7,8 @@ per connection. Here one thread waits on every channel at once (a paramiko ``Cha
 descriptor that turns readable when either stream has data or the channel closes), hands the
 bytes to the channel's line splitters, and calls each registered ``tick`` every
 ``TICK`` seconds (heartbeat and end checks), and at once when a channel ends or its exit
-status comes (a job's last agent exiting is noticed then, not up to a tick later). Callbacks run on this thread: they must
-not block.
+status comes (a job's last agent exiting is noticed then, not up to a tick later). Callbacks
+run on this thread: they must not block.
 """
 from __future__ import annotations
 
@@ -174,6 +174,12 @@ def _safe_tick(tick: Callable[[float], bool], now: float) -> bool:
 
 _pump: Optional[ChannelPump] = None
 _pump_lock = threading.Lock()
+
+
+def poke() -> None:
+    """Run the pump's end checks now, if the process has a pump."""
+    if _pump is not None:
+        _pump.poke()
 
 
 def pump() -> ChannelPump:

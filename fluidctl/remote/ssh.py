@@ -147,9 +147,8 @@ def _handle_channel_request(channel: paramiko.Channel, m: paramiko.Message) -> N
     m.packet.seek(start)
     paramiko.Channel._handle_request(channel, m)
     if channel.status_event.is_set():     # the command ended: the pump's end checks run now
-        from fluidctl.remote import pump
-        if pump._pump is not None:
-            pump._pump.poke()
+        from fluidctl.remote.pump import poke
+        poke()
 
 
 def record_exit_signals(transport: paramiko.Transport) -> None:

@@ -189,7 +189,7 @@ _is_cupy = None           # collective._is_cupy, once the collectives are loaded
 
 
 def _broken(comm) -> bool:
-    return any(getattr(part, "broken", None) for part in (comm.shm, comm.ring, comm.nccl))
+    return comm.broken or bool(comm.nccl is not None and comm.nccl.broken)
 
 
 def init(timeout: Optional[float] = None, transport: str = "auto",

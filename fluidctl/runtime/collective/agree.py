@@ -87,10 +87,8 @@ class CallLog:
                 raise
             # a rank died or left: its GPU peers' watchdogs may have posted the job's error
             # already; the first one posted is every rank's
-            if nccl.work.fault is not None:
-                raise CollectiveError(nccl.work.fault) from None
             message = DEAD_PEER if nccl._dead_peers() else str(exc)
-            raise CollectiveError(nccl.trip(message)) from None
+            raise CollectiveError(nccl.first_error(message)) from None
 
     def verify(self) -> None:
         """Compare the hash of every call so far on every rank (a 4-number allreduce that

@@ -534,8 +534,11 @@ class NcclTransport:
                 print(f"fluidctl: rank {self.rank}: ncclCommAbort: {exc}", file=sys.stderr)
         return message
 
+    def first_error(self, message: str, post: bool = True) -> str:
+        """The job's first error, the same on every rank: this rank's sticky fault if it has
+        one, else ``message`` tripped (posted, the communicator aborted)."""
+        return self.work.fault if self.work.fault is not None else self.trip(message, post)
+
     def _fail(self, message: str, post: bool = True):
         """Abort the communicator and raise the job's first error, the same on every rank."""
-        if self.work.fault is not None:
-            raise CollectiveError(self.work.fault)
-        raise CollectiveError(self.trip(message, post))
+        raise CollectiveError(self.first_error(message, post))
