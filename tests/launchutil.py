@@ -13,6 +13,19 @@ BEHAVE = str(ROOT / "tests" / "scripts" / "behave.py")
 TEMPLATES = ROOT / "templates"
 
 
+# Open MPI across two "nodes" that are one host (loopback sshd at 127.0.0.2 and .3). A real
+# cluster needs none of these:
+# - btl tcp,self: the shared-memory transport collides between two daemons of one host;
+# - coll ^han: HAN's MPI_Barrier across the two aliases hangs, even under plain mpirun;
+# - ranks' TCP (btl) over lo only, daemons' (oob) off 198.18.0.0/15: by default Open MPI uses
+#   every interface, and the netns tests add and remove bridges with 198.18 addresses on this
+#   host while other tests run; a rank bound to an address that then vanished failed in bind()
+#   or hung in its first message (1 run in 3 with a bridge flapping beside the test, 0 in 16
+#   with these). PRRTE refuses lo for its daemons, hence the exclusion.
+ONE_HOST_MPI_ENV = {"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_coll": "^han",
+                    "OMPI_MCA_btl_tcp_if_include": "lo", "PRTE_MCA_oob_tcp_if_exclude": "198.18.0.0/15"}
+
+
 def fluidctl(*args, cwd, env=None, timeout=120, check=None):
     """Run ``python -m fluidctl ARGS`` and return the CompletedProcess (text)."""
     full_env = dict(os.environ)

@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from launchutil import ONE_HOST_MPI_ENV
 from launchutil import table_row as row
 
 FLUIDCTL = [sys.executable, "-m", "fluidctl"]
@@ -213,7 +214,7 @@ def test_train_backend_mpi_runs_with_the_provisioned_environment(cluster, ready,
                         "--ssh-config", str(cluster["config"]), "--venv", venv,
                         "--log-dir", str(tmp_path / "logs"), "job.py"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "NO_COLOR": "1", "OMPI_MCA_btl": "tcp,self"})
+                       env={**os.environ, "NO_COLOR": "1", **ONE_HOST_MPI_ENV})
     assert r.returncode == 0, r.stderr + r.stdout
     log = (tmp_path / "logs" / "workerlog.0").read_text()
     assert f"rank 0 python {venv}/bin/python tinyreq 1.0" in log, log

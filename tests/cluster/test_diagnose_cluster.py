@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from launchutil import fluidctl, start_fluidctl, wait_for
+from launchutil import ONE_HOST_MPI_ENV, fluidctl, start_fluidctl, wait_for
 from troubleutil import IDLE, LOADER, RAISE, STUCK, TROUBLE, hang_dir
 
 # --- over SSH: two sshd nodes on 127.0.0.2 and 127.0.0.3, two ranks each ---------------------
@@ -147,8 +147,7 @@ def test_hang_under_mpirun_over_two_ssh_nodes(tmp_path, sshd_nodes):
                     sshd_nodes.hostfile("h", slots=2), "--ssh-config", sshd_nodes.config,
                     "--hang-timeout", 5, "--log-dir", tmp_path / "log", TROUBLE, "stuck",
                     cwd=tmp_path, timeout=180,
-                    env={"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_coll": "^han",
-                         "FLUIDCTL_PYSPY": ""})
+                    env={**ONE_HOST_MPI_ENV, "FLUIDCTL_PYSPY": ""})
     assert proc.returncode == 124, proc.stderr
     assert f"ranks 0,2,3 wait in allreduce at trouble.py:{STUCK}" in proc.stderr, proc.stderr
     assert f"rank 1 is in load_batch at trouble.py:{LOADER}" in proc.stderr

@@ -15,7 +15,7 @@ import pytest
 
 from fluidctl.backends.mpi import launcher as mpi
 from fluidctl.planning.hosts import parse_hosts_arg
-from launchutil import ROOT, fluidctl
+from launchutil import ONE_HOST_MPI_ENV, ROOT, fluidctl
 
 MPIRUN = mpi.find_mpirun()
 FLUIDCTL = str(Path(sys.executable).parent / "fluidctl")
@@ -97,10 +97,8 @@ def test_an_mpi_program_that_cannot_keep_the_world_is_refused(tmp_path):
 
 
 def test_two_ssh_nodes_every_path_sees_the_same_world(sshd_nodes, tmp_path):
-    """Two "nodes" that are one host: Open MPI 5 needs its TCP transport (btl tcp,self: the
-    shared-memory one collides between the two daemons) and its HAN collectives off (with HAN,
-    MPI_Barrier across the 127.0.0.2/.3 aliases hangs even under plain ``mpirun python``). A
-    real cluster needs neither; see README."""
+    """Two "nodes" that are one host, so Open MPI runs with ONE_HOST_MPI_ENV (tests/launchutil.py
+    says why); a real cluster needs none of it."""
     hosts = list(parse_hosts_arg("node1:2,node2:2"))
     hostfile = mpi.write_hostfile(hosts, tmp_path / "hostfile")
 
@@ -109,8 +107,8 @@ def test_two_ssh_nodes_every_path_sees_the_same_world(sshd_nodes, tmp_path):
         out.mkdir()
         cmd = mpi.command([*argv, SHAPES_PY, str(out), *SHAPES], 4, hosts=hosts,
                           hostfile=str(hostfile), ssh_config=str(sshd_nodes.config),
-                          env_names=mpi.export_names({}), extra=["--mca", "btl", "tcp,self", "--mca", "coll", "^han"])
-        proc = subprocess.run(cmd, env=mpi.environment({}), capture_output=True, text=True,
+                          env_names=mpi.export_names({}))
+        proc = subprocess.run(cmd, env=mpi.environment(ONE_HOST_MPI_ENV), capture_output=True, text=True,
                               timeout=180)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return results(out, 4)
@@ -124,7 +122,7 @@ def test_two_ssh_nodes_every_path_sees_the_same_world(sshd_nodes, tmp_path):
     (tmp_path / "train").mkdir()
     res = fluidctl("train", "--backend", "mpi", "--hostfile", sshd_nodes.hostfile("h", slots=2),
                    "--ssh-config", sshd_nodes.config, SHAPES_PY, tmp_path / "train", *SHAPES,
-                   cwd=tmp_path, timeout=180, env={"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_coll": "^han"})
+                   cwd=tmp_path, timeout=180, env=ONE_HOST_MPI_ENV)
     assert res.returncode == 0, res.stdout + res.stderr
     assert results(tmp_path / "train", 4) == expected
 

@@ -10,6 +10,7 @@ import pytest
 
 from fluidctl.backends.mpi import launcher as mpi
 from fluidctl.planning.hosts import parse_hosts_arg
+from launchutil import ONE_HOST_MPI_ENV
 
 MPIRUN = mpi.find_mpirun()
 FLUIDCTL = str(Path(sys.executable).parent / "fluidctl")
@@ -130,14 +131,11 @@ def test_mpirun_over_two_ssh_nodes_uses_the_addresses_they_were_reached_at(sshd_
     hostfile = mpi.write_hostfile(hosts, tmp_path / "hostfile")
     cmd = mpi.command(mpi.worker_argv(str(script)), 4, hosts=hosts, hostfile=str(hostfile),
                       ssh_config=str(sshd_nodes.config),
-                      env_names=mpi.export_names({}),
-                      # two "nodes" on one machine: Open MPI's shared-memory transport between
-                      # their daemons collides (crashes or hangs now and then); use TCP
-                      extra=["--mca", "btl", "tcp,self"])
+                      env_names=mpi.export_names({}))
     if mpi.wheel_prefix(MPIRUN):       # the wheel's daemons are not on the nodes' PATH
         assert cmd[cmd.index("--prefix") + 1] == sys.prefix
-    proc = subprocess.run(cmd, env=mpi.environment({}), capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(cmd, env=mpi.environment(ONE_HOST_MPI_ENV), capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     got = contracts(proc.stdout)
     assert [c["rank"] for c in got] == [0, 1, 2, 3]

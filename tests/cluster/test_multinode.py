@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
-from launchutil import (BEHAVE, TEMPLATES, assert_all_gone, fluidctl, read_pids, start_fluidctl,
-                        wait_for)
+from launchutil import (BEHAVE, ONE_HOST_MPI_ENV, TEMPLATES, assert_all_gone, fluidctl,
+                        read_pids, start_fluidctl, wait_for)
 
 HELLO = TEMPLATES / "hello.py"
 
@@ -206,11 +206,9 @@ def test_mpi_backend_fails_fast(tmp_path):
 
 @needs_mpi
 def test_mpi_backend_over_the_ssh_nodes(tmp_path, sshd_nodes, hosts):
-    # both "nodes" are this machine: Open MPI's shared-memory transport between two daemons of
-    # one machine hangs now and then, so the ranks talk TCP here (real clusters need nothing)
     res = fluidctl("train", "--backend", "mpi", "--hostfile", hosts, *ssh(sshd_nodes),
                    "--tee", "all", HELLO, cwd=tmp_path, timeout=180,
-                   env={"OMPI_MCA_btl": "tcp,self"})
+                   env=ONE_HOST_MPI_ENV)
     assert res.returncode == 0, res.stdout + res.stderr
     ranks = sorted(re.findall(r"rank (\d)/4 ", res.stdout))
     assert ranks == ["0", "1", "2", "3"], res.stdout
