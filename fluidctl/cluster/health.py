@@ -35,6 +35,11 @@ from fluidctl.remote.ssh import (DEFAULT_TIMEOUT, NODE_LOST, ConnectionLost, con
                                  parallel, shell_command)
 
 THRESHOLD = 0.5                 # an outlier measures under half its peers' median
+# Figures that vary more than that on healthy hardware get a lower bar (a factor of THRESHOLD).
+# Disk write speed: 8 MiB written and fsync'd waits on the file system's journal, which every
+# other writer of the machine shares; healthy nodes measured 0.49x their peers' median through
+# three measurements beside a busy neighbour. A disk under a quarter of its peers' is named.
+SLACK: Dict[str, float] = {"write_mbps": 0.5}
 CPU_SECONDS = 0.25              # GEMM per node per round (several CFS periods: a quota shows)
 MEM_SECONDS = 0.1               # memory copies per node per round
 CPU_ROUNDS = 1                  # rounds over the nodes; each node keeps its best
@@ -179,6 +184,11 @@ class Probe:
 
 
 # --- comparing ---------------------------------------------------------------------------
+def bar(key: str, threshold: float = THRESHOLD) -> float:
+    """The fraction of the peers' median under which ``key`` names a node."""
+    return threshold * SLACK.get(key, 1.0)
+
+
 def compare(nodes: Sequence[NodeHealth], threshold: float = THRESHOLD) -> None:
     """Fill each node's ``medians`` and ``outliers`` from its figures and its peers'."""
     for node in nodes:
@@ -192,7 +202,7 @@ def compare(nodes: Sequence[NodeHealth], threshold: float = THRESHOLD) -> None:
             median = statistics.median(p.figures[key] for p in have if p is not node)
             node.medians[key] = median
             value = node.figures[key]
-            if median > 0 and value < threshold * median and key not in node.cleared:
+            if median > 0 and value < bar(key, threshold) * median and key not in node.cleared:
                 node.outliers.append(f"{node.host}: {label} {show(key, value)}, "
                                      f"{ratio(value / median)}x the peers' median "
                                      f"{show(key, median).split(' ')[0]}")
@@ -206,7 +216,7 @@ def suspects(nodes: Sequence[NodeHealth], keys: Sequence[str],
 
 def _low(node: NodeHealth, keys: Sequence[str], threshold: float) -> List[str]:
     return [k for k in keys if k in node.figures and k not in node.cleared
-            and node.medians.get(k) and node.figures[k] < threshold * node.medians[k]]
+            and node.medians.get(k) and node.figures[k] < bar(k, threshold) * node.medians[k]]
 
 
 def confirm_suspects(nodes: Sequence[NodeHealth], remeasure: Callable[[str, bool], dict],
@@ -234,7 +244,7 @@ def confirm_suspects(nodes: Sequence[NodeHealth], remeasure: Callable[[str, bool
                 continue
             theirs = remeasure(peers[i % len(peers)].host, False) or {}
             node.cleared += [k for k in low if k in mine and theirs.get(k)
-                             and mine[k] >= threshold * theirs[k]]
+                             and mine[k] >= bar(k, threshold) * theirs[k]]
 
 
 def ring_rounds(count: int) -> List[List[Tuple[int, int]]]:

@@ -75,6 +75,26 @@ class _Busy:
         return fresh
 
 
+def test_a_disk_at_half_its_peers_speed_is_no_outlier_at_a_quarter_it_is():
+    """fsync'd writes wait on a journal the machine's other writers share: healthy nodes
+    measured 0.49x their peers' median beside a busy neighbour (and were left out of a job);
+    disk write speed is named under a quarter of the median, every other figure under half."""
+    nodes = [health.NodeHealth(f"node{k}", figures={"write_mbps": 1000.0, "mem_gbps": 20.0})
+             for k in range(1, 6)]
+    nodes[1].figures["write_mbps"] = 480.0
+    nodes[2].figures["write_mbps"] = 240.0
+    nodes[3].figures["mem_gbps"] = 9.6
+    health.compare(nodes)
+    assert [n.host for n in nodes if not n.ok] == ["node3", "node4"]
+    assert nodes[2].outliers == ["node3: disk write 240 MB/s, 0.24x the peers' median 1000"]
+    peer = {"write_mbps": 1000.0}
+    assert health.suspects(nodes, ("write_mbps",)) == [nodes[2]]
+    health.confirm_suspects(nodes, lambda host, keep: {"write_mbps": 300.0} if host == "node3"
+                            else peer, ("write_mbps",))
+    health.compare(nodes)
+    assert "write_mbps" in nodes[2].cleared and nodes[2].ok     # 0.3x a peer beside it
+
+
 def test_40_13_a_node_as_fast_as_a_peer_measured_beside_it_is_no_outlier():
     """Four identical nodes; node3's memory bandwidth measured 0.49x the median in a busy
     moment that lasts through its re-measurements. Measured beside a peer, it is as fast as
