@@ -182,6 +182,7 @@ class NcclTransport:
         self.rank, self.n, self.timeout = ctx.rank, ctx.world_size, ctx.timeout
         self.device = device
         self.broken = False
+        self._tripping = threading.Lock()   # one trip per rank (see trip)
         self.comm = None
         self._peers = self._local_peers()
         self._runtime_error = cupy.cuda.runtime.CUDARuntimeError
@@ -513,7 +514,16 @@ class NcclTransport:
 
     def trip(self, message: str, post: bool = True) -> str:
         """Make ``message`` the job's error (the first rank's wins, so every rank raises the
-        same one), abort the communicator and set the sticky fault. Any thread."""
+        same one), abort the communicator and set the sticky fault. Any thread: the caller's
+        and the watchdog often see one death at once, and one trip each would post twice and
+        wait on the store for each other (the store client serves one request at a time), each
+        rank then raising its own words. So one trips, and the other raises its result."""
+        with self._tripping:
+            if self.work.fault is not None:
+                return self.work.fault
+            return self._trip(message, post)
+
+    def _trip(self, message: str, post: bool) -> str:
         dead = self._dead_peers() if post else []
         if dead:
             message = f"{'; '.join(dead)}: {message}"
