@@ -184,8 +184,9 @@ class ElasticMembers:
                     continue            # still frozen, cut or down (or behind a proxy)
                 _, agents, failures = self._start([self.by_name[name]])
                 if failures or stop.is_set():
-                    for agent in agents:
-                        agent.abandon()
+                    for agent in agents:        # None where a node failed to start one
+                        if agent is not None:
+                            agent.abandon()
                     continue
                 self.standby[name] = agents[0]
                 del self.lost[name]

@@ -187,6 +187,7 @@ class SSHLauncher(BaseLauncher):
                                    timeout=config.ssh_timeout, ports_wanted={},
                                    launch_log=self.log, nodes=self.connected,
                                    venv=config.node_venv)[1]
+        from fluidctl.remote.ssh import NODE_LOST
         handles = []
         for i, agent in enumerate(self.agents):
             procs = plan.on_node(i)
@@ -198,7 +199,10 @@ class SSHLauncher(BaseLauncher):
                                marker=self.marker)
             share.beat = self.beat
             share.checkpoint_signal = config.checkpoint_signal
-            agent.send_plan(share, procs)
+            try:
+                agent.send_plan(share, procs)
+            except NODE_LOST as exc:    # lost since it was chosen: the supervisor sees it so
+                agent.declare_lost(f"its connection closed before it got its plan ({exc})")
             handles.append(agent)
         self.running = handles
         if self.members is not None:
