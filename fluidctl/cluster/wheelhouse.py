@@ -81,14 +81,35 @@ def source_root() -> Optional[Path]:
     return root if any((root / name).is_file() for name in SOURCE_FILES) else None
 
 
+def _source_files(root: Path) -> List[Path]:
+    """Every file a wheel of the checkout is built from: the build's own files, README.md
+    (setup.cfg's long_description), bin/ (its scripts) and the package, without bytecode or
+    a built native module (the wheel is pure)."""
+    files = [root / n for n in (*SOURCE_FILES, "README.md") if (root / n).is_file()]
+    for top in ("bin", "fluidctl"):
+        for dirpath, dirs, names in os.walk(root / top):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            files += [Path(dirpath) / n for n in sorted(names)
+                      if not n.endswith((".pyc", ".so"))]
+    return files
+
+
+def _source_copy(root: Path, dest: Path) -> Path:
+    """The checkout's build files copied to ``dest``: pip builds a source tree in place
+    (setuptools writes build/ and fluidctl.egg-info into it), so a build in the checkout
+    itself raced any other build or ``pip install -e`` of it (ENOENT mid-build) and left
+    those directories in the user's tree."""
+    for path in _source_files(root):
+        target = dest / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    return dest
+
+
 def _source_digest(root: Path) -> str:
     """Content of every file a wheel of the checkout is built from."""
     digest = hashlib.sha256()
-    files = [root / n for n in SOURCE_FILES if (root / n).is_file()]
-    for dirpath, dirs, names in os.walk(root / "fluidctl"):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        files += [Path(dirpath) / n for n in sorted(names) if not n.endswith(".pyc")]
-    for path in files:
+    for path in _source_files(root):
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -284,8 +305,12 @@ def build(path: Path, requirements: Optional[Path] = None, no_deps: bool = False
         if root:            # with build isolation: a fresh venv's setuptools has no bdist_wheel
             # pure: without the native module (nodes may run other Pythons; they use the
             # Python path of same-node collectives)
-            _pip(["wheel", "-q", "--no-deps", "-w", str(tmp), str(root)],
-                 f"pip wheel {root}", env={**os.environ, envs.PURE_WHEEL: "1"})
+            src = _source_copy(root, tmp.parent / f".{path.name}.src-{os.getpid()}")
+            try:
+                _pip(["wheel", "-q", "--no-deps", "-w", str(tmp), str(src)],
+                     f"pip wheel of {root}", env={**os.environ, envs.PURE_WHEEL: "1"})
+            finally:
+                shutil.rmtree(src, ignore_errors=True)
         else:
             pack_installed(tmp)
         own = sorted(tmp.glob("fluidctl-*.whl"))

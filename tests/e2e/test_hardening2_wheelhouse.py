@@ -93,3 +93,20 @@ def test_27_7_a_failed_build_shows_pip_s_real_error_line(tmp_path):
     if proc.returncode == 0:
         pytest.skip("this venv's setuptools builds wheels without the 'wheel' package")
     assert pip_error(proc.stderr + proc.stdout) == "error: invalid command 'bdist_wheel'"
+
+
+def test_the_wheel_is_built_from_a_copy_and_the_checkout_is_left_as_it_was(tmp_path):
+    """pip builds a source tree in place (setuptools writes build/ and fluidctl.egg-info into
+    it): built in the checkout itself, setup raced any other build or `pip install -e` of that
+    checkout (ENOENT in test_setup_from_a_bare_venv beside its twin) and left build/ there."""
+    import os
+    import shutil
+    checkout = tmp_path / "checkout"
+    shutil.copytree(WT, checkout, ignore=shutil.ignore_patterns(
+        ".git", "build", "*.egg-info", "__pycache__", "*.so", "tests", "bench", "docs",
+        "demo*", "templates"))
+    python = venv(tmp_path / "v", "-e", str(checkout), "--no-deps")
+    before = sorted(os.listdir(checkout))
+    result = build_in(python, tmp_path)
+    assert result.get("wheels") == ["fluidctl-0.1.0-py3-none-any.whl"], result
+    assert sorted(os.listdir(checkout)) == before and "build" not in before, before
