@@ -8,7 +8,6 @@ submitted Slurm jobs are recorded. No other module assembles these paths.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 
@@ -419,7 +418,6 @@ class DiagDir(NamedTuple):
         return made
 
     OWNER = "owner"             # "<pid> <start time> <pid namespace>" of the creator
-    ABANDONED_S = 600           # an empty directory this old has no creator coming back
 
     @classmethod
     def sweep_dead(cls, where: Path) -> List[str]:
@@ -427,12 +425,9 @@ class DiagDir(NamedTuple):
         killed with SIGKILL along with its watchdog leaves its directory in /dev/shm, in
         memory until reboot). Only directories of this user whose owner record names a
         process of this pid namespace that no longer runs (or whose pid was reused); one
-        without an owner record is being made, or not ours to judge, and stays, unless it is
-        empty and older than ABANDONED_S (its creator died between making it and writing its
-        owner record, a microsecond apart): ``rmdir`` removes only an empty one."""
+        without an owner record is being made, or not ours to judge, and stays."""
         import shutil
         gone = []
-        now = time.time()
         try:
             names = [n for n in os.listdir(where) if n.startswith("fluidctl_diag.")]
         except OSError:
@@ -441,28 +436,15 @@ class DiagDir(NamedTuple):
         for name in names:
             path = Path(where) / name
             try:
-                made = os.lstat(path)
-                if made.st_uid != uid:
+                if os.lstat(path).st_uid != uid:
                     continue
                 pid, start, ns = read_state_file(path / cls.OWNER, 4096).decode().split()
-            except FileNotFoundError:
-                if now - made.st_mtime > cls.ABANDONED_S and cls._rmdir(path):
-                    gone.append(str(path))
-                continue
             except (OSError, ValueError, UnicodeDecodeError):
                 continue
             if ns == _pid_namespace() and _owner_line(int(pid)).split()[:2] != [pid, start]:
                 shutil.rmtree(path, ignore_errors=True)
                 gone.append(str(path))
         return gone
-
-    @staticmethod
-    def _rmdir(path: Path) -> bool:
-        try:
-            os.rmdir(path)
-            return True
-        except OSError:          # not empty (a creator wrote into it after all), or gone
-            return False
 
     def remove(self) -> None:
         import shutil

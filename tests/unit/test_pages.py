@@ -161,22 +161,6 @@ def _diag_dir_of_a_killed_process():
     return root
 
 
-def test_an_empty_diag_dir_without_an_owner_goes_once_it_is_old(tmp_path):
-    """A creator killed between mkdtemp and writing its owner record leaves an empty
-    directory no sweep could judge (eight from hours back sat in /dev/shm): empty and older
-    than ABANDONED_S, it goes; a young one, or one with anything in it, stays."""
-    import os
-    old, young, full = (tmp_path / f"fluidctl_diag.{n}" for n in ("old", "young", "full"))
-    for d in (old, young, full):
-        d.mkdir()
-    (full / "rank-0.page").write_bytes(b"x")
-    long_ago = os.path.getmtime(young) - DiagDir.ABANDONED_S - 5
-    for d in (old, full):
-        os.utime(d, (long_ago, long_ago))
-    assert DiagDir.sweep_dead(tmp_path) == [str(old)]
-    assert not old.exists() and young.is_dir() and full.is_dir()
-
-
 def test_39_13_a_later_diag_dir_sweeps_those_of_dead_processes():
     import os
     import shutil
