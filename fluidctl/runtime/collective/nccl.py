@@ -547,7 +547,7 @@ class NcclTransport:
     def first_error(self, message: str, post: bool = True) -> str:
         """The job's first error, the same on every rank: this rank's sticky fault if it has
         one, else ``message`` tripped (posted, the communicator aborted)."""
-        return self.work.fault if self.work.fault is not None else self.trip(message, post)
+        return self.trip(message, post)        # trip keeps a sticky fault as it is
 
     def _fail(self, message: str, post: bool = True):
         """Abort the communicator and raise the job's first error, the same on every rank."""
