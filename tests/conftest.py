@@ -47,6 +47,17 @@ def isolated_state(tmp_path_factory):
             os.environ[STATE_ENV] = saved
 
 
+@pytest.fixture(autouse=True)
+def no_stale_mpi_session_dirs():
+    """Open MPI session directories of mpiruns and daemons killed with SIGKILL (a test's
+    deadline, a killed launcher) are removed before each test, as fluidctl does before it starts
+    mpirun (fluidctl/procs/mpisessions.py): pids wrap within a run of this suite, and
+    an mpirun a test starts by hand, or a daemon on the sshd nodes, given the pid of one of
+    them stops at once (exit 213)."""
+    from fluidctl.procs import mpisessions
+    mpisessions.sweep()
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         names = getattr(item, "fixturenames", ())

@@ -201,6 +201,17 @@ def first_step_after(lines: List[str], when: float) -> Optional[float]:
     return None
 
 
+def described(pid: int) -> str:
+    """What a leftover process is, for the failure message: its state, parent, command."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            return (f"{proc.status()}, parent {proc.ppid()}, "
+                    f"{' '.join(proc.cmdline())[:160]}")
+    except psutil.Error:
+        return "gone"
+
+
 def not_sshd(nodes, alias: str) -> List[str]:
     found = []
     for pid in nodes.pids(alias):
@@ -209,7 +220,7 @@ def not_sshd(nodes, alias: str) -> List[str]:
         except psutil.NoSuchProcess:
             continue
         if name != "sshd":
-            found.append(f"{pid} {name}")
+            found.append(f"{pid} {name}: {described(pid)}")
     return found
 
 

@@ -20,6 +20,8 @@ NOT_BY_HAND = "the Launcher's entry is written by fluidctl train --backend k8s -
 
 def run(argv, out=None) -> int:
     out = out or sys.stdout.buffer
+    from fluidctl.procs import mpisessions
+    mpisessions.sweep()     # a killed mpirun's, in a Launcher pod that restarted in place
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -261,6 +261,7 @@ class MPILauncher(BaseLauncher):
         super().__init__(log)
         self.config = None
         self.hosts: List[Host] = []
+        self._started = False
 
     def prepare(self, config):
         from fluidctl.planning import plan as planner
@@ -310,11 +311,28 @@ class MPILauncher(BaseLauncher):
         if self.hosts and attempt == 0:
             write_hostfile(self.hosts, layout.mpi_hostfile)
         env = dict(plan.procs[0].env, **{envs.RESTART_COUNT: str(attempt)}, **self.diag_env())
+        self._sweep(environment(env))
+        self._started = True
         # mpirun forwards our stdin to rank 0, as it does when run by hand (the first attempt
         # only: a restart finds it consumed)
         return [MpirunProcess("mpirun", self.argv, environment(env), str(layout.mpirun),
                               stdin=_stdin() if attempt == 0 else subprocess.DEVNULL,
                               err_log=str(layout.mpirun_stderr))]
+
+    def _sweep(self, env: Mapping[str, str]) -> None:
+        """Open MPI session directories of killed mpiruns and daemons (procs/mpisessions.py):
+        one in the way makes an mpirun given that pid again stop at once (exit 213)."""
+        from fluidctl.procs import mpisessions
+        removed = mpisessions.sweep(env)
+        if removed:
+            self.log(f"removed {len(removed)} stale Open MPI session dir(s) of processes that "
+                     f"are gone: {', '.join(str(p) for p in removed[:4])}"
+                     f"{' ...' if len(removed) > 4 else ''}")
+
+    def close(self):
+        """The session directory of an mpirun that was killed (a deadline, Ctrl-C twice)."""
+        if self._started:               # not after --dry-run: nothing ran
+            self._sweep(os.environ)
 
     def diagnostics(self, config):
         """The ranks are mpirun's: their stacks are taken on each node by a second mpirun of
