@@ -6,6 +6,7 @@ first step (the script's progress.log); then check the weights against the refer
 world sequence the job really ran, and that every node holds nothing but sshd afterwards."""
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -202,17 +203,26 @@ def first_step_after(lines: List[str], when: float) -> Optional[float]:
 
 
 def described(pid: int) -> str:
-    """What a leftover process is, for the failure message: its state, parent, command."""
+    """What a leftover process is, for the failure message: its state, parent, command, and a
+    Python process's threads (py-spy, where installed)."""
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
-            return (f"{proc.status()}, parent {proc.ppid()}, "
+            text = (f"{pid} {proc.name()}: {proc.status()}, parent {proc.ppid()}, "
                     f"{' '.join(proc.cmdline())[:160]}")
     except psutil.Error:
-        return "gone"
+        return f"{pid} gone"
+    if "python" in text and shutil.which("py-spy"):
+        try:
+            dump = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True,
+                                  text=True, timeout=20)
+            text += "\n" + (dump.stdout or dump.stderr)[-3000:]
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            text += f" (py-spy: {exc})"
+    return text
 
 
-def not_sshd(nodes, alias: str) -> List[str]:
+def not_sshd(nodes, alias: str) -> List[int]:
     found = []
     for pid in nodes.pids(alias):
         try:
@@ -220,13 +230,13 @@ def not_sshd(nodes, alias: str) -> List[str]:
         except psutil.NoSuchProcess:
             continue
         if name != "sshd":
-            found.append(f"{pid} {name}: {described(pid)}")
+            found.append(pid)
     return found
 
 
 def leftovers(nodes, timeout: float = 15.0) -> Dict[str, List[str]]:
     """Every node's processes other than sshd, once they had ``timeout`` to end (a healed
-    node's agent notices the launcher is gone and stops its ranks)."""
+    node's agent notices the launcher is gone and stops its ranks), each described."""
     def left():
         found = {a: not_sshd(nodes, a) for a in nodes.nodes}
         return {a: p for a, p in found.items() if p}
@@ -234,4 +244,4 @@ def leftovers(nodes, timeout: float = 15.0) -> Dict[str, List[str]]:
         wait_for(lambda: not left(), timeout, "only sshd on every node")
     except AssertionError:
         pass
-    return left()
+    return {alias: [described(pid) for pid in pids] for alias, pids in left().items()}
