@@ -188,6 +188,12 @@ def run_elastic(nodes, work: Path, *, node_range: str, faults: List[Fault], step
     if 0 not in outcome.worlds:
         outcome.reference = elastic_train.reference(outcome.worlds)
     outcome.leftovers = leftovers(nodes)
+    for alias in outcome.leftovers:     # what the node's agents said (their launch.log tails)
+        address = nodes.node(alias).address
+        for log in sorted((work / "mylog").glob("*/launch.log")):
+            if log.parent.name in (alias, address):
+                outcome.leftovers[alias].append(
+                    f"{log}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
     return outcome
 
 
@@ -234,9 +240,10 @@ def not_sshd(nodes, alias: str) -> List[int]:
     return found
 
 
-def leftovers(nodes, timeout: float = 15.0) -> Dict[str, List[str]]:
+def leftovers(nodes, timeout: float = 30.0) -> Dict[str, List[str]]:
     """Every node's processes other than sshd, once they had ``timeout`` to end (a healed
-    node's agent notices the launcher is gone and stops its ranks), each described."""
+    node's agent notices the launcher is gone and stops its ranks: within the grace period,
+    at the latest GONE_MARGIN seconds later, node/agent.py), each described."""
     def left():
         found = {a: not_sshd(nodes, a) for a in nodes.nodes}
         return {a: p for a, p in found.items() if p}

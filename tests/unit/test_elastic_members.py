@@ -12,7 +12,8 @@ class Range:
 
 def members(tmp_path, start):
     m = elastic.ElasticMembers.__new__(elastic.ElasticMembers)
-    m.launcher = type("L", (), {"supervisor": object(), "hosts": ["n1", "n3"]})()
+    m.launcher = type("L", (), {"supervisor": object(), "hosts": ["n1", "n3"], "logged": [],
+                                "log": lambda self, line: self.logged.append(line)})()
     m.range, m.lost, m.may_rejoin = Range(), {"n2": "no heartbeat"}, {"n2"}
     m.targets, m.by_name, m.standby = {"n2": object()}, {"n2": "n2"}, {}
     m._start = start
@@ -44,6 +45,29 @@ def test_a_lost_node_whose_agent_fails_to_start_again_is_tried_again_later(tmp_p
     thread.join(10)
     assert not thread.is_alive() and errors == [], errors
     assert len(tries) == 3 and "n2" in m.lost and m.standby == {}
+    # why, in launch.log, once for as long as it stays the same
+    assert m.launcher.logged == ["node n2 answers again but cannot rejoin yet: n2: no answer "
+                                 "from fluidctl on the node within 10s"]
+
+
+def test_the_rejoin_watch_outlives_an_error_in_one_round(tmp_path, monkeypatch):
+    """Any exception in a round is logged and the next round runs: a watch thread that died
+    silently would keep every lost node out for the rest of the job."""
+    monkeypatch.setattr(elastic, "REJOIN_EVERY", 0.01)
+    monkeypatch.setattr(elastic, "probe_target", lambda target: "its link is up")
+    stop, tries = threading.Event(), []
+
+    def start(hosts):
+        tries.append(hosts)
+        if len(tries) == 2:
+            stop.set()
+        raise RuntimeError("paramiko had a bad day")
+    m = members(tmp_path, start)
+    thread = threading.Thread(target=m._rejoin, args=(stop,))
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive() and len(tries) == 2
+    assert m.launcher.logged == ["rejoin watch: RuntimeError: paramiko had a bad day"] * 2
 
 
 class LostAgent:

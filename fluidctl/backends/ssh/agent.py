@@ -401,6 +401,14 @@ def bring_up(hosts: Sequence[Host], targets, *, backend: str, python: str, remot
     return connected, agents
 
 
+def _usable(node) -> bool:
+    """A connection that can still open a session: not closed (a lost node's is, by
+    ``declare_lost`` or the elastic supervisor), its transport up."""
+    client = getattr(node, "client", None)
+    transport = client.get_transport() if client is not None else None
+    return transport is not None and transport.is_active()
+
+
 def start_agents(hosts: Sequence[Host], targets, *, backend: str, python: str,
                  remote_dir: str, timeout: float, ports_wanted: Dict[str, int], launch_log,
                  nodes: Optional[Dict[str, object]] = None, venv: Optional[str] = None,
@@ -416,6 +424,8 @@ def start_agents(hosts: Sequence[Host], targets, *, backend: str, python: str,
     def one(host: Host):
         where = node_dir(remote_dir, host.name)
         node = given.get(host.name)
+        if node is not None and not _usable(node):     # closed since (its node was lost)
+            node = None
         if node is None:
             node = cls(host, targets[host.name], timeout=timeout, timeout_option="--ssh-timeout")
             try:
@@ -447,9 +457,9 @@ def start_agents(hosts: Sequence[Host], targets, *, backend: str, python: str,
             if agent is not None:
                 agent.abandon()
         for name, node in connected.items():
-            if name not in given:
+            if given.get(name) is not node:     # made here
                 node.close()
-        connected = {name: node for name, node in connected.items() if name in given}
+        connected = {name: node for name, node in connected.items() if given.get(name) is node}
     return connected, agents, failures
 
 

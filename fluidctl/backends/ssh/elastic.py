@@ -172,33 +172,46 @@ class ElasticMembers:
         REJOIN_EVERY seconds: one whose sshd answers again gets an agent, whose probe (the node's report)
         is its health check; passed, it leaves the lost and the ledger and the supervisor
         starts a new world with it."""
+        said: Dict[str, str] = {}           # host -> the last reason logged for it
+        while not stop.wait(REJOIN_EVERY):
+            try:
+                self._try_rejoin(stop, said)
+            except Exception as exc:        # the watch goes on: a lost node may come back
+                self.launcher.log(f"rejoin watch: {type(exc).__name__}: {exc}")
+
+    def _try_rejoin(self, stop: threading.Event, said: Dict[str, str]) -> None:
+        """One round of ``_rejoin``; why a node that answers again could not rejoin goes to
+        launch.log (once per reason)."""
         from fluidctl.cluster import ledger
         from fluidctl.errors import FluidctlError
-        while not stop.wait(REJOIN_EVERY):
-            supervisor = getattr(self.launcher, "supervisor", None)
-            if supervisor is None or len(self.launcher.hosts) >= self.range.high:
+        supervisor = getattr(self.launcher, "supervisor", None)
+        if supervisor is None or len(self.launcher.hosts) >= self.range.high:
+            return
+        for name in [n for n in self.lost if n in self.may_rejoin]:
+            target = self.targets.get(name)
+            if target is None or not probe_target(target).startswith("its link is up"):
+                continue            # still frozen, cut or down (or behind a proxy)
+            _, agents, failures = self._start([self.by_name[name]])
+            if failures or stop.is_set():
+                for agent in agents:        # None where a node failed to start one
+                    if agent is not None:
+                        agent.abandon()
+                why = "; ".join(f"{h}: {w}" for h, w in failures) or "the job is ending"
+                if said.get(name) != why:
+                    said[name] = why
+                    self.launcher.log(f"node {name} answers again but cannot rejoin yet: {why}")
                 continue
-            for name in [n for n in self.lost if n in self.may_rejoin]:
-                target = self.targets.get(name)
-                if target is None or not probe_target(target).startswith("its link is up"):
-                    continue            # still frozen, cut or down (or behind a proxy)
-                _, agents, failures = self._start([self.by_name[name]])
-                if failures or stop.is_set():
-                    for agent in agents:        # None where a node failed to start one
-                        if agent is not None:
-                            agent.abandon()
-                    continue
-                self.standby[name] = agents[0]
-                del self.lost[name]
-                self.may_rejoin.discard(name)
-                try:
-                    ledger.clear(ledger.identity(self.by_name[name]))
-                except FluidctlError:
-                    pass                # a damaged ledger: its warning was said
-                self._say(f"node {name} answers again and passed its probe: it rejoins in a "
-                          "new world (its ledger entry is lifted)")
-                supervisor.regroup(f"node {name} rejoined")
-                break
+            self.standby[name] = agents[0]
+            del self.lost[name]
+            self.may_rejoin.discard(name)
+            try:
+                ledger.clear(ledger.identity(self.by_name[name]))
+            except FluidctlError:
+                pass                # a damaged ledger: its warning was said
+            self._say(f"node {name} answers again and passed its probe: it rejoins in a "
+                      "new world (its ledger entry is lifted)")
+            supervisor.regroup(f"node {name} rejoined")
+            return
 
     def beat(self) -> None:
         """Start the launcher's heartbeats to the running agents (once), and the watch for
