@@ -95,3 +95,33 @@ def test_a_plan_for_an_agent_lost_since_it_was_chosen_marks_it_lost_not_a_traceb
     handles = launcher.start(plan, 0)
     assert handles == [agent]
     assert agent.lost.startswith("its connection closed before it got its plan (Socket is closed")
+
+
+def test_a_stopped_launcher_says_so_even_when_it_reads_the_agents_end_first():
+    """SIGSTOP of the launcher for 8 s: its agents stop themselves (no beats); after SIGCONT
+    paramiko may read an agent's exit before the pump's next tick. That tick still says the
+    launcher itself was stopped (a clean-clone run of test_blame's 40_4 missed the line)."""
+    import os
+    from fluidctl.backends.ssh.agent import RemoteAgent
+
+    class Ended:                    # a paramiko Channel whose command has exited
+        closed = False
+        status_event = threading.Event()
+        status_event.set()
+
+        def get_transport(self):
+            return None
+    logged = []
+    agent = RemoteAgent.__new__(RemoteAgent)
+    agent.channel, agent.host, agent.launch_log = Ended(), "node1", logged.append
+    agent.beat_timeout, agent.heard, agent._woke, agent._lost = 3.0, 100.0, 100.0, ""
+    agent.launcher_stopped = 0.0
+    agent._ended_r, agent._ended_w = os.pipe()
+    try:
+        assert agent._watch_end(108.0) is False            # ended: the last tick
+        assert agent.launcher_stopped == 8.0
+        assert logged == ["the launcher itself was stopped for 8.0s (a gap in its own clock): "
+                          "node node1's silence meanwhile is not counted against it"]
+        assert os.read(agent._ended_r, 1) == b"x"
+    finally:
+        os.close(agent._ended_r)

@@ -65,3 +65,16 @@ def test_the_caller_and_the_watchdog_tripping_at_once_raise_one_error_on_every_r
         assert took < 2.0, took
     finally:
         server.close()
+
+
+def test_a_broken_exchange_names_the_collective_in_flight_as_the_watchdog_does():
+    """A same-node peer's death is seen by the rank's watchdog (the collective in flight cannot
+    finish) or by its next metadata exchange, whichever comes first; both say the same words,
+    so the job's error names the collective either way (a clean-clone run's exchange said
+    only "the GPU collectives in flight cannot finish")."""
+    from fluidctl.runtime.collective.gpuwork import DEAD_PEER, cannot_finish
+    work = InFlight(transport=None)
+    assert work.stuck() == DEAD_PEER                    # nothing of its own in flight
+    work.items.extend([(None, 2, "allreduce"), (None, 3, "broadcast")])
+    assert work.stuck() == cannot_finish("allreduce", 2) == \
+        "NCCL allreduce (collective #2) cannot finish"

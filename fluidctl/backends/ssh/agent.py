@@ -111,15 +111,18 @@ class RemoteAgent:
                      or transport is None or not transport.is_active())
         except Exception:                   # a broken channel: the agent is gone
             ended = True
-        if not ended:
-            stopped, self._woke = now - self._woke, now
-            if self.beat_timeout and stopped > self.beat_timeout / 2:
-                self.heard = max(self.heard, now)
-                self.launcher_stopped = stopped     # its agent missed our beats: it stops
-                self.launch_log(f"the launcher itself was stopped for {stopped:.1f}s (a gap in "
-                                f"its own clock): node {self.host}'s silence meanwhile is not "
-                                "counted against it")
+        stopped, self._woke = now - self._woke, now
+        if self.beat_timeout and stopped > self.beat_timeout / 2:
+            # said whether or not the agent has ended meanwhile: after SIGCONT, the agent's
+            # end (it stopped itself, missing our beats) may be read before this tick runs
+            self.heard = max(self.heard, now)
+            self.launcher_stopped = stopped         # its agent missed our beats: it stops
+            self.launch_log(f"the launcher itself was stopped for {stopped:.1f}s (a gap in "
+                            f"its own clock): node {self.host}'s silence meanwhile is not "
+                            "counted against it")
+            if not ended:
                 return True
+        if not ended:
             silent = now - self.heard
             if not (self.beat_timeout and silent > self.beat_timeout):
                 return True

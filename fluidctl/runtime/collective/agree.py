@@ -20,7 +20,6 @@ import zlib
 import numpy as np
 
 from fluidctl.runtime.collective import meta
-from fluidctl.runtime.collective.gpuwork import DEAD_PEER
 from fluidctl.runtime.collective.meta import CollectiveError
 
 RING = 64                       # recent calls each rank keeps for naming a divergence
@@ -86,8 +85,9 @@ class CallLog:
             if nccl is None or not self.comm.broken:
                 raise
             # a rank died or left: its GPU peers' watchdogs may have posted the job's error
-            # already; the first one posted is every rank's
-            message = DEAD_PEER if nccl._dead_peers() else str(exc)
+            # already; the first one posted is every rank's, and this rank's words are the
+            # watchdog's (the collective in flight), whichever of the two sees it first
+            message = nccl.work.stuck() if nccl._dead_peers() else str(exc)
             raise CollectiveError(nccl.first_error(message)) from None
 
     def verify(self) -> None:

@@ -22,9 +22,13 @@ from fluidctl.runtime.collective.meta import CollectiveError
 
 CUDA_NOT_READY = 600          # cudaErrorNotReady: what cudaEventQuery says of pending work
 DEPTH = 64
-# what a rank whose metadata exchange broke says when a same-node peer died (its watchdog may
-# name the collective instead: the first rank's words are every rank's)
+# what a rank whose metadata exchange broke says when a same-node peer died and no collective
+# of its own is in flight (else it names that one, in its watchdog's words: ``stuck``)
 DEAD_PEER = "the GPU collectives in flight cannot finish"
+
+
+def cannot_finish(kind: str, seq: int) -> str:
+    return f"NCCL {kind} (collective #{seq}) cannot finish"
 
 
 class InFlight:
@@ -65,6 +69,13 @@ class InFlight:
                 self.cv.wait(1.0)
         if self.fault is not None:
             raise CollectiveError(self.fault)
+
+    def stuck(self) -> str:
+        """What a same-node peer's death leaves unfinished: the oldest collective in flight, in
+        the watchdog's words (DEAD_PEER when nothing is queued)."""
+        with self.cv:
+            oldest = self.items[0] if self.items else None
+        return cannot_finish(oldest[2], oldest[1]) if oldest else DEAD_PEER
 
     def trip(self, message: str) -> str:
         with self.cv:
@@ -119,7 +130,7 @@ class InFlight:
             if message is None and now >= next_peers:
                 next_peers = now + 0.2
                 if t._dead_peers():
-                    message = f"NCCL {kind} (collective #{seq}) cannot finish"
+                    message = cannot_finish(kind, seq)
             if message is None and now - since > t.timeout:
                 message = (f"NCCL {kind} (collective #{seq}) did not finish within "
                            f"{t.timeout:g}s on rank {t.rank}")
