@@ -310,12 +310,13 @@ class MPILauncher(BaseLauncher):
         layout = self.config.layout
         if self.hosts and attempt == 0:
             write_hostfile(self.hosts, layout.mpi_hostfile)
-        env = dict(plan.procs[0].env, **{envs.RESTART_COUNT: str(attempt)}, **self.diag_env())
-        self._sweep(environment(env))
+        env = environment(dict(plan.procs[0].env, **{envs.RESTART_COUNT: str(attempt)},
+                               **self.diag_env()))
+        self._sweep(env)
         self._started = True
         # mpirun forwards our stdin to rank 0, as it does when run by hand (the first attempt
         # only: a restart finds it consumed)
-        return [MpirunProcess("mpirun", self.argv, environment(env), str(layout.mpirun),
+        return [MpirunProcess("mpirun", self.argv, env, str(layout.mpirun),
                               stdin=_stdin() if attempt == 0 else subprocess.DEVNULL,
                               err_log=str(layout.mpirun_stderr))]
 
