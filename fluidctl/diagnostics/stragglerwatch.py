@@ -54,6 +54,7 @@ WAITED = 0.5             # the others waited for at least this share of the exce
 LINK_SHARE = 0.25        # a slow link streams at least this share of a collective's time
 MARK_SHARE = 0.3         # marks: a straggler arrives this share of a collective's time late
 OWN_RATIO = 1.5          # ... and its own time (see classify_marks) is this many times the others'
+GROUP = 0.5              # ... and it is at least this share as late as the latest rank
 
 
 class Verdict(NamedTuple):
@@ -145,10 +146,14 @@ def classify_marks(before: Mapping[int, Sample], now: Mapping[int, Sample]) -> O
     step = (first[seqs[-1]] - first[seqs[0]]) / (seqs[-1] - seqs[0]) / 1e9
     base_lag = _lower_mean(lag.values())
     base = _lower_mean(own.values())
-    slow = [r for r in ranks if lag[r] - base_lag >= max(MIN_EXCESS, MARK_SHARE * step)
+    late = [r for r in ranks if lag[r] - base_lag >= max(MIN_EXCESS, MARK_SHARE * step)
             and own[r] >= OWN_RATIO * base]
-    if not slow or len(slow) == len(ranks):
+    if not late or len(late) == len(ranks):
         return None
+    # The job waits for its latest rank; one far less late (starved of a core for a while, or
+    # released last by the ring) only queues behind it and must not change the verdict.
+    worst = max(lag[r] - base_lag for r in late)
+    slow = [r for r in late if lag[r] - base_lag >= GROUP * worst]
     excess = min(own[r] for r in slow) - base
     data = {r: (now[r].data - before[r].data) / n[r] / 1e9 for r in ranks}
     normal_data = min(data.values())

@@ -48,6 +48,15 @@ def test_the_rank_reaching_each_collective_late_is_the_straggler_and_its_class()
                            "records; last 10 collectives, 100.0 ms each)"), line
 
 
+def test_a_rank_far_less_late_than_the_straggler_is_not_named_with_it():
+    """Rank 2's loader sleeps; rank 1, short of a core, arrives late too but much less: the
+    verdict is rank 2's data loader, not "ranks 1, 2 are slow compute"."""
+    v = sw.classify(*ring(10, 100, {2: 90, 1: 35}, data_ms={2: 85}))
+    assert (v.kind, v.ranks) == ("data", (2,))
+    both = sw.classify(*ring(10, 100, {2: 90, 1: 60}, data_ms={2: 85, 1: 55}))
+    assert (both.kind, both.ranks) == ("data", (1, 2))
+
+
 def test_jitter_small_lags_and_too_few_collectives_say_nothing():
     assert sw.classify(*ring(12, 100, {}, jitter=(0, 25, 5, 40))) is None
     assert sw.classify(*ring(10, 100, {0: 1.5})) is None           # under MIN_EXCESS
