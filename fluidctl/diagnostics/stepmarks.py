@@ -22,6 +22,7 @@ with one line on stderr.
 """
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import threading
@@ -33,6 +34,7 @@ from fluidctl.diagnostics import progress, stragglers as st
 
 POLL = st.POLL              # seconds between Flight Recorder dumps
 BACKWARD = "backward"       # FLUIDCTL_STEP_HOOKS=backward: torch too marks backward calls
+LOADS = 256                 # data-loader calls remembered (a dump comes every POLL seconds)
 _now = time.perf_counter_ns
 _wall = time.time_ns
 
@@ -47,6 +49,29 @@ class Marks:
         self.slots[st.SOURCE] = source
         # the data loader's time goes where the reader sees it with the matching COUNT
         self.data_slot = st.DATA_LIVE if source == st.FLIGHT_RECORDER else st.DATA
+        # Flight Recorder: (epoch ns a data-loader call ended, DATA_LIVE then), for ``data_by``
+        self.loads = collections.deque(maxlen=LOADS) if source == st.FLIGHT_RECORDER else None
+
+    def time_of(self, seq: int) -> int:
+        """The epoch ns collective ``seq`` was marked at (the newest MARKS only)."""
+        return self.slots[st.MARK0 + 2 * (seq % st.MARKS) + 1]
+
+    def loaded(self, took: int) -> None:
+        """A data-loader call that took ``took`` ns has just ended."""
+        self.slots[self.data_slot] += took
+        if self.loads is not None:
+            self.loads.append((_wall(), self.slots[self.data_slot]))
+
+    def data_by(self, ns: int) -> int:
+        """The data loader's time over the calls that ended by ``ns`` (the newest mark's time):
+        published with that mark's COUNT, the page's data and collectives end at the same
+        instant, however late the dump thread runs (a loader that sleeps once a step, read
+        over a window of a few collectives, is otherwise off by one sleep and can read as
+        slow compute)."""
+        for ended, total in reversed(tuple(self.loads or ())):
+            if ended <= ns:
+                return total
+        return self.slots[st.DATA]          # none that recent: what was published stands
 
     def mark(self, seq: int, ns: int) -> None:
         """Collective ``seq`` reached at ``ns`` (epoch). The pair's seq is cleared while its
@@ -121,7 +146,7 @@ def time_next(cls) -> None:
         finally:
             marks = _marks
             if marks is not None:
-                marks.slots[marks.data_slot] += _now() - began
+                marks.loaded(_now() - began)
     __next__._fluidctl_timed = True         # type: ignore[attr-defined]
     cls.__next__ = __next__
 
@@ -190,10 +215,8 @@ def _torch_main() -> None:
     while marks is not None and not _halt.wait(POLL - time.time() % POLL):
         if not dist.is_initialized():
             return
-        data = marks.slots[st.DATA_LIVE]           # before the dump: no later than its marks
         entries = dump()
-        newest = mark_new(marks, entries, newest)
-        marks.slots[st.DATA] = data
+        newest = mark_dump(marks, entries, newest)
         answered = records.answer(diag, rank, entries, answered)   # a hang report asks
         marks = _marks
 
@@ -213,6 +236,14 @@ def flight_recorder():
         return pickle.loads(_dump_fr_trace(True, False, False)).get("entries", [])
     entries()
     return entries
+
+
+def mark_dump(marks: Marks, entries, newest: int) -> int:
+    """Mark a dump's new collectives and publish the data time as of the newest of them."""
+    newest = mark_new(marks, entries, newest)
+    if newest:
+        marks.slots[st.DATA] = marks.data_by(marks.time_of(newest))
+    return newest
 
 
 def mark_new(marks: Marks, entries, newest: int) -> int:

@@ -30,10 +30,10 @@ from fluidctl.paths import DiagDir
 
 # steps.<rank>: int64 slots. 0-5: sums (COUNT: collectives, or the newest mark's seq), 6: SOURCE,
 # 7: DATA_LIVE, then MARKS pairs (seq, epoch ns), seq's pair at MARK0 + 2 * (seq % MARKS).
-# A Flight Recorder page's data loader adds to DATA_LIVE as it goes, and its dump thread copies
-# that to DATA when it marks the dump's collectives: DATA and COUNT then describe the same
-# moment (a dump late under load would otherwise spread a window's data over too many
-# collectives, and a slow data loader read as slow compute).
+# A Flight Recorder page's data loader adds to DATA_LIVE as it goes, and its dump thread sets
+# DATA to the loader's time as of the newest collective it marks: DATA and COUNT then describe
+# the same instant (a dump late under load would otherwise spread a window's data over too
+# many collectives or too few, and a slow data loader read as slow compute).
 COUNT, COMPUTE, WAIT, DATA, LINK, PEER, SOURCE, DATA_LIVE = range(8)
 RUNTIME, FLIGHT_RECORDER, MARKERS = 0, 1, 2            # SOURCE: who wrote the page
 MARK0, MARKS = 8, 64

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -168,8 +169,44 @@ def test_data_time_is_read_with_the_collectives_it_came_with(tmp_path, source, s
         next(Loader())
         assert (st.read_all(diag)[0].data > 0) == shown_at_once
         if source == st.FLIGHT_RECORDER:
-            marks.slots[st.DATA] = marks.slots[st.DATA_LIVE]      # what the dump loop does
+            stepmarks.mark_dump(marks, [fr_entry(1, time.time_ns())], 0)   # the dump loop
         assert st.read_all(diag)[0].data > 0
+    finally:
+        stepmarks._marks = None
+
+
+def fr_entry(seq, ns):
+    """An entry of torch's Flight Recorder dump, the fields ``mark_new`` reads."""
+    return {"collective_seq_id": seq, "time_created_ns": ns, "is_p2p": False, "pg_id": 0,
+            "profiling_name": "gloo:all_reduce"}
+
+
+def test_a_dump_publishes_the_data_time_of_the_loads_before_its_newest_collective(tmp_path):
+    """The loader's time goes with the collective the rank called after it, however late the
+    dump thread runs: a load that ended after the dump's newest collective waits for the next
+    dump (with a loader sleeping once a step and 2 collectives a step, a window of 5 was off
+    by a whole sleep and read as slow compute)."""
+    class Loader:
+        def __init__(self, ms):
+            self.ms = ms
+
+        def __next__(self):
+            time.sleep(self.ms / 1e3)
+            return 1
+    stepmarks.time_next(Loader)
+    diag = DiagDir(tmp_path)
+    stepmarks._marks = marks = stepmarks.Marks(diag, 0, st.FLIGHT_RECORDER)
+    try:
+        next(Loader(20))
+        first = marks.slots[st.DATA_LIVE]
+        called = time.time_ns()                 # collective 1, after the first load
+        next(Loader(30))                        # the next step's load, before the dump
+        newest = stepmarks.mark_dump(marks, [fr_entry(1, called)], 0)
+        assert newest == 1 and st.read_all(diag)[0][:1] == (1,)
+        assert st.read_all(diag)[0].data == first >= 20 * MS
+        newest = stepmarks.mark_dump(marks, [fr_entry(1, called), fr_entry(2, time.time_ns())],
+                                     newest)
+        assert newest == 2 and st.read_all(diag)[0].data == marks.slots[st.DATA_LIVE] >= 50 * MS
     finally:
         stepmarks._marks = None
 
