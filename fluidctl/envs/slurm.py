@@ -19,6 +19,7 @@ from fluidctl.envs.write import bounded, collective_env, pserver_env, shared_gpu
 
 SLURM_PORT_LOW, SLURM_PORT_SPAN = 20000, 12000      # derived ports: 20000-31999, below Linux's
 #                                                     ephemeral range (32768+)
+REQUEUE_SHIFT = 1031        # blocks a requeued job's ports move by, per requeue (a prime)
 
 
 def in_slurm_step(environ: Mapping[str, str]) -> bool:
@@ -91,15 +92,17 @@ def slurm_layout(nodes: Sequence[str], tasks_per_node: Sequence[int],
     return SlurmLayout(list(nodes), list(tasks_per_node), node_of, local_of)
 
 
-def slurm_ports(job_id: int, step_id: int, local_size: int) -> int:
+def slurm_ports(job_id: int, step_id: int, local_size: int, restarts: int = 0) -> int:
     """The first of a block of ports derived from the job and step ids: the master port, then
     one per local rank (rank endpoints are base+1+local_rank). Deterministic, so every task
     computes the same ports without talking to the others; the first 4 steps of a job, and
-    hundreds of consecutive jobs (12000 / 4 / block size), get disjoint blocks. MASTER_PORT set
-    by the user wins for the master."""
+    hundreds of consecutive jobs (12000 / 4 / block size), get disjoint blocks. A requeued job
+    keeps its id and numbers its steps from 0 again, so ``restarts`` (SLURM_RESTART_COUNT)
+    moves the block: the killed run's rank 0 may still hold its master port on the same node
+    when the new run starts. MASTER_PORT set by the user wins for the master."""
     stride = (local_size + 1 + 3) // 4 * 4
     slots = SLURM_PORT_SPAN // stride
-    return SLURM_PORT_LOW + ((job_id * 4 + step_id) % slots) * stride
+    return SLURM_PORT_LOW + ((job_id * 4 + step_id + REQUEUE_SHIFT * restarts) % slots) * stride
 
 
 def slurm_pserver_port(job_id: int) -> int:
@@ -189,7 +192,9 @@ def _task(environ: Mapping[str, str]) -> _Task:
             "use srun's default block (or cyclic) distribution")
     job_id = number(SLURM_JOB_ID, "SLURM_JOBID")
     step = environ.get(SLURM_STEP_ID, "0")
-    base = slurm_ports(job_id, int(step) if step.isdigit() else 0, max(tpn))
+    requeues = environ.get(SLURM_RESTART_COUNT, "0")
+    base = slurm_ports(job_id, int(step) if step.isdigit() else 0, max(tpn),
+                       int(requeues) if requeues.isdigit() else 0)
     endpoints = [_endpoint_of(nodes[n], base + 1 + local)
                  for n, local in zip(layout.node_of, layout.local_of)]
     return _Task(rank, local_rank, node_rank, world, nodes, tpn, layout, base, endpoints)

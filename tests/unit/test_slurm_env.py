@@ -65,6 +65,19 @@ def test_ports_differ_per_job_and_step_and_user_port_wins():
     assert env["PADDLE_MASTER"] == "gpu001:29500" and env["MASTER_PORT"] == "29500"
 
 
+def test_a_requeued_job_derives_other_ports_than_its_killed_run():
+    """A requeued job keeps its id and starts its steps at 0 again; the killed run's rank 0 may
+    still hold the old master port on the same node (seen: "Address already in use")."""
+    first = envs.from_slurm(task(0, 0, 0))
+    again = envs.from_slurm(task(0, 0, 0, SLURM_RESTART_COUNT="1"))
+    assert first["MASTER_PORT"] != again["MASTER_PORT"]
+    assert again["MASTER_PORT"] == str(envs.slurm_ports(4242, 0, 2, 1))
+    ports = lambda env: {int(env["MASTER_PORT"]), *(int(e.rsplit(":", 1)[1]) for e in  # noqa: E731
+                         env["PADDLE_TRAINER_ENDPOINTS"].split(","))}
+    assert not ports(first) & ports(again)
+    assert envs.from_slurm(task(0, 0, 0, SLURM_RESTART_COUNT="0")) == first
+
+
 def test_uneven_and_cyclic_layouts():
     env = envs.from_slurm(task(2, 0, 1, tpn="2,1", ntasks=3))
     assert env["PADDLE_LOCAL_SIZE"] == "1" and env["PADDLE_CURRENT_ENDPOINT"].startswith("gpu002:")
