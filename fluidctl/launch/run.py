@@ -192,6 +192,26 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
     return result
 
 
+class _FailedMeanwhile(Exception):
+    """Ranks found silent for the hang timeout had failed by themselves when their stacks were
+    asked for (a loaded machine ran them and the watchdog late): the message names them."""
+
+
+def failed_by_themselves(handles, dump) -> str:
+    """The ranks that exited with an error of their own (not woken by the stack signal)
+    while the hang was being looked at, as "rank 2 (exit code 1)"; '' for none. Their
+    failure is the job's story: the supervisor reports it, with its cause."""
+    failed = []
+    for h in handles:
+        rank = getattr(h, "rank", None)
+        if rank is None or dump.state.get(rank) != "exited" or dump.signalled.get(rank):
+            continue
+        code = h.poll() if getattr(h, "pid", None) else None
+        if code not in (None, 0):
+            failed.append(f"rank {rank} (exit code {code})")
+    return ", ".join(failed)
+
+
 class _Watch:
     """The diagnostics around one supervised job: the hang watchdog, ``fluidctl dump``
     requests (SIGURG to the launcher), job.json while it runs, failure.json at the end."""
@@ -236,6 +256,10 @@ class _Watch:
         from fluidctl.diagnostics import watch as diagnose
         handles = self.supervisor.handles()
         dump = self.d.stacks(handles)
+        if kind == "hang":
+            failed = failed_by_themselves(handles, dump)
+            if failed:
+                raise _FailedMeanwhile(failed)
         hosts = self.d.hosts(handles)
         verdict = dump.verdict(hosts) if kind == "hang" else None
         if verdict is not None and verdict.hung:
@@ -282,6 +306,12 @@ class _Watch:
                              "running": e.running, "collectives_done": e.count}
                             for e in dump.evidence(
                                  self.d.hosts(self.supervisor.handles()))]
+            except _FailedMeanwhile as failed:
+                self.launch_log(f"hang watchdog: {why}, but {failed} failed by itself before "
+                                "its stack was taken: the job failed, it did not hang")
+                self._hung_at.clear()
+                self._hang_taken.set()      # a settle() waiting for the report: none comes
+                return
             except Exception as exc:             # no stacks: the hang is still reported
                 where, lines, evidence = None, [], []
                 header = f"{header}: {why}"

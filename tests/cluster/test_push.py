@@ -237,8 +237,31 @@ def test_a_file_that_shrinks_while_sent_stops_the_push_and_leaves_nothing_half_w
     deadline = time.monotonic() + 30                    # the node notices its input ended
     while time.monotonic() < deadline and not no_temporaries(remote):
         time.sleep(0.05)
-    assert no_temporaries(remote)
+    assert no_temporaries(remote), receivers_left(remote)
     assert not (remote / "weights.bin").exists()
+
+
+def receivers_left(root):
+    """For a failure: each temporary left, and what its receiver (the pid in its name) is
+    doing now, if it is still there."""
+    out = []
+    for path in Path(root).rglob("*.fluidctl-*.tmp"):
+        pid = path.name.rsplit(".fluidctl-", 1)[1].split(".")[0]
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200]
+            fds = {}
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    fds[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    pass
+            out.append(f"{path} ({path.stat().st_size} bytes): pid {pid} state {stat} "
+                       f"wchan {wchan} fds {fds} cmd {cmd!r}")
+        except OSError as exc:
+            out.append(f"{path} ({path.stat().st_size} bytes): pid {pid} gone ({exc})")
+    return "\n".join(out) or "no temporary left"
 
 
 def test_every_node_s_ssh_starts_before_any_stderr_reader(sshd_nodes, workspace, tmp_path,

@@ -255,3 +255,43 @@ def test_a_hang_found_after_every_rank_ended_is_no_hang(tmp_path):
         assert any("every rank had already ended: not a hang" in s for s in said), said
     finally:
         diag.close()
+
+
+def test_a_rank_that_failed_by_itself_while_the_hang_was_looked_at_is_a_failure(tmp_path):
+    """A loaded machine can run the watchdog late, as the ranks fail (a desync every rank
+    raises): a rank that exited with an error before its stack was taken makes the job a
+    failure, reported by the supervisor with its cause, not "the job hung: dead peer". (A
+    rank that exited 0 while the others wait is still a hang's dead peer: test_classify.)"""
+    from fluidctl import telemetry
+    from fluidctl.diagnostics.watch import Diagnostics
+    from fluidctl.launch.run import _Watch
+
+    class Rank:
+        def __init__(self, rank, pid, code):
+            self.rank, self.pid, self.code = rank, pid, code
+            self.host, self.label = "127.0.0.1", f"trainer {rank}"
+
+        def poll(self):
+            return self.code
+
+    class Sup:
+        aborted = None
+
+        def handles(self):
+            return [Rank(0, 4242, 1), Rank(1, 0, None)]
+
+        def abort(self, code, why):
+            self.aborted = (code, why)
+
+    said, hangs = [], []
+    diag = Diagnostics(hang_timeout=1, log_root=tmp_path)
+    try:
+        watch = _Watch(Sup(), diag, [], said.append, lambda *a: hangs.append(a),
+                       telemetry.Sink())
+        watch._hung()
+        assert watch.supervisor.aborted is None and hangs == [], said
+        assert any("rank 0 (exit code 1) failed by itself" in s for s in said), said
+        assert not watch._hung_at.is_set() and watch._hang_taken.is_set()
+        assert not list(tmp_path.glob("hang-*"))
+    finally:
+        diag.close()
