@@ -16,9 +16,10 @@ published within about a second (``fluidctl.diagnostics.pages``)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from fluidctl.diagnostics.watch import Diagnostics, StackDump
 
@@ -40,15 +41,14 @@ class SharedDirDiagnostics(Diagnostics):
         for old in diag.root.glob("stacks.*.json"):       # an earlier dump's
             old.unlink()
         argv = self.stack_takers(str(diag.root))
-        try:
-            res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                 timeout=STACKS_TIMEOUT, env=self.takers_env)
-            said = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
-        except subprocess.TimeoutExpired:
-            said = f"no answer within {STACKS_TIMEOUT:g}s"
-        except OSError as exc:
-            said = f"{argv[0]}: {exc.strerror}"
+        said, crashed = self._take(argv, STACKS_TIMEOUT)
         dump = StackDump()
+        if crashed is not None and not any(diag.root.glob("stacks.*.json")):
+            # Open MPI's second mpirun, started beside the job's, has died of SIGSEGV at
+            # start with nothing on stderr (2 runs in about 20 of the suite): once more
+            said, _ = self._take(argv, STACKS_TIMEOUT)
+            dump.notes.append(f"the stack takers ({Path(argv[0]).name}) died of {crashed} and "
+                              "were started again")
         answered = set()
         for path in sorted(diag.root.glob("stacks.*.json")):
             try:
@@ -71,6 +71,24 @@ class SharedDirDiagnostics(Diagnostics):
                     dump.notes.append(note)
             dump.frames[rank] = None
         return dump
+
+    def _take(self, argv: List[str], timeout: float) -> Tuple[str, Optional[str]]:
+        """Run the stack takers: (their last word, the signal that killed them or None)."""
+        try:
+            res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                 timeout=timeout, env=self.takers_env)
+        except subprocess.TimeoutExpired:
+            return f"no answer within {timeout:g}s", None
+        except OSError as exc:
+            return f"{argv[0]}: {exc.strerror}", None
+        said = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
+        crashed = None
+        if res.returncode < 0:
+            try:
+                crashed = signal.Signals(-res.returncode).name
+            except ValueError:
+                crashed = f"signal {-res.returncode}"
+        return said, crashed
 
     def hosts(self, handles) -> Dict[int, str]:
         return {rank: node for rank, (node, _) in self.diag.ranks().items()}
