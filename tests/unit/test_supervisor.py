@@ -222,25 +222,29 @@ def test_a_restart_header_past_max_restarts_says_it_is_a_new_world():
     assert "attempt 2 (a new world; --max-restarts 1 counts failures)" in line
 
 
-def test_a_hang_found_after_every_rank_ended_is_no_hang(tmp_path):
-    """A busy machine can run the hang watchdog after the ranks finished (no log growth, no
-    collective for the timeout: they were done): no hang report, no abort, the ends stand."""
+class _Rank:
+    """A rank's handle as the hang watchdog sees it: its process ended with ``code``."""
+
+    def __init__(self, rank, pid, code):
+        self.rank, self.pid, self.code = rank, pid, code
+        self.host, self.label = "127.0.0.1", f"trainer {rank}"
+
+    def poll(self):
+        return self.code
+
+
+def _hung_once(tmp_path, ranks):
+    """Run the hang watchdog's ``_hung`` once over ``ranks``: (the watch, launch.log lines,
+    hang reports, the supervisor's abort or None)."""
     from fluidctl import telemetry
     from fluidctl.diagnostics.watch import Diagnostics
     from fluidctl.launch.run import _Watch
-
-    class Ended:
-        def __init__(self, rank):
-            self.rank, self.pid, self.host, self.label = rank, 1, "127.0.0.1", f"trainer {rank}"
-
-        def poll(self):
-            return 0
 
     class Sup:
         aborted = None
 
         def handles(self):
-            return [Ended(0), Ended(1)]
+            return list(ranks)
 
         def abort(self, code, why):
             self.aborted = (code, why)
@@ -251,10 +255,17 @@ def test_a_hang_found_after_every_rank_ended_is_no_hang(tmp_path):
         watch = _Watch(Sup(), diag, [], said.append, lambda *a: hangs.append(a),
                        telemetry.Sink())
         watch._hung()
-        assert watch.supervisor.aborted is None and hangs == []
-        assert any("every rank had already ended: not a hang" in s for s in said), said
+        return watch, said, hangs, watch.supervisor.aborted
     finally:
         diag.close()
+
+
+def test_a_hang_found_after_every_rank_ended_is_no_hang(tmp_path):
+    """A busy machine can run the hang watchdog after the ranks finished (no log growth, no
+    collective for the timeout: they were done): no hang report, no abort, the ends stand."""
+    _, said, hangs, aborted = _hung_once(tmp_path, [_Rank(0, 1, 0), _Rank(1, 1, 0)])
+    assert aborted is None and hangs == []
+    assert any("every rank had already ended: not a hang" in s for s in said), said
 
 
 def test_a_rank_that_failed_by_itself_while_the_hang_was_looked_at_is_a_failure(tmp_path):
@@ -262,36 +273,8 @@ def test_a_rank_that_failed_by_itself_while_the_hang_was_looked_at_is_a_failure(
     raises): a rank that exited with an error before its stack was taken makes the job a
     failure, reported by the supervisor with its cause, not "the job hung: dead peer". (A
     rank that exited 0 while the others wait is still a hang's dead peer: test_classify.)"""
-    from fluidctl import telemetry
-    from fluidctl.diagnostics.watch import Diagnostics
-    from fluidctl.launch.run import _Watch
-
-    class Rank:
-        def __init__(self, rank, pid, code):
-            self.rank, self.pid, self.code = rank, pid, code
-            self.host, self.label = "127.0.0.1", f"trainer {rank}"
-
-        def poll(self):
-            return self.code
-
-    class Sup:
-        aborted = None
-
-        def handles(self):
-            return [Rank(0, 4242, 1), Rank(1, 0, None)]
-
-        def abort(self, code, why):
-            self.aborted = (code, why)
-
-    said, hangs = [], []
-    diag = Diagnostics(hang_timeout=1, log_root=tmp_path)
-    try:
-        watch = _Watch(Sup(), diag, [], said.append, lambda *a: hangs.append(a),
-                       telemetry.Sink())
-        watch._hung()
-        assert watch.supervisor.aborted is None and hangs == [], said
-        assert any("rank 0 (exit code 1) failed by itself" in s for s in said), said
-        assert not watch._hung_at.is_set() and watch._hang_taken.is_set()
-        assert not list(tmp_path.glob("hang-*"))
-    finally:
-        diag.close()
+    watch, said, hangs, aborted = _hung_once(tmp_path, [_Rank(0, 4242, 1), _Rank(1, 0, None)])
+    assert aborted is None and hangs == [], said
+    assert any("rank 0 (exit code 1) failed by itself" in s for s in said), said
+    assert not watch._hung_at.is_set() and watch._hang_taken.is_set()
+    assert not list(tmp_path.glob("hang-*"))
