@@ -31,5 +31,32 @@ def by_name(name: str) -> int:
     return int(number)
 
 
-__all__ = ["by_name", "SIG_BLOCK", "SIG_SETMASK", "SIGINT", "SIGKILL", "SIGPIPE", "SIGTERM", "SIGXFSZ",
+def set_on_signals(event, signums) -> None:
+    """``event.set()`` when one of ``signums`` arrives (main thread only, as any handler).
+
+    A handler runs in the main thread between two bytecodes, wherever that thread was: calling
+    ``event.set()`` there deadlocks when the main thread was itself inside ``event.wait()``
+    holding the event's internal lock (not re-entrant), and the process then ignores every
+    later signal but SIGKILL. So the handler only writes a byte to a pipe, and a thread that
+    reads it sets the event."""
+    import os
+    import threading
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+
+    def on_signal(signum, frame):
+        try:
+            os.write(write_end, b"x")
+        except OSError:                 # the pipe is full: a byte is there already
+            pass
+
+    def relay():
+        os.read(read_end, 1)
+        event.set()
+    threading.Thread(target=relay, name="fluidctl-signal-relay", daemon=True).start()
+    for signum in signums:
+        signal(signum, on_signal)
+
+
+__all__ = ["by_name", "set_on_signals", "SIG_BLOCK", "SIG_SETMASK", "SIGINT", "SIGKILL", "SIGPIPE", "SIGTERM", "SIGXFSZ",
            "pthread_sigmask", "signal"]

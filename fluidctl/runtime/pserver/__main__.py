@@ -115,10 +115,8 @@ def serve(cfg: ServerConfig, ready_fd: Optional[int] = None) -> int:
     except CheckpointError as exc:
         raise UsageError(str(exc), "pass another --checkpoint-dir or --pserver-id") from None
 
-    def stop(signum, frame):
-        server.stop_event.set()
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    from fluidctl.sigs import set_on_signals
+    set_on_signals(server.stop_event, (signal.SIGTERM, signal.SIGINT))
     try:
         server.write_state(strict=True)
     except OSError as exc:
