@@ -41,22 +41,42 @@ CPUS_PER_NODE = 4            # claimed (config_overrides): 2 nodes x 4 ranks on 
 PARTITION = "debug"
 
 
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
+def _above_ephemeral() -> range:
+    """Ports the kernel never hands out as a connection's own (its ephemeral range is
+    /proc/sys/net/ipv4/ip_local_port_range): a daemon's port taken from the ephemeral range
+    can be some connection's source port by the time the daemon binds it (seen: slurmd's
+    "Unable to bind listen port (43169): Address already in use" in a full run)."""
+    try:
+        high = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        high = 60999
+    return range(high + 1, 65536)
 
 
 def distinct_ports(addresses: List[str]) -> List[int]:
-    """A free port on each address, no number twice: the kernel may give 127.0.0.1 and
-    127.0.0.2 the same number, and slurmctld refuses a slurmd port equal to its own
-    ("slurmctld is talking with itself"), leaving that node not responding."""
+    """A free port for each daemon, above the ephemeral range, no number twice (slurmctld
+    refuses a slurmd port equal to its own: "slurmctld is talking with itself"), free on
+    every address (slurmd listens on all of them); each pytest worker draws from its own
+    share of the range, so two workers' clusters never pick the same port."""
     ports: List[int] = []
-    for address in addresses:
-        port = free_port(address)
-        while port in ports:
-            port = free_port(address)
+    span = _above_ephemeral()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    share = max(len(addresses), len(span) // 16)
+    start = span.start + (index % 16) * share
+    candidates = list(range(start, min(start + share, span.stop)))
+    secrets.SystemRandom().shuffle(candidates)
+    for port in candidates:
+        if len(ports) == len(addresses):
+            break
+        try:
+            with socket.socket() as sock:
+                sock.bind(("", port))
+        except OSError:
+            continue
         ports.append(port)
+    if len(ports) < len(addresses):
+        raise RuntimeError(f"no {len(addresses)} free ports in {span.start}-{span.stop - 1}")
     return ports
 
 
