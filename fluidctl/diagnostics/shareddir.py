@@ -6,9 +6,12 @@ The job's diagnostics directory is made hidden in LOG_DIR, which these backends'
 with the launcher (the ranks write their logs there too): the runtime's progress counters and
 faulthandler files land there, and each rank's ``fluidctl worker`` writes ``rank.N`` (its node,
 ``DiagDir.this_node``, and its pid). The watchdog reads logs and counters from it as it does on
-one machine. Stacks are taken on each node by ``fluidctl.node.stacks``, started once per
-node by the backend's own launcher (``stack_takers(dir)``: an overlapping srun step, a second
-mpirun), which answers in ``stacks.<node>.json``; they are merged here. On a network file
+one machine. Stacks are taken on each node by ``fluidctl.node.stacks``, which answers in
+``stacks.<node>.json``; they are merged here. ``stack_takers(dir)`` says the commands that
+start it, run side by side: one overlapping srun step (one task per node) for Slurm; for
+mpirun, this machine's taker and one ssh per node, as mpirun's own daemons were reached (a
+second mpirun beside the job's has died of SIGSEGV, or exited 255 with nothing said, about one
+time in six on a loaded machine). On a network file
 system what the ranks write to their logs is seen here with the client's caching delay
 (seconds to a minute): give --hang-timeout minutes there; their counters and straggler sums
 (``progress.N``, ``steps.N``, which the launcher's straggler watcher reads from here too) are
@@ -27,10 +30,11 @@ STACKS_TIMEOUT = 60.0       # seconds for the stack takers (their launch, py-spy
 
 
 class SharedDirDiagnostics(Diagnostics):
-    """``stack_takers(diag_dir)``: the argv that runs the node-side stack taker once on every
-    node of the job (with ``env``); ``world``: how many ranks there are."""
+    """``stack_takers(diag_dir)``: the argvs that, run side by side (with ``env``), run the
+    node-side stack taker once on every node of the job; ``world``: how many ranks there
+    are."""
 
-    def __init__(self, *, stack_takers: Callable[[str], List[str]], world: int,
+    def __init__(self, *, stack_takers: Callable[[str], List[List[str]]], world: int,
                  log_root: Path, env: Optional[Mapping[str, str]] = None, **kw):
         from fluidctl.paths import DiagDir
         super().__init__(log_root=log_root, diag=DiagDir.create(Path(log_root).resolve()), **kw)
@@ -40,15 +44,19 @@ class SharedDirDiagnostics(Diagnostics):
         diag = self.diag
         for old in diag.root.glob("stacks.*.json"):       # an earlier dump's
             old.unlink()
-        argv = self.stack_takers(str(diag.root))
-        said, crashed = self._take(argv, STACKS_TIMEOUT)
+        argvs = self.stack_takers(str(diag.root))
+        said = self._take(argvs, STACKS_TIMEOUT)
         dump = StackDump()
-        if crashed is not None and not any(diag.root.glob("stacks.*.json")):
-            # Open MPI's second mpirun, started beside the job's, has died of SIGSEGV at
-            # start with nothing on stderr (2 runs in about 20 of the suite): once more
-            said, _ = self._take(argv, STACKS_TIMEOUT)
-            dump.notes.append(f"the stack takers ({Path(argv[0]).name}) died of {crashed} and "
-                              "were started again")
+        again = [i for i, (_, crashed) in enumerate(said) if crashed is not None]
+        if again:
+            # a taker that died of a signal (a launcher's, at its start): once more, and the
+            # report says so
+            for i, retry in zip(again, self._take([argvs[i] for i in again], STACKS_TIMEOUT)):
+                dump.notes.append(f"the stack takers ({Path(argvs[i][0]).name}) died of "
+                                  f"{said[i][1]} and were started again")
+                said[i] = retry
+        words = list(dict.fromkeys(word for word, _ in said if word))
+        last_word = "; ".join(words[:3]) + ("; ..." if len(words) > 3 else "") or "no answer"
         answered = set()
         for path in sorted(diag.root.glob("stacks.*.json")):
             try:
@@ -66,29 +74,56 @@ class SharedDirDiagnostics(Diagnostics):
                 node = registered[rank][0]
                 dump.why[rank] = f"its node ({node}) did not answer"
                 dump.state[rank] = "unreachable"
-                note = f"node {node}: no stacks ({said})"
+                note = f"node {node}: no stacks ({last_word})"
                 if node not in answered and note not in dump.notes:
                     dump.notes.append(note)
             dump.frames[rank] = None
         return dump
 
-    def _take(self, argv: List[str], timeout: float) -> Tuple[str, Optional[str]]:
-        """Run the stack takers: (their last word, the signal that killed them or None)."""
-        try:
-            res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                 timeout=timeout, env=self.takers_env)
-        except subprocess.TimeoutExpired:
-            return f"no answer within {timeout:g}s", None
-        except OSError as exc:
-            return f"{argv[0]}: {exc.strerror}", None
-        said = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
-        crashed = None
-        if res.returncode < 0:
+    def _take(self, argvs: List[List[str]], timeout: float
+              ) -> List[Tuple[str, Optional[str]]]:
+        """Run the takers side by side within ``timeout`` (a taker still running then is
+        killed, with its process group): for each, (its last word or '' when it succeeded,
+        the signal that killed it or None)."""
+        import os
+        import time
+        procs: List[Optional[subprocess.Popen]] = []
+        out: List[Tuple[str, Optional[str]]] = []
+        for argv in argvs:
             try:
-                crashed = signal.Signals(-res.returncode).name
-            except ValueError:
-                crashed = f"signal {-res.returncode}"
-        return said, crashed
+                procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                              text=True, env=self.takers_env,
+                                              start_new_session=True))
+                out.append(("", None))
+            except OSError as exc:
+                procs.append(None)
+                out.append((f"{argv[0]}: {exc.strerror}", None))
+        deadline = time.monotonic() + timeout
+        for i, proc in enumerate(procs):
+            if proc is None:
+                continue
+            try:
+                err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))[1]
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                proc.communicate()
+                out[i] = (f"no answer within {timeout:g}s", None)
+                continue
+            if proc.returncode == 0:
+                continue
+            word = (err.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+            crashed = None
+            if proc.returncode < 0:
+                try:
+                    crashed = signal.Signals(-proc.returncode).name
+                except ValueError:
+                    crashed = f"signal {-proc.returncode}"
+            out[i] = (word, crashed)
+        return out
 
     def hosts(self, handles) -> Dict[int, str]:
         return {rank: node for rank, (node, _) in self.diag.ranks().items()}

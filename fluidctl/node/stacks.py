@@ -1,6 +1,7 @@
 """The stacks of this node's ranks, taken on the node: what ``--hang-timeout`` and ``fluidctl
-dump`` run on every node of a Slurm or mpirun job (one task per node: an overlapping srun step,
-a second mpirun), since the launcher cannot reach processes on other nodes.
+dump`` run on every node of a Slurm or mpirun job (an overlapping srun step, one task per node;
+for mpirun, here and over ssh on each node), since the launcher cannot reach processes on
+other nodes.
 
 Each rank's ``fluidctl worker`` wrote DIAG_DIR/rank.N (``<node> <pid>``; DIAG_DIR is in the
 shared LOG_DIR). This takes the stacks of the ranks on this node as the launcher does its own
@@ -8,7 +9,10 @@ shared LOG_DIR). This takes the stacks of the ranks on this node as the launcher
 processes -- not ``scancel --signal``, which would also reach their children (a data loader's
 workers die of SIGUSR2) -- and writes DIAG_DIR/stacks.<node>.json for the launcher to merge.
 
-    python -m fluidctl.node.stacks DIAG_DIR
+    python -m fluidctl.node.stacks DIAG_DIR [--unless-node NAME]
+
+``--unless-node``: do nothing where this node's name is NAME (the mpi backend's taker reached
+over ssh, on a node whose ranks the launcher's own taker answers for).
 """
 from __future__ import annotations
 
@@ -23,11 +27,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     from fluidctl.diagnostics.watch import StackDump, Target, take_stacks
     from fluidctl.paths import DiagDir, write_atomic
     args = sys.argv[1:] if argv is None else argv
+    unless = None
+    if len(args) == 3 and args[1] == "--unless-node":
+        args, unless = args[:1], args[2]
     if len(args) != 1:
-        print("usage: python -m fluidctl.node.stacks DIAG_DIR", file=sys.stderr)
+        print("usage: python -m fluidctl.node.stacks DIAG_DIR [--unless-node NAME]",
+              file=sys.stderr)
         return 2
     diag = DiagDir(Path(args[0]))
     node = DiagDir.this_node(os.environ)
+    if node == unless:
+        return 0
     targets = [Target(rank, pid, node, f"trainer {rank}")
                for rank, (where, pid) in sorted(diag.ranks().items()) if where == node]
     dump = take_stacks(targets, diag) if targets else StackDump()

@@ -336,21 +336,32 @@ class MPILauncher(BaseLauncher):
             self._sweep(os.environ)
 
     def diagnostics(self, config):
-        """The ranks are mpirun's: their stacks are taken on each node by a second mpirun of
-        ``fluidctl.node.stacks``, one per node (``nodediag``); LOG_DIR holds the
+        """The ranks are mpirun's: their stacks are taken on each node by
+        ``fluidctl.node.stacks`` (``nodediag``), here for the ranks mpirun started on this
+        machine and over ssh on each node of the hostfile, reached as mpirun reached it (its
+        name, the ssh config and options), so that the taker names its node as the ranks did.
+        Not by a second mpirun: one started beside the job's has died of SIGSEGV, or exited 255
+        with nothing said, about one time in six on a loaded machine. LOG_DIR holds the
         diagnostics directory, so a node that does not share it has no stacks to give."""
+        import shlex
         from fluidctl.diagnostics.shareddir import SharedDirDiagnostics
-        hostfile = str(config.layout.mpi_hostfile) if self.hosts else None
+        from fluidctl.paths import DiagDir
+        from fluidctl.remote.sshargv import ssh_command
         takers_env = environment({})
         names = export_names({}, takers_env)
         if envs.PYSPY in takers_env:              # empty: py-spy off there too
             names.append(envs.PYSPY)
+        here = DiagDir.this_node(takers_env)
+        timeout = config.ssh_timeout
 
-        def stack_takers(diag_dir: str) -> List[str]:
-            return command([config.interpreter, "-m", "fluidctl.node.stacks", diag_dir],
-                           max(1, len(self.hosts)), hosts=self.hosts, hostfile=hostfile,
-                           env_names=names, ssh_config=config.ssh_config,
-                           map_by="ppr:1:node" if self.hosts else "slot")
+        def stack_takers(diag_dir: str) -> List[List[str]]:
+            taker = [config.interpreter, "-m", "fluidctl.node.stacks", diag_dir]
+            remote = shlex.join(["env"] + [f"{n}={takers_env[n]}" for n in sorted(set(names))]
+                                + taker + ["--unless-node", here])
+            return [taker] + [ssh_command(h.name, ssh_config=config.ssh_config,
+                                          accept_new=config.accept_new_host_keys,
+                                          timeout=timeout) + [remote]
+                              for h in self.hosts]
         self._diagnostics = SharedDirDiagnostics.for_job(config, stack_takers=stack_takers,
                                                          world=self.world, env=takers_env)
         return self._diagnostics

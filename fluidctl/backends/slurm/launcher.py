@@ -306,10 +306,10 @@ class SlurmLauncher(BaseLauncher):
             return self._diagnostics
         from fluidctl.diagnostics.shareddir import SharedDirDiagnostics
 
-        def stack_takers(diag_dir: str) -> List[str]:
-            return srun_argv(nodes=len(self.nodes), ntasks_per_node=1, name=step_name(),
-                             command=[self.python, "-m", "fluidctl.node.stacks", diag_dir],
-                             nodelist=self.nodes, overlap=True, fail_fast=False)
+        def stack_takers(diag_dir: str) -> List[List[str]]:
+            return [srun_argv(nodes=len(self.nodes), ntasks_per_node=1, name=step_name(),
+                              command=[self.python, "-m", "fluidctl.node.stacks", diag_dir],
+                              nodelist=self.nodes, overlap=True, fail_fast=False)]
         self._diagnostics = SharedDirDiagnostics.for_job(config, stack_takers=stack_takers,
                                                          world=self.world)
         return self._diagnostics
