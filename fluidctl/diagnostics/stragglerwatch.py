@@ -23,7 +23,10 @@ late alike), so only ``fluidctl.runtime`` names links. Marks of ranks on differe
 by their clocks' error (NTP: about a millisecond), below ``MIN_EXCESS``.
 
 A verdict seen in ``CONFIRM`` polls in a row is printed as one line (again only when it
-changes, or every ``REPEAT`` seconds), appended to ``LOG_DIR/stragglers.log`` and written as
+changes, or every ``REPEAT`` seconds); one of slow compute from marks must also hold over two
+windows that do not overlap (``Watcher.held``): on a machine with fewer cores than busy
+processes a rank starved for half a second arrives as late as a slowed one, and only a slowed
+one stays late, appended to ``LOG_DIR/stragglers.log`` and written as
 ``LOG_DIR/stragglers.json``.
 
 The ranks' side (the pages and what writes them) is ``fluidctl.diagnostics.stragglers``.
@@ -53,7 +56,7 @@ MIN_EXCESS = 0.002       # ... and at least this many seconds per collective
 WAITED = 0.5             # the others waited for at least this share of the excess
 LINK_SHARE = 0.25        # a slow link streams at least this share of a collective's time
 MARK_SHARE = 0.3         # marks: a straggler arrives this share of a collective's time late
-OWN_RATIO = 1.5          # ... and its own time (see classify_marks) is this many times the others'
+OWN_RATIO = 2.0          # ... and its own time (see classify_marks) is this many times the others'
 GROUP = 0.5              # ... and it is at least this share as late as the latest rank
 
 
@@ -240,6 +243,8 @@ class Watcher(threading.Thread):
         self._halt = threading.Event()
         self._seen: Optional[Tuple[str, Tuple[int, ...]]] = None
         self._streak = 0
+        self._streak_began = 0.0        # when the streak's first reading was taken
+        self._window_began = 0.0        # where the last verdict's window began
         self._said: Dict[Tuple[str, Tuple[int, ...]], float] = {}
 
     def verdict(self, when: float, now: Mapping[int, Sample]) -> Optional[Verdict]:
@@ -248,6 +253,7 @@ class Watcher(threading.Thread):
             common = set(before) & set(now)
             if common and when - then >= MIN_WINDOW and \
                     min(now[r].count - before[r].count for r in common) >= MIN_COLLECTIVES:
+                self._window_began = then
                 return classify(before, now)
         return None
 
@@ -263,8 +269,10 @@ class Watcher(threading.Thread):
             self._seen, self._streak = None, 0
             return None
         self._streak = self._streak + 1 if found.key() == self._seen else 1
+        if self._streak == 1:
+            self._streak_began = when
         self._seen = found.key()
-        if self._streak < CONFIRM:
+        if self._streak < CONFIRM or not self.held(found):
             return None
         said = self._said.get(found.key())
         if said is not None and when - said < REPEAT:
@@ -272,6 +280,14 @@ class Watcher(threading.Thread):
         self._said[found.key()] = when
         self.report(found)
         return found
+
+    def held(self, v: Verdict) -> bool:
+        """Slow compute from marks (no loader time, no per-collective split to back it) is
+        said once the same verdict came from a window that began after the streak's first
+        reading was taken: two windows apart. The others, once seen CONFIRM times."""
+        if v.kind != "compute" or v.source == RUNTIME:
+            return True
+        return self._window_began >= self._streak_began
 
     def report(self, v: Verdict) -> None:
         from fluidctl.telemetry import Straggler

@@ -236,3 +236,43 @@ def test_a_rank_imports_from_its_working_directory_with_an_empty_pythonpath_entr
     res = subprocess.run([sys.executable, str(scripts / "main.py")], cwd=work, env=env,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout == "42\n", res.stderr
+
+
+def watched(late_of, seconds=6.0, step_ms=100):
+    """What the launcher's watcher says about 3 ranks whose marks arrive every ``step_ms``,
+    rank r ``late_of(r, seq)`` ms late at collective seq, read every POLL seconds."""
+    said, now = [], [0.0]
+
+    def samples():
+        upto = int(now[0] * 1e3 // step_ms)
+        seqs = range(max(1, upto - st.MARKS + 1), upto + 1)
+        return {r: st.Sample(upto, 0, 0, int(upto * 0.1 * MS), 0, -1, st.FLIGHT_RECORDER,
+                             tuple((s, T0 + int((s * step_ms + late_of(r, s)) * MS))
+                                   for s in seqs))
+                for r in range(3)}
+
+    watcher = sw.Watcher(samples, lambda: {}, said.append, None, clock=lambda: now[0],
+                         sink=CollectingSink(said))
+    while now[0] < seconds:
+        now[0] += st.POLL
+        watcher.step()
+    return said
+
+
+class CollectingSink:
+    def __init__(self, said):
+        self.said = said
+
+    def emit(self, event):
+        self.said.append((event.kind, event.ranks, event.at_collective))
+
+
+def test_a_rank_starved_for_half_a_second_is_not_a_straggler_and_a_slowed_one_is():
+    """A machine with fewer cores than busy processes starves a rank for a while: it arrives
+    60 ms late at 8 collectives (0.8 s), as a slowed rank would. CONFIRM readings in a row
+    see that; a verdict of slow compute from marks also needs a window after the first."""
+    burst = watched(lambda r, s: 60 if r == 0 and 20 <= s <= 27 else 0)
+    assert burst == []
+    slowed = watched(lambda r, s: 60 if r == 0 and s >= 20 else 0)
+    assert [(kind, ranks) for kind, ranks, _ in slowed] == [("compute", (0,))]
+    assert slowed[0][2] - 20 <= 20, slowed          # still named within 20 collectives
