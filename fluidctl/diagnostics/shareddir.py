@@ -24,6 +24,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
+from fluidctl.diagnostics.failures import signal_of
 from fluidctl.diagnostics.watch import Diagnostics, StackDump
 
 STACKS_TIMEOUT = 60.0       # seconds for the stack takers (their launch, py-spy per rank)
@@ -116,13 +117,7 @@ class SharedDirDiagnostics(Diagnostics):
             if proc.returncode == 0:
                 continue
             word = (err.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-            crashed = None
-            if proc.returncode < 0:
-                try:
-                    crashed = signal.Signals(-proc.returncode).name
-                except ValueError:
-                    crashed = f"signal {-proc.returncode}"
-            out[i] = (word, crashed)
+            out[i] = (word, signal_of(proc.returncode) if proc.returncode < 0 else None)
         return out
 
     def hosts(self, handles) -> Dict[int, str]:

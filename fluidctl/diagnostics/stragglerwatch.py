@@ -23,11 +23,11 @@ late alike), so only ``fluidctl.runtime`` names links. Marks of ranks on differe
 by their clocks' error (NTP: about a millisecond), below ``MIN_EXCESS``.
 
 A verdict seen in ``CONFIRM`` polls in a row is printed as one line (again only when it
-changes, or every ``REPEAT`` seconds); one of slow compute from marks must also hold over two
-windows that do not overlap (``Watcher.held``): on a machine with fewer cores than busy
-processes a rank starved for half a second arrives as late as a slowed one, and only a slowed
-one stays late, appended to ``LOG_DIR/stragglers.log`` and written as
-``LOG_DIR/stragglers.json``.
+changes, or every ``REPEAT`` seconds), appended to ``LOG_DIR/stragglers.log`` and written as
+``LOG_DIR/stragglers.json``. One of slow compute from marks must also hold over two windows
+that do not overlap (``Watcher.held``): on a machine with fewer cores than busy processes a
+rank starved for half a second arrives as late as a slowed one, and only a slowed one stays
+late.
 
 The ranks' side (the pages and what writes them) is ``fluidctl.diagnostics.stragglers``.
 """

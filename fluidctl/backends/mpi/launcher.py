@@ -28,7 +28,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from fluidctl import envs
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.procs.local import LocalProcess
-from fluidctl.diagnostics.failures import Failure
+from fluidctl.diagnostics.failures import Failure, signal_of
 from fluidctl.errors import UsageError
 from fluidctl.paths import write_atomic
 from fluidctl.planning.hosts import Host, format_hostfile
@@ -222,12 +222,7 @@ class MpirunProcess(LocalProcess):
         if code is None or code >= 0 or self.started_again is not None or \
                 time.monotonic() - self._began > START_CRASH or not self._no_rank_began():
             return code
-        import signal as signals
-        try:
-            name = signals.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        self.started_again = name
+        self.started_again = name = signal_of(code)
         if self._say is not None:
             self._say(f"mpirun (pid {self.pid}) died of {name} "
                       f"{time.monotonic() - self._began:.1f}s after its start, before any rank "
