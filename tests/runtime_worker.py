@@ -109,6 +109,52 @@ def errors(ctx):
     result(**out)
 
 
+def agreed_once(ctx):
+    """Between nodes a signature is agreed in full once; later calls only compare the ring's
+    headers. Counts the full agreements this rank's ring made for 20 calls of 3 signatures."""
+    ring = getattr(ctx.comm, "ring", None)
+    full = []
+    if ring is not None:
+        gather = ring.gather_meta
+        ring.gather_meta = lambda *a: (full.append(1), gather(*a))[1]
+    ok = True
+    for i in range(20):
+        x, y = np.full(4, ctx.rank + 1.0), np.full((2, 3), i, np.int64)
+        ctx.allreduce(x)
+        ctx.broadcast(y, root=i % ctx.world_size)
+        ok &= bool(np.all(x == ctx.world_size * (ctx.world_size + 1) / 2) and np.all(y == i))
+        ok &= bool(np.all(ctx.allgather(np.full(3, ctx.rank)) == np.arange(ctx.world_size)[:, None]))
+    ctx.barrier()
+    result(ok=ok, full=len(full) if ring is not None else None)
+
+
+def late_mismatch(ctx):
+    """A rank that diverges after a signature was agreed in full (TEST_VARIANT: ``new`` passes a
+    shape never agreed, ``agreed`` one agreed before, ``kind`` calls broadcast instead): every
+    rank raises the same error, and the communicator stays closed after it."""
+    variant, odd = os.environ["TEST_VARIANT"], int(os.environ["TEST_ODD_RANK"])
+    for n in (4, 8):
+        for _ in range(2):
+            ctx.allreduce(np.ones(n))
+    mine = ctx.rank == odd
+    out = {}
+    try:
+        if variant == "kind" and mine:
+            ctx.broadcast(np.ones(4))
+        else:
+            ctx.allreduce(np.ones({"new": 5, "agreed": 8}.get(variant, 4) if mine else 4))
+        out["error"] = "no error"
+    except CollectiveError as exc:
+        out["error"] = str(exc)
+    try:
+        x = np.ones(4)
+        ctx.allreduce(x)
+        out["after"] = "works" if np.all(x == ctx.world_size) else "wrong"
+    except CollectiveError as exc:
+        out["after"] = str(exc)
+    result(**out)
+
+
 def die(ctx):
     """The last rank kills itself in the middle of the run; the others must report it."""
     x = np.ones(1000)

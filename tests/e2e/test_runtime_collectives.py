@@ -95,6 +95,60 @@ def test_bad_input_is_the_same_error_everywhere(topology, tmp_path):
         assert text in errors[name], (name, errors[name])
 
 
+@pytest.mark.parametrize("topology,hosts", [("ring", LARGER["ring"]),
+                                             ("hierarchical", LARGER["hierarchical"])])
+def test_between_nodes_a_signature_is_agreed_in_full_once(topology, hosts, tmp_path):
+    """Later calls are checked by the ring's fixed headers, not by the whole world's records:
+    an allreduce, a broadcast from each rank and an allgather, 20 times each, and the barrier
+    (always in full), make 3 + world size full rounds (61 if every call went round in full)."""
+    result = run("agreed_once", hosts, tmp_path)
+    assert result.ok(), result
+    per_rank = rankspawn.results(result)
+    assert all(r["ok"] for r in per_rank), per_rank
+    assert {r["full"] for r in per_rank if r["full"] is not None} == {3 + len(hosts)}, per_rank
+
+
+LATE = {   # variant, odd rank, hosts -> words every rank's error holds
+    "ring-new": ("new", 1, TOPOLOGIES["ring"],
+                 ["shape mismatch", "shape (4,)", "shape (5,)", "communicator is closed"]),
+    "ring-agreed": ("agreed", 2, LARGER["ring"],
+                    ["shape mismatch", "shape (4,)", "shape (8,)", "rank 2"]),
+    "ring-kind": ("kind", 0, LARGER["ring"], ["called broadcast", "called allreduce"]),
+    "hierarchical-leader": ("new", 2, TOPOLOGIES["hierarchical"],
+                            ["shape mismatch", "shape (5,)", "rank 2"]),
+    "hierarchical-same-node": ("agreed", 1, TOPOLOGIES["hierarchical"],
+                               ["shape mismatch: rank 0 passed shape (4,), rank 1 shape (8,)"]),
+}
+
+
+@pytest.mark.parametrize("case", LATE)
+def test_a_rank_diverging_after_first_use_fails_every_rank_alike(case, tmp_path):
+    variant, odd, hosts, words = LATE[case]
+    result = run("late_mismatch", hosts, tmp_path,
+                 extra={"TEST_VARIANT": variant, "TEST_ODD_RANK": str(odd)})
+    assert result.ok(), result
+    per_rank = rankspawn.results(result)
+    errors = {r["error"] for r in per_rank}
+    assert len(errors) == 1, per_rank
+    error = errors.pop()
+    for word in words:
+        assert word in error, (word, error)
+    assert all("broken" in r["after"] for r in per_rank), per_rank
+
+
+def test_strict_collectives_agree_every_call_in_full(tmp_path):
+    """FLUIDCTL_STRICT_COLLECTIVES=1: the same late mismatch is found in full, named the same
+    on every rank, and the ring stays usable."""
+    result = run("late_mismatch", TOPOLOGIES["ring"], tmp_path,
+                 extra={"TEST_VARIANT": "new", "TEST_ODD_RANK": "1",
+                        "FLUIDCTL_STRICT_COLLECTIVES": "1"})
+    assert result.ok(), result
+    per_rank = rankspawn.results(result)
+    assert per_rank[0] == per_rank[1], per_rank
+    assert "shape mismatch: rank 0 passed shape (4,), rank 1 shape (5,)" in per_rank[0]["error"]
+    assert "closed" not in per_rank[0]["error"] and per_rank[0]["after"] == "works"
+
+
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_a_killed_rank_is_reported_and_leaks_nothing(topology, tmp_path):
     hosts = TOPOLOGIES[topology]

@@ -10,6 +10,11 @@ them to the transport picked at start-up:
 - ``nccl``: used for CuPy arrays when a GPU communicator exists (cupy arrays without one are
   staged through host memory and take the CPU path).
 
+Between nodes (``ring``, ``hierarchical``) a call's metadata is agreed in full on its first
+use; later calls with an agreed signature send a fixed header that each ring member compares with
+its neighbour's (see ``ring``), so the check costs the same at any world size.
+FLUIDCTL_STRICT_COLLECTIVES=1 agrees on every call in full.
+
 Everything is built on one primitive, an in-place allreduce with metadata agreement:
 broadcast is an allreduce where non-roots contribute zeros (x + 0 is exact), allgather reduces a
 zero-filled (world, ...) buffer holding each rank's row, reduce_scatter keeps this rank's part.
@@ -65,7 +70,7 @@ class _SmallCall:
 
 class Communicator:
     def __init__(self, rank: int, world_size: int, *, shm=None, ring=None, mpi=None,
-                 local_ranks: Optional[List[int]] = None):
+                 local_ranks: Optional[List[int]] = None, strict: bool = False):
         self.rank, self.world_size = rank, world_size
         self.shm, self.ring, self.mpi = shm, ring, mpi
         self.nccl = None                      # set by init() when a GPU communicator exists
@@ -75,6 +80,8 @@ class Communicator:
         self._op = "sum"
         self._records = {}
         self._log = None                      # the GPU path's CallLog (agree.py), made on first use
+        self._agreed = set()                  # call keys agreed in full between nodes
+        self._fast = False                    # this call's header mode (ring.FAST), for _across
         if mpi is not None:
             self.transport = "mpi"
         elif shm is not None and (ring is not None or world_size > shm.n):
@@ -85,6 +92,8 @@ class Communicator:
             self.transport = "ring"
         else:
             self.transport = "single"
+        # between nodes, a signature agreed once is checked against the ring neighbours only
+        self._by_header = self.transport in ("ring", "hierarchical") and not strict
         # one node, the native module built: allreduces below DIRECT_MIN skip the Python path
         self._small = shm.small if self.transport == "shm" and shm._native is not None else None
         self._smalls = {}                     # (dtype, shape, op) -> _SmallCall or None
@@ -128,7 +137,12 @@ class Communicator:
             rec = self._records[key] = meta.record(0, kind, op, dtype, shape, root, problem)
         rec[meta.SEQ] = self._seq
         reduce_op = "sum" if op == "mean" else op
-        self._exchange(flat, rec, reduce_op, zero_input)
+        fast = self._by_header and key in self._agreed and kind != "barrier"
+        self._exchange(flat, rec, reduce_op, zero_input, fast)
+        if self._by_header and not fast:      # agreed in full by every rank: headers from now
+            if len(self._agreed) > 256:           # the same on every rank: calls agree so far
+                self._agreed.clear()
+            self._agreed.add(key)
         if op == "mean":
             flat /= flat.dtype.type(self.world_size)
 
@@ -147,8 +161,9 @@ class Communicator:
             wide /= np.float32(self.world_size)
         flat[...] = wide.astype(flat.dtype)
 
-    def _exchange(self, flat, rec, reduce_op: str, zero_input: bool) -> None:
-        """Agree on ``rec`` with every rank, then allreduce ``flat`` in place."""
+    def _exchange(self, flat, rec, reduce_op: str, zero_input: bool, fast: bool = False) -> None:
+        """Agree on ``rec`` with every rank (``fast``: by the ring's headers, the signature
+        agreed in full before), then allreduce ``flat`` in place."""
         if self.transport == "single":
             message = meta.check(rec[None])
             if message:
@@ -158,20 +173,23 @@ class Communicator:
         elif self.transport == "mpi":
             self.mpi.allreduce(flat, rec, reduce_op, zero_input)
         elif self.transport == "ring":
-            table = np.zeros((self.world_size, meta.RECORD), np.int64)
-            table[self.rank] = rec
-            self.ring.gather_meta(table, [self.rank])
-            message = meta.check(table)
-            if message:
-                raise CollectiveError(message)
+            header = self.ring.header(fast, rec)
+            if not fast:
+                self.ring.exchange_header(header)
+                table = np.zeros((self.world_size, meta.RECORD), np.int64)
+                table[self.rank] = rec
+                self.ring.gather_meta(table, [self.rank])
+                message = meta.check(table)
+                if message:
+                    raise CollectiveError(message)
             if zero_input:
                 flat[:] = 0
-            self.ring.allreduce(flat, reduce_op)
+            self.ring.allreduce(flat, reduce_op, header if fast else None)
         else:
-            self._op = reduce_op
+            self._op, self._fast = reduce_op, fast
             try:
                 self.shm.allreduce(flat, rec, reduce_op, zero_input,
-                                   across=self._across if self.is_leader else None)
+                                   across=self._across if self.is_leader else None, fast=fast)
             except CollectiveError:
                 if self.ring is not None and self.shm.broken:
                     self.ring.close()        # let the other nodes hear about it now
@@ -220,13 +238,24 @@ class Communicator:
         return contextlib.nullcontext()
 
     def _across(self, chunk, table, first: bool) -> None:
-        """Hierarchical step on a node leader: agree metadata and reduce between nodes."""
+        """Hierarchical step on a node leader: agree metadata and reduce between nodes. On the
+        first chunk: in full (every rank's record goes round), or by header, where the node's
+        ranks agree (``chunk`` is None when they do not) and the leader's record stands for
+        them."""
+        ring, header = self.ring, None
         if first:
-            self.ring.gather_meta(table, self.local_ranks)
-            if meta.check(table):
-                return
+            header = ring.header(self._fast, table[self.rank])
+            if self._fast and chunk is None:
+                local = self.local_ranks
+                ring.fail(meta.check(table[local], False, local) or meta.DIVERGED)
+            if not self._fast:
+                ring.exchange_header(header)
+                header = None
+                ring.gather_meta(table, self.local_ranks)
+                if meta.check(table):
+                    return
         if chunk is not None:
-            self.ring.allreduce(chunk, self._op)
+            ring.allreduce(chunk, self._op, header)
 
     def _small_call(self, x, op: str):
         """What the native path needs for allreduces like ``x`` with ``op``, or None when

@@ -162,13 +162,14 @@ def build(env: envs.DistEnv, store: StoreClient, timeout: float, transport: str 
         if layout.n_nodes > 1 and rank == layout.leader:
             from fluidctl.runtime.collective.ring import Ring
             members, index = layout.ring_members()
-            ring = Ring(members, index, listener, env.token, timeout)
+            ring = Ring(members, index, listener, env.token, timeout, store)
             listener = None
     finally:
         if listener is not None:
             listener.close()
     store.barrier("ready", world, timeout)
-    return Communicator(rank, world, shm=shm, ring=ring, local_ranks=local)
+    return Communicator(rank, world, shm=shm, ring=ring, local_ranks=local,
+                        strict=envs.strict_collectives(os.environ))
 
 
 def _has_mpi4py() -> bool:

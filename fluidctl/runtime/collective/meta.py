@@ -8,7 +8,7 @@ the same clear error on every rank instead of a hang or silently mixed data.
 from __future__ import annotations
 
 import zlib
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -129,11 +129,13 @@ def _shape(rec) -> str:
     return f"shape ({dims}{',' if ndim == 1 else ''})"
 
 
-def check(table: np.ndarray, whole_world: bool = True) -> Optional[str]:
+def check(table: np.ndarray, whole_world: bool = True,
+          ranks: Optional[Sequence[int]] = None) -> Optional[str]:
     """The first inconsistency in a (world, RECORD) table, as a sentence; None if all agree.
 
     Deterministic in the table alone, so every rank that holds the table says the same thing.
-    ``whole_world=False`` checks a subset of the ranks (one node's), where roots are not known.
+    ``whole_world=False`` checks a subset of the ranks (one node's), where roots are not known;
+    ``ranks`` then names the rows (row i is rank i without it).
     The common case, every row equal to the first, is one bytes (or numpy) comparison and a
     dict lookup of that record's verdict: no Python loop over the ranks.
     """
@@ -141,20 +143,21 @@ def check(table: np.ndarray, whole_world: bool = True) -> Optional[str]:
     raw = table.tobytes()
     row = raw[:RECORD * 8]
     if (raw == row * n) if n <= 64 else bool((table == table[0]).all()):
-        key = (row[8:], n if whole_world else None)      # the verdict does not need SEQ
+        key = (row[8:], n if whole_world else None,   # the verdict does not need SEQ
+               None if ranks is None else ranks[0])
         verdict = _VERDICTS.get(key, _UNKNOWN)
         if verdict is _UNKNOWN:
             if len(_VERDICTS) > 1024:
                 _VERDICTS.clear()
             ref = table[0]
             verdict = _VERDICTS[key] = (
-                _first_mismatch(table[:1], False) if ref[DTYPE] <= 0 or ref[OP] < 0
+                _first_mismatch(table[:1], False, ranks) if ref[DTYPE] <= 0 or ref[OP] < 0
                 else _valid_call(ref, key[1]))
         return verdict
     kinds = table[:, KIND]
     if (kinds == CHECK).any():
         return f"{DIVERGED} (collective #{int(table[:, SEQ].min())} or earlier)"
-    return _first_mismatch(table, whole_world)
+    return _first_mismatch(table, whole_world, ranks)
 
 
 _VERDICTS = {}          # (a record without its SEQ, world) -> check()'s answer for all-equal rows
@@ -172,39 +175,45 @@ def _valid_call(ref, world: Optional[int]) -> Optional[str]:
     return None
 
 
-def _first_mismatch(table: np.ndarray, whole_world: bool) -> Optional[str]:
+def _first_mismatch(table: np.ndarray, whole_world: bool,
+                    ranks: Optional[Sequence[int]] = None) -> Optional[str]:
     for r, rec in enumerate(table):
+        who = r if ranks is None else ranks[r]
         if rec[DTYPE] <= 0:
             if int(rec[DTYPE]) in _PROBLEMS:
-                return f"rank {r} passed {dtype_name(int(rec[DTYPE]))}"
+                return f"rank {who} passed {dtype_name(int(rec[DTYPE]))}"
             if rec[DTYPE] <= -GPU_UNSUPPORTED:
-                return (f"rank {r} passed a CuPy {dtype_name(int(rec[DTYPE]), rec)} array, which "
-                        f"NCCL collectives do not support (on GPUs use {GPU_DTYPES})")
-            return (f"rank {r} passed {dtype_name(int(rec[DTYPE]), rec)}, which collectives "
+                return (f"rank {who} passed a CuPy {dtype_name(int(rec[DTYPE]), rec)} array, "
+                        f"which NCCL collectives do not support (on GPUs use {GPU_DTYPES})")
+            return (f"rank {who} passed {dtype_name(int(rec[DTYPE]), rec)}, which collectives "
                     f"do not support (use {CPU_DTYPES})")
         if rec[OP] < 0:
-            return f"rank {r} passed an unknown op (use one of {', '.join(OPS)})"
+            return f"rank {who} passed an unknown op (use one of {', '.join(OPS)})"
     ref = table[0]
     what = KINDS[int(ref[KIND])]
+    first = 0 if ranks is None else ranks[0]
     for r, rec in enumerate(table[1:], start=1):
+        who = r if ranks is None else ranks[r]
         if rec[SEQ] == ref[SEQ] and rec[KIND] != ref[KIND]:
-            return (f"collective #{int(ref[SEQ])}: rank 0 called {what} but rank {r} called "
-                    f"{KINDS[int(rec[KIND])]}; every rank must make the same collective calls "
-                    "in the same order")
+            return (f"collective #{int(ref[SEQ])}: rank {first} called {what} but rank {who} "
+                    f"called {KINDS[int(rec[KIND])]}; every rank must make the same collective "
+                    "calls in the same order")
         if rec[SEQ] != ref[SEQ]:
-            return (f"rank 0 is in collective #{int(ref[SEQ])} ({what}) but rank {r} is in "
-                    f"#{int(rec[SEQ])} ({KINDS[int(rec[KIND])]}); every rank must make the same "
-                    "collective calls in the same order")
+            return (f"rank {first} is in collective #{int(ref[SEQ])} ({what}) but rank {who} is "
+                    f"in #{int(rec[SEQ])} ({KINDS[int(rec[KIND])]}); every rank must make the "
+                    "same collective calls in the same order")
         if rec[OP] != ref[OP]:
-            return (f"{what}: rank 0 asked for op '{OPS[int(ref[OP])]}' but rank {r} for "
+            return (f"{what}: rank {first} asked for op '{OPS[int(ref[OP])]}' but rank {who} for "
                     f"'{OPS[int(rec[OP])]}'")
         if rec[ROOT] != ref[ROOT]:
-            return f"{what}: rank 0 names root {int(ref[ROOT])} but rank {r} names {int(rec[ROOT])}"
+            return (f"{what}: rank {first} names root {int(ref[ROOT])} but rank {who} names "
+                    f"{int(rec[ROOT])}")
         if rec[DTYPE] != ref[DTYPE]:
-            return (f"{what}: dtype mismatch: rank 0 passed {dtype_name(int(ref[DTYPE]))}, rank "
-                    f"{r} passed {dtype_name(int(rec[DTYPE]))}")
+            return (f"{what}: dtype mismatch: rank {first} passed {dtype_name(int(ref[DTYPE]))}, "
+                    f"rank {who} passed {dtype_name(int(rec[DTYPE]))}")
         if rec[CRC] != ref[CRC] or rec[NBYTES] != ref[NBYTES] or rec[NDIM] != ref[NDIM]:
-            return f"{what}: shape mismatch: rank 0 passed {_shape(ref)}, rank {r} {_shape(rec)}"
+            return (f"{what}: shape mismatch: rank {first} passed {_shape(ref)}, rank {who} "
+                    f"{_shape(rec)}")
     return _valid_call(ref, len(table) if whole_world else None)
 
 

@@ -32,7 +32,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from fluidctl.runtime.collective import meta
+from fluidctl.runtime.collective import meta, posted
 from fluidctl.runtime.collective.agree import signature
 from fluidctl.runtime.collective.gpuwork import DEPTH, InFlight
 from fluidctl.runtime.collective.meta import CollectiveError
@@ -41,7 +41,6 @@ from fluidctl.runtime.collective.ncclcodes import (  # noqa: F401 (nccl's API)
     decode_unique_id, describe, dtype_code, encode_unique_id, make_communicator, nccl_type)
 
 ID_KEY = "nccl/unique_id"
-ERROR_KEY = "nccl/error"
 INIT_ERROR = "nccl/init/error"        # the first error creating the communicator (all raise it)
 INIT_DONE = "nccl/init/done"          # a counter of ranks whose communicator is up
 INIT_ALL = "nccl/init/all"            # set by the last of them
@@ -497,15 +496,8 @@ class NcclTransport:
                 "compute-sanitizer)")
 
     def _posted(self) -> Optional[str]:
-        if self.store is None:
-            return None
-        from fluidctl.runtime.store import StoreTimeout
-        try:
-            return self.store.get(ERROR_KEY, 0).decode()
-        except StoreTimeout:
-            return None
-        except OSError as exc:
-            return f"lost the rendezvous store on rank 0 during an NCCL collective ({exc})"
+        return posted.read(self.store, "lost the rendezvous store on rank 0 during an NCCL "
+                                       "collective ({})")
 
     def _dead_peers(self) -> List[str]:
         from fluidctl.runtime.collective.shm import _pid_alive
@@ -527,13 +519,8 @@ class NcclTransport:
         dead = self._dead_peers() if post else []
         if dead:
             message = f"{'; '.join(dead)}: {message}"
-        if post and self.store is not None:
-            try:
-                if self.store.add(ERROR_KEY + "/count", 1) == 1:
-                    self.store.set(ERROR_KEY, message.encode())
-                message = self.store.get(ERROR_KEY, 5.0).decode()
-            except Exception:
-                pass
+        if post:
+            message = posted.post(self.store, message)
         message = self.work.trip(message + " (the communicator is aborted; restart the job)")
         self.broken = True
         comm, self.comm = self.comm, None

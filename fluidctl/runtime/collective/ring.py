@@ -7,10 +7,17 @@ segment is cut into pieces and the steps are pipelined: a sender thread streams 
 queue (``sendall`` on memoryviews, no copies, GIL released) while the caller receives the
 matching piece with ``recv_into`` and reduces it, then queues it for the next hop.
 
-The metadata records (see ``meta``) go round first in small wire frames, so a mismatch is
-reported on every rank before any data moves. A peer that dies shows up as a closed connection
-or a timeout, reported with its rank and endpoint; the ring is then closed so the failure reaches
-the other members instead of leaving them waiting.
+Every call starts with a fixed 104-byte header to the next member: a mode word and the call's
+metadata record (see ``meta``). The first use of a call's signature is agreed in full (mode
+FULL): the records go round in small wire frames, so a mismatch is reported on every rank, in
+the same words, before any data moves, and the ring stays usable. After that (mode FAST) the
+header rides in front of the call's data and each member compares its predecessor's header with
+its own: if every neighbour agrees, all do, so a call costs the same in a ring of 3 and of 3,000.
+A member that finds a difference posts it as the job's error (``posted``) and closes the ring.
+
+A peer that dies shows up as a closed connection or a timeout, reported with its rank and
+endpoint (or as the error a member posted, when there is one); the ring is then closed so the
+failure reaches the other members instead of leaving them waiting.
 """
 from __future__ import annotations
 
@@ -25,7 +32,7 @@ import numpy as np
 
 from fluidctl.diagnostics import stragglers
 from fluidctl.runtime import store, wire
-from fluidctl.runtime.collective import meta
+from fluidctl.runtime.collective import meta, posted
 from fluidctl.runtime.collective.meta import CollectiveError
 
 log = logging.getLogger("fluidctl.ring")
@@ -33,6 +40,8 @@ log = logging.getLogger("fluidctl.ring")
 PIECE = 512 << 10                 # pipelining granularity
 SOCKBUF = 4 << 20
 DIRECT_SEND = 64 << 10            # below this the kernel buffers it all: send inline
+FULL = 0x4C4C5546                 # a header's mode word: "FULL", the records go round next
+FAST = 0x54534146                 # "FAST": the call's data follows
 
 
 def listen(endpoint: str) -> socket.socket:
@@ -51,9 +60,12 @@ class Ring:
     """``members`` = [(global rank, endpoint)] in ring order; this process is ``members[index]``."""
 
     def __init__(self, members: Sequence[Tuple[int, str]], index: int, listener: socket.socket,
-                 token: Optional[str], timeout: float):
+                 token: Optional[str], timeout: float, store=None):
         self.members, self.index, self.n = list(members), index, len(members)
         self.timeout = timeout
+        self.store = store              # where a member's error is posted for all (posted.py)
+        self._mine = np.zeros(1 + meta.RECORD, np.int64)       # this call's header
+        self._theirs = np.zeros(1 + meta.RECORD, np.int64)     # the predecessor's
         self.rank = members[index][0]
         self.next_rank, self.next_ep = members[(index + 1) % self.n]
         self.prev_rank, self.prev_ep = members[(index - 1) % self.n]
@@ -151,8 +163,9 @@ class Ring:
     def _lost(self, exc, rank, endpoint):
         what = ("timed out" if isinstance(exc, socket.timeout)
                 else f"lost the connection ({exc})")
-        message = (f"rank {self.rank}: {what} with rank {rank} at {endpoint} during a collective "
-                   f"(did it die? check its log; timeout {self.timeout:g}s)")
+        message = posted.read(self.store) or (
+            f"rank {self.rank}: {what} with rank {rank} at {endpoint} during a collective "
+            f"(did it die? check its log; timeout {self.timeout:g}s)")
         self.broken = message
         self.close()
         raise CollectiveError(message)
@@ -171,6 +184,55 @@ class Ring:
         except (OSError, wire.WireError) as exc:
             self._lost(exc, self.prev_rank, self.prev_ep)
 
+    # --- agreeing on each call ---------------------------------------------------------
+    def header(self, fast: bool, rec: np.ndarray) -> np.ndarray:
+        """This call's header: the mode word, then the record."""
+        mine = self._mine
+        mine[0] = FAST if fast else FULL
+        mine[1:] = rec
+        return mine
+
+    def _recv_header(self) -> np.ndarray:
+        theirs = self._theirs
+        try:
+            wire.recv_exact_into(self.recv_sock, memoryview(theirs).cast("B"))
+        except (OSError, wire.WireError) as exc:
+            self._lost(exc, self.prev_rank, self.prev_ep)
+        return theirs
+
+    def _compare(self, mine: np.ndarray, theirs: np.ndarray) -> None:
+        """Go on when the predecessor's header is this member's (or both agree in full, which
+        names any difference on every rank); else fail the job with the difference."""
+        if mine[0] == FULL and theirs[0] == FULL:
+            return
+        if mine.tobytes() != theirs.tobytes():
+            self.fail(self._difference(mine, theirs))
+
+    def _difference(self, mine: np.ndarray, theirs: np.ndarray) -> str:
+        if theirs[0] not in (FULL, FAST):
+            return (f"rank {self.rank}: rank {self.prev_rank} ({self.prev_ep}) sent something "
+                    "that is not a collective call's header")
+        table = np.stack([theirs[1:], mine[1:]])
+        what = meta.check(table, False, [self.prev_rank, self.rank])
+        if what is None:
+            seq = int(min(mine[1 + meta.SEQ], theirs[1 + meta.SEQ]))
+            what = (f"{meta.DIVERGED} at collective #{seq}: rank {self.prev_rank} and rank "
+                    f"{self.rank} had not made the same calls before it")
+        return f"{what} (the communicator is closed; restart the job)"
+
+    def exchange_header(self, mine: np.ndarray) -> None:
+        """The header alone: before the records go round in full, or for a call with no data."""
+        self._send_inline(memoryview(mine).cast("B"))
+        self._compare(mine, self._recv_header())
+
+    def fail(self, message: str) -> None:
+        """A fault only this member sees: post it as the job's error (the first posted stands),
+        close the ring so the other members stop and read it, and raise it."""
+        message = posted.post(self.store, message)
+        self.broken = message
+        self.close()
+        raise CollectiveError(message)
+
     def gather_meta(self, table: np.ndarray, my_rows: List[int]) -> None:
         """Ring-allgather the metadata rows ``my_rows`` of ``table`` so every member has all."""
         outgoing = [[r] + table[r].tolist() for r in my_rows]
@@ -187,12 +249,17 @@ class Ring:
             for row in outgoing:
                 table[row[0]] = row[1:]
 
-    def allreduce(self, flat: np.ndarray, op: str) -> None:
-        """In-place allreduce of a 1-d contiguous array (metadata already agreed)."""
+    def allreduce(self, flat: np.ndarray, op: str, header: Optional[np.ndarray] = None) -> None:
+        """In-place allreduce of a 1-d contiguous array: its metadata agreed already, or in
+        ``header`` (FAST), sent ahead of the data and compared before any data is reduced."""
         if self.broken:
             raise CollectiveError(f"the communicator is broken by an earlier error: {self.broken}")
         n, r = self.n, self.index
-        if n == 1 or flat.size == 0:
+        if n == 1:
+            return
+        if flat.size == 0:
+            if header is not None:
+                self.exchange_header(header)
             return
         ufunc = meta.reducer(op)
         bounds = [flat.size * i // n for i in range(n + 1)]
@@ -203,8 +270,12 @@ class Ring:
                        dtype=flat.dtype)
         inline = flat.nbytes <= DIRECT_SEND
         send = self._send_inline if inline else self._queue.put
+        if header is not None:           # the queue is empty: the last call flushed it
+            self._send_inline(memoryview(header).cast("B"))
         for lo, hi in pieces[r]:
             send(memoryview(flat[lo:hi]).cast("B"))
+        if header is not None:
+            self._compare(header, self._recv_header())
         steps = 2 * (n - 1)
         for step in range(steps):
             reducing = step < n - 1

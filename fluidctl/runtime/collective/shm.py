@@ -263,17 +263,18 @@ class ShmGroup:
     # --- collectives -------------------------------------------------------------------
     def allreduce(self, flat: np.ndarray, rec: np.ndarray, op: str, zero_input: bool = False,
                   across: Optional[Callable[[np.ndarray, np.ndarray, bool], None]] = None,
-                  ) -> None:
+                  fast: bool = False) -> None:
         """In-place allreduce of a 1-d contiguous array among the local ranks.
 
         ``across`` (hierarchical mode, node leader only) is called with the node's reduced
         chunk, the metadata table and whether it is the first chunk; it completes the
-        reduction across nodes before the local ranks copy the result out.
+        reduction across nodes before the local ranks copy the result out. ``fast``: the
+        leaders agree by their ring's headers, so the table holds this node's rows only.
         """
         if self.broken:
             raise CollectiveError(f"the communicator is broken by an earlier error: {self.broken}")
         if across is not None or self.world_size > self.n:
-            return self._hierarchical(flat, rec, op, zero_input, across)
+            return self._hierarchical(flat, rec, op, zero_input, across, fast)
         if self._direct is None:
             self._direct = self._probe_direct()
         # ranks whose sizes differ may pick different paths here: both paths begin with the
@@ -427,7 +428,7 @@ class ShmGroup:
         self._piece = base + count
 
     def _hierarchical(self, flat: np.ndarray, rec: np.ndarray, op: str, zero_input: bool,
-                      across) -> None:
+                      across, fast: bool = False) -> None:
         """Chunk by chunk with barriers: each rank copies into its slot the slices the others
         reduce, reduces its own slice into the result area, the node leader completes the
         chunk across nodes (``across``), then every rank copies the whole chunk out."""
@@ -450,7 +451,7 @@ class ShmGroup:
                 else:
                     mine[cuts[j]:cuts[j + 1]] = part[cuts[j]:cuts[j + 1]]
             self.arrive_and_wait()
-            problem = meta.check(table[self.ranks], False) if first else None
+            problem = local = meta.check(table[self.ranks], False) if first else None
             # 2. reduce this rank's slice: own data + every peer's copy of that slice
             if not problem:
                 for lo in range(cuts[me], cuts[me + 1], BLOCK):
@@ -475,7 +476,7 @@ class ShmGroup:
                 except CollectiveError as exc:
                     self.abort(str(exc))
             self.arrive_and_wait()
-            if first:
+            if first and (not fast or local):    # fast and local: the leader aborted
                 problem = meta.check(table)
                 if problem:
                     raise CollectiveError(problem)
