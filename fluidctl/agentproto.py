@@ -28,12 +28,12 @@ STOP_COMMAND = "stop"       # stop the node's processes, as SIGTERM to the agent
 # file (FLUIDCTL_CHECKPOINT_REQUEST of its ranks), then sends SIGNAL to its ranks;
 # "checkpoint save": checkpoint and go on (fluidctl job checkpoint): the file alone, no signal
 CHECKPOINT_COMMAND = "checkpoint"
-# Elastic jobs (--nodes MIN:MAX): both ends beat every BEAT_EVERY seconds, each from its own
-# thread (a node at 100% CPU still beats); BEAT_MISSES beats missed in a row and the other end
-# is gone: the launcher declares the node lost, the agent stops its ranks. The bound, stated:
-# a node is declared lost within BEAT_EVERY * BEAT_MISSES (3 s) of its last beat, plus the
-# launcher's check period (WATCH_EVERY).
-BEAT_EVERY = 0.5
+# Elastic jobs (--nodes MIN:MAX): both ends beat every FLUIDCTL_HEARTBEAT_TIMEOUT / BEAT_MISSES
+# seconds (0.5 by default), each from its own thread (a node at 100% CPU still beats);
+# BEAT_MISSES beats missed in a row and the other end is gone: the launcher declares the node
+# lost, the agent stops its ranks. The bound, stated: a node is declared lost within
+# FLUIDCTL_HEARTBEAT_TIMEOUT (3 s) of its last beat, plus the launcher's check period
+# (WATCH_EVERY).
 BEAT_MISSES = 6
 WATCH_EVERY = 0.1
 CR_MARK = "\x1f"            # a streamed line that ended with a lone \r (a progress bar)

@@ -101,8 +101,11 @@ WORKER_ECHO = "FLUIDCTL_WORKER_ECHO"    # "0": fluidctl worker writes its log on
 HANDSHAKE_TIMEOUT = "FLUIDCTL_HANDSHAKE_TIMEOUT"  # seconds a new peer has to authenticate (10)
 DROP_LOG_INTERVAL = "FLUIDCTL_DROP_LOG_INTERVAL"  # seconds per summary of dropped peers (10)
 MAX_FRAME = "FLUIDCTL_MAX_FRAME"        # bytes a wire frame's payload may have (4 GiB)
-STRICT_COLLECTIVES = "FLUIDCTL_STRICT_COLLECTIVES"  # "1": agree on every GPU collective's
-                                        # metadata in full, not once per signature then a hash
+STRICT_COLLECTIVES = "FLUIDCTL_STRICT_COLLECTIVES"  # "1": agree on every collective's metadata
+                                        # in full, not once per signature then a hash (GPU) or
+                                        # the ring neighbours' headers (CPU, between nodes)
+HEARTBEAT_TIMEOUT = "FLUIDCTL_HEARTBEAT_TIMEOUT"  # seconds without heartbeats before an elastic
+                                        # job's node (or its launcher, for the node) is gone (3)
 GPU_INFLIGHT = "FLUIDCTL_GPU_INFLIGHT"  # GPU collectives queued before a call waits (64)
 # checkpoint requests (runtime/request.py): the file the launcher (or `fluidctl job checkpoint`)
 # creates to ask for a checkpoint, and the signal it forwards to the ranks (a name: TERM, USR1)

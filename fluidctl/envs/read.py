@@ -11,7 +11,7 @@ from typing import Dict, Mapping, NamedTuple, Optional, Sequence
 from fluidctl.envs.names import (
     CUDA_VISIBLE_DEVICES, CURRENT_ENDPOINT, DEFAULT_TIMEOUT, DISTRI_BACKEND, DROP_LOG_INTERVAL,
     ENDPOINTS_FILE, NODE_JOIN,
-    GLOBAL_RANK, GLOBAL_SIZE, GPUS, HANDSHAKE_TIMEOUT, JOB_TOKEN, LOCAL_RANK, LOCAL_SIZE, MASTER,
+    GLOBAL_RANK, GLOBAL_SIZE, GPUS, HANDSHAKE_TIMEOUT, HEARTBEAT_TIMEOUT, JOB_TOKEN, LOCAL_RANK, LOCAL_SIZE, MASTER,
     MAX_FRAME, NNODES, OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE, OMPI_RANK, OMPI_SIZE,
     PSERVERS_IP_PORT_LIST, PSERVER_ID, RANK_IN_NODE, RESTART_COUNT, ROLE, ROLE_PSERVER,
     ROLE_TRAINER, SELECTED_GPUS, SSH_CONNECTION, STRICT_COLLECTIVES, SYNC_MODE, TIMEOUT,
@@ -122,11 +122,12 @@ def _int(environ: Mapping[str, str], *names: str, default: int) -> int:
     return default
 
 
-# --- numeric knobs the runtime reads at import (runtime/wire.py) ---------------------------
+# --- numeric knobs (the runtime reads some at import: runtime/wire.py) ----------------------
 # name: (default, whole number, unit): each must be a finite number above 0; nan or inf would
 # turn a deadline off (every comparison with nan is false) and 0 or less refuse every frame
 KNOBS = {HANDSHAKE_TIMEOUT: (10.0, False, "seconds"), DROP_LOG_INTERVAL: (10.0, False, "seconds"),
-         MAX_FRAME: (4 << 30, True, "bytes"), TIMEOUT: (DEFAULT_TIMEOUT, False, "seconds")}
+         MAX_FRAME: (4 << 30, True, "bytes"), TIMEOUT: (DEFAULT_TIMEOUT, False, "seconds"),
+         HEARTBEAT_TIMEOUT: (3.0, False, "seconds")}
 
 
 def _knob(name: str, value: str):

@@ -1,7 +1,7 @@
 """A job on 100 nodes: 100 real sshd servers on loopback addresses (127.0.20.x), one rank
-each. It starts and finishes: node 0's rendezvous check lets every node through (a master
-port that only listened let 65 through and refused the job with false "cannot reach the
-master" lines).
+each. It starts, loses a node and finishes: node 0's rendezvous check lets every node through
+(a master port that only listened let 65 through and refused the job with false "cannot reach
+the master" lines), and the 99 others go on in a new world.
 
 The node agents all share this machine's two cores, so the per-node answer deadline is
 raised (each real node starts its agent on its own CPU)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launchutil import start_fluidctl, wait_for
+from launchutil import wait_for
 from sshd import SSHNodes
 
 NODES = 100
@@ -61,28 +61,38 @@ def _start(tmp_path, hundred, stop_file):
     import subprocess
     import sys
     out = open(tmp_path / "launcher.out", "w")
+    # the 100 nodes' agents and ranks share this host's cores: starting 100 standby agents, or
+    # 99 ranks at the restart, keeps healthy agents from beating for seconds, which on real
+    # nodes (a core each) would not happen; so heartbeats may be missed for 60 s (the victim
+    # is lost at once all the same: its agent's end closes its connection)
+    env = dict(os.environ, FLUIDCTL_HEARTBEAT_TIMEOUT="60")
     try:
         return subprocess.Popen([sys.executable, "-m", "fluidctl", "train", "--hostfile",
                                  hundred.hostfile(slots=1), "--ssh-config", hundred.config,
-                                 "--ssh-timeout", "240", "job.py", str(stop_file)],
-                                cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+                                 "--ssh-timeout", "240", "--nodes", f"95:{NODES}",
+                                 "--max-restarts", "1", "job.py", str(stop_file)],
+                                cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, env=env)
     finally:
         out.close()
 
 
-def test_a_100_node_job_starts_and_finishes_on_bounded_launcher_threads(tmp_path, hundred):
-    """100 nodes start (node 0's rendezvous check lets every one through), run and finish;
-    meanwhile the launcher holds paramiko's one transport thread per connection and a fixed
-    number besides: every agent's output and end are watched from one event loop, not from
-    three threads of its own. One job, both checks (a 100-node job is the suite's costliest)."""
+def test_a_100_node_job_starts_loses_a_node_and_finishes_on_bounded_launcher_threads(
+        tmp_path, hundred):
+    """100 nodes start (node 0's rendezvous check lets every one through) under --nodes
+    95:100. While world 0 runs, the launcher holds paramiko's one transport thread per
+    connection and a fixed number besides: every agent's output and end are watched from one
+    event loop, not from three threads of its own. Then one node's agent is killed: the node
+    is lost at once, the other 99 get a new world from the standby agents, and the job ends
+    with 0 and no agent left behind. One job for all of it (a 100-node job is the suite's
+    costliest)."""
     (tmp_path / "job.py").write_text(SCRIPT)
-    stop_file = tmp_path / "stop"
+    stop_file = tmp_path / "never"
     logs = tmp_path / "mylog"
     said = lambda: (tmp_path / "launcher.out").read_text()      # noqa: E731
     proc = _start(tmp_path, hundred, stop_file)
     try:
         wait_for(lambda: started(logs, "0") == NODES or proc.poll() is not None, 400,
-                 "every rank to start")
+                 "every rank of world 0 to start")
         if proc.poll() == 2 and re.search(r"port \S+ \(trainer \d+'s endpoint\) is in use",
                                           said()):
             # the rendezvous check found a port that another test's process (a torch store on
@@ -90,44 +100,17 @@ def test_a_100_node_job_starts_and_finishes_on_bounded_launcher_threads(tmp_path
             # run it again (200 ports of one host in a suite that binds wildcard ports beside it)
             proc = _start(tmp_path, hundred, stop_file)
             wait_for(lambda: started(logs, "0") == NODES or proc.poll() is not None, 400,
-                     "every rank to start")
+                     "every rank of world 0 to start")
         assert proc.poll() is None, said()[-3000:]
+        # the restart hands plans to the standby agents started while world 0 runs: on real
+        # nodes they are up in a second or two, here 100 of them share two cores for a while
+        wait_for(lambda: "standby agents ready on 100 of 100" in
+                 (logs / "launch.log").read_text() or proc.poll() is not None, 400,
+                 "the standby agents to be ready")
         most = 0
-        for _ in range(20):                 # steady state: every node's job running
+        for _ in range(20):                 # steady state: every node's job and standby up
             most = max(most, threads_of(proc.pid))
             time.sleep(0.1)
-        stop_file.write_text("")
-        assert proc.wait(300) == 0, said()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert "cannot reach the master" not in said()
-    assert started(logs, "0") == NODES
-    for alias in hundred.aliases:
-        assert hundred.agent_pids(alias) == [], f"an agent outlived the job on {alias}"
-    print(f"launcher threads at {NODES} nodes: {most}")
-    assert most <= NODES + 30, f"{most} threads for {NODES} nodes"
-
-
-@pytest.mark.skip(reason="on one 2-core host the 100 nodes' agents and ranks share two cores: "
-                         "100 standby agents started beside world 0 keep the launcher off the "
-                         "CPU for 2.5 s, and with them started later, in batches, the restart "
-                         "(99 ranks stopped, 99 started) still keeps agents from beating for "
-                         "over the 3-s heartbeat deadline, so healthy nodes are lost: kept for "
-                         "a host with more cores")
-def test_a_100_node_job_starts_and_a_lost_node_gives_a_world_of_99(tmp_path, hundred):
-    (tmp_path / "job.py").write_text(SCRIPT)
-    hostfile = hundred.hostfile(slots=1)
-    stop_file = tmp_path / "never"
-    proc = start_fluidctl("train", "--hostfile", hostfile, "--ssh-config", hundred.config,
-                          "--ssh-timeout", 240, "--nodes", f"95:{NODES}", "--max-restarts", 1,
-                          "job.py", str(stop_file), cwd=tmp_path)
-    try:
-        logs = tmp_path / "mylog"
-        wait_for(lambda: started(logs, "0") == NODES or proc.poll() is not None, 400,
-                 "every rank of world 0 to start")
-        assert proc.poll() is None, proc.communicate()
         victim = "h57"
         pids = hundred.agent_pids(victim)
         assert pids, "no agent on the victim node"
@@ -136,17 +119,19 @@ def test_a_100_node_job_starts_and_a_lost_node_gives_a_world_of_99(tmp_path, hun
             os.kill(pid, signal.SIGKILL)
         wait_for(lambda: started(logs, "1") == NODES - 1 or proc.poll() is not None, 400,
                  "every rank of world 1 to start")
-        print(f"node killed: world 1's {NODES - 1} ranks all started "
-              f"{time.monotonic() - killed:.1f}s later")
-        out, err = proc.communicate(timeout=400)
+        took = time.monotonic() - killed
+        assert proc.wait(300) == 0, said()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    assert "cannot reach the master" not in out + err
-    assert f"node {victim} lost" in out + err, out[-3000:]
-    assert re.search(r"restart 1: new world of 99 trainer\(s\)", out + err), out[-3000:]
+            proc.wait()
+    out = said()
+    print(f"launcher threads at {NODES} nodes: {most}; node killed: world 1's {NODES - 1} "
+          f"ranks all started {took:.1f}s later")
+    assert "cannot reach the master" not in out
+    assert f"node {victim} lost" in out, out[-3000:]
+    assert re.search(r"restart 1: new world of 99 trainer\(s\)", out), out[-3000:]
     assert started(logs, "1") == NODES - 1
     for alias in hundred.aliases:
         assert hundred.agent_pids(alias) == [], f"an agent outlived the job on {alias}"
+    assert most <= NODES + 30, f"{most} threads for {NODES} nodes"

@@ -95,3 +95,21 @@ def test_inside_a_rank_a_bad_fluidctl_timeout_is_the_default_with_one_line(capsy
     environ = {envs.TIMEOUT: value}
     assert envs.read(environ).timeout == envs.DEFAULT_TIMEOUT
     assert capsys.readouterr().err.startswith(f"fluidctl: ignoring FLUIDCTL_TIMEOUT={value!r}")
+
+
+def test_the_heartbeat_timeout_sets_both_ends_beats(monkeypatch):
+    """FLUIDCTL_HEARTBEAT_TIMEOUT: an elastic job's launcher beats every sixth of it (and hands
+    that period to its agents, which wait the same six beats); a bad value is refused."""
+    from fluidctl.agentproto import BEAT_MISSES
+    from fluidctl.backends.ssh.launcher import SSHLauncher
+    launcher = SSHLauncher.__new__(SSHLauncher)
+    launcher.members = None
+    assert launcher.beat == 0.0                       # not elastic: no beats
+    launcher.members = object()
+    monkeypatch.delenv(envs.HEARTBEAT_TIMEOUT, raising=False)
+    assert launcher.beat * BEAT_MISSES == pytest.approx(3.0)
+    monkeypatch.setenv(envs.HEARTBEAT_TIMEOUT, "30")
+    assert launcher.beat == pytest.approx(5.0)
+    with pytest.raises(UsageError, match="FLUIDCTL_HEARTBEAT_TIMEOUT='0' is not a number of "
+                                         "seconds above 0"):
+        envs.check_knobs({envs.HEARTBEAT_TIMEOUT: "0"})

@@ -7,7 +7,6 @@ import threading
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl import telemetry
-from fluidctl.agentproto import BEAT_EVERY
 from fluidctl.errors import UsageError
 from fluidctl.planning.elastic import HostNodes
 from fluidctl.planning.hosts import Host
@@ -95,7 +94,7 @@ class ElasticMembers:
                              timeout=config.ssh_timeout,
                              ports_wanted=launcher._ports_wanted(hosts),
                              launch_log=launcher.log, nodes=dict(launcher.connected),
-                             venv=config.node_venv, beat=BEAT_EVERY, on_agent=self.track)
+                             venv=config.node_venv, beat=launcher.beat, on_agent=self.track)
         launcher.connected.update(found[0])
         return found
 
@@ -104,10 +103,12 @@ class ElasticMembers:
         world (the running ones and the spares): a restart then only hands out plans (an
         agent's start is a Python start-up on the node, a second or two). Each is probed now
         (its free ports too), beats like the others and ends when the launcher does."""
+        import time
         from fluidctl.remote.ssh import parallel
         barred = self._excluded()
         hosts = [h for h in self.pool if h.name not in self.lost and h.name not in barred
                  and h.name not in self.standby]
+        began = time.monotonic()
 
         def one(host):
             _, agents, failures = self._start([host])
@@ -117,9 +118,14 @@ class ElasticMembers:
                 agents[0].abandon()
             else:
                 self.standby.setdefault(host.name, agents[0])
+
+        def all_of_them():
+            parallel(hosts, one)
+            ready = sum(h.name in self.standby for h in hosts)
+            self.launcher.log(f"standby agents ready on {ready} of {len(hosts)} node(s) in "
+                              f"{time.monotonic() - began:.1f}s: a restart hands them plans")
         if hosts:
-            threading.Thread(target=parallel, args=(hosts, one), daemon=True,
-                             name="standby-agents").start()
+            threading.Thread(target=all_of_them, daemon=True, name="standby-agents").start()
 
     def _usable(self, name: str) -> bool:
         agent = self.standby.get(name)
@@ -223,7 +229,7 @@ class ElasticMembers:
                          name="rejoin-lost-nodes").start()
 
         def beats():
-            while not stop.wait(BEAT_EVERY):
+            while not stop.wait(self.launcher.beat):
                 for key, agent in list(self._agents.items()):
                     if agent.channel.closed:
                         self._agents.pop(key, None)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Sequence
 
-from fluidctl.agentproto import BEAT_EVERY
+from fluidctl import envs
+from fluidctl.agentproto import BEAT_MISSES
 from fluidctl.backends.base import BaseLauncher
 from fluidctl.errors import UsageError
 from fluidctl.planning import plan as planner
@@ -54,8 +55,12 @@ class SSHLauncher(BaseLauncher):
 
     @property
     def beat(self) -> float:
-        """Seconds between the launcher's and the agents' heartbeats (0: not elastic)."""
-        return BEAT_EVERY if self.members is not None else 0.0
+        """Seconds between the launcher's and the agents' heartbeats (0: not elastic): a
+        BEAT_MISSES-th of FLUIDCTL_HEARTBEAT_TIMEOUT, which both ends wait before the other
+        is gone."""
+        if self.members is None:
+            return 0.0
+        return envs.knob(envs.HEARTBEAT_TIMEOUT) / BEAT_MISSES
 
     def prepare(self, config) -> Plan:
         from fluidctl.remote.sshconfig import resolve_hosts
