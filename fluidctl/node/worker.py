@@ -340,6 +340,47 @@ def exit_failed(code: int, close_output) -> None:
     os._exit(code)
 
 
+def serve_node_join(environ: Mapping[str, str], contract: Mapping[str, str],
+                    node_ranks: Sequence[int], first: bool, key: str) -> Dict[str, str]:
+    """The node's one join where srun started the ranks (runtime/nodejoin.py): the node's
+    first task serves it, from this process, for the node's ranks, so rank 0's store gets one
+    message per node as under fluidctl's own agents. Returns what every task of the node adds
+    to its contract (FLUIDCTL_NODE_JOIN), or nothing where the ranks join the store themselves
+    (no job token, a world of one, pserver mode, no private directory for the socket)."""
+    token, master = contract.get(envs.JOB_TOKEN), contract.get(envs.MASTER)
+    world = int(contract.get(envs.TRAINERS_NUM) or 1)
+    if not token or not master or world < 2 or envs.PSERVERS_IP_PORT_LIST in contract:
+        return {}
+    from fluidctl.runtime import nodejoin
+    path = nodejoin.local_socket(key)
+    if not path:
+        return {}
+    if first:
+        try:
+            nodejoin.NodeJoiner(path, node_ranks, world, master, token,
+                                envs.knob(envs.TIMEOUT, {**environ, **contract}))
+        except OSError:                   # the others then join the store themselves
+            try:
+                open(nodejoin.off_marker(path), "w").close()
+            except OSError:
+                pass
+            return {}
+        import atexit                     # the joiner's thread ends with this process
+        atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+    return {envs.NODE_JOIN: path}
+
+
+def slurm_node_join(environ: Mapping[str, str], contract: Mapping[str, str]) -> Dict[str, str]:
+    """serve_node_join for an srun task: the node's ranks from the step's layout, the socket
+    named by job, step, requeue and node."""
+    node_ranks = sorted(envs.slurm_node_endpoints(environ))
+    key = ".".join([environ.get(envs.SLURM_JOB_ID, ""), environ.get(envs.SLURM_STEP_ID, "0"),
+                    environ.get(envs.SLURM_RESTART_COUNT) or "0",
+                    environ.get(envs.SLURMD_NODENAME) or environ.get(envs.SLURM_NODEID, "")])
+    return serve_node_join(environ, contract, node_ranks,
+                           environ.get(envs.SLURM_LOCALID) == "0", key)
+
+
 def register_rank(environ: Mapping[str, str], rank: int) -> None:
     """Tell the stack takers of a Slurm or mpirun job where this rank runs: DIAG_DIR/rank.N
     holds the node and this pid, which stays the rank's (the script runs in this process, or
@@ -436,6 +477,11 @@ def run(script: str, args: Sequence[str]) -> None:
         log_path = str(layout.for_role(env.get(envs.TRAINING_ROLE, envs.ROLE_TRAINER), rank))
     if in_process and not os.path.isfile(script):
         raise UsageError(f"cannot run {script}: not found", "give the path of a .py script")
+    alone = under_slurm and (log_path is None or environ.get(envs.WORKER_ECHO) == "0")
+    here = is_python(script) and os.path.isfile(script)
+    if under_slurm and not (alone and not here):     # this process stays (no exec): it can
+        joined = slurm_node_join(environ, contract)  # serve the node's join
+        contract, env = {**contract, **joined}, {**env, **joined}
     close_output = None
     if in_process and log_path:
         copies = (None, None)
@@ -460,8 +506,7 @@ def run(script: str, args: Sequence[str]) -> None:
                 exit_failed(code, close_output)
             sys.exit(0)
         env = child_environment(environ, contract)
-    alone = under_slurm and (log_path is None or environ.get(envs.WORKER_ECHO) == "0")
-    if alone and is_python(script) and os.path.isfile(script):
+    if alone and here:
         # one interpreter per rank, as under plain srun: the script runs here (and every rank
         # of a big job pays this path's start-up: nothing more is imported for it)
         redirect_output(log_path)

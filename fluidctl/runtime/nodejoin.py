@@ -9,8 +9,13 @@ gets one message per node, not per rank, and no rank ever receives the world's e
 
 The socket lives in a directory only this user can enter (``paths.DiagDir``), so a connection
 to it is one of the node's own processes; what crosses the network (the agent's join) is
-authenticated by the job token like every other store request. Where no agent starts the ranks
-(mpirun, srun) they join rank 0's store themselves (``collective.bootstrap``).
+authenticated by the job token like every other store request.
+
+Under srun no agent starts the ranks: the node's first task (``fluidctl worker``, SLURM_LOCALID
+0) serves the join for its node from its own process, on a socket in a directory of this user
+on the node's own disk (``local_socket``), whose name every task of the node derives alike; the
+others wait for it to appear. Under a bare mpirun the ranks join rank 0's store themselves
+(``collective.bootstrap``).
 """
 from __future__ import annotations
 
@@ -157,17 +162,46 @@ class NodeJoiner:
                 pass
 
 
+class NotServed(ConnectionError):
+    """Nobody serves the node's join (its first task could not): join the store directly."""
+
+
+def _connect(sock: socket.socket, path: str, timeout: float) -> None:
+    """Connect to the node's join socket, waiting for it to appear while the node's first
+    task starts (srun starts a node's tasks at once); NotServed when that task said it could
+    not serve (``off`` marker)."""
+    deadline, delay = time.monotonic() + timeout, 0.005
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except (FileNotFoundError, ConnectionRefusedError):
+            if os.path.exists(off_marker(path)):
+                raise NotServed(path) from None
+            if time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(2 * delay, 0.1)
+
+
+def off_marker(path: str) -> str:
+    return path + ".off"
+
+
 def join(path: str, record: dict, timeout: float) -> dict:
     """A rank's side: send ``record`` to its node's agent at ``path`` and return its node's
-    view; NodeJoinError (naming the absent ranks) when the join did not complete."""
+    view; NodeJoinError (naming the absent ranks) when the join did not complete, NotServed
+    when nobody serves it."""
     rank = record["rank"]
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout + 10.0)       # the agent answers by its own deadline
     try:
         try:
-            sock.connect(path)
+            _connect(sock, path, timeout)
             wire.send_frame(sock, {"record": record})
             reply, _ = wire.recv_frame(sock, max_payload=0)
+        except NotServed:
+            raise
         except (OSError, wire.WireError) as exc:
             raise NodeJoinError(f"rank {rank}: lost its node agent's join at {path} ({exc})",
                                 [], 0) from None
@@ -184,3 +218,28 @@ def join(path: str, record: dict, timeout: float) -> dict:
 def usable(path: str) -> bool:
     """Whether ``path`` fits a Unix socket's address (else the ranks join the store)."""
     return len(os.fsencode(path)) <= MAX_PATH
+
+
+def local_socket(key: str) -> str:
+    """The join socket of one node of one job (``key``: job, step, restart and node, the same
+    for every task of the node), in a directory of this user on the node's own disk, or ""
+    when no such directory can be had (then every rank joins the store itself). Named, not
+    made at random: every task of the node computes it without talking to the others."""
+    import stat
+    import tempfile
+    where = os.path.join(tempfile.gettempdir(), f"fluidctl-join-{os.geteuid()}")
+    try:
+        os.mkdir(where, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return ""
+    try:
+        st = os.lstat(where)
+    except OSError:
+        return ""
+    # another user's directory (or a link) in a shared /tmp could catch the ranks' records
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return ""
+    path = os.path.join(where, "".join(c if c.isalnum() or c in "._-" else "_" for c in key))
+    return path if usable(path) else ""

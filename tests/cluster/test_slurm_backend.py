@@ -86,6 +86,33 @@ def test_runtime_allreduce_across_nodes_under_the_backend(slurm, tmp_path):
     assert all(r["big"] and r["sum_float32"] and r["allgather"] for r in results)
 
 
+NODE_JOIN = """
+import json, numpy
+from fluidctl import runtime
+ctx = runtime.init(timeout=60)
+total = ctx.allreduce(numpy.array([float(ctx.env.rank)]))
+joins = ctx._server.requests.get("join") if ctx._server else None
+print("JOINED " + json.dumps({"rank": ctx.env.rank, "sum": float(total[0]), "joins": joins,
+                             "through_node": bool(ctx.env.node_join)}), flush=True)
+runtime.finalize()
+"""
+
+
+def test_each_nodes_first_task_joins_the_store_for_its_node(slurm, tmp_path):
+    """Under srun no agent starts the ranks: the node's first task serves its node's join, so
+    rank 0's store gets one join per node (2), not one per rank (4), and the ranks reduce."""
+    alloc = slurm.allocate(2, 2)
+    (tmp_path / "join.py").write_text(NODE_JOIN)
+    res = fluidctl(slurm, tmp_path, "train", "--backend", "slurm", "--tee", "all", "join.py",
+                   env=alloc)
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = sorted((json.loads(m) for m in re.findall(r"JOINED (.*)", res.stdout)),
+                  key=lambda r: r["rank"])
+    assert [r["sum"] for r in seen] == [6.0] * 4, res.stdout
+    assert all(r["through_node"] for r in seen), seen
+    assert seen[0]["joins"] == 2, seen
+
+
 def test_dry_run_inside_allocation_shows_the_step(slurm, tmp_path):
     alloc = slurm.allocate(2, 2)
     (tmp_path / "x.py").write_text("")

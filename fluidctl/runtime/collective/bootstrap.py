@@ -114,9 +114,13 @@ def _publish(env, store: StoreClient, endpoint: str, node: str, timeout: float,
     handover = environ is not None and envs.torch_port_taken(environ, env.master)
     record = {"rank": env.rank, "ep": endpoint, "node": node, "pid": os.getpid()}
     try:
+        view = None
         if env.node_join:                    # through the node's agent: one join per node
-            view = NodeView(nodejoin.join(env.node_join, record, timeout))
-        else:
+            try:
+                view = NodeView(nodejoin.join(env.node_join, record, timeout))
+            except nodejoin.NotServed:
+                pass                          # the node's first task could not serve it
+        if view is None:
             view = join_layout(store, env.world_size, env.rank, timeout, record)
         if handover:
             environ[envs.TORCH_MASTER_PORT] = store.get(TORCH_PORT_KEY, timeout).decode()
