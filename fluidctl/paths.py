@@ -12,91 +12,13 @@ from pathlib import Path
 from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from fluidctl.errors import UsageError
+from fluidctl.statefiles import (  # noqa: F401 (also imported from here)
+    StateFileError, open_state_file, read_state_file, write_atomic)
 
 DEFAULT_LOG_DIR = "mylog"
 STATE_ENV = "FLUIDCTL_STATE_DIR"
 LOCK_NAME = ".fluidctl.lock"
 SHARED_MARKER = ".fluidctl.shared."
-
-
-class StateFileError(OSError):
-    """A state file that is not a regular file of a sane size (a FIFO, a device, a directory):
-    its message names the path and what it is."""
-
-
-def open_state_file(path, flags: int = os.O_RDONLY) -> int:
-    """A descriptor of ``path``, which must be a regular file: opened with O_NONBLOCK, so a
-    FIFO or a device there cannot block open() (as OpenSSH opens key files), then checked
-    with fstat. FileNotFoundError when absent; StateFileError when not a regular file."""
-    try:
-        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as exc:
-        import errno
-        if exc.errno == errno.ENXIO:        # a FIFO with no reader, opened for writing
-            raise StateFileError(f"{path} is not a regular file (a FIFO or a device)") from None
-        raise
-    try:
-        import stat
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            what = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
-                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                    else "a socket" if stat.S_ISSOCK(mode) else "not a file")
-            raise StateFileError(f"{path} is not a regular file ({what})")
-        os.set_blocking(fd, True)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def read_state_file(path, limit: int = 16 << 20) -> bytes:
-    """The bytes of state file ``path`` (open_state_file's checks), at most ``limit`` of them:
-    a larger file is StateFileError, not a read of whatever it holds."""
-    fd = open_state_file(path)
-    try:
-        chunks, size = [], 0
-        while True:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise StateFileError(f"{path} holds more than {limit} bytes")
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path, data, mode: Optional[int] = None) -> None:
-    """Write ``data`` (str as UTF-8, or bytes) to ``path`` so that a reader sees the old file
-    or the whole new one, never half of it, even after a crash: a temporary name in the same
-    directory, fsync, rename. ``mode``: the file's exact permissions (else as open() makes
-    them), set before any byte is written, so a private file is never readable by others."""
-    path = os.fspath(path)
-    where, name = os.path.split(path)
-    tmp = os.path.join(where, f".{name}.{os.getpid()}.tmp")
-    if isinstance(data, str):
-        data = data.encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                 0o666 if mode is None else mode)
-    try:
-        try:
-            if mode is not None:
-                os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _rank_logs(where: Path) -> list:
@@ -595,3 +517,32 @@ def bad_nodes_ledger() -> Path:
     if os.environ.get(STATE_ENV):
         return Path(os.environ[STATE_ENV]) / "bad-nodes.json"
     return Path.home() / ".fluidctl" / "bad-nodes.json"
+
+
+UNIX_PATH_MAX = 100       # bytes of a Unix socket's path we use (AF_UNIX stops at 108)
+
+
+def node_join_socket(key: str) -> str:
+    """The node's join socket where srun starts the ranks (runtime/nodejoin.py): named by
+    ``key`` (job, step, requeue count and node: the same for every task of the node, which
+    computes it without talking to the others) in a directory of this user on the node's own
+    disk; "" when no such directory can be had or the path is too long (then every rank joins
+    the store itself)."""
+    import stat
+    import tempfile
+    where = os.path.join(tempfile.gettempdir(), f"fluidctl-join-{os.geteuid()}")
+    try:
+        os.mkdir(where, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return ""
+    try:
+        st = os.lstat(where)
+    except OSError:
+        return ""
+    # another user's directory (or a link) in a shared /tmp could catch the ranks' records
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return ""
+    path = os.path.join(where, "".join(c if c.isalnum() or c in "._-" else "_" for c in key))
+    return path if len(os.fsencode(path)) <= UNIX_PATH_MAX else ""

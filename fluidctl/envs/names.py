@@ -78,6 +78,9 @@ ENDPOINTS_FILE = "FLUIDCTL_ENDPOINTS_FILE"
 # where an agent (or the local launcher) starts the node's ranks; without it a rank joins rank
 # 0's store itself
 NODE_JOIN = "FLUIDCTL_NODE_JOIN"
+# set for the node's first task under srun ("2,3": the node's ranks): its runtime.init() serves
+# their join on NODE_JOIN, as an agent would
+NODE_JOIN_RANKS = "FLUIDCTL_NODE_JOIN_RANKS"
 # the token --dry-run prints in place of the real one: a pod given it refuses to start
 MASKED_TOKEN = "masked-by-fluidctl-dry-run"
 SYNC_MODE = "FLUIDCTL_SYNC_MODE"        # "sync" | "async" (parameter-server mode)

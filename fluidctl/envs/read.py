@@ -6,11 +6,11 @@ worker``), the numeric knobs the runtime reads at import, the job token's file. 
 from __future__ import annotations
 
 import os
-from typing import Dict, Mapping, NamedTuple, Optional, Sequence
+from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from fluidctl.envs.names import (
     CUDA_VISIBLE_DEVICES, CURRENT_ENDPOINT, DEFAULT_TIMEOUT, DISTRI_BACKEND, DROP_LOG_INTERVAL,
-    ENDPOINTS_FILE, NODE_JOIN,
+    ENDPOINTS_FILE, NODE_JOIN, NODE_JOIN_RANKS,
     GLOBAL_RANK, GLOBAL_SIZE, GPUS, HANDSHAKE_TIMEOUT, HEARTBEAT_TIMEOUT, JOB_TOKEN, LOCAL_RANK, LOCAL_SIZE, MASTER,
     MAX_FRAME, NNODES, OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE, OMPI_RANK, OMPI_SIZE,
     PSERVERS_IP_PORT_LIST, PSERVER_ID, RANK_IN_NODE, RESTART_COUNT, ROLE, ROLE_PSERVER,
@@ -91,6 +91,7 @@ class DistEnv(NamedTuple):
     # the environment (trainer_endpoints is then empty)
     node_endpoints: Mapping[int, str] = {}
     node_join: str = ""                   # the node agent's join socket (NODE_JOIN), if any
+    node_join_ranks: Tuple[int, ...] = ()  # the ranks this process serves the join of, if any
 
     @property
     def planned_endpoints(self) -> bool:
@@ -272,6 +273,8 @@ def read(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
         under_mpi=under_mpi,
         node_endpoints=node_endpoints,
         node_join=environ.get(NODE_JOIN, ""),
+        node_join_ranks=tuple(int(r) for r in environ.get(NODE_JOIN_RANKS, "").split(",")
+                              if r.strip().isdigit()),
     )
 
 

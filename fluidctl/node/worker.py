@@ -340,33 +340,25 @@ def exit_failed(code: int, close_output) -> None:
     os._exit(code)
 
 
-def serve_node_join(environ: Mapping[str, str], contract: Mapping[str, str],
-                    node_ranks: Sequence[int], first: bool, key: str) -> Dict[str, str]:
-    """The node's one join where srun started the ranks (runtime/nodejoin.py): the node's
-    first task serves it, from this process, for the node's ranks, so rank 0's store gets one
-    message per node as under fluidctl's own agents. Returns what every task of the node adds
-    to its contract (FLUIDCTL_NODE_JOIN), or nothing where the ranks join the store themselves
-    (no job token, a world of one, pserver mode, no private directory for the socket)."""
-    token, master = contract.get(envs.JOB_TOKEN), contract.get(envs.MASTER)
+def node_join_env(contract: Mapping[str, str], node_ranks: Sequence[int], first: bool,
+                  key: str) -> Dict[str, str]:
+    """The node's one join where srun started the ranks (runtime/nodejoin.py): every task of
+    the node is pointed at the node's socket (FLUIDCTL_NODE_JOIN), and the first is told the
+    node's ranks (FLUIDCTL_NODE_JOIN_RANKS), whose join its ``runtime.init()`` serves, so rank
+    0's store gets one message per node as under fluidctl's own agents. Nothing where the
+    ranks join the store themselves (no job token, a world of one, pserver mode, no private
+    directory for the socket). Nothing is served here: a script that never calls
+    ``runtime.init()`` (torch, Paddle) pays nothing for it."""
     world = int(contract.get(envs.TRAINERS_NUM) or 1)
-    if not token or not master or world < 2 or envs.PSERVERS_IP_PORT_LIST in contract:
+    if not contract.get(envs.JOB_TOKEN) or not contract.get(envs.MASTER) or world < 2 \
+            or envs.PSERVERS_IP_PORT_LIST in contract:
         return {}
-    from fluidctl.runtime import nodejoin
-    path = nodejoin.local_socket(key)
+    from fluidctl.paths import node_join_socket
+    path = node_join_socket(key)
     if not path:
         return {}
     if first:
-        try:
-            nodejoin.NodeJoiner(path, node_ranks, world, master, token,
-                                envs.knob(envs.TIMEOUT, {**environ, **contract}))
-        except OSError:                   # the others then join the store themselves
-            try:
-                open(nodejoin.off_marker(path), "w").close()
-            except OSError:
-                pass
-            return {}
-        import atexit                     # the joiner's thread ends with this process
-        atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+        return {envs.NODE_JOIN: path, envs.NODE_JOIN_RANKS: ",".join(map(str, node_ranks))}
     return {envs.NODE_JOIN: path}
 
 
@@ -377,8 +369,7 @@ def slurm_node_join(environ: Mapping[str, str], contract: Mapping[str, str]) -> 
     key = ".".join([environ.get(envs.SLURM_JOB_ID, ""), environ.get(envs.SLURM_STEP_ID, "0"),
                     environ.get(envs.SLURM_RESTART_COUNT) or "0",
                     environ.get(envs.SLURMD_NODENAME) or environ.get(envs.SLURM_NODEID, "")])
-    return serve_node_join(environ, contract, node_ranks,
-                           environ.get(envs.SLURM_LOCALID) == "0", key)
+    return node_join_env(contract, node_ranks, environ.get(envs.SLURM_LOCALID) == "0", key)
 
 
 def register_rank(environ: Mapping[str, str], rank: int) -> None:
@@ -479,8 +470,8 @@ def run(script: str, args: Sequence[str]) -> None:
         raise UsageError(f"cannot run {script}: not found", "give the path of a .py script")
     alone = under_slurm and (log_path is None or environ.get(envs.WORKER_ECHO) == "0")
     here = is_python(script) and os.path.isfile(script)
-    if under_slurm and not (alone and not here):     # this process stays (no exec): it can
-        joined = slurm_node_join(environ, contract)  # serve the node's join
+    if under_slurm:
+        joined = slurm_node_join(environ, contract)
         contract, env = {**contract, **joined}, {**env, **joined}
     close_output = None
     if in_process and log_path:

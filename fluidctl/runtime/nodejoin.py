@@ -11,10 +11,11 @@ The socket lives in a directory only this user can enter (``paths.DiagDir``), so
 to it is one of the node's own processes; what crosses the network (the agent's join) is
 authenticated by the job token like every other store request.
 
-Under srun no agent starts the ranks: the node's first task (``fluidctl worker``, SLURM_LOCALID
-0) serves the join for its node from its own process, on a socket in a directory of this user
-on the node's own disk (``local_socket``), whose name every task of the node derives alike; the
-others wait for it to appear. Under a bare mpirun the ranks join rank 0's store themselves
+Under srun no agent starts the ranks: the node's first task (SLURM_LOCALID 0, told so by
+``fluidctl worker`` in FLUIDCTL_NODE_JOIN_RANKS) serves its node's join from its own
+``runtime.init()``, on a socket in a directory of this user on the node's own disk
+(``paths.node_join_socket``), whose name every task of the node derives alike; the others wait
+for it to appear. Under a bare mpirun the ranks join rank 0's store themselves
 (``collective.bootstrap``).
 """
 from __future__ import annotations
@@ -26,10 +27,10 @@ import threading
 import time
 from typing import Dict, List
 
+from fluidctl.paths import UNIX_PATH_MAX as MAX_PATH
 from fluidctl.runtime import wire
 
 LAYOUT_GROUP = "layout"
-MAX_PATH = 100            # bytes: AF_UNIX paths stop at 108
 
 
 class NodeJoinError(ConnectionError):
@@ -219,27 +220,3 @@ def usable(path: str) -> bool:
     """Whether ``path`` fits a Unix socket's address (else the ranks join the store)."""
     return len(os.fsencode(path)) <= MAX_PATH
 
-
-def local_socket(key: str) -> str:
-    """The join socket of one node of one job (``key``: job, step, restart and node, the same
-    for every task of the node), in a directory of this user on the node's own disk, or ""
-    when no such directory can be had (then every rank joins the store itself). Named, not
-    made at random: every task of the node computes it without talking to the others."""
-    import stat
-    import tempfile
-    where = os.path.join(tempfile.gettempdir(), f"fluidctl-join-{os.geteuid()}")
-    try:
-        os.mkdir(where, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        return ""
-    try:
-        st = os.lstat(where)
-    except OSError:
-        return ""
-    # another user's directory (or a link) in a shared /tmp could catch the ranks' records
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        return ""
-    path = os.path.join(where, "".join(c if c.isalnum() or c in "._-" else "_" for c in key))
-    return path if usable(path) else ""

@@ -119,7 +119,7 @@ def test_top_level_modules_are_contracts_or_leaves():
     top = sorted(p.stem for p in root.glob("*.py"))
     assert top == ["__init__", "__main__", "agentproto", "cli", "clicktypes", "console",
                    "digest", "errors", "fastargs", "lines", "net", "paths",
-                   "shardlayout", "sigs", "tables", "trainargs", "units"]  # envs: a package
+                   "shardlayout", "sigs", "statefiles", "tables", "trainargs", "units"]  # envs: a package
     above = ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.cluster",
                      "fluidctl.remote", "fluidctl.procs", "fluidctl.planning", "fluidctl.node",
                      "fluidctl.sharding", "fluidctl.runtime")

@@ -1,15 +1,17 @@
-"""The node's join where srun starts the ranks (runtime/nodejoin.py, node/worker.py): the
-node's first task serves it on a socket every task names alike; the others wait for it to
-appear, or join the store themselves when the first task says it could not serve."""
+"""The node's join where srun starts the ranks (runtime/nodejoin.py, node/worker.py,
+collective/bootstrap.py): the node's first task serves it from its runtime.init() on a socket
+every task names alike; the others wait for it to appear, or join the store themselves when the
+first task says it could not serve."""
 import os
 import tempfile
 import threading
 
 import pytest
 
-from fluidctl import envs
+from fluidctl import envs, paths
 from fluidctl.node import worker
 from fluidctl.runtime import nodejoin
+from fluidctl.runtime.collective import bootstrap
 from fluidctl.runtime.store import StoreServer
 
 TOKEN = "node-join-token"
@@ -34,7 +36,7 @@ def store():
 
 
 def test_the_socket_is_named_alike_by_every_task_in_a_private_directory(private_tmp):
-    a, b = nodejoin.local_socket("77.0.0.node/1"), nodejoin.local_socket("77.0.0.node/1")
+    a, b = paths.node_join_socket("77.0.0.node/1"), paths.node_join_socket("77.0.0.node/1")
     assert a == b == str(private_tmp / f"fluidctl-join-{os.geteuid()}" / "77.0.0.node_1")
     assert os.stat(os.path.dirname(a)).st_mode & 0o777 == 0o700
 
@@ -43,7 +45,7 @@ def test_a_directory_others_may_enter_is_not_used(private_tmp):
     where = private_tmp / f"fluidctl-join-{os.geteuid()}"
     where.mkdir(mode=0o755)
     where.chmod(0o755)
-    assert nodejoin.local_socket("77.0.0.n1") == ""
+    assert paths.node_join_socket("77.0.0.n1") == ""
 
 
 def contract(world=4):
@@ -59,9 +61,12 @@ def test_a_task_that_comes_before_its_nodes_first_task_waits_for_it(private_tmp,
 
     def rank(r):
         try:
-            path = worker.serve_node_join({}, c, [2, 3], r == 2, "9.0.0.n2")[envs.NODE_JOIN]
-            views[r] = nodejoin.join(path, {"rank": r, "ep": f"10.0.0.2:{r}", "node": "n2",
-                                            "pid": os.getpid()}, 10)
+            env = {**c, **worker.node_join_env(c, [2, 3], r == 2, "9.0.0.n2")}
+            dist = envs.read({**env, envs.TRAINER_ID: str(r)})
+            if dist.node_join_ranks:
+                bootstrap._serve_node_join(dist)
+            views[r] = nodejoin.join(dist.node_join, {"rank": r, "ep": f"10.0.0.2:{r}",
+                                                      "node": "n2", "pid": os.getpid()}, 10)
         except Exception as exc:           # noqa: BLE001 - reported below
             errors.append(exc)
     late = threading.Thread(target=rank, args=(3,))
@@ -89,10 +94,12 @@ def StoreClientJoin(master, ranks):  # noqa: N802 - reads as what it does
 
 
 def test_when_the_first_task_cannot_serve_the_others_join_the_store_themselves(private_tmp):
-    path = nodejoin.local_socket("9.0.0.n3")
+    path = paths.node_join_socket("9.0.0.n3")
     os.makedirs(path)                   # something already has the name: bind fails
     c = {**contract(), envs.MASTER: "127.0.0.1:1"}
-    assert worker.serve_node_join({}, c, [0, 1], True, "9.0.0.n3") == {}
+    env = {**c, **worker.node_join_env(c, [0, 1], True, "9.0.0.n3"), envs.TRAINER_ID: "0"}
+    assert env[envs.NODE_JOIN_RANKS] == "0,1"
+    bootstrap._serve_node_join(envs.read(env))
     assert os.path.exists(nodejoin.off_marker(path))
     with pytest.raises(nodejoin.NotServed):
         nodejoin.join(path, {"rank": 1}, 5)
@@ -102,6 +109,22 @@ def test_when_the_first_task_cannot_serve_the_others_join_the_store_themselves(p
                                      {envs.PSERVERS_IP_PORT_LIST: "10.0.0.1:7164"}])
 def test_no_node_join_without_a_token_for_one_rank_or_in_pserver_mode(private_tmp, changed):
     c = {**contract(), envs.MASTER: "127.0.0.1:1", **changed}
-    assert worker.serve_node_join({}, c, [0, 1], True, "9.0.0.n4") == {}
+    assert worker.node_join_env(c, [0, 1], True, "9.0.0.n4") == {}
     assert not os.path.exists(os.path.join(str(private_tmp), f"fluidctl-join-{os.geteuid()}",
                                            "9.0.0.n4"))
+
+
+def test_pointing_the_tasks_at_the_socket_imports_nothing_of_the_runtime(private_tmp):
+    """Every rank of a big job pays the worker's start-up: naming the node's socket must not
+    import fluidctl.runtime (a torch script never uses it; its init() serves the join)."""
+    import subprocess
+    import sys
+    code = ("import sys, tempfile; tempfile.tempdir = sys.argv[1]\n"
+            "from fluidctl import envs\nfrom fluidctl.node import worker\n"
+            "c = {envs.JOB_TOKEN: 't', envs.TRAINERS_NUM: '4', envs.MASTER: '127.0.0.1:1'}\n"
+            "assert worker.node_join_env(c, [0, 1], True, '9.0.0.n5')\n"
+            "print(sorted(m for m in sys.modules if m.startswith('fluidctl.runtime')))")
+    out = subprocess.run([sys.executable, "-c", code, str(private_tmp)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -115,6 +115,8 @@ def _publish(env, store: StoreClient, endpoint: str, node: str, timeout: float,
     record = {"rank": env.rank, "ep": endpoint, "node": node, "pid": os.getpid()}
     try:
         view = None
+        if env.node_join and env.node_join_ranks:     # srun: this task serves its node's join
+            _serve_node_join(env)
         if env.node_join:                    # through the node's agent: one join per node
             try:
                 view = NodeView(nodejoin.join(env.node_join, record, timeout))
@@ -136,6 +138,19 @@ def _publish(env, store: StoreClient, endpoint: str, node: str, timeout: float,
                               f"{timeout:g}s (not started, crashed, or a different "
                               f"{envs.MASTER}? check its log)") from None
     return view
+
+
+def _serve_node_join(env: envs.DistEnv) -> None:
+    """Serve the node's join (the node's first task under srun), or, when the socket cannot
+    be had, leave the marker that sends the node's ranks to the store themselves."""
+    try:
+        nodejoin.NodeJoiner(env.node_join, env.node_join_ranks, env.world_size, env.master,
+                            env.token, env.timeout)
+    except OSError:
+        try:
+            open(nodejoin.off_marker(env.node_join), "w").close()
+        except OSError:
+            pass
 
 
 def build(env: envs.DistEnv, store: StoreClient, timeout: float, transport: str = "auto",
