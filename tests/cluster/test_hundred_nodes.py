@@ -89,6 +89,7 @@ def test_a_100_node_job_starts_loses_a_node_and_finishes_on_bounded_launcher_thr
     stop_file = tmp_path / "never"
     logs = tmp_path / "mylog"
     said = lambda: (tmp_path / "launcher.out").read_text()      # noqa: E731
+    launched = time.monotonic()
     proc = _start(tmp_path, hundred, stop_file)
     try:
         wait_for(lambda: started(logs, "0") == NODES or proc.poll() is not None, 400,
@@ -98,9 +99,11 @@ def test_a_100_node_job_starts_loses_a_node_and_finishes_on_bounded_launcher_thr
             # the rendezvous check found a port that another test's process (a torch store on
             # 0.0.0.0) took after this job reserved it: nothing was started; as a user would,
             # run it again (200 ports of one host in a suite that binds wildcard ports beside it)
+            launched = time.monotonic()
             proc = _start(tmp_path, hundred, stop_file)
             wait_for(lambda: started(logs, "0") == NODES or proc.poll() is not None, 400,
                      "every rank of world 0 to start")
+        up = time.monotonic() - launched
         assert proc.poll() is None, said()[-3000:]
         # the restart hands plans to the standby agents started while world 0 runs: on real
         # nodes they are up in a second or two, here 100 of them share two cores for a while
@@ -126,8 +129,8 @@ def test_a_100_node_job_starts_loses_a_node_and_finishes_on_bounded_launcher_thr
             proc.kill()
             proc.wait()
     out = said()
-    print(f"launcher threads at {NODES} nodes: {most}; node killed: world 1's {NODES - 1} "
-          f"ranks all started {took:.1f}s later")
+    print(f"world 0's {NODES} ranks all started {up:.1f}s after the launch; launcher threads: "
+          f"{most}; node killed: world 1's {NODES - 1} ranks all started {took:.1f}s later")
     assert "cannot reach the master" not in out
     assert f"node {victim} lost" in out, out[-3000:]
     assert re.search(r"restart 1: new world of 99 trainer\(s\)", out), out[-3000:]
