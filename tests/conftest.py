@@ -27,6 +27,34 @@ TIER_MARKERS = {"sshd_nodes": "ssh", "slurm": "slurm", "slurm_cluster": "slurm",
 
 def pytest_configure(config):
     config.pluginmanager.register(LongestFirst(), "longest-first")   # tests/schedule.py
+    config.addinivalue_line("markers", "alone: runs with no other test of the run beside it")
+
+
+@pytest.fixture(autouse=True)
+def alone_or_side_by_side(request, tmp_path_factory):
+    """A test marked ``alone`` (a 100-node job: two cores' worth of processes for a minute,
+    which would starve every test beside it of the seconds its deadlines allow) runs with no
+    other test of this run beside it; the others run side by side as usual. A readers-writer
+    lock over the run's xdist workers, writer first: once the lone test waits, no other test
+    starts until it has run, so it waits only for the tests already running."""
+    import fcntl
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent                 # the run's directory, shared by its workers
+    gate = os.open(root / "alone.gate", os.O_CREAT | os.O_RDWR, 0o600)
+    room = os.open(root / "alone.room", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        if request.node.get_closest_marker("alone"):
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            fcntl.flock(room, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(gate, fcntl.LOCK_SH)
+            fcntl.flock(room, fcntl.LOCK_SH)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(room)                      # closing releases the locks
+        os.close(gate)
 
 
 @pytest.fixture(scope="session", autouse=True)

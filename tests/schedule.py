@@ -17,12 +17,13 @@ from typing import List, Sequence
 import pytest
 
 LONGEST = (
+    # marked ``alone`` (tests/conftest.py): first, so it waits only for the first few tests
+    "tests/cluster/test_hundred_nodes.py::"
+    "test_a_100_node_job_starts_loses_a_node_and_finishes_on_bounded_launcher_threads",
     "tests/cluster/test_cluster_setup.py::test_setup_from_a_bare_venv[3.11]",
     "tests/e2e/test_docs_run.py::test_example_outputs_are_what_the_commands_print",
     "tests/e2e/test_walk_failures.py::"
     "test_torch_hang_without_pyspy_has_a_verdict_from_the_flight_recorder_and_one_hint",
-    "tests/cluster/test_hundred_nodes.py::"
-    "test_a_100_node_job_starts_and_finishes_on_bounded_launcher_threads",
     "tests/cluster/test_slurm_preempt.py::test_time_limit_warning_checkpoints_and_requeues",
     "tests/e2e/test_hardening2_wheelhouse.py::"
     "test_27_7_the_wheel_builds_in_a_fresh_venv_from_an_editable_install",

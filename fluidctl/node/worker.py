@@ -342,10 +342,10 @@ def exit_failed(code: int, close_output) -> None:
 
 def node_join_env(contract: Mapping[str, str], node_ranks: Sequence[int], first: bool,
                   key: str) -> Dict[str, str]:
-    """The node's one join where srun started the ranks (runtime/nodejoin.py): every task of
-    the node is pointed at the node's socket (FLUIDCTL_NODE_JOIN), and the first is told the
-    node's ranks (FLUIDCTL_NODE_JOIN_RANKS), whose join its ``runtime.init()`` serves, so rank
-    0's store gets one message per node as under fluidctl's own agents. Nothing where the
+    """The node's one join where srun or mpirun started the ranks (runtime/nodejoin.py):
+    every task of the node is pointed at the node's socket (FLUIDCTL_NODE_JOIN), and the first
+    is told the node's ranks (FLUIDCTL_NODE_JOIN_RANKS), whose join its ``runtime.init()``
+    serves, so rank 0's store gets one message per node as under fluidctl's own agents. Nothing where the
     ranks join the store themselves (no job token, a world of one, pserver mode, no private
     directory for the socket). Nothing is served here: a script that never calls
     ``runtime.init()`` (torch, Paddle) pays nothing for it."""
@@ -490,6 +490,10 @@ def run(script: str, args: Sequence[str]) -> None:
                            lambda: {r: endpoints[r] for r in mine})
         if not contract.get(envs.JOB_TOKEN):
             contract[envs.JOB_TOKEN] = mpi_job_token()
+        # the node's lowest rank serves the node's join; the socket is named by the job's
+        # master (its port is this job's) and the node
+        contract.update(node_join_env(contract, mine, rank == min(mine),
+                                      f"mpi.{master}.{node_rank}"))
         if in_process:
             answer_stack_signal(environ, rank)
             code = run_in_process(script, list(args), contract)

@@ -15,8 +15,7 @@ Under srun no agent starts the ranks: the node's first task (SLURM_LOCALID 0, to
 ``fluidctl worker`` in FLUIDCTL_NODE_JOIN_RANKS) serves its node's join from its own
 ``runtime.init()``, on a socket in a directory of this user on the node's own disk
 (``paths.node_join_socket``), whose name every task of the node derives alike; the others wait
-for it to appear. Under a bare mpirun the ranks join rank 0's store themselves
-(``collective.bootstrap``).
+for it to appear. Under mpirun (``fluidctl worker``) the node's lowest rank does the same.
 """
 from __future__ import annotations
 

@@ -76,6 +76,7 @@ def _start(tmp_path, hundred, stop_file):
         out.close()
 
 
+@pytest.mark.alone        # its 300 processes would starve every test beside it
 def test_a_100_node_job_starts_loses_a_node_and_finishes_on_bounded_launcher_threads(
         tmp_path, hundred):
     """100 nodes start (node 0's rendezvous check lets every one through) under --nodes

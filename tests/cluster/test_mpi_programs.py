@@ -82,6 +82,8 @@ def test_one_node_every_path_sees_the_same_world(tmp_path):
         assert len(got[0]["PADDLE_TRAINER_ENDPOINTS"].split(",")) == 3
         # fluidctl.runtime.init() works in the same process, beside MPI
         assert [c["runtime"] for c in got] == [[r, 3, [6.0] * 4] for r in range(3)]
+        # and its rendezvous is one join for the node, served by the node's lowest rank
+        assert all(c["through_node"] for c in got) and got[0]["joins"] == 1
     assert contract(tmp_path / "plain", nproc)[0]["PADDLE_TRAINER_ID"] is None
 
 
@@ -125,8 +127,12 @@ def test_two_ssh_nodes_every_path_sees_the_same_world(sshd_nodes, tmp_path):
     expected = over_ssh([sys.executable], "plain")
     assert [r["size"] for r in expected["hello"]] == [4] * 4
     assert over_ssh([sys.executable, "-m", "fluidctl", "worker"], "worker") == expected
-    eps = contract(tmp_path / "worker", 4)[3]["PADDLE_TRAINER_ENDPOINTS"].split(",")
+    got = contract(tmp_path / "worker", 4)
+    eps = got[3]["PADDLE_TRAINER_ENDPOINTS"].split(",")
     assert [e.rsplit(":", 1)[0] for e in eps] == ["127.0.0.2"] * 2 + ["127.0.0.3"] * 2
+    # each node's lowest rank joins rank 0's store for its node: two joins, not four
+    assert [c["runtime"][2] for c in got] == [[10.0] * 4] * 4
+    assert all(c["through_node"] for c in got) and got[0]["joins"] == 2
 
     (tmp_path / "train").mkdir()
     res = fluidctl("train", "--backend", "mpi", "--hostfile", sshd_nodes.hostfile("h", slots=2),

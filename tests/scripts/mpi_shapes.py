@@ -74,6 +74,8 @@ if seen["PADDLE_TRAINER_ID"] is not None:     # under fluidctl: its runtime work
     x = np.full(4, float(ctx.rank + 1))
     ctx.allreduce(x)
     seen["runtime"] = [ctx.rank, ctx.world_size, x.tolist()]
+    seen["through_node"] = bool(ctx.env.node_join)       # one join per node at the store
+    seen["joins"] = ctx._server.requests.get("join") if ctx._server else None
     rt.finalize()
 with open(os.path.join(outdir, f"contract.{rank}.json"), "w") as f:
     json.dump(seen, f)

@@ -210,7 +210,9 @@ class SSHLauncher(BaseLauncher):
                 agent.declare_lost(f"its connection closed before it got its plan ({exc})")
             handles.append(agent)
         self.running = handles
-        if self.members is not None:
+        # standby agents for the next world; none once the restarts are spent (a lost node
+        # that rejoins still gets agents started for it then, a second or two)
+        if self.members is not None and attempt < config.max_restarts:
             self.members.warm()
         return handles
 
