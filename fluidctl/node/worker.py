@@ -345,10 +345,10 @@ def node_join_env(contract: Mapping[str, str], node_ranks: Sequence[int], first:
     """The node's one join where srun or mpirun started the ranks (runtime/nodejoin.py):
     every task of the node is pointed at the node's socket (FLUIDCTL_NODE_JOIN), and the first
     is told the node's ranks (FLUIDCTL_NODE_JOIN_RANKS), whose join its ``runtime.init()``
-    serves, so rank 0's store gets one message per node as under fluidctl's own agents. Nothing where the
-    ranks join the store themselves (no job token, a world of one, pserver mode, no private
-    directory for the socket). Nothing is served here: a script that never calls
-    ``runtime.init()`` (torch, Paddle) pays nothing for it."""
+    serves, so rank 0's store gets one message per node as under fluidctl's own agents.
+    Nothing where the ranks join the store themselves (no job token, a world of one, pserver
+    mode, no private directory for the socket). Nothing is served here: a script that never
+    calls ``runtime.init()`` (torch, Paddle) pays nothing for it."""
     world = int(contract.get(envs.TRAINERS_NUM) or 1)
     if not contract.get(envs.JOB_TOKEN) or not contract.get(envs.MASTER) or world < 2 \
             or envs.PSERVERS_IP_PORT_LIST in contract:
@@ -363,8 +363,8 @@ def node_join_env(contract: Mapping[str, str], node_ranks: Sequence[int], first:
 
 
 def slurm_node_join(environ: Mapping[str, str], contract: Mapping[str, str]) -> Dict[str, str]:
-    """serve_node_join for an srun task: the node's ranks from the step's layout, the socket
-    named by job, step, requeue and node."""
+    """node_join_env for an srun task: the node's ranks from the step's layout, the socket
+    named by job, step, requeue count and node."""
     node_ranks = sorted(envs.slurm_node_endpoints(environ))
     key = ".".join([environ.get(envs.SLURM_JOB_ID, ""), environ.get(envs.SLURM_STEP_ID, "0"),
                     environ.get(envs.SLURM_RESTART_COUNT) or "0",

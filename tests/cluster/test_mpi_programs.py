@@ -35,11 +35,14 @@ def contract(outdir: Path, nproc: int):
 
 
 def run_mpirun(cmd, **kw):
-    """A plain mpirun, started again once when it died of a signal having said nothing: Open
-    MPI 5.0.11's mpirun has died of SIGSEGV right after its start in full suite runs (fluidctl's
-    own --backend mpi does the same, backends/mpi/launcher.py MpirunProcess)."""
+    """A plain mpirun, started again once when it died of a signal having said nothing, or
+    when a node's daemon failed at its start: Open MPI 5.0.11's mpirun has done both right
+    after its start in full suite runs (fluidctl's own --backend mpi does the same,
+    backends/mpi/launcher.py MpirunProcess)."""
+    from fluidctl.backends.mpi.launcher import DAEMON_FAILED
     proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if proc.returncode < 0 and not proc.stdout and not proc.stderr:
+    if (proc.returncode < 0 and not proc.stdout and not proc.stderr) or \
+            (proc.returncode > 0 and DAEMON_FAILED in proc.stdout + proc.stderr):
         proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
     return proc
 

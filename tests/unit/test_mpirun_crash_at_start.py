@@ -17,13 +17,16 @@ open(state, "w").write(str(starts + 1))
 if register:
     open(register, "w").write("node1 4242")
     print("rank 0 says hello", flush=True)
+if starts == 0 and os.environ.get("FAKE_DAEMON_LOST"):
+    print("A daemon failed to report back after being spawned.", flush=True)
+    sys.exit(255)
 if starts == 0:
     os.kill(os.getpid(), signal.SIGSEGV)
 print("second start", flush=True)
 """
 
 
-def run(tmp_path, register=False):
+def run(tmp_path, register=False, env=()):
     fake = tmp_path / "mpirun.py"
     fake.write_text(FAKE)
     diag = tmp_path / "diag"
@@ -31,7 +34,7 @@ def run(tmp_path, register=False):
     said, swept = [], []
     argv = [sys.executable, str(fake), str(tmp_path / "starts"),
             str(diag / "rank.0") if register else ""]
-    h = MpirunProcess("mpirun", argv, dict(os.environ), str(tmp_path / "mpirun.log"),
+    h = MpirunProcess("mpirun", argv, {**os.environ, **dict(env)}, str(tmp_path / "mpirun.log"),
                       err_log=str(tmp_path / "mpirun.stderr.log"), diag_dir=str(diag),
                       say=said.append, before_again=lambda: swept.append(1))
     fd = h.fileno()
@@ -60,3 +63,31 @@ def test_an_mpirun_that_crashes_after_a_rank_began_is_the_jobs_failure(tmp_path)
     assert code == -11 and h.started_again is None
     assert (tmp_path / "starts").read_text() == "1"
     assert said == [] and swept == []
+
+
+def test_an_mpirun_whose_daemon_failed_at_start_runs_again_once(tmp_path):
+    """PRRTE's "A daemon failed to report back" and exit 255 within the first seconds, no rank
+    registered: the second start is the job's."""
+    h, code, said, swept = run(tmp_path, env={"FAKE_DAEMON_LOST": "1"})
+    assert code == 0 and h.started_again == "exit 255"
+    assert (tmp_path / "starts").read_text() == "2"
+    assert len(said) == 1 and "a node's daemon failed to report back" in said[0]
+    assert swept == [1]
+
+
+def test_an_mpirun_that_fails_otherwise_at_start_is_the_jobs_failure(tmp_path):
+    """Exit 1 with any other words (a bad option, a missing program): not started again."""
+    fake = tmp_path / "mpirun.py"
+    fake.write_text("import sys\nprint('mpirun: unknown option --oops', flush=True)\n"
+                    "sys.exit(1)\n")
+    h = MpirunProcess("mpirun", [sys.executable, str(fake)], dict(os.environ),
+                      str(tmp_path / "mpirun.log"), err_log=str(tmp_path / "mpirun.stderr.log"),
+                      diag_dir=None, say=None, before_again=None)
+    try:
+        deadline = time.monotonic() + 30
+        while (code := h.poll()) is None:
+            assert time.monotonic() < deadline
+            select.select([h.fileno()], [], [], 0.5)
+    finally:
+        h.close()
+    assert code == 1 and h.started_again is None

