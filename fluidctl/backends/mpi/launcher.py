@@ -181,6 +181,8 @@ def first_failed_rank(output: str) -> Optional[Tuple[int, Optional[str], int, Op
 
 
 START_CRASH = 3.0       # seconds: an mpirun killed by a signal this soon, no rank begun, runs again
+STARTS_AGAIN = 2        # at most this often, each after AGAIN_PAUSE seconds
+AGAIN_PAUSE = 0.5
 DAEMON_FAILED = "A daemon failed to report back"    # PRRTE: a node's daemon died at its start
 
 
@@ -194,15 +196,17 @@ class MpirunProcess(LocalProcess):
     loaded machine a node's daemon has died at its start (exit 255, "A daemon failed to report
     back"), the same node's next daemon starting fine. An mpirun that ended so within
     START_CRASH seconds, before any rank began (no rank registered in ``diag_dir``; for a
-    signal, nothing forwarded to its log either), is started again once, with the same argv;
-    ``say`` tells launch.log, and ``before_again()`` runs first (the stale session sweep). The
-    handle's fileno stays the same number (the supervisor's selector holds it)."""
+    signal, nothing forwarded to its log either), is started again with the same argv, at most
+    STARTS_AGAIN times, AGAIN_PAUSE seconds later (a suite run saw two such crashes a second
+    apart); ``say`` tells launch.log, and ``before_again()`` runs first (the stale session
+    sweep). The handle's fileno stays the same number (the supervisor's selector holds it)."""
 
     def __init__(self, label: str, argv: List[str], env: Mapping[str, str], log: str, *,
                  diag_dir: Optional[str] = None, say=None, before_again=None, **kw):
         self._spawn = (label, argv, env, log, kw)
         self._diag_dir, self._say, self._before_again = diag_dir, say, before_again
-        self.started_again: Optional[str] = None     # the signal the first mpirun died of
+        self.started_again: Optional[str] = None     # how the first mpirun ended, if it did
+        self.starts_again = 0
         super().__init__(label, argv, env, log, **kw)
         self._mark()
 
@@ -245,16 +249,20 @@ class MpirunProcess(LocalProcess):
     def poll(self) -> Optional[int]:
         import time
         code = self.popen.poll()
-        if code is None or self.started_again is not None or \
+        if code is None or self.starts_again >= STARTS_AGAIN or \
                 time.monotonic() - self._began > START_CRASH:
             return code
         why = self._why_again(code)
         if why is None:
             return code
-        self.started_again = signal_of(code) if code < 0 else f"exit {code}"
+        self.starts_again += 1
+        if self.started_again is None:
+            self.started_again = signal_of(code) if code < 0 else f"exit {code}"
         if self._say is not None:
             self._say(f"mpirun (pid {self.pid}) {why} {time.monotonic() - self._began:.1f}s "
-                      "after its start, before any rank began: started again, once")
+                      f"after its start, before any rank began: started again "
+                      f"({self.starts_again} of at most {STARTS_AGAIN})")
+        time.sleep(AGAIN_PAUSE)
         if self._before_again is not None:
             self._before_again()
         old_fd = self._pidfd
