@@ -46,7 +46,7 @@ def run_mpirun(cmd, **kw):
     for _ in range(STARTS_AGAIN):
         proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
         if not ((proc.returncode < 0 and not proc.stdout and not proc.stderr) or
-                (proc.returncode > 0 and DAEMON_FAILED in proc.stdout + proc.stderr)):
+                (proc.returncode != 0 and DAEMON_FAILED in proc.stdout + proc.stderr)):
             return proc
         mpisessions.sweep()
         time.sleep(AGAIN_PAUSE)

@@ -22,6 +22,8 @@ if starts < int(os.environ.get("FAKE_CRASHES", "1")) and not os.environ.get("FAK
     os.kill(os.getpid(), signal.SIGSEGV)
 if starts == 0 and os.environ.get("FAKE_DAEMON_LOST"):
     print("A daemon failed to report back after being spawned.", flush=True)
+    if os.environ["FAKE_DAEMON_LOST"] == "segv":      # mpirun crashing in its error path
+        os.kill(os.getpid(), signal.SIGSEGV)
     sys.exit(255)
 print("second start", flush=True)
 """
@@ -103,3 +105,10 @@ def test_two_crashes_in_a_row_are_started_again_and_a_third_is_the_jobs_failure(
     h, code, said, _ = run(thrice, env={"FAKE_CRASHES": "3"})
     assert code == -11 and h.starts_again == 2 and len(said) == 2
     assert "started again (2 of at most 2)" in said[1]
+
+
+def test_an_mpirun_that_crashes_after_saying_its_daemon_failed_runs_again(tmp_path):
+    """Seen in a suite run: the daemon words, then SIGSEGV 2.8 s after the start."""
+    h, code, said, swept = run(tmp_path, env={"FAKE_DAEMON_LOST": "segv"})
+    assert code == 0 and h.started_again == "SIGSEGV"
+    assert "died of SIGSEGV: a node's daemon failed to report back" in said[0]

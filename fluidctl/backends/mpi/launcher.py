@@ -237,13 +237,16 @@ class MpirunProcess(LocalProcess):
         return text
 
     def _why_again(self, code: int) -> Optional[str]:
-        """Why an mpirun that ended at its start is started again, or None when it is not."""
-        if code < 0:
-            if _size(self.log) + _size(self.err_log) == self._out and self._no_rank_registered():
-                return f"died of {signal_of(code)}"
+        """Why an mpirun that ended at its start is started again, or None when it is not:
+        killed by a signal having said nothing, or ended either way (an exit code, or a
+        signal in its error path) having said that a node's daemon failed."""
+        if code == 0 or not self._no_rank_registered():
             return None
-        if code and DAEMON_FAILED in self._said_since_start() and self._no_rank_registered():
-            return f"exited {code}: a node's daemon failed to report back"
+        ended = f"died of {signal_of(code)}" if code < 0 else f"exited {code}"
+        if code < 0 and _size(self.log) + _size(self.err_log) == self._out:
+            return ended
+        if DAEMON_FAILED in self._said_since_start():
+            return f"{ended}: a node's daemon failed to report back"
         return None
 
     def poll(self) -> Optional[int]:
