@@ -107,6 +107,15 @@ class _Place:
     number: Optional[int] = None
 
 
+def _one_call_apart(places) -> bool:
+    """Every rank waits in one call site's collective, some in the call after the others'
+    (the runtime's numbers): on a ring, a rank finishes a collective once its own last piece
+    came, and may start the next while its peer still waits for a piece lost on the way."""
+    numbers = {p.number for p in places}
+    return (None not in numbers and max(numbers) - min(numbers) == 1
+            and len({(p.what, p.name, p.site) for p in places}) == 1)
+
+
 def _short(func: str) -> str:
     return func.rsplit(".", 1)[-1]
 
@@ -238,6 +247,15 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
 
     others = [e for e in evs if places[e.rank] is not None
               and places[e.rank].what != "collective"]
+    ahead = ""
+    if not others and len(groups) > 1 and _one_call_apart([p for p, _ in groups]):
+        # those one call ahead finished the call the others still wait in: nobody is missing
+        # from it, its last pieces were lost on the way (a cut path), not a desync
+        first = min((p for p, _ in groups), key=lambda p: p.number)
+        ahead = [e.rank for p, g in groups if p != first for e in g]
+        ahead = (f"; {rank_list(ahead)} finished {'their' if len(ahead) > 1 else 'its'} part "
+                 f"of it and {'wait' if len(ahead) > 1 else 'waits'} in #{first.number + 1}")
+        groups = [(first, sorted((e for _, g in groups for e in g), key=lambda e: e.rank))]
     if not others:
         if len(groups) > 1:
             odd = [e.rank for _, evs_ in groups[1:] for e in evs_]
@@ -250,7 +268,7 @@ def classify(evidence: Sequence[Evidence]) -> Optional[Verdict]:
             cpu = max((e.cpu or 0.0) for e in g)
             return Verdict(STUCK, f"{STUCK}: every rank waits in {_collective(p)}{_on(g)}, "
                            f"at most {cpu * 100:.0f}% CPU: no rank is missing from it, its "
-                           "transport makes no progress (a link or a peer's network)",
+                           f"transport makes no progress (a link or a peer's network){ahead}",
                            [e.rank for e in g])
         return None
 

@@ -28,9 +28,20 @@ def test_ranks_in_different_collectives_are_a_desync():
                           "in broadcast #41 (train.py:33) on node2")
 
 
-def test_a_rank_one_collective_behind_is_a_desync():
+def test_a_rank_one_call_behind_at_the_same_site_is_stuck_not_a_desync():
+    """Rank 0 finished allreduce #40 (its last piece came), rank 1 still waits for its own:
+    nobody is missing from #40, its last piece was lost on the way (a cut path)."""
     v = classify([waiting(0), waiting(1, count=39)])
-    assert v.kind == "desync" and "rank 1 waits in allreduce #40 (train.py:30)" in v.sentence
+    assert v.kind == "stuck" and v.ranks == [0, 1]
+    assert "every rank waits in allreduce #40 (train.py:30)" in v.sentence
+    assert v.sentence.endswith("; rank 0 finished its part of it and waits in #41")
+
+
+def test_a_rank_two_calls_behind_or_at_another_site_is_a_desync():
+    v = classify([waiting(0), waiting(1, count=38)])
+    assert v.kind == "desync" and "rank 1 waits in allreduce #39 (train.py:30)" in v.sentence
+    v = classify([waiting(0), waiting(1, count=39, frames=BROADCAST)])
+    assert v.kind == "desync"
 
 
 def test_a_rank_in_torch_dataloader_is_slow_data():
