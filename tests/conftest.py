@@ -76,6 +76,22 @@ def isolated_state(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def no_interface_changes_beside_mpirun(request):
+    """A test that runs mpirun holds tests/netns.py's INTERFACES_LOCK shared, so namespace
+    nodes are not made or removed while it runs (Open MPI's mpirun has crashed at its start
+    then); one that makes namespace nodes itself does not (it holds the lock exclusive)."""
+    if request.node.get_closest_marker("mpi") is None or \
+            request.node.get_closest_marker("netns") is not None:
+        yield
+        return
+    import fcntl
+    from netns import INTERFACES_LOCK
+    with open(INTERFACES_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        yield
+
+
+@pytest.fixture(autouse=True)
 def no_stale_mpi_session_dirs():
     """Open MPI session directories of mpiruns and daemons killed with SIGKILL (a test's
     deadline, a killed launcher) are removed before each test, as fluidctl does before it starts

@@ -31,6 +31,23 @@ from sshd import SSHD, SSHNode, SSHNodes, make_keys, wait_listening
 
 PREFIX = "flns"                          # every namespace, link, bridge and cgroup starts so
 LOCK = Path("/tmp/fluidctl-netns.lock")  # serialises subnet choice between pytest workers
+# Interfaces come and go while namespace nodes are made and removed; Open MPI 5.0.11's mpirun,
+# started meanwhile, has died of SIGSEGV at its start up to three times in a row (suite runs
+# s53-s56, each time beside a namespace set-up). A test that runs mpirun holds this shared
+# (tests/conftest.py), the making and removing of namespace nodes holds it exclusive.
+INTERFACES_LOCK = Path("/tmp/fluidctl-interfaces.lock")
+
+
+def interfaces_changing():
+    """Hold INTERFACES_LOCK exclusive: no mpirun of a test starts meanwhile."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def held():
+        with open(INTERFACES_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+    return held()
 FREEZER = Path("/sys/fs/cgroup/freezer")
 CPU = Path("/sys/fs/cgroup/cpu")
 
@@ -82,15 +99,16 @@ class NetnsNodes(SSHNodes):
                     host_pub, fid=uuid.uuid4().hex[:5])
         nodes.bridge = f"{PREFIX}{nodes.fid}b"
         try:
-            with open(LOCK, "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                nodes.subnet = nodes._free_subnet()
-                nodes.gateway = f"198.18.{nodes.subnet}.1"
-                sh("ip", "link", "add", nodes.bridge, "type", "bridge")
-                sh("ip", "addr", "add", f"{nodes.gateway}/24", "dev", nodes.bridge)
-                sh("ip", "link", "set", nodes.bridge, "up")
-            for k in range(1, n + 1):
-                nodes.nodes[f"node{k}"] = nodes._make_node(k, host_key, authorized, sftp)
+            with interfaces_changing():
+                with open(LOCK, "a") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    nodes.subnet = nodes._free_subnet()
+                    nodes.gateway = f"198.18.{nodes.subnet}.1"
+                    sh("ip", "link", "add", nodes.bridge, "type", "bridge")
+                    sh("ip", "addr", "add", f"{nodes.gateway}/24", "dev", nodes.bridge)
+                    sh("ip", "link", "set", nodes.bridge, "up")
+                for k in range(1, n + 1):
+                    nodes.nodes[f"node{k}"] = nodes._make_node(k, host_key, authorized, sftp)
             deadline = time.monotonic() + 20
             for node in nodes.nodes.values():
                 wait_listening(node.address, node.port, node.proc, deadline)
@@ -225,6 +243,10 @@ class NetnsNodes(SSHNodes):
 
     # --- teardown -------------------------------------------------------------------
     def stop(self) -> None:
+        with interfaces_changing():
+            self._stop()
+
+    def _stop(self) -> None:
         for alias, node in self.nodes.items():
             node = self.node(alias)
             if not node.netns:
