@@ -35,7 +35,7 @@ def contract(outdir: Path, nproc: int):
 
 
 def run_mpirun(cmd, **kw):
-    """A plain mpirun, started again (at most twice, half a second later, stale session
+    """A plain mpirun, started again (at most twice, AGAIN_PAUSE seconds later, stale session
     directories swept) when it died of a signal having said nothing, or when a node's daemon
     failed at its start: Open MPI 5.0.11's mpirun has done both right after its start in full
     suite runs, once twice a second apart (fluidctl's own --backend mpi does the same,

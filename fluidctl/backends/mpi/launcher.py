@@ -182,7 +182,7 @@ def first_failed_rank(output: str) -> Optional[Tuple[int, Optional[str], int, Op
 
 START_CRASH = 3.0       # seconds: an mpirun killed by a signal this soon, no rank begun, runs again
 STARTS_AGAIN = 2        # at most this often, each after AGAIN_PAUSE seconds
-AGAIN_PAUSE = 0.5
+AGAIN_PAUSE = 2.0     # a burst of such crashes has lasted about 3 s
 DAEMON_FAILED = "A daemon failed to report back"    # PRRTE: a node's daemon died at its start
 
 
@@ -197,8 +197,8 @@ class MpirunProcess(LocalProcess):
     back"), the same node's next daemon starting fine. An mpirun that ended so within
     START_CRASH seconds, before any rank began (no rank registered in ``diag_dir``; for a
     signal, nothing forwarded to its log either), is started again with the same argv, at most
-    STARTS_AGAIN times, AGAIN_PAUSE seconds later (a suite run saw two such crashes a second
-    apart); ``say`` tells launch.log, and ``before_again()`` runs first (the stale session
+    STARTS_AGAIN times, AGAIN_PAUSE seconds later (suite runs saw such crashes in bursts of a few
+    seconds); ``say`` tells launch.log, and ``before_again()`` runs first (the stale session
     sweep). The handle's fileno stays the same number (the supervisor's selector holds it)."""
 
     def __init__(self, label: str, argv: List[str], env: Mapping[str, str], log: str, *,
