@@ -162,7 +162,26 @@ class _Task(NamedTuple):
     endpoints: List[str]
 
 
+# what ``_task`` reads: a task's worker asks for it up to three times (the contract, the
+# node's endpoints file, the node join), and at thousands of ranks each is O(world)
+_TASK_INPUTS = (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURM_STEP_NUM_TASKS, SLURM_NTASKS,
+                SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, "SLURM_NODELIST",
+                SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE, SLURM_DISTRIBUTION,
+                SLURM_JOB_ID, "SLURM_JOBID", SLURM_STEP_ID, SLURM_RESTART_COUNT)
+_last_task: list = []       # [(inputs, _Task)] of the last call
+
+
 def _task(environ: Mapping[str, str]) -> _Task:
+    """This task's place (see ``_Task``), computed once per set of inputs."""
+    inputs = tuple(environ.get(name) for name in _TASK_INPUTS)
+    if _last_task and _last_task[0][0] == inputs:
+        return _last_task[0][1]
+    task = _place_task(environ)
+    _last_task[:] = [(inputs, task)]
+    return task
+
+
+def _place_task(environ: Mapping[str, str]) -> _Task:
     from fluidctl.errors import UsageError
 
     def number(name: str, *fallbacks: str) -> int:

@@ -128,3 +128,21 @@ def test_missing_or_bad_variables_are_one_line_errors():
         envs.from_slurm(task("x", 0, 0))
     with pytest.raises(UsageError, match="2 node"):
         envs.from_slurm(task(0, 0, 0, tpn="4"))
+
+
+def test_a_tasks_place_is_worked_out_once_per_environment(monkeypatch):
+    """The worker asks for the contract, the node's endpoints and the node join: the node list
+    and layout (O(world)) are worked out once, and again only for other inputs."""
+    from fluidctl.envs import slurm
+    calls = []
+    real = slurm._place_task
+    monkeypatch.setattr(slurm, "_place_task", lambda environ: calls.append(1) or real(environ))
+    monkeypatch.setattr(slurm, "_last_task", [])
+    env = task(1, 1, 0)
+    contract = envs.from_slurm(env)
+    assert envs.slurm_node_endpoints(env) == {0: contract["PADDLE_TRAINER_ENDPOINTS"].split(",")[0],
+                                              1: contract["PADDLE_CURRENT_ENDPOINT"]}
+    envs.from_slurm(dict(env))
+    assert len(calls) == 1
+    other = envs.from_slurm(task(2, 0, 1))
+    assert len(calls) == 2 and other["PADDLE_TRAINER_ID"] == "2"

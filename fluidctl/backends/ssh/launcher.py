@@ -156,10 +156,10 @@ class SSHLauncher(BaseLauncher):
     def _rendezvous_doctor(self, plan: Plan) -> None:
         """Ports free on every node, the master reachable from every node, MASTER_ADDR on
         node 0: one line per problem, and nothing starts."""
-        import click
         from fluidctl.backends.ssh import doctor
         problems = doctor.examine(plan, self.hosts, self.agents, self.config.ssh_timeout)
         if problems:
+            import click            # only to print: its import is on every launch's path
             for line in problems:
                 click.echo(f"error: {line}", err=True)
             raise UsageError(f"the rendezvous check found {len(problems)} problem(s)",
