@@ -6,6 +6,7 @@ import errno
 import selectors
 import socket
 import threading
+import time
 from typing import Dict, List, Optional, Tuple
 
 from fluidctl.agentproto import DOCTOR_CONNECT_TIMEOUT as CONNECT_TIMEOUT
@@ -130,13 +131,34 @@ def node_checks(request: dict) -> Tuple[List[str], Optional[MasterListener]]:
     if request.get("connect"):
         addr, port = request["connect"]
         try:
-            socket.create_connection((addr, int(port)), timeout=CONNECT_TIMEOUT).close()
+            reach_master(addr, int(port), float(request.get("refused_wait", 0.0)))
         except OSError as exc:
             why = exc.strerror or "timed out"
-            problems.append(f"cannot reach the master {addr}:{port} ({why}: open the port "
+            problems.append(f"{UNREACHED} {addr}:{port} ({why}: open the port "
                             f"between the nodes, or list node 0 under an address this node "
                             f"can reach)")
     return problems, held
+
+
+UNREACHED = "cannot reach the master"
+
+
+def reach_master(addr: str, port: int, refused_wait: float) -> None:
+    """Connect to the master port and close. The launcher asks node 0 and the others at
+    once, so node 0 may not listen yet: a refusal is tried again every few ms for
+    ``refused_wait`` seconds (anything else, and a refusal after that, is the answer)."""
+    deadline = time.monotonic() + refused_wait
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=CONNECT_TIMEOUT).close()
+            return
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(REFUSED_AGAIN)
+
+
+REFUSED_AGAIN = 0.005       # seconds between tries while node 0 may not listen yet
 
 
 def _bind_problem(exc: OSError, addr: str, port: int, what: str) -> str:

@@ -7,8 +7,9 @@ the job is planned, and before the plan is handed out, the launcher asks the nod
 1. node 0's agent binds every port its processes will use and *listens* on the master port
    (MASTER_ADDR:MASTER_PORT): a busy port, or a MASTER_ADDR that is not an address of node 0,
    is reported there;
-2. then every other node's agent binds its own ports and connects to the master port, as its
-   ranks will (a firewall or a wrong address is reported by the node that cannot get through);
+2. every other node's agent, asked at the same time, binds its own ports and connects to the
+   master port, as its ranks will, trying a refusal again for a moment while node 0 starts
+   listening (a firewall or a wrong address is reported by the node that cannot get through);
 3. node 0 stops listening when its plan arrives and rank 0 binds it. Node 0 accepts every
    test connection and lets the peer close first, so a job of any size gets through (a socket
    that only listens lets its backlog through and drops the rest) and the master port is left
@@ -27,6 +28,10 @@ import ipaddress
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl.agentproto import DOCTOR_CONNECT_TIMEOUT as CONNECT_TIMEOUT
+from fluidctl.node.doctor import UNREACHED
+
+# seconds a node tries a refused master port again (node 0 is asked at the same time)
+REFUSED_WAIT = 2.0
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
@@ -96,20 +101,27 @@ def requests(plan) -> List[dict]:
 
 
 def examine(plan, hosts, agents, timeout: float) -> List[str]:
-    """Run the checks through the agents (node 0 first: it must be listening before the
-    others connect); one line per problem, naming the node."""
+    """Run the checks through the agents, all at once (one round trip for the job): the other
+    nodes try a refused master port again for REFUSED_WAIT seconds, while node 0 starts
+    listening. One line per problem, naming the node; when node 0 has problems, the others'
+    failures to reach its master port follow from them and are left out."""
     reqs = requests(plan)
+    for req in reqs[1:]:
+        req["refused_wait"] = REFUSED_WAIT
 
     def ask(i: int) -> List[str]:
-        reply = agents[i].doctor(reqs[i], timeout + CONNECT_TIMEOUT)
+        reply = agents[i].doctor(reqs[i], timeout + CONNECT_TIMEOUT + REFUSED_WAIT)
         if reply is None:
             return [f"node {hosts[i].name}: no answer to the rendezvous check within "
-                    f"{timeout + CONNECT_TIMEOUT:g}s (raise --ssh-timeout)"]
+                    f"{timeout + CONNECT_TIMEOUT + REFUSED_WAIT:g}s (raise --ssh-timeout)"]
         return [f"node {hosts[i].name}: {p}" for p in reply]
 
-    problems = ask(0)
-    if not problems:            # the others connect to node 0's listening master port
-        from fluidctl.remote.ssh import parallel
-        for found in parallel(list(range(1, len(agents))), ask):
-            problems += found
+    from fluidctl.remote.ssh import parallel
+    found = parallel(list(range(len(agents))), ask)
+    problems = list(found[0])
+    for i, lines in enumerate(found[1:], start=1):
+        if found[0]:
+            lines = [line for line in lines
+                     if not line.startswith(f"node {hosts[i].name}: {UNREACHED}")]
+        problems += lines
     return problems
