@@ -39,6 +39,8 @@ WATCH_EVERY = 0.1
 CR_MARK = "\x1f"            # a streamed line that ended with a lone \r (a progress bar)
 AGENT_MODULE = "fluidctl.node.agent"
 DOCTOR_CONNECT_TIMEOUT = 5.0  # seconds a node gives the master port in the rendezvous check
+# how a node's rendezvous check line for a master port it cannot reach begins
+DOCTOR_UNREACHED = "cannot reach the master"
 
 
 def tag_for(role: str, rank: int) -> str:

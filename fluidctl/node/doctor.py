@@ -10,6 +10,7 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from fluidctl.agentproto import DOCTOR_CONNECT_TIMEOUT as CONNECT_TIMEOUT
+from fluidctl.agentproto import DOCTOR_UNREACHED as UNREACHED
 
 
 def interfaces() -> Dict[str, List[Tuple[str, str]]]:
@@ -139,8 +140,6 @@ def node_checks(request: dict) -> Tuple[List[str], Optional[MasterListener]]:
                             f"can reach)")
     return problems, held
 
-
-UNREACHED = "cannot reach the master"
 
 
 def reach_master(addr: str, port: int, refused_wait: float) -> None:

@@ -28,7 +28,7 @@ import ipaddress
 from typing import Dict, List, Optional, Sequence
 
 from fluidctl.agentproto import DOCTOR_CONNECT_TIMEOUT as CONNECT_TIMEOUT
-from fluidctl.node.doctor import UNREACHED
+from fluidctl.agentproto import DOCTOR_UNREACHED as UNREACHED
 
 # seconds a node tries a refused master port again (node 0 is asked at the same time)
 REFUSED_WAIT = 2.0
