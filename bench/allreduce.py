@@ -144,6 +144,19 @@ def _pass_on(args, transport=None):
             "--sizes", ",".join(str(s) for s in args.sizes)]
 
 
+def huge_pages() -> str:
+    """What decides the 16 and 64 MiB rows: numpy asks for transparent huge pages for arrays of
+    4 MiB and more, and whether the kernel grants them moves both contenders' times by up to
+    2x (NUMPY_MADVISE_HUGEPAGE=0 turns the request off; run both ways to compare)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp = f.read().strip()
+    except OSError:
+        thp = "unknown"
+    asked = os.environ.get("NUMPY_MADVISE_HUGEPAGE", "numpy's default (1 on Linux)")
+    return f"transparent huge pages: {thp}; NUMPY_MADVISE_HUGEPAGE={asked}"
+
+
 def busbw(size: int, seconds: float, n: int) -> float:
     return size / seconds * 2 * (n - 1) / n / 1e9
 
@@ -218,6 +231,7 @@ def main() -> None:
             hog.kill()
             hog.wait()
     report([runs[k] for k in kinds], args)
+    print(huge_pages())
 
 
 def _rounds(args, kinds, runs) -> None:

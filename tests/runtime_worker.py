@@ -63,6 +63,9 @@ def ops(ctx):
     out["no_tracker_module"] = "multiprocessing.resource_tracker" not in sys.modules
     shm = getattr(ctx.comm, "shm", None)
     out["shm_direct"] = None if shm is None else shm._direct     # which path large calls took
+    # with the native module: whether it takes every size (no switch to direct reads)
+    out["shm_native"] = None if shm is None or shm._native is None else \
+        shm.native_limit() > (1 << 40)
     result(**out)
 
 

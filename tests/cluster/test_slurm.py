@@ -87,7 +87,7 @@ def test_plain_srun_runtime_allreduce_across_two_nodes(slurm, tmp_path):
     assert len(got) == 4
     for r in got:
         assert r["transport"] == "hierarchical", r
-        assert all(v for k, v in r.items() if k not in ("transport", "shm_direct")), r
+        assert all(v for k, v in r.items() if k not in ("transport", "shm_direct", "shm_native")), r
 
 
 @pytest.mark.parametrize("worker", [False, True], ids=["python", "fluidctl-worker"])

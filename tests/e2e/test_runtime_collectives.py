@@ -41,6 +41,9 @@ def test_ops_are_exact(topology, hosts, tmp_path):
     for rank_result in rankspawn.results(result):
         assert rank_result.pop("transport") == topology
         rank_result.pop("shm_direct")
+        native = rank_result.pop("shm_native")
+        if topology == "shm" and native is not None:
+            assert native is True       # the native slots take every size by default
         failed = [name for name, ok in rank_result.items() if ok is not True]
         assert not failed, (failed, result)
 
@@ -49,12 +52,14 @@ def test_ops_are_exact(topology, hosts, tmp_path):
                          ids=["2-pipelined", "3-direct", "3-pipelined"])
 def test_shared_memory_paths_are_exact(ranks, direct, tmp_path):
     """Every op through the pipelined slots (FLUIDCTL_SHM_DIRECT=0 forces them for all sizes)
-    and through direct peer reads, with 3 ranks on one node too."""
+    and through direct peer reads (FLUIDCTL_SHM_DIRECT=1 from 4 MiB), with 3 ranks on one node
+    too."""
     result = run("ops", ["127.0.0.1"] * ranks, tmp_path, extra={"FLUIDCTL_SHM_DIRECT": direct})
     assert result.ok(), result
     for rank_result in rankspawn.results(result):
         assert rank_result.pop("transport") == "shm"
         used_direct = rank_result.pop("shm_direct")
+        rank_result.pop("shm_native")
         if direct == "0":
             assert used_direct is False
         elif not used_direct:
@@ -64,7 +69,8 @@ def test_shared_memory_paths_are_exact(ranks, direct, tmp_path):
 
 
 def test_sizes_across_the_direct_switch_mismatch_cleanly(tmp_path):
-    result = run("switch_mismatch", TOPOLOGIES["shm"], tmp_path)
+    result = run("switch_mismatch", TOPOLOGIES["shm"], tmp_path,
+                 extra={"FLUIDCTL_SHM_DIRECT": "1"})
     assert result.ok(), result
     per_rank = rankspawn.results(result)
     assert per_rank[0] == per_rank[1] and per_rank[0]["still_works"] is True

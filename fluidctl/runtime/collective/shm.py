@@ -7,7 +7,8 @@ one result area, each ``chunk`` bytes. In every path each rank reduces its own 1
 (its own data, read in place, plus every peer's copy: a reduce-scatter), then collects the parts
 the others reduced (an allgather). Three ways to move the data:
 
-- direct (messages from DIRECT_MIN bytes, when every local rank may read the others' memory):
+- direct (messages from DIRECT_MIN bytes when the native module is missing or
+  FLUIDCTL_SHM_DIRECT=1 asks for it, and every local rank may read the others' memory):
   the peers' copies and results are read straight out of their arrays with process_vm_readv
   (cross-memory attach, what Open MPI's shared-memory transport uses for large messages), in
   cache-sized pieces through a reused buffer for the reduction. No segment in between: the
@@ -491,8 +492,15 @@ class ShmGroup:
                    // itemsize * itemsize)
 
     def native_limit(self) -> int:
-        """Messages below this many bytes take the pipelined path (native when built)."""
-        return DIRECT_MIN if self._direct is not False else 1 << 62
+        """Messages below this many bytes take the native pipelined path: every size, unless
+        FLUIDCTL_SHM_DIRECT=1 asks for direct reads from DIRECT_MIN on. Measured on a 2-core
+        EPYC VM, 2 ranks, float32 sum: 16 MiB in 0.80 ms through the native slots against
+        1.47 ms reading the peer's array (process_vm_readv; 2.64 ms without huge pages), 64
+        MiB in 4.2 ms against 6.4 ms: the kernel's page walk costs more than the copies. The
+        Python path, without the module, still reads directly from DIRECT_MIN on."""
+        if os.environ.get(envs.SHM_DIRECT) == "1" and self._direct is not False:
+            return DIRECT_MIN
+        return 1 << 62
 
     def small(self, x, rec_addr: int, seq: int, code: int, op: int, zero: bool,
               piece: int) -> bool:
