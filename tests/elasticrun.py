@@ -132,7 +132,8 @@ def run_elastic(nodes, work: Path, *, node_range: str, faults: List[Fault], step
     argv = [sys.executable, "-m", "fluidctl", "train", "--backend", backend, "--hostfile",
             str(hostfile), "--ssh-config", str(nodes.config), "--nodes", node_range,
             "--max-restarts", str(max_restarts), "--grace-period", "1", "--log-dir",
-            str(work / "mylog"), str(SCRIPT), str(steps), str(ckpt), str(pause)]
+            str(work / "mylog"), str(SCRIPT), str(steps), str(ckpt), str(pause),
+            ",".join(str(f.at_step) for f in faults if not f.during_restart)]
     full_env = dict(os.environ, FLUIDCTL_STATE_DIR=str(work / "state"), **(env or {}))
     hogs = [busy(nodes, alias) for alias in loaded]
     proc = subprocess.Popen(argv, cwd=work, env=full_env, stdout=subprocess.PIPE,
@@ -150,6 +151,8 @@ def run_elastic(nodes, work: Path, *, node_range: str, faults: List[Fault], step
                 FAULTS[fault.kind](nodes, alias)
             fault.when = time.time()
             fault.step = last_step(ckpt)
+            if not fault.during_restart:        # the ranks held after its step: go on
+                (ckpt / f"go.{fault.at_step}").write_text("")
 
             def lost():         # the launcher's first word of it (launch.log)
                 text = launch_log.read_text() if launch_log.exists() else ""

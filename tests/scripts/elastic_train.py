@@ -1,7 +1,7 @@
 """A DDP-style job that checkpoints every step and resumes, for elastic tests and
 bench/elastic.py:
 
-    elastic_train.py STEPS CKPT_DIR [STEP_SECONDS]
+    elastic_train.py STEPS CKPT_DIR [STEP_SECONDS] [HOLD_AFTER]
 
 Every rank holds the same weights w (integers in float64, so sums are exact in any order);
 step s: each rank's gradient is ((w * (rank + 1) + s) % 97), allreduced (sum), and
@@ -11,6 +11,10 @@ on the newest step any of them holds and take its weights from the rank that hol
 step was completed, so its weights are the job's). Rank 0 appends one line per step and per
 start to CKPT_DIR/progress.log (step, world size, time), and writes CKPT_DIR/final.json.
 ``reference(worlds)`` recomputes the weights for a world size per step.
+
+HOLD_AFTER (steps, comma-separated): after such a step every rank waits for CKPT_DIR/go.<step>
+(at most HOLD_SECONDS), which the test writes once it has injected the fault meant for that
+step: a loaded machine cannot run the job to its end before the fault is in.
 """
 import json
 import os
@@ -43,9 +47,20 @@ def write_json(path, record):
     os.replace(tmp, path)
 
 
+HOLD_SECONDS = 120.0
+
+
+def hold(go: str) -> None:
+    """Wait for the test's word (a file) that the fault for this step is in."""
+    deadline = time.monotonic() + HOLD_SECONDS
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def main():
     steps, ckpt = int(sys.argv[1]), sys.argv[2]
     pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
+    holds = {int(x) for x in sys.argv[4].split(",") if x} if len(sys.argv) > 4 else set()
     import fluidctl.runtime as rt
     ctx = rt.init()
     rank, world = ctx.rank, ctx.world_size
@@ -74,6 +89,8 @@ def main():
         if log:
             log.write(f"step {s} world {world} t {time.time():.3f}\n")
             log.flush()
+        if s in holds:
+            hold(os.path.join(ckpt, f"go.{s}"))
     if rank == 0:
         write_json(os.path.join(ckpt, "final.json"), {"w": w.tolist()})
         print(f"elastic_train done: {steps} steps, world {world}", flush=True)
