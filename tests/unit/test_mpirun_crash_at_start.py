@@ -112,3 +112,21 @@ def test_an_mpirun_that_crashes_after_saying_its_daemon_failed_runs_again(tmp_pa
     h, code, said, swept = run(tmp_path, env={"FAKE_DAEMON_LOST": "segv"})
     assert code == 0 and h.started_again == "SIGSEGV"
     assert "died of SIGSEGV: a node's daemon failed to report back" in said[0]
+
+
+def test_a_crash_at_start_with_a_daemon_network_given_as_a_cidr_names_that_setting(tmp_path):
+    """Open MPI 5.0.11 dies of SIGSEGV in prte_oob_base_select when PRTE's if_exclude names a
+    network several interfaces are on: each restart and the job's failure say so."""
+    cidr = {"FAKE_CRASHES": "3", "PRTE_MCA_oob_tcp_if_exclude": "198.18.0.0/15"}
+    h, code, said, _ = run(tmp_path, env=cidr)
+    assert code == -11 and len(said) == 2
+    assert all("PRTE_MCA_oob_tcp_if_exclude=198.18.0.0/15 names a network" in line
+               for line in said)
+    failure = h.failure()
+    assert failure.explanation.startswith("mpirun ended at its start: PRTE_MCA_oob_tcp_if_"
+                                          "exclude=198.18.0.0/15 names a network")
+    named = tmp_path / "named"
+    named.mkdir()
+    h, code, said, _ = run(named, env={"FAKE_CRASHES": "3", "PRTE_MCA_oob_tcp_if_exclude": "eth1"})
+    assert code == -11 and not any("names a network" in line for line in said)
+    assert "names a network" not in h.failure().explanation

