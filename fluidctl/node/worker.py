@@ -212,39 +212,36 @@ def run_child(argv: List[str], env: Mapping[str, str], log_path: Optional[str]) 
     the child starts: a signal that comes while it is being started is passed on once it is
     (not the worker's own default death, leaving the child to run on alone)."""
     import subprocess
-    started: List[subprocess.Popen] = []
+    child: Optional[subprocess.Popen] = None
     pending: List[int] = []
 
     def forward(signum, _frame):
-        if not started:
+        if child is None:
             pending.append(signum)
             return
         try:
-            os.killpg(started[0].pid, signum)
+            os.killpg(child.pid, signum)
         except ProcessLookupError:
             pass
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
-        child = subprocess.Popen(argv, env=dict(env), start_new_session=True,
-                                 stdout=subprocess.PIPE if log_path else None,
-                                 stderr=subprocess.STDOUT if log_path else None)
-    except (FileNotFoundError, PermissionError) as exc:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if isinstance(exc, FileNotFoundError):
+        try:
+            child = subprocess.Popen(argv, env=dict(env), start_new_session=True,
+                                     stdout=subprocess.PIPE if log_path else None,
+                                     stderr=subprocess.STDOUT if log_path else None)
+        except FileNotFoundError:
             raise UsageError(f"cannot run {argv[0]}: not found",
                              "give a .py script or a program on PATH") from None
-        raise UsageError(f"cannot run {argv[0]}: not executable",
-                         "chmod +x it, or name a .py script") from None
-    started.append(child)
-    for signum in pending:
-        forward(signum, None)
-    tee = None
-    if log_path:
-        tee = threading.Thread(target=_tee, daemon=True, args=(
-            child.stdout, log_path, os.environ.get(envs.WORKER_ECHO, "1") != "0"))
-        tee.start()
-    try:
+        except PermissionError:
+            raise UsageError(f"cannot run {argv[0]}: not executable",
+                             "chmod +x it, or name a .py script") from None
+        for signum in pending:
+            forward(signum, None)
+        tee = None
+        if log_path:
+            tee = threading.Thread(target=_tee, daemon=True, args=(
+                child.stdout, log_path, os.environ.get(envs.WORKER_ECHO, "1") != "0"))
+            tee.start()
         code = child.wait()
         if tee:
             tee.join()

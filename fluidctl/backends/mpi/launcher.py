@@ -211,18 +211,19 @@ class MpirunProcess(LocalProcess):
     with nothing said, or see a node's daemon die so (exit 255, "A daemon failed to report
     back"). One known cause is a daemon network given as a CIDR that several interfaces are
     on (``oob_network_hint``, said with each restart and in the failure); a start that crashed
-    may well succeed the next time (the crash depends on memory past an array's end). An
-    mpirun that ended so within
-    START_CRASH seconds, before any rank began (no rank registered in ``diag_dir``; for a
-    signal, nothing forwarded to its log either), is started again with the same argv, at most
-    STARTS_AGAIN times, AGAIN_PAUSE seconds later (suite runs saw such crashes in bursts of a few
-    seconds); ``say`` tells launch.log, and ``before_again()`` runs first (the stale session
-    sweep). The handle's fileno stays the same number (the supervisor's selector holds it)."""
+    may well succeed the next time (the crash depends on memory past an array's end). An mpirun
+    that ended so within START_CRASH seconds, before any rank began (no rank registered in
+    ``diag_dir``; for a signal, nothing forwarded to its log either), is started again with the
+    same argv, at most STARTS_AGAIN times, AGAIN_PAUSE seconds later (such crashes came in
+    bursts of a few seconds); ``say`` tells launch.log, and ``before_again()`` runs first (the
+    stale session sweep). The handle's fileno stays the same number (the supervisor's selector
+    holds it)."""
 
     def __init__(self, label: str, argv: List[str], env: Mapping[str, str], log: str, *,
                  diag_dir: Optional[str] = None, say=None, before_again=None, **kw):
         self._spawn = (label, argv, env, log, kw)
         self._diag_dir, self._say, self._before_again = diag_dir, say, before_again
+        self._hint = oob_network_hint(env)      # the likely cause of a crash at its start
         self.started_again: Optional[str] = None     # how the first mpirun ended, if it did
         self.starts_again = 0
         super().__init__(label, argv, env, log, **kw)
@@ -280,11 +281,10 @@ class MpirunProcess(LocalProcess):
         if self.started_again is None:
             self.started_again = signal_of(code) if code < 0 else f"exit {code}"
         if self._say is not None:
-            hint = oob_network_hint(self._spawn[2])
             self._say(f"mpirun (pid {self.pid}) {why} {time.monotonic() - self._began:.1f}s "
                       f"after its start, before any rank began: started again "
                       f"({self.starts_again} of at most {STARTS_AGAIN})"
-                      + (f"; {hint}" if hint else ""))
+                      + (f"; {self._hint}" if self._hint else ""))
         time.sleep(AGAIN_PAUSE)
         if self._before_again is not None:
             self._before_again()
@@ -317,9 +317,10 @@ class MpirunProcess(LocalProcess):
         except OSError:
             pass
         if found is None:
-            hint = oob_network_hint(self._spawn[2])
-            if hint and self._no_rank_registered() and self.popen.returncode not in (0, None):
-                failure.explanation = failure.explanation or f"mpirun ended at its start: {hint}"
+            if self._hint and self.popen.returncode not in (0, None) and \
+                    self._no_rank_registered():
+                failure.explanation = (failure.explanation
+                                       or f"mpirun ended at its start: {self._hint}")
             return failure
         rank, node, code, pid = found
         failure.label, failure.returncode, failure.pid = f"trainer {rank}", code, pid

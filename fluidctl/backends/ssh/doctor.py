@@ -109,11 +109,13 @@ def examine(plan, hosts, agents, timeout: float) -> List[str]:
     for req in reqs[1:]:
         req["refused_wait"] = REFUSED_WAIT
 
+    wait = timeout + CONNECT_TIMEOUT + REFUSED_WAIT
+
     def ask(i: int) -> List[str]:
-        reply = agents[i].doctor(reqs[i], timeout + CONNECT_TIMEOUT + REFUSED_WAIT)
+        reply = agents[i].doctor(reqs[i], wait)
         if reply is None:
             return [f"node {hosts[i].name}: no answer to the rendezvous check within "
-                    f"{timeout + CONNECT_TIMEOUT + REFUSED_WAIT:g}s (raise --ssh-timeout)"]
+                    f"{wait:g}s (raise --ssh-timeout)"]
         return [f"node {hosts[i].name}: {p}" for p in reply]
 
     from fluidctl.remote.ssh import parallel
