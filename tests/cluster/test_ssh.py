@@ -46,6 +46,14 @@ def test_run_streams_lines_with_env_cwd_and_exit_code(node1, tmp_path):
     assert node1.run("exit 0").exit_code == 0
 
 
+def test_the_connection_sends_small_requests_at_once(node1):
+    """TCP_NODELAY on the node's socket, as OpenSSH's client sets it: with Nagle's algorithm on
+    (paramiko's default) every small request waits for the server's delayed ACK, 40 ms each."""
+    sock = node1.client.get_transport().sock
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    assert node1.run("exit 0").exit_code == 0
+
+
 def test_a_node_session_keeps_fluidctl_state_out_of_the_home(node1, sshd_nodes):
     """What fluidctl started on a test node keeps (pserver pid files, ledgers) goes under the
     test's directory: the node's sshd sets FLUIDCTL_STATE_DIR, as no test may touch ~/.fluidctl."""
@@ -235,6 +243,10 @@ def test_proxy_jump_through_node1(sshd_nodes, tmp_path, node_class):
         server_side = node.run("echo $SSH_CONNECTION").stdout.split()
         assert server_side[2:] == ["127.0.0.3", str(n2.port)]
         assert node.peer_address == "127.0.0.3"
+        # the hop's TCP socket sends at once; the channel through it is no socket
+        hop = node._hops[0] if node_class is ssh.SSHNode else node.conn.gateway.client
+        assert hop.get_transport().sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        assert not isinstance(node.client.get_transport().sock, socket.socket)
     broken = tmp_path / "broken"
     broken.write_text(f"Host behind\n  HostName 127.0.0.3\n  Port {n2.port}\n"
                       f"  ProxyJump 127.0.0.4:1\n")
