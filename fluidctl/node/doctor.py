@@ -1,5 +1,5 @@
 """The node half of the rendezvous doctor (``fluidctl.backends.ssh.doctor``): the checks a node
-agent runs on its node before any rank starts. Standard library, psutil and fluidctl.net only."""
+agent runs on its node before any rank starts. Standard library and fluidctl.net only."""
 from __future__ import annotations
 
 import errno
@@ -15,17 +15,8 @@ from fluidctl.agentproto import DOCTOR_UNREACHED as UNREACHED
 
 def interfaces() -> Dict[str, List[Tuple[str, str]]]:
     """This node's IPv4 interfaces that are up: {name: [(address, netmask)]}."""
-    import psutil
-    stats = psutil.net_if_stats()
-    found: Dict[str, List[Tuple[str, str]]] = {}
-    for name, addrs in psutil.net_if_addrs().items():
-        if name in stats and not stats[name].isup:
-            continue
-        v4 = [(a.address, a.netmask or "255.255.255.255") for a in addrs
-              if a.family == socket.AF_INET]
-        if v4:
-            found[name] = v4
-    return found
+    from fluidctl.node.ifaddrs import ipv4_interfaces
+    return ipv4_interfaces()
 
 
 class MasterListener:
