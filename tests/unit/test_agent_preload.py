@@ -1,0 +1,68 @@
+"""The node agent answers the launcher's rendezvous check while its run's modules load
+(fluidctl/node/agent.py ``_Preload``): the check is on the path to every rank, the imports
+(28 ms) need not be."""
+import json
+import os
+import subprocess
+import sys
+import threading
+
+from fluidctl.agentproto import DOCTOR_TAG, MARK, PROBE_TAG
+
+# The agent, with fluidctl.launch.run's import held until the file HOLD exists: a run module
+# whose import has not finished when the launcher asks.
+HELD = """
+import importlib.abc, os, runpy, sys, time
+HOLD = sys.argv.pop(1)
+
+class Hold(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "fluidctl.launch.run":
+            deadline = time.monotonic() + 60
+            while not os.path.exists(HOLD) and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return None
+
+sys.meta_path.insert(0, Hold())
+sys.argv[0] = "agent"
+runpy.run_module("fluidctl.node.agent", run_name="__main__")
+"""
+
+
+def _line(proc, tag, timeout=30.0) -> str:
+    """The agent's next line tagged ``tag`` (None after ``timeout``)."""
+    found = []
+
+    def read():
+        for line in proc.stdout:
+            if line.startswith(f"{MARK}{tag}|"):
+                found.append(line.split("|", 1)[1])
+                return
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found[0] if found else None
+
+
+def test_the_rendezvous_check_is_answered_while_the_run_modules_load(tmp_path):
+    hold = tmp_path / "hold"
+    proc = subprocess.Popen([sys.executable, "-c", HELD, str(hold), "--ports", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert _line(proc, PROBE_TAG) is not None, proc.stderr.read() if proc.poll() else ""
+        proc.stdin.write(json.dumps({"doctor": {"address": "127.0.0.1", "ports": []}}) + "\n")
+        proc.stdin.flush()
+        # answered though fluidctl.launch.run has not finished importing
+        assert _line(proc, DOCTOR_TAG, timeout=20.0) == "[]\n"
+        assert not hold.exists()
+        hold.write_text("")
+        proc.stdin.write("\n")          # no plan: the agent exits quietly
+        proc.stdin.flush()
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            stream.close()
