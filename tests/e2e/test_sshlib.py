@@ -19,3 +19,33 @@ def test_match_exec_still_works(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.split() == ["10.9.8.7", "2222"]
+
+
+def test_launch_path_does_not_import_importlib_metadata_yet_paramiko_has_its_version():
+    """paramiko's __init__ asks importlib.metadata for its version (10 ms of imports): the
+    launch path answers from the distribution's METADATA, and the real module is whole after."""
+    code = ("import sys, fluidctl.remote.sshconfig, fluidctl.remote.ssh; "
+            "print('importlib.metadata' in sys.modules); "
+            "from fluidctl.remote.sshlib import paramiko; print(paramiko.__version__); "
+            "import importlib.metadata as m; print(m.version('paramiko')); "
+            "print(callable(m.distributions))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[0] == "False"
+    assert out[1] == out[2] and out[1][0].isdigit()
+    assert out[3] == "True"
+
+
+def test_the_stand_in_answers_as_importlib_metadata_does():
+    import importlib.metadata
+    from fluidctl.remote.sshlib import _VersionOnly
+    shim = _VersionOnly()
+    for name in ("paramiko", "click", "msgpack", "python-hostlist"):
+        assert shim.version(name) == importlib.metadata.version(name), name
+    try:
+        shim.version("no-such-distribution-here")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    else:
+        raise AssertionError("a missing distribution must raise as importlib.metadata does")
+    assert shim.distributions is importlib.metadata.distributions
