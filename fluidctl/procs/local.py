@@ -85,12 +85,13 @@ class LocalProcess:
             # the child dies with this launcher (a pserver gets SIGTERM: it checkpoints)
             env = {k: v for k, v in env.items() if k != lifeline.MARKER}
             env.update(lifeline.marker_env(service))    # found by the watchdog, wherever
-            self.popen = subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin,
+            run, preexec = lifeline.dying_with_us(
+                argv, signal.SIGTERM if service else signal.SIGKILL, env, cwd)
+            self.popen = subprocess.Popen(run, env=env, cwd=cwd, stdin=stdin,
                                           stdout=out, stderr=err if err_log else
                                           subprocess.STDOUT,
                                           start_new_session=True, close_fds=True,
-                                          pass_fds=pass_fds, preexec_fn=lifeline.preexec(
-                                              signal.SIGTERM if service else signal.SIGKILL))
+                                          pass_fds=pass_fds, preexec_fn=preexec)
         self.pid = self.popen.pid
         lifeline.watch(self.pid, service)       # its session's group, grandchildren included
         try:

@@ -189,3 +189,55 @@ def test_only_dead_descendants_cost_no_psutil_import():
         "print(len(dead), local.sweep_descendants(5), 'psutil' in sys.modules,\n"
         "      local._child_pids())\n")
     assert _fresh_python(code).strip() == "1 [] False []"
+
+
+STARTER = """
+import os, signal, sys, time
+from fluidctl.procs.local import LocalProcess
+p = LocalProcess("t", sys.argv[1:], dict(os.environ), os.devnull, service=bool(os.environ.get("SVC")))
+print(p.pid, flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("service, signum", [(False, signal.SIGKILL), (True, signal.SIGTERM)])
+def test_a_started_process_gets_its_signal_when_its_starter_is_killed(tmp_path, service,
+                                                                        signum):
+    """No watchdog here: the parent-death signal alone ends the child, through setpriv where
+    the machine has it (Popen can vfork then: no Python runs in the child before its exec)."""
+    if lifeline._setpriv():
+        run, preexec = lifeline.dying_with_us(["sleep", "300"], signum, os.environ)
+        assert preexec is None and run[-3:] == ["--", "sleep", "300"]
+        assert run[1:3] == ["--pdeathsig", signum.name]
+    trap = tmp_path / "trapped"
+    child = ["sh", "-c", f"trap 'echo TERM > {trap}; exit 0' TERM; sleep 300 & wait"]
+    starter = subprocess.Popen([sys.executable, "-c", STARTER, *child], stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, "SVC": "1" if service else ""})
+    pid = int(starter.stdout.readline())
+    try:
+        wait_for(lambda: psutil.Process(pid).cmdline()[:2] == ["sh", "-c"],
+                 what="the child's exec")
+        starter.kill()
+        starter.wait()
+        starter.stdout.close()
+        wait_for(lambda: not _alive([pid]), what="the child's end after its starter's")
+        assert trap.exists() == service      # a service's SIGTERM is trapped; SIGKILL is not
+    finally:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the sleep: the watchdog's part, not tested here
+        except ProcessLookupError:
+            pass
+
+
+def test_a_program_exec_cannot_run_fails_in_popen_as_before(tmp_path):
+    """setpriv would exit 127 for it; the program is checked first and Popen says why."""
+    run, preexec = lifeline.dying_with_us(["no-such-program-here"], signal.SIGKILL, os.environ)
+    assert run == ["no-such-program-here"] and preexec is not None
+    script = tmp_path / "not-executable.sh"
+    script.write_text("echo hi\n")
+    run, preexec = lifeline.dying_with_us([f"./{script.name}"], signal.SIGKILL, os.environ,
+                                          cwd=str(tmp_path))
+    assert preexec is not None
+    from fluidctl.procs.local import LocalProcess
+    with pytest.raises(FileNotFoundError):
+        LocalProcess("t", ["no-such-program-here"], dict(os.environ), str(tmp_path / "log"))
