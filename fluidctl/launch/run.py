@@ -133,27 +133,23 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
                    cr_mark=shown.cr_mark)
     echo.start()
     beating = threading.Event()
-    if watchers.heartbeat:
-        def beat():
-            while not beating.wait(watchers.every):
-                echo.say(watchers.heartbeat())
-        threading.Thread(target=beat, name="fluidctl-heartbeat", daemon=True).start()
 
     def before_restart(attempt: int) -> None:
         append_header(logs, attempt, options.max_restarts)
 
-    # the job's events (fluidctl/telemetry): LOG_DIR/events.jsonl, launch.log, the console
-    sink = telemetry.for_job(diagnostics.log_root if diagnostics else None, launch_log,
-                             echo.say)
-    supervisor = Supervisor(start, options, log=launch_log, say=echo.say,
-                            before_restart=before_restart, sink=sink)
-    if diagnostics:
-        diagnostics.supervised_by(supervisor)   # an elastic launcher may change the world
-    watch = (_Watch(supervisor, diagnostics, logs, launch_log, shown.on_hang, sink)
-             if diagnostics else None)
     straggler_watch = commits = None
-    previous = telemetry.install(sink)      # the job's: an elastic launcher emits to it too
-    try:
+
+    def start_watching() -> None:
+        """The watchers of the running job (heartbeat, hangs, stragglers, live view,
+        checkpoint commits): started right after the first attempt's processes, not before,
+        since their threads' start-up (10-15 ms on a loaded node) would delay every rank's.
+        What they watch is there from its start: logs, progress counters, commits."""
+        nonlocal straggler_watch, commits
+        if watchers.heartbeat:
+            def beat():
+                while not beating.wait(watchers.every):
+                    echo.say(watchers.heartbeat())
+            threading.Thread(target=beat, name="fluidctl-heartbeat", daemon=True).start()
         if watch:
             watch.start()
             straggler_watch = diagnostics.watch_stragglers(supervisor.handles, echo.say, sink)
@@ -161,6 +157,26 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
                 watchers.watching.attach(diagnostics, supervisor.handles)
         if options.checkpoint is not None:
             commits = options.checkpoint.watch_commits(sink.emit)
+
+    def start_then_watch(attempt: int) -> List[Handle]:
+        handles = start(attempt)
+        if not watched:
+            watched.append(attempt)
+            start_watching()
+        return handles
+    watched: List[int] = []         # the attempt that started the watchers
+
+    # the job's events (fluidctl/telemetry): LOG_DIR/events.jsonl, launch.log, the console
+    sink = telemetry.for_job(diagnostics.log_root if diagnostics else None, launch_log,
+                             echo.say)
+    supervisor = Supervisor(start_then_watch, options, log=launch_log, say=echo.say,
+                            before_restart=before_restart, sink=sink)
+    if diagnostics:
+        diagnostics.supervised_by(supervisor)   # an elastic launcher may change the world
+    watch = (_Watch(supervisor, diagnostics, logs, launch_log, shown.on_hang, sink)
+             if diagnostics else None)
+    previous = telemetry.install(sink)      # the job's: an elastic launcher emits to it too
+    try:
         result = supervisor.run()
         if watch:
             result = watch.settle(result)
