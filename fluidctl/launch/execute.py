@@ -14,12 +14,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from fluidctl.launch import run
-from fluidctl.launch.supervisor import LaunchLog, RunOptions, RunResult
+from fluidctl.launch.launchlog import LaunchLog
 from fluidctl.planning.plan import Plan
 
 if TYPE_CHECKING:
     from fluidctl.backends.base import Launcher
+    from fluidctl.launch.supervisor import RunResult
     from fluidctl.planning.config import LaunchConfig
 
 
@@ -89,6 +89,10 @@ class _log_dir_errors:
 
 
 def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResult:
+    # the supervisor's modules: imported here, not with this module, so that an SSH launch
+    # loads them while its connections are made (backends/ssh/launcher.py, PRELOAD)
+    from fluidctl.launch import run
+    from fluidctl.launch.supervisor import RunOptions
     launch_log = launch_log or LaunchLog()
     with _log_dir_errors(layout):
         _ready_logs(plan, launcher, launch_log, layout, owner)
@@ -195,6 +199,7 @@ def _ready_logs(plan, launcher, launch_log, layout, owner: bool) -> None:
         launch_log(f"runs on {command.host}: {' '.join(command.argv)}"
                    + (f" (in {command.cwd})" if command.cwd else ""))
     if owner:
+        from fluidctl.launch import run
         for stale in run.clear_stale(layout, logs):
             launch_log(f"removed {stale}: an earlier job's log, not this job's")
 

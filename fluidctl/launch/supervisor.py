@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 from fluidctl.agentproto import EndState, ProcessEnd
 from fluidctl.diagnostics.failures import Failure, FailureKind
+from fluidctl.launch.launchlog import LaunchLog  # noqa: F401 (its home before)
 from fluidctl.launch.requests import REQUEUE_EXIT
 from fluidctl import telemetry
 from fluidctl.sigs import GRACE_PERIOD
@@ -64,41 +65,6 @@ class RunResult:
     attempts: int = 1
     ends: List[ProcessEnd] = field(default_factory=list)     # every process's final state
     aborted: str = ""           # why fluidctl stopped the job itself (a hang)
-
-
-class LaunchLog:
-    """fluidctl's own log (launch.log): what it started, when, and how each attempt ended.
-    Without a path yet, lines are kept until ``attach`` (the log dir is only created once the
-    job really starts, never by a dry run or a refused job)."""
-
-    def __init__(self, path: Optional[str] = None):
-        self._file = None
-        self._pending: List[str] = []
-        self._lock = threading.Lock()
-        if path:
-            self.attach(path)
-
-    def attach(self, path: str) -> None:
-        with self._lock:
-            self._file = open(path, "a", encoding="utf-8")
-            self._file.writelines(self._pending)
-            self._file.flush()
-            self._pending = []
-
-    def __call__(self, message: str) -> None:
-        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n"
-        with self._lock:
-            if self._file:
-                self._file.write(line)
-                self._file.flush()
-            else:
-                self._pending.append(line)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._file:
-                self._file.close()
-                self._file = None
 
 
 class Supervisor:

@@ -239,7 +239,8 @@ def _check_scripts(procs, host: str) -> None:
 
 
 # What the node's run imports once its plan has come (28 ms): loaded on a thread of its own
-# from the probe on, while the launcher plans and the main thread answers its rendezvous check.
+# (fluidctl/preload.py) from the probe on, while the launcher plans and the main thread
+# answers its rendezvous check.
 RUN_MODULES = ("fluidctl.procs.local", "fluidctl.launch.run", "fluidctl.diagnostics.watch",
                "fluidctl.planning.plan", "fluidctl.launch.supervisor", "fluidctl.paths",
                "fluidctl.launch.requests", "fluidctl.runtime.nodejoin",
@@ -247,39 +248,13 @@ RUN_MODULES = ("fluidctl.procs.local", "fluidctl.launch.run", "fluidctl.diagnost
                "fluidctl.observe.usage")
 
 
-class _Preload:
-    """``RUN_MODULES`` imported on a thread. Imports hold the GIL; the switch interval is
-    shortened meanwhile so that the main thread's answer to the launcher (the rendezvous
-    check on the path to every rank) waits at most half a millisecond for it. A module that
-    fails to import fails again, with its own traceback, where the main thread imports it."""
-
-    def __init__(self, modules=RUN_MODULES):
-        self._switch = sys.getswitchinterval()
-        sys.setswitchinterval(0.0005)
-        self._thread = threading.Thread(target=self._load, args=(modules,), daemon=True,
-                                        name="agent-preload")
-        self._thread.start()
-
-    @staticmethod
-    def _load(modules) -> None:
-        import importlib
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except BaseException:
-                return
-
-    def join(self) -> None:
-        self._thread.join()
-        sys.setswitchinterval(self._switch)
-
-
 def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None:
     """Run this node's share of a job (started by fluidctl over SSH). The probe goes out first:
     the launcher plans while the supervisor, the planner and the diagnostics load here, and
     its rendezvous check is answered meanwhile."""
     emit(PROBE_TAG, probe(ports).to_wire())
-    preload = _Preload()
+    from fluidctl.preload import Preload
+    preload = Preload(RUN_MODULES)
     heard = heard or _Heard()
     heard.listen()
     share = _read_share(heard)

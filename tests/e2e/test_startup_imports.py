@@ -66,6 +66,20 @@ def test_the_node_agent_answers_its_probe_light(tmp_path, module, absent):
         assert heavy not in mods, f"{module} imports {heavy} before its probe"
 
 
+def test_the_ssh_launcher_leaves_the_supervisor_to_load_while_it_connects(tmp_path):
+    """``fluidctl.backends.ssh.launcher`` and ``fluidctl.launch.execute`` (imported before the
+    first connection) do not import the supervisor or the diagnostics: those load on a thread
+    while the nodes are connected to and probed (``PRELOAD``), and each is named there."""
+    from fluidctl.backends.ssh.launcher import PRELOAD
+    mods = imported([], tmp_path, code="import fluidctl.backends.ssh.launcher, "
+                                        "fluidctl.launch.execute, fluidctl.backends.ssh.fabric")
+    assert "fluidctl.backends.ssh.agent" in mods
+    for later in ("fluidctl.launch.run", "fluidctl.launch.supervisor",
+                  "fluidctl.diagnostics.watch", "fluidctl.backends.ssh.diagnostics"):
+        assert later not in mods, f"imported before the first connection: {later}"
+    assert {"fluidctl.launch.run", "fluidctl.backends.ssh.diagnostics"} <= set(PRELOAD)
+
+
 def test_a_rank_under_srun_starts_without_click(tmp_path):
     """``python -m fluidctl worker SCRIPT``, as every task of an srun step runs it (here with
     the variables srun gives a task): the script runs in this process, and neither click (half

@@ -3,7 +3,7 @@ the launcher handing out plans to an agent lost since it was chosen: in-process,
 agents' start replaced by what start_agents returns when a node fails."""
 import threading
 
-from fluidctl.backends.ssh import elastic, launcher as ssh_launcher
+from fluidctl.backends.ssh import diagnostics as ssh_diagnostics, elastic, launcher as ssh_launcher
 
 
 class Range:
@@ -25,7 +25,7 @@ def test_a_lost_node_whose_agent_fails_to_start_again_is_tried_again_later(tmp_p
     """start_agents gives None for a node that failed (and has abandoned the others): the
     rejoin watch goes on (it died on None.abandon() and no lost node ever rejoined)."""
     monkeypatch.setattr(elastic, "REJOIN_EVERY", 0.01)
-    monkeypatch.setattr(elastic, "probe_target", lambda target: "its link is up")
+    monkeypatch.setattr(ssh_diagnostics, "probe_target", lambda target: "its link is up")
     stop, tries, errors = threading.Event(), [], []
 
     def start(hosts):
@@ -54,7 +54,7 @@ def test_the_rejoin_watch_outlives_an_error_in_one_round(tmp_path, monkeypatch):
     """Any exception in a round is logged and the next round runs: a watch thread that died
     silently would keep every lost node out for the rest of the job."""
     monkeypatch.setattr(elastic, "REJOIN_EVERY", 0.01)
-    monkeypatch.setattr(elastic, "probe_target", lambda target: "its link is up")
+    monkeypatch.setattr(ssh_diagnostics, "probe_target", lambda target: "its link is up")
     stop, tries = threading.Event(), []
 
     def start(hosts):

@@ -118,7 +118,7 @@ def test_top_level_modules_are_contracts_or_leaves():
     root = Path(fluidctl.__file__).parent
     top = sorted(p.stem for p in root.glob("*.py"))
     assert top == ["__init__", "__main__", "agentproto", "cli", "clicktypes", "console",
-                   "digest", "errors", "fastargs", "lines", "net", "paths",
+                   "digest", "errors", "fastargs", "lines", "net", "paths", "preload",
                    "shardlayout", "sigs", "statefiles", "tables", "trainargs", "units"]  # envs: a package
     above = ENTRY + ("fluidctl.launch", "fluidctl.backends", "fluidctl.cluster",
                      "fluidctl.remote", "fluidctl.procs", "fluidctl.planning", "fluidctl.node",

@@ -25,7 +25,6 @@ from fluidctl.errors import UsageError, node_failures
 from fluidctl.diagnostics.failures import Failure, FailureKind
 from fluidctl.planning.hosts import Host
 from fluidctl.planning.plan import Plan, ProcSpec
-from fluidctl.backends.ssh.diagnostics import probe_link
 
 
 def agent_argv(python: str, ports: int, venv: Optional[str] = None,
@@ -359,6 +358,7 @@ class RemoteAgent:
         (taken once: at most 2 x PROBE_TIMEOUT)."""
         from fluidctl.diagnostics.classify import lost_node
         if self._lost_probe is None:
+            from fluidctl.backends.ssh.diagnostics import probe_link
             self._lost_probe = probe_link(self)
         return lost_node(self.host, self._lost_probe)
 

@@ -12,7 +12,6 @@ from fluidctl.planning.elastic import HostNodes
 from fluidctl.planning.hosts import Host
 from fluidctl.planning.plan import Plan
 from fluidctl.backends.ssh.agent import RemoteAgent, start_agents
-from fluidctl.backends.ssh.diagnostics import probe_target
 
 
 REJOIN_EVERY = 2.0          # how often an elastic job below MAX tries its lost nodes again
@@ -193,6 +192,7 @@ class ElasticMembers:
         supervisor = getattr(self.launcher, "supervisor", None)
         if supervisor is None or len(self.launcher.hosts) >= self.range.high:
             return
+        from fluidctl.backends.ssh.diagnostics import probe_target
         for name in [n for n in self.lost if n in self.may_rejoin]:
             target = self.targets.get(name)
             if target is None or not probe_target(target).startswith("its link is up"):
