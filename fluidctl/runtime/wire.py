@@ -21,20 +21,20 @@ at the cap the oldest handshake of the busiest address makes room, instead of an
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
-import logging
 import os
 import socket
 import selectors
 import struct
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import msgpack
 
 from fluidctl import envs
+
+if TYPE_CHECKING:
+    import logging
 
 MAGIC = b"FL"
 VERSION = 1
@@ -171,7 +171,15 @@ def _key(token: Optional[str]) -> bytes:
 
 
 def _mac(token: Optional[str], *parts: bytes) -> bytes:
+    import hashlib          # here, not at import: OpenSSL's load (3 ms) is on a node agent's
+    import hmac             # path to its ranks, and the agent authenticates only later
     return hmac.new(_key(token), b"".join(parts), hashlib.sha256).digest()
+
+
+def _same(a: bytes, b: bytes) -> bool:
+    """hmac.compare_digest (constant time)."""
+    import hmac
+    return hmac.compare_digest(a, b)
 
 
 def _check_token(token: Optional[str]) -> None:
@@ -212,7 +220,7 @@ def _check_auth(token: str, server_nonce: bytes, head: bytes) -> bytes:
     if (reply.get("op") != "auth" or not isinstance(client_nonce, bytes)
             or not isinstance(mac, bytes) or len(client_nonce) != _NONCE):
         raise WireError("malformed authentication reply")
-    if not hmac.compare_digest(mac, _mac(token, b"c", server_nonce, client_nonce)):
+    if not _same(mac, _mac(token, b"c", server_nonce, client_nonce)):
         raise AuthError("authentication failed (wrong job token)")
     head = msgpack.packb({"op": "ok", "mac": _mac(token, b"s", client_nonce, server_nonce)},
                          use_bin_type=True)
@@ -278,7 +286,7 @@ def client_handshake(sock: socket.socket, token: Optional[str],
         if ok.get("op") == "denied":
             raise AuthError("the server refused this job token (wrong job token)")
         mac = ok.get("mac")
-        if ok.get("op") != "ok" or not isinstance(mac, bytes) or not hmac.compare_digest(
+        if ok.get("op") != "ok" or not isinstance(mac, bytes) or not _same(
                 mac, _mac(token, b"s", client_nonce, server_nonce)):
             raise AuthError("server failed authentication (wrong job token)")
     except socket.timeout:
