@@ -148,7 +148,8 @@ def reach_master(addr: str, port: int, refused_wait: float) -> None:
             time.sleep(REFUSED_AGAIN)
 
 
-REFUSED_AGAIN = 0.005       # seconds between tries while node 0 may not listen yet
+REFUSED_AGAIN = 0.001       # seconds between tries while node 0 may not listen yet (a refused
+                            # connect costs tens of microseconds; each ms of wait is the job's)
 
 
 def _bind_problem(exc: OSError, addr: str, port: int, what: str) -> str:
