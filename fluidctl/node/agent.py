@@ -329,6 +329,21 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
         threading.Thread(target=_watch_launcher, args=(heard, share.beat),
                          daemon=True, name="launcher-beats").start()
 
+    halt = threading.Event()
+    publishing = []
+
+    def publish() -> None:
+        """The ranks' straggler sums and CPU/memory, for the launcher (``fluidctl top``):
+        threads started after the ranks, whose start-up they would delay."""
+        from fluidctl.diagnostics import stragglerwatch
+        from fluidctl.observe import usage
+        threading.Thread(target=stragglerwatch.publish, daemon=True, name="fluidctl-steps",
+                         args=(diagnostics.diag, lambda text: emit(STEPS_TAG, text),
+                               halt)).start()
+        threading.Thread(target=usage.publish, daemon=True, name="fluidctl-usage",
+                         args=(lambda: list(diagnostics.current),
+                               lambda text: emit(USAGE_TAG, text), halt)).start()
+
     def start(_attempt):
         try:
             os.unlink(request)          # an earlier attempt's request is not this one's
@@ -336,6 +351,9 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
             pass
         diagnostics.current = start_procs(procs, attempt, logs,
                                           extra_env={**diagnostics.env(), **rank_env})
+        if not publishing:
+            publishing.append(_attempt)
+            publish()
         return diagnostics.current
 
     def lost():
@@ -349,14 +367,6 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
     watchers = run.RunWatchers(heartbeat=lambda: f"{MARK}{BEAT_TAG}|{diagnostics.progress()}",
                                on_broken=lost, diagnostics=diagnostics,
                                every=share.beat or run.HEARTBEAT)
-    from fluidctl.diagnostics import stragglerwatch     # the ranks' sums, for the launcher
-    halt = threading.Event()
-    threading.Thread(target=stragglerwatch.publish, daemon=True, name="fluidctl-steps",
-                     args=(diagnostics.diag, lambda text: emit(STEPS_TAG, text), halt)).start()
-    from fluidctl.observe import usage       # the ranks' CPU and memory, for fluidctl top
-    threading.Thread(target=usage.publish, daemon=True, name="fluidctl-usage",
-                     args=(lambda: list(diagnostics.current), lambda text: emit(USAGE_TAG, text),
-                           halt)).start()
     try:
         result = run.run_supervised(start, logs=logs, fresh=not attempt and not shared,
                                     launch_log=launch_log, options=RunOptions(share.grace, 0),
