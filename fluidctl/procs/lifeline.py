@@ -59,19 +59,19 @@ _SETPRIV: Optional[str] = None     # setpriv's path once looked for ("": none th
 
 
 def _setpriv() -> str:
-    """util-linux's setpriv where it has ``--pdeathsig`` (2.33 and later), else ""."""
+    """util-linux's setpriv where it has ``--pdeathsig`` (2.33 and later), else "". The option
+    is looked for in the program's own bytes (its getopt table names it), not by running
+    ``setpriv --help``: a process start less on the path to the ranks."""
     global _SETPRIV
     if _SETPRIV is None:
         import shutil
-        import subprocess
         path = shutil.which("setpriv") or ""
         if path:
             try:
-                usage = subprocess.run([path, "--help"], capture_output=True, text=True,
-                                       timeout=5).stdout
-            except (OSError, subprocess.SubprocessError):
-                usage = ""
-            path = path if "--pdeathsig" in usage else ""
+                with open(path, "rb") as f:
+                    path = path if b"pdeathsig" in f.read(4 << 20) else ""
+            except OSError:
+                path = ""
         _SETPRIV = path
     return _SETPRIV
 

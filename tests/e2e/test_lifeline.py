@@ -241,3 +241,17 @@ def test_a_program_exec_cannot_run_fails_in_popen_as_before(tmp_path):
     from fluidctl.procs.local import LocalProcess
     with pytest.raises(FileNotFoundError):
         LocalProcess("t", ["no-such-program-here"], dict(os.environ), str(tmp_path / "log"))
+
+
+@pytest.mark.parametrize("knows, found", [(True, True), (False, False)])
+def test_setpriv_is_used_only_where_it_knows_pdeathsig(tmp_path, monkeypatch, knows, found):
+    """util-linux before 2.33 has setpriv without --pdeathsig: the option's name is looked
+    for in the program (its getopt table), and without it the preexec path stays."""
+    fake = tmp_path / "setpriv"
+    fake.write_text("#!/bin/sh\n# --reuid --regid" + (" --pdeathsig" if knows else "") + "\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(lifeline, "_SETPRIV", None)
+    assert lifeline._setpriv() == (str(fake) if found else "")
+    run, preexec = lifeline.dying_with_us(["sleep", "1"], signal.SIGKILL, os.environ)
+    assert (preexec is None) == found and (run[0] == str(fake)) == found
