@@ -378,7 +378,22 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
     except (BrokenPipeError, ValueError):   # the launcher is gone
         pass
     launch_log.close()
-    sys.exit(result.exit_code)
+    leave(result.exit_code)
+
+
+def leave(code: int) -> None:
+    """Exit at once (``os._exit``) with what the agent wrote flushed: its records go out by
+    ``emit`` (flushed), its launch log is closed, its diagnostics directory removed, and
+    nothing in an agent registers with atexit. The interpreter's teardown took 7 ms (on the
+    path to the launcher's end, which waits for every agent's) and runs while the agent's
+    daemon threads still do: with gc.freeze before it, an agent stopped by an elastic restart
+    died of SIGSEGV there in 3 of 11 runs of the 100-node test."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

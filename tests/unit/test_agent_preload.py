@@ -1,6 +1,6 @@
 """The node agent answers the launcher's rendezvous check while its run's modules load
-(fluidctl/node/agent.py ``_Preload``): the check is on the path to every rank, the imports
-(28 ms) need not be."""
+(fluidctl/node/agent.py, fluidctl/preload.py): the check is on the path to every rank, the
+imports (28 ms) need not be."""
 import json
 import os
 import subprocess
@@ -66,3 +66,18 @@ def test_the_rendezvous_check_is_answered_while_the_run_modules_load(tmp_path):
             proc.wait()
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             stream.close()
+
+
+def test_the_agent_leaves_at_once_with_its_output_flushed():
+    """``leave``: os._exit after flushing (no interpreter teardown: 7 ms, and where daemon
+    threads can crash an agent); what was written, block-buffered into a pipe, still arrives,
+    and atexit handlers do not run (none is registered in an agent)."""
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print('atexit ran'))\n"
+            "from fluidctl.node import agent\n"
+            "sys.stdout.write('last record')\n"
+            "agent.leave(3)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONUNBUFFERED": ""})
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "last record"
