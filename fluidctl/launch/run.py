@@ -158,13 +158,15 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
         if options.checkpoint is not None:
             commits = options.checkpoint.watch_commits(sink.emit)
 
+    watchers_started = False
+
     def start_then_watch(attempt: int) -> List[Handle]:
+        nonlocal watchers_started
         handles = start(attempt)
-        if not watched:
-            watched.append(attempt)
+        if not watchers_started:
+            watchers_started = True
             start_watching()
         return handles
-    watched: List[int] = []         # the attempt that started the watchers
 
     # the job's events (fluidctl/telemetry): LOG_DIR/events.jsonl, launch.log, the console
     sink = telemetry.for_job(diagnostics.log_root if diagnostics else None, launch_log,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 from fluidctl.agentproto import EndState, ProcessEnd
 from fluidctl.diagnostics.failures import Failure, FailureKind
-from fluidctl.launch.launchlog import LaunchLog  # noqa: F401 (its home before)
+from fluidctl.launch.launchlog import LaunchLog  # noqa: F401 (imported from here too)
 from fluidctl.launch.requests import REQUEUE_EXIT
 from fluidctl import telemetry
 from fluidctl.sigs import GRACE_PERIOD

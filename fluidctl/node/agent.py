@@ -330,7 +330,7 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
                          daemon=True, name="launcher-beats").start()
 
     halt = threading.Event()
-    publishing = []
+    publishing = False
 
     def publish() -> None:
         """The ranks' straggler sums and CPU/memory, for the launcher (``fluidctl top``):
@@ -345,6 +345,7 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
                                lambda text: emit(USAGE_TAG, text), halt)).start()
 
     def start(_attempt):
+        nonlocal publishing
         try:
             os.unlink(request)          # an earlier attempt's request is not this one's
         except FileNotFoundError:
@@ -352,7 +353,7 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
         diagnostics.current = start_procs(procs, attempt, logs,
                                           extra_env={**diagnostics.env(), **rank_env})
         if not publishing:
-            publishing.append(_attempt)
+            publishing = True
             publish()
         return diagnostics.current
 
