@@ -229,6 +229,11 @@ class DiagDir(NamedTuple):
     supervises the node's ranks (``create``), in /dev/shm when it can, removed at the end."""
     root: Path
 
+    def env(self) -> Dict[str, str]:
+        """What the ranks need to report here."""
+        from fluidctl import envs
+        return {envs.DIAG_DIR: str(self.root)}
+
     def progress(self, rank: int) -> Path:
         return self.root / f"progress.{rank}"
 

@@ -25,6 +25,25 @@ TEMPLATES = ROOT / "templates"
 # prted die of SIGSEGV in prte_oob_base_select (17 of 20 starts with four bridges, 0 of 20
 # without it). The bridges cannot vanish under a running mpirun: a test that runs one holds
 # tests/netns.py's INTERFACES_LOCK, which making and removing namespace nodes waits for.
+# A node agent (``-c HELD_AGENT HOLD [agent args]``) whose import of fluidctl.launch.run (its
+# supervisor) is held until the file HOLD exists: what it does before that module is in
+HELD_AGENT = """
+import importlib.abc, os, runpy, sys, time
+HOLD = sys.argv.pop(1)
+
+class Hold(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "fluidctl.launch.run":
+            deadline = time.monotonic() + 60
+            while not os.path.exists(HOLD) and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return None
+
+sys.meta_path.insert(0, Hold())
+sys.argv[0] = "agent"
+runpy.run_module("fluidctl.node.agent", run_name="__main__")
+"""
+
 ONE_HOST_MPI_ENV = {"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_coll": "^han",
                     "OMPI_MCA_btl_tcp_if_include": "lo"}
 

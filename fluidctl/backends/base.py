@@ -176,6 +176,9 @@ class BaseLauncher:
     submits = False
     request_at: Optional[float] = None
     request_env: Dict[str, str] = {}    # the checkpoint request's, set by launch/execute.py
+    # attempt 0 may start before the supervisor is set up (launch/firststart.py): not where
+    # start() emits the job's events (an elastic world), which need its telemetry sink
+    starts_first = True
 
     def __init__(self, log: Optional[Callable[[str], None]] = None):
         self.log: Callable[[str], None] = log or (lambda message: None)

@@ -463,8 +463,7 @@ class Diagnostics:
     def env(self) -> Dict[str, str]:
         """What the ranks need to report here (their checkpoint requests' environment is
         ``launch/requests.py``'s)."""
-        from fluidctl import envs
-        return {envs.DIAG_DIR: str(self.diag.root)}
+        return self.diag.env()
 
     def targets(self, handles) -> List[Target]:
         return [Target(h.rank, h.pid, h.host, h.label) for h in handles

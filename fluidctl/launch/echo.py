@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from typing import BinaryIO, Callable, List, Optional, Tuple
+from typing import BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from fluidctl.lines import LineSplitter
 
@@ -25,15 +25,16 @@ REOPEN_IDLE = 0.5       # an idle file is opened again this often: on NFS only a
 
 
 class _Source:
-    def __init__(self, path: str, prefix: str, from_end: bool = False, cr_mark: str = ""):
+    def __init__(self, path: str, prefix: str, from_end: bool = False, cr_mark: str = "",
+                 size: Optional[int] = None):
         self.path, self.prefix = path, prefix
         self.file: Optional[BinaryIO] = None
         self.where: Optional[str] = None
         self.offset = 0
         self.opened = 0.0
         if from_end:            # measured now, before the writers start, not when first read
-            try:
-                self.offset = os.path.getsize(path)
+            try:                # (``size``: measured before they started)
+                self.offset = os.path.getsize(path) if size is None else size
             except OSError:
                 pass
         self._lines: List[str] = []
@@ -84,9 +85,10 @@ class LogEcho(threading.Thread):
 
     def __init__(self, sources: List[Tuple[str, str]], out=None,
                  on_broken: Optional[Callable[[], None]] = None, from_end: bool = False,
-                 cr_mark: str = ""):
+                 cr_mark: str = "", sizes: Optional[Dict[str, int]] = None):
         """``cr_mark``: pass progress-bar states on, marked (a node agent), instead of
-        collapsing them."""
+        collapsing them. ``from_end``: echo only what is written after the logs' ``sizes``
+        (by path; default: their sizes now)."""
         super().__init__(name="fluidctl-echo", daemon=True)
         self.on_broken = on_broken      # called once when the console (a pipe) goes away
         self.out = out or sys.stdout or _Null()   # stdout closed (>&-): Python made it None
@@ -94,7 +96,8 @@ class LogEcho(threading.Thread):
         # stays on fluidctl's stderr, where ``2>/dev/null`` hides it, unless ``out`` was given)
         self.sources = []
         for path, prefix, *stream in sources:
-            src = _Source(path, prefix, from_end, cr_mark)
+            src = _Source(path, prefix, from_end, cr_mark,
+                          sizes.get(os.fspath(path)) if from_end and sizes else None)
             src.out = (sys.stderr or _Null()) if stream == ["stderr"] and out is None \
                 else self.out
             self.sources.append(src)

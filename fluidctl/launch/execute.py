@@ -89,38 +89,46 @@ class _log_dir_errors:
 
 
 def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResult:
-    # the supervisor's modules: imported here, not with this module, so that an SSH launch
-    # loads them while its connections are made (backends/ssh/launcher.py, PRELOAD)
-    from fluidctl.launch import run
-    from fluidctl.launch.supervisor import RunOptions
     launch_log = launch_log or LaunchLog()
     with _log_dir_errors(layout):
         _ready_logs(plan, launcher, launch_log, layout, owner)
     logs = launcher.logs(plan)
-    shown = run.ConsoleOutput(
-        sources=launcher.echo_sources(plan, config.tee, config.tee_ranks),
-        report=run.failure_reporter(config.log_tail, layout.failure_json),
-        on_hang=run.hang_reporter)
     from fluidctl.launch.requests import REQUEUE_EXIT, RequestChannel, mark_requeue
     checkpoint = (RequestChannel(layout.root.resolve(), config.checkpoint_signal)
                   if owner else None)       # a submitted job's own fluidctl has its own
     if checkpoint is not None:              # the ranks it starts itself answer requests
         launcher.request_env = checkpoint.rank_env()
-    from fluidctl.launch.relay import RequestRelay
-    relay = (RequestRelay(checkpoint.layout.checkpoint_request, launcher.relay_checkpoint)
-             if checkpoint is not None else _NoRelay())
     # live.json and --metrics-port: by the launcher that supervises the ranks (a submitted
     # Slurm job's own fluidctl, not the follower on the login node)
     watching = _watching(config, launcher, layout, launch_log) if owner else None
+    first = None
     try:
+        diagnostics = launcher.diagnostics(config)      # the ranks get its env()
+        if launcher.starts_first:   # then the supervisor's modules load while they start
+            from fluidctl.launch.firststart import FirstStart
+            first = FirstStart(lambda attempt: launcher.start(plan, attempt), logs,
+                               grace=config.grace_period)
+        from fluidctl.launch import run
+        from fluidctl.launch.supervisor import RunOptions
+        shown = run.ConsoleOutput(
+            sources=launcher.echo_sources(plan, config.tee, config.tee_ranks),
+            report=run.failure_reporter(config.log_tail, layout.failure_json),
+            on_hang=run.hang_reporter)
+        from fluidctl.launch.relay import RequestRelay
+        relay = (RequestRelay(checkpoint.layout.checkpoint_request, launcher.relay_checkpoint)
+                 if checkpoint is not None else _NoRelay())
         with relay:     # fluidctl job checkpoint's "save", to the nodes with their own file
             result = run.run_supervised(
                 lambda attempt: launcher.start(plan, attempt), logs=logs,
                 launch_log=launch_log, shown=shown,
                 options=RunOptions(config.grace_period, config.max_restarts, checkpoint,
                                    launcher.request_at),
-                watchers=run.RunWatchers(diagnostics=launcher.diagnostics(config),
-                                         watching=watching))
+                watchers=run.RunWatchers(diagnostics=diagnostics, watching=watching),
+                first=first)
+    except BaseException:
+        if first is not None:
+            first.abandon()         # when run_supervised never took its processes over
+        raise
     finally:
         if watching is not None:        # run_supervised stops it; this, if it never began
             watching.close()
@@ -199,8 +207,8 @@ def _ready_logs(plan, launcher, launch_log, layout, owner: bool) -> None:
         launch_log(f"runs on {command.host}: {' '.join(command.argv)}"
                    + (f" (in {command.cwd})" if command.cwd else ""))
     if owner:
-        from fluidctl.launch import run
-        for stale in run.clear_stale(layout, logs):
+        from fluidctl.launch.logfiles import clear_stale
+        for stale in clear_stale(layout, logs):
             launch_log(f"removed {stale}: an earlier job's log, not this job's")
 
 

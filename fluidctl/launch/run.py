@@ -9,7 +9,6 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
@@ -21,6 +20,8 @@ from fluidctl.backends.base import Handle
 from fluidctl.diagnostics.failures import Failure
 from fluidctl.diagnostics.dump import DUMP_REQUEST      # `fluidctl dump` asks for stacks
 from fluidctl.launch.echo import LogEcho
+from fluidctl.launch.firststart import FirstStart, prepare_attempts
+from fluidctl.launch.logfiles import append_header
 from fluidctl.launch.supervisor import LaunchLog, RunOptions, RunResult, Supervisor
 from fluidctl.paths import LogLayout
 
@@ -45,46 +46,6 @@ def hang_reporter(lines: List[str], where: Optional[Path]) -> None:
     """Prints the hang autopsy (--hang-timeout) when it is taken."""
     from fluidctl.console import print_hang
     print_hang(lines, where)
-
-
-def restart_header(attempt: int, max_restarts: int) -> str:
-    """The line each log gets when the job starts again. ``attempt`` counts world changes
-    (an elastic node rejoining) too, which --max-restarts does not count: past it the line
-    says so, never "restart 2 of 1"."""
-    what = (f"restart {attempt} of {max_restarts}" if attempt <= max_restarts else
-            f"attempt {attempt} (a new world; --max-restarts {max_restarts} counts failures)")
-    return f"===== fluidctl: {what}, {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n"
-
-
-def fresh_logs(paths: Sequence[str]) -> None:
-    """A new job starts with empty logs (restarts append to them instead)."""
-    for path in paths:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_bytes(b"")
-
-
-def clear_stale(layout: LogLayout, keep: Sequence[str]) -> List[Path]:
-    """Remove what ``layout.stale_logs(keep)`` finds (an earlier, larger job's logs), and a
-    host sub-directory that this leaves empty; returns what was removed."""
-    removed = []
-    for stale in layout.stale_logs(keep):
-        try:
-            stale.unlink()
-        except FileNotFoundError:
-            continue
-        removed.append(stale)
-    for where in {p.parent for p in removed} - {layout.root}:
-        try:
-            where.rmdir()
-        except OSError:             # not empty: this job's, or something else's
-            pass
-    return removed
-
-
-def append_header(paths: Sequence[str], attempt: int, max_restarts: int) -> None:
-    for path in paths:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(restart_header(attempt, max_restarts))
 
 
 @dataclass
@@ -117,20 +78,22 @@ class RunWatchers:
 
 def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
                    launch_log: LaunchLog, options: RunOptions, shown: ConsoleOutput,
-                   watchers: Optional[RunWatchers] = None, fresh: bool = True) -> RunResult:
+                   watchers: Optional[RunWatchers] = None, fresh: bool = True,
+                   first: Optional[FirstStart] = None) -> RunResult:
     """Supervise attempts made by ``start`` with the console echo running; ``logs`` are
     truncated first and get a header before each restart; with ``fresh`` False (a node
-    agent's restart) the logs are kept and only what is written from now on is echoed."""
+    agent's restart) the logs are kept and only what is written from now on is echoed.
+    ``first``: attempt 0, already started (``launch/firststart.py``; it says ``fresh``)."""
     watchers = watchers or RunWatchers()
     diagnostics = watchers.diagnostics
-    if fresh:
-        fresh_logs(logs)
-    local.become_subreaper()
-    lifeline.start_watchdog(options.grace_period)   # stops the job if we are SIGKILLed
+    if first is None:
+        prepare_attempts(logs, options.grace_period, fresh)
+    else:
+        fresh = first.fresh
     if diagnostics:
         lifeline.remove_on_death(diagnostics.diag.root)     # and removes its /dev/shm dir
     echo = LogEcho(shown.sources, shown.out, watchers.on_broken, from_end=not fresh,
-                   cr_mark=shown.cr_mark)
+                   cr_mark=shown.cr_mark, sizes=first.sizes if first is not None else None)
     echo.start()
     beating = threading.Event()
 
@@ -160,9 +123,14 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
 
     watchers_started = False
 
+    started = first.take() if first is not None else None
+
     def start_then_watch(attempt: int) -> List[Handle]:
-        nonlocal watchers_started
-        handles = start(attempt)
+        nonlocal watchers_started, started
+        if started is not None:
+            handles, started = started, None
+        else:
+            handles = start(attempt)
         if not watchers_started:
             watchers_started = True
             start_watching()

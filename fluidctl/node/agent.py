@@ -238,33 +238,37 @@ def _check_scripts(procs, host: str) -> None:
                          "pass --remote-dir with the directory that holds it")
 
 
-# What the node's run imports once its plan has come (28 ms): loaded on a thread of its own
+# What the node's run imports once its plan has come: loaded on a thread of its own
 # (fluidctl/preload.py) from the probe on, while the launcher plans and the main thread
-# answers its rendezvous check.
-RUN_MODULES = ("fluidctl.procs.local", "fluidctl.launch.run", "fluidctl.diagnostics.watch",
-               "fluidctl.planning.plan", "fluidctl.launch.supervisor", "fluidctl.paths",
-               "fluidctl.launch.requests", "fluidctl.runtime.nodejoin",
-               "fluidctl.diagnostics.inject", "fluidctl.diagnostics.stragglerwatch",
-               "fluidctl.observe.usage")
+# answers its rendezvous check. First what starting the ranks needs (START_MODULES, 15 ms),
+# then the supervisor and the diagnostics (10 ms), which may still be loading when the ranks
+# start (launch/firststart.py).
+START_MODULES = ("fluidctl.paths", "fluidctl.planning.plan", "fluidctl.procs.local",
+                 "fluidctl.diagnostics.inject", "fluidctl.runtime.nodejoin",
+                 "fluidctl.launch.launchlog", "fluidctl.launch.logfiles",
+                 "fluidctl.launch.firststart", "fluidctl.launch.requests")
+RUN_MODULES = START_MODULES + (
+    "fluidctl.launch.run", "fluidctl.diagnostics.watch", "fluidctl.launch.supervisor",
+    "fluidctl.diagnostics.stragglerwatch", "fluidctl.observe.usage")
 
 
 def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None:
     """Run this node's share of a job (started by fluidctl over SSH). The probe goes out first:
     the launcher plans while the supervisor, the planner and the diagnostics load here, and
-    its rendezvous check is answered meanwhile."""
+    its rendezvous check is answered meanwhile. The ranks start as soon as the plan has come;
+    their supervisor is set up while they start."""
     emit(PROBE_TAG, probe(ports).to_wire())
     from fluidctl.preload import Preload
     preload = Preload(RUN_MODULES)
     heard = heard or _Heard()
     heard.listen()
     share = _read_share(heard)
-    preload.join()
     from fluidctl.procs.local import start_procs
-    from fluidctl.launch import run
-    from fluidctl.diagnostics.watch import Diagnostics
     from fluidctl.planning.plan import ProcSpec
-    from fluidctl.launch.supervisor import LaunchLog, RunOptions
-    from fluidctl.paths import LogLayout
+    from fluidctl.launch.firststart import FirstStart
+    from fluidctl.launch.launchlog import LaunchLog
+    from fluidctl.launch.logfiles import append_header, clear_stale
+    from fluidctl.paths import DiagDir, LogLayout
     try:
         procs = [ProcSpec(**p) for p in share.procs]
     except TypeError as exc:
@@ -285,17 +289,49 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
         emit(SAY_TAG, f"LOG_DIR is shared with the launcher: {len(logs)} log(s) in "
                       f"{layout.dir} written by the ranks there, not streamed")
     elif attempt:
-        run.append_header(logs, attempt, share.max_restarts)
+        append_header(logs, attempt, share.max_restarts)
     else:
-        for stale in run.clear_stale(layout, logs):
+        for stale in clear_stale(layout, logs):
             launch_log(f"removed {stale}: an earlier job's log, not this job's")
-    diagnostics = Diagnostics()             # this node's ranks: triage, stacks, progress
+    diag = DiagDir.create()         # this node's ranks' progress counters and stacks
     # checkpoint requests: this node's request file (the launcher's may be on another
     # machine), created when the launcher asks, before the signal goes to the ranks
     request = (layout.dir / "checkpoint.request").resolve()
     from fluidctl.launch import requests
     rank_env = requests.rank_env(request, layout.checkpoint_state.resolve(),
                                  share.checkpoint_signal)
+
+    def start(_attempt):
+        try:
+            os.unlink(request)          # an earlier attempt's request is not this one's
+        except FileNotFoundError:
+            pass
+        return start_procs(procs, attempt, logs, extra_env={**diag.env(), **rank_env})
+
+    try:
+        first = FirstStart(start, logs, grace=share.grace, fresh=not attempt and not shared)
+    except BaseException:
+        diag.remove()
+        raise
+    try:
+        _supervise(first, start, procs, logs, layout, launch_log, share, diag, request,
+                   heard, watching, shared, preload)
+    except BaseException:
+        first.abandon()         # unless the supervisor had taken the ranks over
+        diag.remove()
+        raise
+
+
+def _supervise(first, start, procs, logs, layout, launch_log, share, diag, request, heard,
+               watching: bool, shared: bool, preload) -> None:
+    """The started ranks' supervision, once the supervisor's modules are in: the launcher's
+    commands, the heartbeat, the straggler and usage publishers, the records at the end."""
+    preload.join()
+    from fluidctl.launch import run
+    from fluidctl.diagnostics.watch import Diagnostics
+    from fluidctl.launch.supervisor import RunOptions
+    diagnostics = Diagnostics(diag=diag)        # triage, stacks, progress
+    diagnostics.current = first.handles
 
     def checkpoint(name: str) -> None:
         from fluidctl import paths
@@ -330,7 +366,6 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
                          daemon=True, name="launcher-beats").start()
 
     halt = threading.Event()
-    publishing = False
 
     def publish() -> None:
         """The ranks' straggler sums and CPU/memory, for the launcher (``fluidctl top``):
@@ -344,19 +379,6 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
                          args=(lambda: list(diagnostics.current),
                                lambda text: emit(USAGE_TAG, text), halt)).start()
 
-    def start(_attempt):
-        nonlocal publishing
-        try:
-            os.unlink(request)          # an earlier attempt's request is not this one's
-        except FileNotFoundError:
-            pass
-        diagnostics.current = start_procs(procs, attempt, logs,
-                                          extra_env={**diagnostics.env(), **rank_env})
-        if not publishing:
-            publishing = True
-            publish()
-        return diagnostics.current
-
     def lost():
         heard.launcher_gone("stdout broke: the launcher is gone; stopping this node's processes")
 
@@ -368,10 +390,15 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
     watchers = run.RunWatchers(heartbeat=lambda: f"{MARK}{BEAT_TAG}|{diagnostics.progress()}",
                                on_broken=lost, diagnostics=diagnostics,
                                every=share.beat or run.HEARTBEAT)
+    def start_again(attempt: int):
+        diagnostics.current = start(attempt)
+        return diagnostics.current
+
+    publish()
     try:
-        result = run.run_supervised(start, logs=logs, fresh=not attempt and not shared,
-                                    launch_log=launch_log, options=RunOptions(share.grace, 0),
-                                    shown=shown, watchers=watchers)
+        result = run.run_supervised(start_again, logs=logs, launch_log=launch_log,
+                                    options=RunOptions(share.grace, 0), shown=shown,
+                                    watchers=watchers, first=first)
     finally:
         halt.set()
     try:

@@ -8,25 +8,8 @@ import sys
 import threading
 
 from fluidctl.agentproto import DOCTOR_TAG, MARK, PROBE_TAG
+from launchutil import HELD_AGENT as HELD
 
-# The agent, with fluidctl.launch.run's import held until the file HOLD exists: a run module
-# whose import has not finished when the launcher asks.
-HELD = """
-import importlib.abc, os, runpy, sys, time
-HOLD = sys.argv.pop(1)
-
-class Hold(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "fluidctl.launch.run":
-            deadline = time.monotonic() + 60
-            while not os.path.exists(HOLD) and time.monotonic() < deadline:
-                time.sleep(0.005)
-        return None
-
-sys.meta_path.insert(0, Hold())
-sys.argv[0] = "agent"
-runpy.run_module("fluidctl.node.agent", run_name="__main__")
-"""
 
 
 def _line(proc, tag, timeout=30.0) -> str:

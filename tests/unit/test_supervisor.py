@@ -215,7 +215,7 @@ def test_ends_name_the_failure_and_the_stopped():
 def test_a_restart_header_past_max_restarts_says_it_is_a_new_world():
     """An elastic job's rejoins are attempts that --max-restarts does not count: the log line
     never reads "restart 2 of 1"."""
-    from fluidctl.launch.run import restart_header
+    from fluidctl.launch.logfiles import restart_header
     assert "restart 1 of 1," in restart_header(1, 1)
     line = restart_header(2, 1)
     assert "of 1," not in line

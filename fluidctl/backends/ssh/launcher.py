@@ -61,6 +61,11 @@ class SSHLauncher(BaseLauncher):
                                             # makes a new one)
 
     @property
+    def starts_first(self) -> bool:
+        """An elastic job's start emits its world's events: the supervisor is set up first."""
+        return self.members is None
+
+    @property
     def beat(self) -> float:
         """Seconds between the launcher's and the agents' heartbeats (0: not elastic): a
         BEAT_MISSES-th of FLUIDCTL_HEARTBEAT_TIMEOUT, which both ends wait before the other
