@@ -6,7 +6,9 @@ Starts the test cluster of tests/slurm.py (munged, slurmctld, two slurmd on 127.
 round by round in one run:
 
 1. inside one allocation (2 nodes x 2 tasks): `fluidctl train --backend slurm noop.py` vs
-   `srun -N2 --ntasks-per-node=2 python noop.py`, whole command to its end;
+   `srun -N2 --ntasks-per-node=2 python noop.py`, whole command to its end; beside them the
+   floor of any Python launcher on this machine: `python -c` that only runs srun and waits,
+   each task `python -m fluidctl worker noop.py` (and that srun alone);
 2. from outside: submit-to-first-rank latency, from just before the command to the moment the
    first rank starts (each rank writes its start time), of `fluidctl train --backend slurm
    --nodes 2 --nproc 2 --detach stamp.py` vs `sbatch` of a bare script whose body is
@@ -37,6 +39,9 @@ with open(path + ".tmp", "w") as f:
     f.write(repr(t))
 os.replace(path + ".tmp", path)
 """
+
+
+PYTHON_FLOOR = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
 
 
 def first_rank_latency(cmd, cwd, env, stamps: Path, cluster: SlurmCluster) -> float:
@@ -79,12 +84,22 @@ def main():
         bare.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n"
                         f"#SBATCH --output={work}/bare-%j.out\n"
                         f"srun {sys.executable} {stamp} {stamps}\n")
+        # the floor of any Python launcher here: an interpreter that starts srun and waits,
+        # with each task's `fluidctl worker` (the environment contract) as fluidctl runs it
+        from fluidctl.backends.slurm.plan import step_env
+        step = ["srun", "-N2", "--ntasks-per-node=2"]
+        worker = [sys.executable, "-m", "fluidctl", "worker", str(noop)]
+        worker_env = {**alloc, **step_env(log_dir=work / "log-floor", token="0" * 32,
+                                          user_env={})}
+        (work / "log-floor").mkdir()
         inside = interleaved({
             "fluidctl --backend slurm": lambda: timed(
                 fluid + ["--tee", "none", "--log-dir", str(work / "log-in"), str(noop)], work,
                 alloc),
-            "srun": lambda: timed(["srun", "-N2", "--ntasks-per-node=2", sys.executable,
-                                   str(noop)], work, alloc),
+            "srun": lambda: timed(step + [sys.executable, str(noop)], work, alloc),
+            "srun + fluidctl worker": lambda: timed(step + worker, work, worker_env),
+            "python + srun + fluidctl worker": lambda: timed(
+                [sys.executable, "-c", PYTHON_FLOOR] + step + worker, work, worker_env),
         }, args.repeat)
         cluster.cancel_all()
         cluster.wait_idle()
@@ -103,6 +118,10 @@ def main():
                  inside)
     print(f"fluidctl / srun = {med['fluidctl --backend slurm'] / med['srun']:.2f}x "
           f"(goal <= 1.2x)")
+    floor = med["python + srun + fluidctl worker"]
+    print(f"floor of a Python launcher / srun = {floor / med['srun']:.2f}x "
+          f"(the worker alone: {med['srun + fluidctl worker'] / med['srun']:.2f}x); "
+          f"fluidctl / floor = {med['fluidctl --backend slurm'] / floor:.2f}x")
     med = report(f"submit to first rank, 2 nodes x 2 ranks, median of {args.repeat}", submit)
     print(f"fluidctl sbatch / bare sbatch = {med['fluidctl sbatch'] / med['bare sbatch']:.2f}x")
 

@@ -26,18 +26,36 @@ TEMPLATES = ROOT / "templates"
 # without it). The bridges cannot vanish under a running mpirun: a test that runs one holds
 # tests/netns.py's INTERFACES_LOCK, which making and removing namespace nodes waits for.
 # A node agent (``-c HELD_AGENT HOLD [agent args]``) whose import of fluidctl.launch.run (its
-# supervisor) is held until the file HOLD exists: what it does before that module is in
+# supervisor) takes until the file HOLD exists: what it does before that module is in. The
+# module's body waits (``exec_module``), as a slow import's does, holding that module's lock
+# only: a finder that waited would hold the interpreter's import lock, and every other import.
 HELD_AGENT = """
-import importlib.abc, os, runpy, sys, time
+import importlib.abc, importlib.machinery, os, runpy, sys, time
 HOLD = sys.argv.pop(1)
+
+
+class Held(importlib.abc.Loader):
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        deadline = time.monotonic() + 60
+        while not os.path.exists(HOLD) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self.loader.exec_module(module)
+
 
 class Hold(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "fluidctl.launch.run":
-            deadline = time.monotonic() + 60
-            while not os.path.exists(HOLD) and time.monotonic() < deadline:
-                time.sleep(0.005)
-        return None
+        if name != "fluidctl.launch.run":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        spec.loader = Held(spec.loader)
+        return spec
+
 
 sys.meta_path.insert(0, Hold())
 sys.argv[0] = "agent"

@@ -49,6 +49,17 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
     the chosen backend parses (``Backend.configure``)."""
     if as_json and not dry_run:
         raise UsageError("--json only works with --dry-run", "add --dry-run")
+    from fluidctl.remote import preconnect
+    # over SSH, the nodes are connected to while the rest of the options are checked
+    preconnect.start({**options, "health_gate": health_gate})
+    try:
+        _run(dry_run, as_json, show_secrets, include_bad, health_gate, options)
+    finally:
+        preconnect.close()
+
+
+def _run(dry_run: bool, as_json: bool, show_secrets: bool, include_bad: bool,
+         health_gate: bool, options: dict) -> None:
     from fluidctl import backends, envs
     envs.check_knobs(os.environ)              # the ranks inherit them: refuse bad ones here
     if options.pop("node_rank", None) is not None:

@@ -77,7 +77,10 @@ def test_a_node_agent_starts_its_ranks_while_their_supervisor_loads(tmp_path):
         proc.stdin.write(share.to_wire() + "\n")
         proc.stdin.flush()
         # the rank runs though fluidctl.launch.run has not finished importing
-        wait_for(started.exists, timeout=30, what="the rank, with the supervisor held")
+        try:
+            wait_for(started.exists, timeout=30, what="the rank, with the supervisor held")
+        except AssertionError:
+            raise AssertionError((tmp_path / "agent.err").read_text() + "".join(lines))
         assert not hold.exists()
         hold.write_text("")
         assert proc.wait(timeout=60) == 0, (tmp_path / "agent.err").read_text()

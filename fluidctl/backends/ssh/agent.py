@@ -420,8 +420,10 @@ def start_agents(hosts: Sequence[Host], targets, *, backend: str, python: str,
     any node failed, every agent was told to exit and the connections this call made (not
     ``nodes``') are closed. ``on_agent(agent)``: called as each agent starts (the launcher
     beats to it from then on)."""
-    from fluidctl.remote.ssh import ConnectFailed, parallel
+    from fluidctl.remote import preconnect
+    from fluidctl.remote.ssh import ConnectFailed, SSHNode, parallel
     cls = node_class(backend)
+    early = cls is SSHNode and targets is not None     # connected while options were checked
     given = nodes or {}
 
     def one(host: Host):
@@ -430,9 +432,12 @@ def start_agents(hosts: Sequence[Host], targets, *, backend: str, python: str,
         if node is not None and not _usable(node):     # closed since (its node was lost)
             node = None
         if node is None:
-            node = cls(host, targets[host.name], timeout=timeout, timeout_option="--ssh-timeout")
             try:
-                node.connect()
+                node = preconnect.take(host.name, targets[host.name]) if early else None
+                if node is None:
+                    node = cls(host, targets[host.name], timeout=timeout,
+                               timeout_option="--ssh-timeout")
+                    node.connect()
             except ConnectFailed as exc:
                 return None, None, str(exc)
         try:

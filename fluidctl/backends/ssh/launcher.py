@@ -87,6 +87,7 @@ class SSHLauncher(BaseLauncher):
             self.hosts = self.members.first_world()
         wanted = self._ports_wanted(self.hosts)
         from fluidctl.preload import Preload
+        from fluidctl.remote import preconnect
         preload = Preload(PRELOAD)      # while the nodes are connected to and probed
         try:
             self.connected, self.agents = bring_up(
@@ -96,6 +97,7 @@ class SSHLauncher(BaseLauncher):
                 on_agent=self.members.track if self.members is not None else None)
         finally:
             preload.join()
+            preconnect.close()          # the early connections bring_up did not take
         plan = self._plan(self.hosts, self.agents, wanted)
         self._rendezvous_doctor(plan)
         return plan
