@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from fluidctl.remote import fabric, ssh, sftp as sync
+from fluidctl.remote.sshconfig import QuickAckSocket
 from fluidctl.cluster import check as nodecheck
 from fluidctl.planning.hosts import Host, parse_hostfile
 from fluidctl.remote.sshconfig import resolve, resolve_hosts, load_config
@@ -48,9 +49,12 @@ def test_run_streams_lines_with_env_cwd_and_exit_code(node1, tmp_path):
 
 def test_the_connection_sends_small_requests_at_once(node1):
     """TCP_NODELAY on the node's socket, as OpenSSH's client sets it: with Nagle's algorithm on
-    (paramiko's default) every small request waits for the server's delayed ACK, 40 ms each."""
+    (paramiko's default) every small request waits for the server's delayed ACK, 40 ms each.
+    And what the server sends is acknowledged at once (sshd keeps Nagle on: its session
+    confirmation otherwise waits 40 ms for our ACK of its host-keys message)."""
     sock = node1.client.get_transport().sock
     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    assert isinstance(sock, QuickAckSocket)
     assert node1.run("exit 0").exit_code == 0
 
 
