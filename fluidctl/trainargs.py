@@ -108,7 +108,7 @@ def _after_backends():
     from fluidctl import envs
     from fluidctl.paths import DEFAULT_LOG_DIR
     from fluidctl.sigs import GRACE_PERIOD
-    from fluidctl.planning.config import TEE_CHOICES
+    from fluidctl.planning.options import TEE_CHOICES
     return (
         Option(["--ssh-config"], "ssh_config",
                help="ssh config file to read instead of ~/.ssh/config, e.g. --ssh-config "

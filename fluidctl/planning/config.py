@@ -19,9 +19,8 @@ from fluidctl.sigs import GRACE_PERIOD
 from fluidctl.paths import DEFAULT_LOG_DIR, LogLayout
 from fluidctl.planning import options as opts
 from fluidctl.planning.hosts import Host, load_hosts
+from fluidctl.planning.options import TEE_CHOICES  # noqa: F401 - checked here, declared there
 from fluidctl.planning.plan import JobSpec, Node
-
-TEE_CHOICES = ("rank0", "all", "none")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from typing import Dict, Iterable, Optional
 
 from fluidctl.errors import UsageError
 
+TEE_CHOICES = ("rank0", "all", "none")      # --tee (here: train's parser needs no planner)
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
