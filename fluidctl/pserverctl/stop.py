@@ -3,6 +3,7 @@ what it left (its log only when nothing in it went wrong)."""
 from __future__ import annotations
 
 import signal
+import time
 from typing import Optional
 
 from fluidctl.errors import FluidctlError, UsageError
@@ -42,13 +43,22 @@ def run(port: Optional[int] = None, stop_all: bool = False, timeout: float = 30.
 
 
 def _terminate(pid: int, timeout: float) -> bool:
+    """SIGTERM, then whether it exited within ``timeout``. A daemon is no child of ours: once
+    it exits it is its reaper's to collect (init, or a subreaper), which may take its time or
+    never do it. A zombie has exited: it counts as stopped, as ``records.alive`` counts it."""
     import psutil
     try:
         proc = psutil.Process(pid)
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout)
-        return True
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                proc.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                return True
+            except psutil.TimeoutExpired:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
     except psutil.NoSuchProcess:
         return True
-    except psutil.TimeoutExpired:
-        return False

@@ -143,6 +143,38 @@ def test_a_stop_whose_last_checkpoint_failed_keeps_the_log(cli, tmp_path):
     assert not (cli.state / f"pserver-{port}.token").exists()
 
 
+# `fluidctl pserver start --daemon`, run from a child subreaper that never reaps: the daemon
+# is its orphan, and once it exits stays a zombie (as under an init that reaps late)
+NO_REAPER = """
+import ctypes, subprocess, sys, time
+assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0      # PR_SET_CHILD_SUBREAPER
+start = subprocess.run([sys.executable, "-m", "fluidctl", "pserver", "start", "--port",
+                        sys.argv[1], "--daemon"], capture_output=True, text=True)
+print(start.returncode, start.stderr.strip(), flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_stopped_daemon_that_nobody_reaps_counts_as_stopped(cli, tmp_path):
+    """A daemon's exit is its reaper's to collect (init, or a subreaper), which may be late or
+    never come: ``stop`` takes a zombie for the exit it is, not for a server that runs on."""
+    port, = local.free_ports(1)
+    holder = subprocess.Popen([sys.executable, "-c", NO_REAPER, str(port)], env=cli.env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().startswith("0 "), "the daemon did not start"
+        (record,) = _status(cli)
+        cli.started.append(record["pid"])
+        stopped = cli("stop", "--port", str(port), "--timeout", "20", check=0).stdout
+        assert f"stopped (pid {record['pid']})" in stopped
+        assert psutil.Process(record["pid"]).status() == psutil.STATUS_ZOMBIE
+        assert _status(cli) == []
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+
+
 def test_start_errors_are_one_line(cli, tmp_path):
     busy = socket.create_server(("127.0.0.1", 0))
     port = busy.getsockname()[1]
