@@ -9,7 +9,7 @@ closed (``close``): a node the ledger or --nodes leaves out, or every one when a
 refused. A connection is only authenticated; nothing runs on a node before its agent starts,
 which is after every option has been checked.
 
-Only the ssh backend connects early. Whatever ``start`` cannot work out (a hostfile, an ssh
+The ssh and fabric backends connect early. Whatever ``start`` cannot work out (a hostfile, an ssh
 config or a --ssh-timeout it cannot read) connects nothing: the normal path says what is
 wrong, as before.
 """
@@ -27,8 +27,7 @@ class PreConnect:
     connection's own timeout); the GIL's switch interval is short meanwhile, so that the
     handshakes are not held 5 ms at a time behind the option checks' imports."""
 
-    def __init__(self, hosts, targets: Mapping[str, object], timeout: float):
-        from fluidctl.remote.ssh import SSHNode
+    def __init__(self, hosts, targets: Mapping[str, object], timeout: float, node_class):
         self._lock = threading.Lock()
         self._found: Dict[str, tuple] = {}          # name -> (target, node, ConnectFailed)
         self._threads: Dict[str, threading.Thread] = {}
@@ -37,7 +36,7 @@ class PreConnect:
         sys.setswitchinterval(0.0005)
         for host in hosts:
             thread = threading.Thread(target=self._connect, name=f"preconnect-{host.name}",
-                                      args=(SSHNode, host, targets[host.name], timeout),
+                                      args=(node_class, host, targets[host.name], timeout),
                                       daemon=True)
             self._threads[host.name] = thread
             thread.start()
@@ -57,9 +56,10 @@ class PreConnect:
         if found[1] is not None:        # nobody will take it any more
             found[1].close()
 
-    def take(self, name: str, target):
-        """The node ``name``, connected to ``target``: waits for its attempt; raises its
-        ConnectFailed. None when it was not connected early, or to another target."""
+    def take(self, name: str, target, node_class):
+        """The node ``name``, connected to ``target`` as a ``node_class``: waits for its
+        attempt; raises its ConnectFailed. None when it was not connected early, or to
+        another target, or by another class."""
         thread = self._threads.pop(name, None)
         if thread is None:
             return None
@@ -69,7 +69,7 @@ class PreConnect:
         if found is None:
             return None
         connected_to, node, failed = found
-        if connected_to != target:
+        if connected_to != target or (node is not None and type(node) is not node_class):
             if node is not None:
                 node.close()
             return None
@@ -91,17 +91,18 @@ class PreConnect:
 
 def start(options: Mapping[str, object]) -> None:
     """Connect early to the nodes of ``options`` (``fluidctl train``'s, as parsed) when the
-    job runs over the ssh backend."""
+    job runs over the ssh or fabric backend."""
     global _current
     if _current is not None or options.get("health_gate"):    # the gate connects itself
         return
-    if (options.get("backend") or "ssh") != "ssh":
+    backend = options.get("backend") or "ssh"
+    if backend not in ("ssh", "fabric"):
         return
     if not (options.get("hostfile") or options.get("hosts_arg")):
         return
     try:
         from fluidctl.planning.hosts import load_hosts
-        from fluidctl.remote.ssh import DEFAULT_TIMEOUT
+        from fluidctl.remote.ssh import DEFAULT_TIMEOUT, SSHNode
         from fluidctl.remote.sshconfig import resolve_hosts
         hosts = load_hosts(options.get("hostfile"), options.get("hosts_arg"))
         resolved, targets = resolve_hosts(hosts, options.get("ssh_config"),
@@ -109,12 +110,16 @@ def start(options: Mapping[str, object]) -> None:
         timeout = float(options.get("ssh_timeout") or DEFAULT_TIMEOUT)
     except Exception:       # noqa: BLE001 - the normal path reports it, in its own words
         return
-    _current = PreConnect(resolved, targets, timeout)
+    if backend == "fabric":
+        from fluidctl.remote.fabric import FabricNode as node_class
+    else:
+        node_class = SSHNode
+    _current = PreConnect(resolved, targets, timeout, node_class)
 
 
-def take(name: str, target):
+def take(name: str, target, node_class):
     """The early connection to node ``name`` (see ``PreConnect.take``), or None."""
-    return _current.take(name, target) if _current is not None else None
+    return _current.take(name, target, node_class) if _current is not None else None
 
 
 def close() -> None:

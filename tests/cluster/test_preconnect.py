@@ -6,8 +6,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from fluidctl.remote import preconnect
-from fluidctl.remote.ssh import ConnectFailed
+from fluidctl.remote.fabric import FabricNode
+from fluidctl.remote.ssh import ConnectFailed, SSHNode
 from fluidctl.remote.sshconfig import resolve_hosts
 from fluidctl.planning.hosts import parse_hostfile
 from launchutil import BEHAVE, fluidctl
@@ -16,17 +19,18 @@ from launchutil import BEHAVE, fluidctl
 # whether one came: the old order connected only after the options were checked
 WAITING = """
 import sys, threading
-from fluidctl.remote import ssh
+from fluidctl.remote import fabric, ssh
 from fluidctl.planning import config
 
 connected = threading.Event()
-connect = ssh.SSHNode.connect
 
 
-def recording_connect(self):
-    node = connect(self)
-    connected.set()
-    return node
+def recording(connect):
+    def recording_connect(self):
+        node = connect(self)
+        connected.set()
+        return node
+    return recording_connect
 
 
 from_options = config.LaunchConfig.from_options.__func__
@@ -38,7 +42,8 @@ def waiting_from_options(cls, *args, **kwargs):
     return from_options(cls, *args, **kwargs)
 
 
-ssh.SSHNode.connect = recording_connect
+ssh.SSHNode.connect = recording(ssh.SSHNode.connect)
+fabric.FabricNode.connect = recording(fabric.FabricNode.connect)
 config.LaunchConfig.from_options = classmethod(waiting_from_options)
 import atexit
 atexit.register(lambda: print("connected while the options were checked:", seen, flush=True))
@@ -47,10 +52,13 @@ main(sys.argv[1:])
 """
 
 
-def test_the_nodes_are_connected_to_while_the_options_are_checked(tmp_path, sshd_nodes):
+@pytest.mark.parametrize("backend", ["ssh", "fabric"])
+def test_the_nodes_are_connected_to_while_the_options_are_checked(tmp_path, sshd_nodes,
+                                                                  backend):
     hosts = sshd_nodes.hostfile("hosts.2x1", slots=1)
     done = subprocess.run([sys.executable, "-c", WAITING, "train", "--hostfile", str(hosts),
-                           "--ssh-config", str(sshd_nodes.config), "--tee", "all",
+                           "--backend", backend, "--ssh-config", str(sshd_nodes.config),
+                           "--tee", "all",
                            str(BEHAVE)], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -81,9 +89,9 @@ def _early(sshd_nodes, tmp_path):
 def test_a_taken_connection_runs_commands_and_the_rest_are_closed(tmp_path, sshd_nodes):
     targets = _early(sshd_nodes, tmp_path)
     try:
-        node1 = preconnect.take("node1", targets["node1"])
+        node1 = preconnect.take("node1", targets["node1"], SSHNode)
         assert node1.run("echo early").stdout.strip() == "early"
-        assert preconnect.take("node1", targets["node1"]) is None       # taken once
+        assert preconnect.take("node1", targets["node1"], SSHNode) is None       # taken once
         node2 = preconnect._current._threads["node2"]
         node2.join(30)
         transport = preconnect._current._found["node2"][1].client.get_transport()
@@ -99,7 +107,21 @@ def test_a_connection_made_to_another_target_is_not_taken(tmp_path, sshd_nodes):
     targets = _early(sshd_nodes, tmp_path)
     try:
         moved = dataclasses.replace(targets["node2"], port=targets["node2"].port + 1)
-        assert preconnect.take("node2", moved) is None
+        assert preconnect.take("node2", moved, SSHNode) is None
+    finally:
+        preconnect.close()
+
+
+def test_a_connection_made_for_another_backend_is_not_taken(tmp_path, sshd_nodes):
+    hosts = sshd_nodes.hostfile("hosts.2x1", slots=1)
+    preconnect.start({"hostfile": str(hosts), "ssh_config": str(sshd_nodes.config),
+                      "ssh_timeout": 10.0, "backend": "fabric"})
+    try:
+        _, targets = resolve_hosts(parse_hostfile(hosts), str(sshd_nodes.config))
+        assert preconnect.take("node1", targets["node1"], SSHNode) is None
+        node2 = preconnect.take("node2", targets["node2"], FabricNode)
+        assert node2.run("echo fabric").stdout.strip() == "fabric"
+        node2.close()
     finally:
         preconnect.close()
 
@@ -112,7 +134,7 @@ def test_an_early_connection_that_failed_says_why_once_taken(tmp_path, sshd_node
     try:
         _, targets = resolve_hosts(parse_hostfile(hostfile), str(sshd_nodes.config))
         try:
-            preconnect.take("127.0.0.4", targets["127.0.0.4"])
+            preconnect.take("127.0.0.4", targets["127.0.0.4"], SSHNode)
         except ConnectFailed as exc:
             assert "127.0.0.4" in str(exc) or "refused" in str(exc).lower()
         else:

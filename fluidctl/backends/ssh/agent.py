@@ -421,9 +421,8 @@ def start_agents(hosts: Sequence[Host], targets, *, backend: str, python: str,
     ``nodes``') are closed. ``on_agent(agent)``: called as each agent starts (the launcher
     beats to it from then on)."""
     from fluidctl.remote import preconnect
-    from fluidctl.remote.ssh import ConnectFailed, SSHNode, parallel
+    from fluidctl.remote.ssh import ConnectFailed, parallel
     cls = node_class(backend)
-    early = cls is SSHNode and targets is not None     # connected while options were checked
     given = nodes or {}
 
     def one(host: Host):
@@ -433,7 +432,8 @@ def start_agents(hosts: Sequence[Host], targets, *, backend: str, python: str,
             node = None
         if node is None:
             try:
-                node = preconnect.take(host.name, targets[host.name]) if early else None
+                # connected while the options were checked, where it could be
+                node = preconnect.take(host.name, targets[host.name], cls)
                 if node is None:
                     node = cls(host, targets[host.name], timeout=timeout,
                                timeout_option="--ssh-timeout")
