@@ -2,15 +2,16 @@
 
 Everything on a node (sshd's session, the login shell, the agent's interpreter) waits for the
 launcher's first connection, and that waited on its own start: the interpreter, paramiko and
-then the planner and the launcher's modules (25-30 ms more). ``start`` connects to every node
-of --hostfile/--hosts as soon as paramiko is in, on threads; ``LaunchConfig`` checks the
-options meanwhile, and ``bring_up`` takes the connections it needs (``take``). The rest are
-closed (``close``): a node the ledger or --nodes leaves out, or every one when an option was
-refused. A connection is only authenticated; nothing runs on a node before its agent starts,
-which is after every option has been checked.
+then the planner and the launcher's modules (25-30 ms more). ``start`` connects to the nodes
+of --hostfile/--hosts (as many as bring-up works on at once, ``ssh.PARALLEL``) as soon as
+paramiko is in, on threads; ``LaunchConfig`` checks the options meanwhile, and ``bring_up``
+takes the connections it needs (``take``). The rest are closed (``close``): a node the ledger
+or --nodes leaves out, or every one when an option was refused. A connection is only
+authenticated; nothing runs on a node before its agent starts, which is after every option
+has been checked.
 
-The ssh and fabric backends connect early. Whatever ``start`` cannot work out (a hostfile, an ssh
-config or a --ssh-timeout it cannot read) connects nothing: the normal path says what is
+The ssh and fabric backends connect early. Whatever ``start`` cannot work out (a hostfile, an
+ssh config or a --ssh-timeout it cannot read) connects nothing: the normal path says what is
 wrong, as before.
 """
 from __future__ import annotations
@@ -102,7 +103,7 @@ def start(options: Mapping[str, object]) -> None:
         return
     try:
         from fluidctl.planning.hosts import load_hosts
-        from fluidctl.remote.ssh import DEFAULT_TIMEOUT, SSHNode
+        from fluidctl.remote.ssh import DEFAULT_TIMEOUT, PARALLEL, SSHNode
         from fluidctl.remote.sshconfig import resolve_hosts
         hosts = load_hosts(options.get("hostfile"), options.get("hosts_arg"))
         resolved, targets = resolve_hosts(hosts, options.get("ssh_config"),
@@ -114,7 +115,8 @@ def start(options: Mapping[str, object]) -> None:
         from fluidctl.remote.fabric import FabricNode as node_class
     else:
         node_class = SSHNode
-    _current = PreConnect(resolved, targets, timeout, node_class)
+    # as many as bring-up works on at once: its first wave (the others connect then)
+    _current = PreConnect(resolved[:PARALLEL], targets, timeout, node_class)
 
 
 def take(name: str, target, node_class):

@@ -509,7 +509,10 @@ class Connected:
             node.close()
 
 
-def parallel(items: Sequence, fn: Callable, workers: int = 32) -> List:
+PARALLEL = 32       # nodes worked on at once (connected to, started on)
+
+
+def parallel(items: Sequence, fn: Callable, workers: int = PARALLEL) -> List:
     """``fn`` over ``items`` in threads, results in input order."""
     if not items:
         return []

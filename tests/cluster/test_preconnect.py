@@ -141,3 +141,18 @@ def test_an_early_connection_that_failed_says_why_once_taken(tmp_path, sshd_node
             raise AssertionError("a refused connection was taken")
     finally:
         preconnect.close()
+
+
+def test_no_more_nodes_are_connected_early_than_bring_up_starts_at_once(tmp_path, sshd_nodes):
+    """A thousand-node hostfile does not open a thousand handshakes at once: the first wave."""
+    from fluidctl.remote.ssh import PARALLEL
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("".join(f"127.0.1.{i}:1 slots=1\n" for i in range(1, PARALLEL + 9)))
+    preconnect.start({"hostfile": str(hostfile), "ssh_config": str(sshd_nodes.config),
+                      "ssh_timeout": 3.0})
+    try:
+        assert len(preconnect._current._threads) == PARALLEL
+        assert "127.0.1.1" in preconnect._current._threads
+        assert f"127.0.1.{PARALLEL + 8}" not in preconnect._current._threads
+    finally:
+        preconnect.close()
