@@ -49,9 +49,12 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
     the chosen backend parses (``Backend.configure``)."""
     if as_json and not dry_run:
         raise UsageError("--json only works with --dry-run", "add --dry-run")
+    from fluidctl import backends
     from fluidctl.remote import preconnect
     # over SSH, the nodes are connected to while the rest of the options are checked
-    preconnect.start({**options, "health_gate": health_gate})
+    hosts = bool(options.get("hostfile") or options.get("hosts_arg"))
+    preconnect.start({**options, "health_gate": health_gate,
+                      "backend": options.get("backend") or backends.default(hosts)})
     try:
         _run(dry_run, as_json, show_secrets, include_bad, health_gate, options)
     finally:

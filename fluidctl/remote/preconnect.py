@@ -91,12 +91,12 @@ class PreConnect:
 
 
 def start(options: Mapping[str, object]) -> None:
-    """Connect early to the nodes of ``options`` (``fluidctl train``'s, as parsed) when the
-    job runs over the ssh or fabric backend."""
+    """Connect early to the nodes of ``options`` (``fluidctl train``'s, as parsed, with its
+    ``backend`` chosen) when the job runs over the ssh or fabric backend."""
     global _current
     if _current is not None or options.get("health_gate"):    # the gate connects itself
         return
-    backend = options.get("backend") or "ssh"
+    backend = options.get("backend")
     if backend not in ("ssh", "fabric"):
         return
     if not (options.get("hostfile") or options.get("hosts_arg")):

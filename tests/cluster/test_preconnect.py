@@ -81,7 +81,7 @@ def test_a_refused_option_closes_the_early_connections_and_starts_nothing(tmp_pa
 def _early(sshd_nodes, tmp_path):
     hosts = sshd_nodes.hostfile("hosts.2x1", slots=1)
     preconnect.start({"hostfile": str(hosts), "ssh_config": str(sshd_nodes.config),
-                      "ssh_timeout": 10.0})
+                      "ssh_timeout": 10.0, "backend": "ssh"})
     resolved, targets = resolve_hosts(parse_hostfile(hosts), str(sshd_nodes.config))
     return targets
 
@@ -130,7 +130,7 @@ def test_an_early_connection_that_failed_says_why_once_taken(tmp_path, sshd_node
     hostfile = tmp_path / "hosts"
     hostfile.write_text("127.0.0.4:1 slots=1\n")            # nothing listens there
     preconnect.start({"hostfile": str(hostfile), "ssh_config": str(sshd_nodes.config),
-                      "ssh_timeout": 3.0})
+                      "ssh_timeout": 3.0, "backend": "ssh"})
     try:
         _, targets = resolve_hosts(parse_hostfile(hostfile), str(sshd_nodes.config))
         try:
@@ -149,7 +149,7 @@ def test_no_more_nodes_are_connected_early_than_bring_up_starts_at_once(tmp_path
     hostfile = tmp_path / "hosts"
     hostfile.write_text("".join(f"127.0.1.{i}:1 slots=1\n" for i in range(1, PARALLEL + 9)))
     preconnect.start({"hostfile": str(hostfile), "ssh_config": str(sshd_nodes.config),
-                      "ssh_timeout": 3.0})
+                      "ssh_timeout": 3.0, "backend": "ssh"})
     try:
         assert len(preconnect._current._threads) == PARALLEL
         assert "127.0.1.1" in preconnect._current._threads
