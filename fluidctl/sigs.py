@@ -6,11 +6,22 @@ small file) are spared. ``_signal`` is the C module ``signal.py`` wraps; its num
 plain ints and its functions the same ones. Where it is missing (not CPython), signal's.
 """
 try:
-    from _signal import (SIG_BLOCK, SIG_SETMASK, SIGINT, SIGKILL, SIGPIPE, SIGTERM, SIGXFSZ,
-                         pthread_sigmask, signal)
+    from _signal import (SIG_BLOCK, SIG_SETMASK, SIGHUP, SIGINT, SIGKILL, SIGPIPE, SIGTERM,
+                         SIGUSR1, SIGXFSZ, pthread_sigmask, signal)
 except ImportError:                                         # pragma: no cover - not CPython
-    from signal import (SIG_BLOCK, SIG_SETMASK, SIGINT, SIGKILL, SIGPIPE, SIGTERM, SIGXFSZ,
-                        pthread_sigmask, signal)
+    from signal import (SIG_BLOCK, SIG_SETMASK, SIGHUP, SIGINT, SIGKILL, SIGPIPE, SIGTERM,
+                        SIGUSR1, SIGXFSZ, pthread_sigmask, signal)
+
+# What a supervised job's launcher (and node agent) takes from outside: a stop (Ctrl-C, a
+# scheduler's TERM, a closed terminal), and, when the job has a checkpoint channel, a request
+STOP_SIGNALS = (SIGINT, SIGTERM, SIGHUP)
+REQUEST_SIGNALS = (SIGUSR1,)
+
+
+def supervised_signals(checkpoint: bool) -> tuple:
+    """The signals a supervisor handles: the stop signals, and the request with a checkpoint
+    channel (without one, SIGUSR1 keeps its own meaning)."""
+    return STOP_SIGNALS + (REQUEST_SIGNALS if checkpoint else ())
 
 
 # Seconds between SIGTERM (or the checkpoint signal) and SIGKILL when fluidctl stops ranks and
@@ -58,5 +69,6 @@ def set_on_signals(event, signums) -> None:
         signal(signum, on_signal)
 
 
-__all__ = ["by_name", "set_on_signals", "SIG_BLOCK", "SIG_SETMASK", "SIGINT", "SIGKILL", "SIGPIPE", "SIGTERM", "SIGXFSZ",
-           "pthread_sigmask", "signal"]
+__all__ = ["by_name", "set_on_signals", "supervised_signals", "REQUEST_SIGNALS", "STOP_SIGNALS",
+           "SIG_BLOCK", "SIG_SETMASK", "SIGHUP", "SIGINT", "SIGKILL", "SIGPIPE", "SIGTERM",
+           "SIGUSR1", "SIGXFSZ", "pthread_sigmask", "signal"]

@@ -25,11 +25,11 @@ TEMPLATES = ROOT / "templates"
 # prted die of SIGSEGV in prte_oob_base_select (17 of 20 starts with four bridges, 0 of 20
 # without it). The bridges cannot vanish under a running mpirun: a test that runs one holds
 # tests/netns.py's INTERFACES_LOCK, which making and removing namespace nodes waits for.
-# A node agent (``-c HELD_AGENT HOLD [agent args]``) whose import of fluidctl.launch.run (its
-# supervisor) takes until the file HOLD exists: what it does before that module is in. The
-# module's body waits (``exec_module``), as a slow import's does, holding that module's lock
-# only: a finder that waited would hold the interpreter's import lock, and every other import.
-HELD_AGENT = """
+# ``-c HELD_... HOLD [args]``: a process whose import of fluidctl.launch.run (the supervisor)
+# takes until the file HOLD exists: what it does before that module is in. The module's body
+# waits (``exec_module``), as a slow import's does, holding that module's lock only: a finder
+# that waited would hold the interpreter's import lock, and every other import.
+_HOLD_RUN = """
 import importlib.abc, importlib.machinery, os, runpy, sys, time
 HOLD = sys.argv.pop(1)
 
@@ -58,8 +58,14 @@ class Hold(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, Hold())
+"""
+HELD_AGENT = _HOLD_RUN + """
 sys.argv[0] = "agent"
 runpy.run_module("fluidctl.node.agent", run_name="__main__")
+"""
+HELD_FLUIDCTL = _HOLD_RUN + """
+from fluidctl.cli import main
+main(sys.argv[1:])
 """
 
 ONE_HOST_MPI_ENV = {"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_coll": "^han",

@@ -107,7 +107,7 @@ def _execute(plan, launcher, config, launch_log, layout, owner: bool) -> RunResu
         if launcher.starts_first:   # then the supervisor's modules load while they start
             from fluidctl.launch.firststart import FirstStart
             first = FirstStart(lambda attempt: launcher.start(plan, attempt), logs,
-                               grace=config.grace_period)
+                               grace=config.grace_period, checkpoint=checkpoint is not None)
         from fluidctl.launch import run
         from fluidctl.launch.supervisor import RunOptions
         shown = run.ConsoleOutput(

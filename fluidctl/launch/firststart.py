@@ -8,10 +8,10 @@ plans (SSH) before its console echo and signal handlers exist. ``run.run_supervi
 the handles (``first=``) and supervises from there.
 
 What must precede any process is done here as well: fresh logs (a new job's are emptied),
-this process as the subreaper of their orphans, and the lifeline watchdog that stops them if
-this process is SIGKILLed. Until the supervisor's handlers are installed a few milliseconds
-later, a stop signal ends this process by its default action, and the watchdog and the
-processes' parent-death signal stop the job: nothing outlives it.
+this process as the subreaper of their orphans, the lifeline watchdog that stops them if
+this process is SIGKILLed, and handlers that keep the stop signals (and a checkpoint request)
+until the supervisor's own are installed, which then acts on them (``EarlySignals``): a
+Ctrl-C as the ranks start stops the job as one a minute later would.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import Callable, List, Sequence
 
 from fluidctl.launch.logfiles import fresh_logs
 from fluidctl.procs import lifeline, local
+from fluidctl.sigs import signal, supervised_signals
 
 
 class FirstStart:
@@ -29,16 +30,17 @@ class FirstStart:
     what it started and raises, and then the watchdog is stopped here."""
 
     def __init__(self, start: Callable[[int], List], logs: Sequence[str], *, grace: float,
-                 fresh: bool = True):
+                 fresh: bool = True, checkpoint: bool = False):
         self.grace, self.fresh = grace, fresh
         # a kept log is echoed from where it ended before these processes wrote to it
         self.sizes = {} if fresh else {path: _size(path) for path in logs}
         self.taken = False          # by run_supervised, which stops them from then on
-        prepare_attempts(logs, grace, fresh)
+        self.handles: List = []
+        self.signals = EarlySignals(supervised_signals(checkpoint))
         try:
+            prepare_attempts(logs, grace, fresh)
             self.handles = start(0)
         except BaseException:
-            self.handles = []
             self.abandon()
             raise
 
@@ -52,6 +54,7 @@ class FirstStart:
         if self.taken:
             return
         self.taken = True
+        self.signals.restore()
         for h in self.handles:
             try:
                 h.kill()
@@ -59,6 +62,27 @@ class FirstStart:
                 pass
         lifeline.stop_watchdog()
         local.sweep_descendants(self.grace)
+
+
+class EarlySignals:
+    """Handlers that only keep the signals they get, from before the first start until the
+    supervisor installs its own; ``take`` hands the supervisor what came meanwhile (it acts
+    on them, in order) and ``originals`` are the handlers to restore at its end."""
+
+    def __init__(self, signums: Sequence[int]):
+        self.pending: List[int] = []
+        self.originals = {signum: signal(signum, self._keep) for signum in signums}
+
+    def _keep(self, signum, _frame) -> None:
+        self.pending.append(signum)
+
+    def take(self) -> List[int]:
+        pending, self.pending = self.pending, []
+        return pending
+
+    def restore(self) -> None:
+        for signum, handler in self.originals.items():
+            signal(signum, handler)
 
 
 def _size(path: str) -> int:

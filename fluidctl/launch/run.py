@@ -147,7 +147,7 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
              if diagnostics else None)
     previous = telemetry.install(sink)      # the job's: an elastic launcher emits to it too
     try:
-        result = supervisor.run()
+        result = supervisor.run(first.signals if first is not None else None)
         if watch:
             result = watch.settle(result)
     finally:

@@ -30,15 +30,13 @@ from fluidctl.diagnostics.failures import Failure, FailureKind
 from fluidctl.launch.launchlog import LaunchLog  # noqa: F401 (imported from here too)
 from fluidctl.launch.requests import REQUEUE_EXIT
 from fluidctl import telemetry
-from fluidctl.sigs import GRACE_PERIOD
+from fluidctl.sigs import GRACE_PERIOD, REQUEST_SIGNALS, STOP_SIGNALS, supervised_signals
 from fluidctl.telemetry import Restart
 
 if TYPE_CHECKING:
     from fluidctl.backends.base import Handle
     from fluidctl.launch.requests import RequestChannel
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-REQUEST_SIGNALS = (signal.SIGUSR1,)
 KILL_WAIT = 10.0        # after SIGKILL, how long to wait for the kernel to reap
 
 
@@ -166,12 +164,19 @@ class Supervisor:
         return RunResult(code, ends=list(self._ends.values()), **kw)
 
     def _install(self):
-        wanted = STOP_SIGNALS + (REQUEST_SIGNALS if self.options.checkpoint else ())
+        wanted = supervised_signals(self.options.checkpoint is not None)
         return {sig: signal.signal(sig, self._on_signal) for sig in wanted}
 
     # --- the run ---------------------------------------------------------------------------
-    def run(self) -> RunResult:
+    def run(self, early=None) -> RunResult:
+        """``early``: the signals kept since a first start that came before this supervisor
+        (launch/firststart.py ``EarlySignals``): acted on now, as if they came after, and
+        the handlers from before them are what is restored at the end."""
         previous = self._install()
+        if early is not None:
+            previous.update(early.originals)
+            for signum in early.take():
+                self._on_signal(signum, None)
         timer = None
         if self.options.checkpoint is not None and self.options.request_at is not None:
             left = max(0.0, self.options.request_at - time.time())

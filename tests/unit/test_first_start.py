@@ -5,13 +5,16 @@ local ranks) and in a node agent, whose ranks start as soon as its plan arrives.
 Each supervised run happens in a child process, never in the test runner (run_supervised
 makes its process a child subreaper, which would hold other tests' orphans)."""
 import json
+import signal
 import subprocess
 import sys
 import threading
 
+import pytest
+
 from fluidctl.agentproto import ENDS_TAG, MARK, PROBE_TAG, NodeShare
 from fluidctl.planning.plan import ProcSpec
-from launchutil import HELD_AGENT, wait_for
+from launchutil import BEHAVE, HELD_AGENT, HELD_FLUIDCTL, assert_all_gone, read_pids, wait_for
 
 # `fluidctl train` with a record, at each local process's start, of whether the supervisor's
 # module had been imported by then
@@ -48,6 +51,33 @@ def test_the_launcher_starts_the_ranks_before_it_loads_their_supervisor(tmp_path
     assert "hello from 0" in done.stdout and "hello from 1" in done.stdout
     assert (tmp_path / "log" / "workerlog.1").read_text() == "hello from 1\n"
     assert "all trainers finished" in (tmp_path / "log" / "launch.log").read_text()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_while_the_supervisor_loads_stops_the_job_as_any_other(tmp_path, sig):
+    """The ranks run before the supervisor's handlers exist (fluidctl.launch.run's import is
+    held): a Ctrl-C or TERM then is kept and acted on once they are, with the grace period,
+    the message and exit code 128+N, not by Python's default (a traceback, or death)."""
+    hold, pid_dir = tmp_path / "hold", tmp_path / "pids"
+    pid_dir.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", HELD_FLUIDCTL, str(hold), "train",
+                             "--nproc", "2", "--grace-period", "2", str(BEHAVE), "--hang",
+                             "--pidfile", str(pid_dir)], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: len(list(pid_dir.glob("*.pids"))) == 2, what="2 ranks ready")
+        pids = read_pids(pid_dir, range(2))
+        proc.send_signal(sig)
+        hold.write_text("")             # the supervisor loads after the signal came
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + sig, out + err
+        assert f"{signal.Signals(sig).name} received" in out, out + err
+        assert "Traceback" not in err
+        assert_all_gone(pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def _lines(proc, into: list) -> threading.Thread:
