@@ -536,8 +536,10 @@ def write_job_state(root: Path) -> None:
 
 
 def clear_job_state(root: Path) -> None:
+    """Remove LOG_DIR/job.json at the job's end; what cannot be removed (it was never
+    written, or something else is in its place) stays: the job's end is not its to decide."""
     from fluidctl.paths import LogLayout
     try:
         LogLayout(root).job_state.unlink()
-    except FileNotFoundError:
+    except OSError:
         pass

@@ -234,7 +234,12 @@ class _Watch:
             else:
                 threading.Thread(target=self._serve_dumps, name="fluidctl-dump",
                                  daemon=True).start()
-                diagnose.write_job_state(self.d.log_root)
+                try:
+                    diagnose.write_job_state(self.d.log_root)
+                except OSError as exc:      # a full disk: the job runs on, its report says so
+                    self.launch_log(f"could not write {LogLayout(self.d.log_root).job_state}: "
+                                    f"{exc.strerror or exc} (fluidctl dump cannot find this "
+                                    "job by its log dir)")
 
     def _dump(self, kind: str, header: str, why: str = ""):
         """Every rank's stack into LOG_DIR/<kind>-<time>/; for a hang, its class first

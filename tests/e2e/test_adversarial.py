@@ -732,6 +732,19 @@ def test_9_a_full_log_disk_is_named_in_the_report(tmp_path):
         subprocess.run(["umount", str(where)], check=False)
 
 
+def test_a_job_state_file_that_cannot_be_written_does_not_stop_the_job(tmp_path):
+    """LOG_DIR/job.json (for fluidctl dump) is written as the ranks start; where it cannot
+    be (a full disk as the first rank fills it; here a directory in its place) the job runs
+    on and launch.log says why, rather than the launcher ending in a traceback."""
+    logs = tmp_path / "logs"
+    (logs / "job.json" / "in-the-way").mkdir(parents=True)
+    res = fluidctl("train", "--nproc", 1, "--log-dir", logs, BEHAVE,
+                   cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    assert f"could not write {logs / 'job.json'}" in (logs / "launch.log").read_text()
+
+
 PROBE = """
 import os, socket, sys
 for ep in os.environ["PADDLE_PSERVERS_IP_PORT_LIST"].split(","):
