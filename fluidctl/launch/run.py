@@ -123,14 +123,10 @@ def run_supervised(start: Callable[[int], List[Handle]], *, logs: Sequence[str],
 
     watchers_started = False
 
-    started = first.take() if first is not None else None
-
     def start_then_watch(attempt: int) -> List[Handle]:
-        nonlocal watchers_started, started
-        if started is not None:
-            handles, started = started, None
-        else:
-            handles = start(attempt)
+        nonlocal watchers_started
+        # attempt 0's handles, when started already: the supervisor's from now on
+        handles = first.take() if first is not None and not first.taken else start(attempt)
         if not watchers_started:
             watchers_started = True
             start_watching()

@@ -308,16 +308,14 @@ def node_agent(ports: int, heard: _Heard = None, watching: bool = False) -> None
             pass
         return start_procs(procs, attempt, logs, extra_env={**diag.env(), **rank_env})
 
+    first = None
     try:
         first = FirstStart(start, logs, grace=share.grace, fresh=not attempt and not shared)
-    except BaseException:
-        diag.remove()
-        raise
-    try:
         _supervise(first, start, procs, logs, layout, launch_log, share, diag, request,
                    heard, watching, shared, preload)
     except BaseException:
-        first.abandon()         # unless the supervisor had taken the ranks over
+        if first is not None:
+            first.abandon()     # unless the supervisor had taken the ranks over
         diag.remove()
         raise
 
@@ -390,6 +388,7 @@ def _supervise(first, start, procs, logs, layout, launch_log, share, diag, reque
     watchers = run.RunWatchers(heartbeat=lambda: f"{MARK}{BEAT_TAG}|{diagnostics.progress()}",
                                on_broken=lost, diagnostics=diagnostics,
                                every=share.beat or run.HEARTBEAT)
+
     def start_again(attempt: int):
         diagnostics.current = start(attempt)
         return diagnostics.current
