@@ -358,8 +358,9 @@ class StackSampler:
     of its time in a collective may be sampled in it every time, but it computes between.
     (So a torch rank that computes forever while the others wait keeps such a job active:
     scripts on fluidctl.runtime have their counters for that.) The watchdog
-    reads the latest samples and never waits for py-spy. Without py-spy there is nothing to
-    sample and only logs and counters count."""
+    reads the latest samples and never waits for py-spy. Without py-spy (missing, off or
+    refused) only the CPU time is sampled: a rank still importing torch on a crowded machine
+    computes, and is no hang, with or without py-spy."""
 
     def __init__(self, targets: Callable[[], List[Target]], every: float):
         self.targets, self.every = targets, every
@@ -382,7 +383,7 @@ class StackSampler:
     def _run(self) -> None:
         from fluidctl.diagnostics import stacks
         cpu: Dict[int, Tuple[float, float]] = {}        # rank -> (when, CPU seconds) sampled
-        n = 0
+        n, pyspy = 0, True
         while not self._halt.is_set():
             seen, n = [], n + 1
             for t in self.targets():
@@ -395,11 +396,12 @@ class StackSampler:
                     if was and state[1] - was[1] >= CPU_MOVED * (now - was[0]):
                         seen.append((t.rank, n))       # it computes: progress, whatever
                         continue                       # its stack (a loop mostly in a wait)
+                if not pyspy:
+                    continue
                 try:
                     text = stacks.pyspy_dump(t.pid, SAMPLE_TIMEOUT, nonblocking=True)
                 except stacks.DumpUnavailable as exc:   # missing, off or refused: for good
-                    if not ("took over" in str(exc) or "failed:" in str(exc)):
-                        return
+                    pyspy = "took over" in str(exc) or "failed:" in str(exc)
                     continue
                 frames = stacks.main_stack(stacks.parse_pyspy(text))
                 seen.append((t.rank, tuple((f.func, f.file, f.line) for f in frames)))
