@@ -16,7 +16,6 @@ import socket
 import stat
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -513,11 +512,41 @@ PARALLEL = 32       # nodes worked on at once (connected to, started on)
 
 
 def parallel(items: Sequence, fn: Callable, workers: int = PARALLEL) -> List:
-    """``fn`` over ``items`` in threads, results in input order."""
+    """``fn`` over ``items`` in at most ``workers`` threads, results in input order; the
+    first exception (in input order) is raised once every item is done.
+
+    A Ctrl-C returns at once (KeyboardInterrupt): the threads are daemons that nothing
+    waits for. A thread pool's exit would join them, and a node that accepts a connection
+    but never answers holds its thread for the whole --ssh-timeout; what they started ends
+    with this process's connections."""
+    items = list(items)
     if not items:
         return []
-    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
-        return list(pool.map(fn, items))
+    results: List = [None] * len(items)
+    errors: Dict[int, BaseException] = {}
+    queue = iter(range(len(items)))
+    lock, done, left = threading.Lock(), threading.Event(), [len(items)]
+
+    def work() -> None:
+        while True:
+            with lock:
+                index = next(queue, None)
+            if index is None:
+                return
+            try:
+                results[index] = fn(items[index])
+            except BaseException as exc:      # noqa: BLE001 - raised in the caller's thread
+                errors[index] = exc
+            with lock:
+                left[0] -= 1
+                if not left[0]:
+                    done.set()
+    for n in range(min(workers, len(items))):
+        threading.Thread(target=work, name=f"fluidctl-nodes-{n}", daemon=True).start()
+    done.wait()
+    if errors:
+        raise errors[min(errors)]
+    return results
 
 
 def connect_all(hosts: Sequence[Host], targets: Mapping[str, SSHTarget],
