@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from fluidctl.launch.requests import RequestChannel
 
 KILL_WAIT = 10.0        # after SIGKILL, how long to wait for the kernel to reap
+STOP_NOTICE = 5.0       # a stop that takes longer is said on the console, with how to cut it
+                        # short: a silent grace period reads as a hung fluidctl
 
 
 # The codes of a process that our SIGTERM, SIGINT (a node agent's "at once", a Slurm job's stop)
@@ -347,7 +349,7 @@ class Supervisor:
         if stopped:
             self.log(f"sent {signal.Signals(first or signal.SIGTERM).name} to "
                      + ", ".join(h.label for h in stopped))
-        live = self._wait_all(stopped, self.options.grace_period)
+        live = self._wait_all(stopped, self.options.grace_period, notice=self._still_stopping)
         if live:
             names = ", ".join(h.label for h in live)
             self.log(f"grace period of {self.options.grace_period:g}s over: SIGKILL to {names}")
@@ -369,8 +371,21 @@ class Supervisor:
             if code is not None:
                 h.close()
 
-    def _wait_all(self, live: List[Handle], timeout: float) -> List[Handle]:
-        deadline = time.monotonic() + timeout
+    def _still_stopping(self, live: List[Handle]) -> None:
+        names = ", ".join(h.label for h in live[:4]) + (
+            f" and {len(live) - 4} more" if len(live) > 4 else "")
+        again = "a second Ctrl-C" if self._signal is not None else "Ctrl-C"
+        self.say(f"fluidctl: {names} still stopping after {STOP_NOTICE:g}s: SIGKILL at "
+                 f"{self.options.grace_period:g}s (--grace-period), or now on {again}")
+
+    def _wait_all(self, live: List[Handle], timeout: float,
+                  notice: Optional[Callable[[List[Handle]], None]] = None) -> List[Handle]:
+        """Wait up to ``timeout`` for ``live`` to end (a second signal kills them at once);
+        those still running. ``notice(live)`` once, if some still run after STOP_NOTICE."""
+        started = time.monotonic()
+        deadline = started + timeout
+        notice_at = started + STOP_NOTICE if notice is not None and timeout > STOP_NOTICE \
+            else float("inf")
         selector = selectors.DefaultSelector()
         try:
             selector.register(self._wake_r, selectors.EVENT_READ)
@@ -384,10 +399,15 @@ class Supervisor:
                         h.kill()
                     if live:
                         deadline = time.monotonic() + KILL_WAIT
-                    self._kill_now = False
-                left = deadline - time.monotonic()
+                    self._kill_now, notice_at = False, float("inf")
+                now = time.monotonic()
+                left = deadline - now
                 if not live or left <= 0:
                     return live
+                if now >= notice_at:
+                    notice(live)
+                    notice_at = float("inf")
+                left = min(left, notice_at - now)
                 # a second Ctrl-C during the grace period kills at once: it wakes us here
                 waitable = all(h.fileno() >= 0 for h in live)
                 for key, _ in selector.select(timeout=min(left, 0.5 if waitable else 0.02)):

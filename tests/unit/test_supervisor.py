@@ -184,6 +184,40 @@ def test_a_second_ctrl_c_kills_at_once():
     assert "second SIGINT: killing every process now" in log
 
 
+def test_a_slow_stop_is_said_once_with_how_to_cut_it_short(monkeypatch):
+    """A grace period that runs on in silence reads as a hung fluidctl: after STOP_NOTICE the
+    console names what is still stopping, when it will be killed, and the key that kills now;
+    a second Ctrl-C then kills it. A prompt stop says nothing."""
+    from fluidctl.launch import supervisor
+    monkeypatch.setattr(supervisor, "STOP_NOTICE", 0.05)
+    stubborn = FakeHandle("trainer 0", obeys_term=False)
+    noticed = threading.Event()
+
+    def ctrl_c_then_again():
+        os.kill(os.getpid(), signal.SIGINT)
+        assert noticed.wait(30), "no notice while trainer 0 kept running"
+        os.kill(os.getpid(), signal.SIGINT)
+    said = []
+
+    def say(line):
+        said.append(line)
+        if "still stopping" in line:
+            noticed.set()
+    thread = threading.Thread(target=ctrl_c_then_again)
+
+    def start(attempt):                 # the signal handlers are in place by now
+        thread.start()
+        return [stubborn, FakeHandle("trainer 1")]
+    result = Supervisor(start, RunOptions(600.0), say=say).run()
+    thread.join()
+    assert result.exit_code == 130 and stubborn.signals == ["TERM", "KILL"]
+    assert [line for line in said if "still stopping" in line] == [
+        "fluidctl: trainer 0 still stopping after 0.05s: SIGKILL at 600s (--grace-period), "
+        "or now on a second Ctrl-C"]
+    _, _, said, _ = supervise([[FakeHandle("trainer 0"), FakeHandle("trainer 1", 9)]], grace=600)
+    assert not [line for line in said if "still stopping" in line], said
+
+
 def test_abort_from_another_thread_stops_the_job_without_restart_and_records_every_end():
     # the hang watchdog's path: abort(124) from a thread, the job stops, no restart happens
     done = FakeHandle("trainer 0", 0)
