@@ -55,6 +55,7 @@ class RunOptions:
     max_restarts: int = 0
     checkpoint: Optional["RequestChannel"] = None   # the job's checkpoint requests
     request_at: Optional[float] = None      # time.time() of a request (a time limit near)
+    stop_notice: bool = True    # say a slow stop (a node agent's launcher says it for its node)
 
 
 @dataclass
@@ -349,7 +350,8 @@ class Supervisor:
         if stopped:
             self.log(f"sent {signal.Signals(first or signal.SIGTERM).name} to "
                      + ", ".join(h.label for h in stopped))
-        live = self._wait_all(stopped, self.options.grace_period, notice=self._still_stopping)
+        live = self._wait_all(stopped, self.options.grace_period,
+                              notice=self._still_stopping if self.options.stop_notice else None)
         if live:
             names = ", ".join(h.label for h in live)
             self.log(f"grace period of {self.options.grace_period:g}s over: SIGKILL to {names}")

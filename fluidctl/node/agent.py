@@ -395,9 +395,10 @@ def _supervise(first, start, procs, logs, layout, launch_log, share, diag, reque
 
     publish()
     try:
+        # a slow stop is said once by the launcher, naming the nodes: not once per node
         result = run.run_supervised(start_again, logs=logs, launch_log=launch_log,
-                                    options=RunOptions(share.grace, 0), shown=shown,
-                                    watchers=watchers, first=first)
+                                    options=RunOptions(share.grace, 0, stop_notice=False),
+                                    shown=shown, watchers=watchers, first=first)
     finally:
         halt.set()
     try:

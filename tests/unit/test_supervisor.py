@@ -218,6 +218,20 @@ def test_a_slow_stop_is_said_once_with_how_to_cut_it_short(monkeypatch):
     assert not [line for line in said if "still stopping" in line], said
 
 
+@pytest.mark.parametrize("notice", [True, False])
+def test_a_node_agent_leaves_the_slow_stop_to_its_launcher(monkeypatch, notice):
+    """One line per node would be a thousand lines on a thousand nodes: a node agent's
+    supervisor (stop_notice=False) says nothing; the launcher's names the nodes."""
+    from fluidctl.launch import supervisor
+    monkeypatch.setattr(supervisor, "STOP_NOTICE", 0.05)
+    said = []
+    stubborn = FakeHandle("trainer 0", obeys_term=False)
+    Supervisor(lambda attempt: [stubborn, FakeHandle("trainer 1", 9)],
+               RunOptions(0.5, stop_notice=notice), say=said.append).run()
+    assert stubborn.signals == ["TERM", "KILL"]
+    assert any("still stopping" in line for line in said) == notice, said
+
+
 def test_abort_from_another_thread_stops_the_job_without_restart_and_records_every_end():
     # the hang watchdog's path: abort(124) from a thread, the job stops, no restart happens
     done = FakeHandle("trainer 0", 0)
