@@ -80,6 +80,14 @@ class SSHNode:
     log: Path
 
 
+def _is_rank(proc: psutil.Process) -> bool:
+    """A process an agent started for a rank, not its lifeline watchdog (sh)."""
+    try:
+        return not os.path.basename(proc.cmdline()[0]).endswith("sh")
+    except (psutil.NoSuchProcess, IndexError):
+        return False
+
+
 @dataclass
 class SSHNodes:
     workdir: Path
@@ -193,9 +201,11 @@ class SSHNodes:
                 continue
         return pids
 
-    def agent_pids(self, alias: str) -> List[int]:
+    def agent_pids(self, alias: str, running: bool = False) -> List[int]:
         """Pids of the fluidctl node agents this node's own sshd started (another test's job on
-        the same loopback address has agents under another sshd)."""
+        the same loopback address has agents under another sshd); ``running``: only those
+        that run ranks. An elastic job also keeps a standby agent on each node for its next
+        world, and pids wrap (pid_max 32768 here), so the lowest pid need not be the job's."""
         try:
             children = psutil.Process(self.nodes[alias].proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
@@ -203,7 +213,8 @@ class SSHNodes:
         found = []
         for child in children:
             try:
-                if "fluidctl.node.agent" in " ".join(child.cmdline()):
+                if "fluidctl.node.agent" in " ".join(child.cmdline()) and (
+                        not running or any(_is_rank(c) for c in child.children())):
                     found.append(child.pid)
             except psutil.NoSuchProcess:
                 pass

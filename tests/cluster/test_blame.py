@@ -75,7 +75,8 @@ def test_40_12_a_node_lost_on_the_last_allowed_attempt_is_ledgered(sshd_nodes, t
     try:
         wait_for(lambda: proc.poll() is not None or all(
             (out / f"beat.{r}").exists() for r in (0, 1)), 60, "both ranks working")
-        agent = wait_for(lambda: sshd_nodes.agent_pids("node2"), 10, "node2's agent")
+        agent = wait_for(lambda: sshd_nodes.agent_pids("node2", running=True), 10,
+                         "node2's agent that runs its rank")    # not the standby one
         os.kill(agent[0], signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=60)
     finally:

@@ -91,7 +91,8 @@ def test_top_over_ssh_marks_the_slow_rank_and_the_lost_node(three_nodes, tmp_pat
         assert all("slow" not in line for r, line in rows(tmux.screen()).items()
                    if r != SLOW)
 
-        agent = wait_for(lambda: three_nodes.agent_pids("node3"), 20, "node3's agent")
+        agent = wait_for(lambda: three_nodes.agent_pids("node3", running=True), 20,
+                         "node3's agent that runs its rank")    # not the standby one
         os.kill(agent[0], signal.SIGKILL)
 
         def node3_gone_or_marked():
