@@ -27,6 +27,14 @@ class FluidctlError(Exception):
                          ["  " + d.replace("\n", " ") for d in self.details])
 
 
+def first_few(names, most: int = 4) -> str:
+    """``names`` joined, the first ``most`` of them and then how many more: a console line
+    stays one line on a job of any size."""
+    names = list(names)
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more"
+                                      if len(names) > most else "")
+
+
 def node_failures(what: str, failures, total: int, hint: str = "", *, exit_code: int = 2,
                   error=None) -> "FluidctlError":
     """The one way any command reports nodes that failed. ``failures`` ((node, why), ...) or

@@ -374,8 +374,8 @@ class Supervisor:
                 h.close()
 
     def _still_stopping(self, live: List[Handle]) -> None:
-        names = ", ".join(h.label for h in live[:4]) + (
-            f" and {len(live) - 4} more" if len(live) > 4 else "")
+        from fluidctl.errors import first_few
+        names = first_few(h.label for h in live)
         again = "a second Ctrl-C" if self._signal is not None else "Ctrl-C"
         self.say(f"fluidctl: {names} still stopping after {STOP_NOTICE:g}s: SIGKILL at "
                  f"{self.options.grace_period:g}s (--grace-period), or now on {again}")

@@ -104,8 +104,8 @@ def _warn_slots_over_nproc(config) -> None:
         return
     other = [h for h in config.hosts if h.slots_given and h.slots != config.nproc]
     if other:
-        names = ", ".join(f"{h.name} (slots={h.slots})" for h in other[:4]) + (
-            f" and {len(other) - 4} more" if len(other) > 4 else "")
+        from fluidctl.errors import first_few
+        names = first_few(f"{h.name} (slots={h.slots})" for h in other)
         print(f"warning: --nproc {config.nproc} does not apply to {names}: a hostfile's "
               "slots= is its node's trainer count (drop --nproc, or change slots=)",
               file=sys.stderr, flush=True)

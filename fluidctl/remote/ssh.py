@@ -524,8 +524,7 @@ def parallel(items: Sequence, fn: Callable, workers: int = PARALLEL) -> List:
         return []
     results: List = [None] * len(items)
     errors: Dict[int, BaseException] = {}
-    queue = iter(range(len(items)))
-    lock, done, left = threading.Lock(), threading.Event(), [len(items)]
+    queue, lock = iter(range(len(items))), threading.Lock()
 
     def work() -> None:
         while True:
@@ -537,13 +536,12 @@ def parallel(items: Sequence, fn: Callable, workers: int = PARALLEL) -> List:
                 results[index] = fn(items[index])
             except BaseException as exc:      # noqa: BLE001 - raised in the caller's thread
                 errors[index] = exc
-            with lock:
-                left[0] -= 1
-                if not left[0]:
-                    done.set()
-    for n in range(min(workers, len(items))):
-        threading.Thread(target=work, name=f"fluidctl-nodes-{n}", daemon=True).start()
-    done.wait()
+    threads = [threading.Thread(target=work, name=f"fluidctl-nodes-{n}", daemon=True)
+               for n in range(min(workers, len(items)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:          # a join is interrupted by Ctrl-C, as any lock wait
+        thread.join()
     if errors:
         raise errors[min(errors)]
     return results
