@@ -52,9 +52,9 @@ def run(dry_run: bool = False, as_json: bool = False, show_secrets: bool = False
     from fluidctl import backends
     from fluidctl.remote import preconnect
     # over SSH, the nodes are connected to while the rest of the options are checked
-    hosts = bool(options.get("hostfile") or options.get("hosts_arg"))
-    preconnect.start({**options, "health_gate": health_gate,
-                      "backend": options.get("backend") or backends.default(hosts)})
+    options["backend"] = options.get("backend") or backends.default(
+        bool(options.get("hostfile") or options.get("hosts_arg")))
+    preconnect.start({**options, "health_gate": health_gate})
     try:
         _run(dry_run, as_json, show_secrets, include_bad, health_gate, options)
     finally:
@@ -70,9 +70,7 @@ def _run(dry_run: bool, as_json: bool, show_secrets: bool, include_bad: bool,
                          "order of --hostfile/--hosts) and starts every node from here",
                          "drop --node-rank and run fluidctl once, on one machine")
     from fluidctl.planning.config import LaunchConfig
-    options["backend"] = options.get("backend") or backends.default(
-        bool(options.get("hostfile") or options.get("hosts_arg")))
-    backend = backends.backend(options["backend"])
+    backend = backends.backend(options["backend"])      # chosen by run()
     if show_secrets and not (as_json or dry_run and not backend.launcher_class().dry_run_table):
         raise UsageError("--show-secrets only works with --dry-run --json (it unmasks the job "
                          "token in the printed plan)", "add --dry-run --json, or drop it")
